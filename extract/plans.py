@@ -1,0 +1,301 @@
+"""Candidate plans from the e-graph: which loops compute which reductions, split how, in which kernels.
+
+Every reduction of the representative program (a binding) is computed either inline (a
+contraction over a small axis, evaluated per element where it is used) or by exactly one loop
+group whose `get(loop, name)` the fusion rules unioned into the reduction's e-class; each group
+runs whole or in one of the chunk counts the split-K rule offered. Enumerating these exact covers,
+and two kernel policies (fuse consecutive compatible passes into one kernel, or one kernel per
+pass with intermediates through HBM), gives the alternatives the cost model ranks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from neptune_eq import ir
+from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
+from neptune_eq.rules.fusion import Binding, LoopCandidate, direct_bindings
+
+
+@dataclass
+class PlanTerms:
+    """The extracted terms plans are assembled from (callables over the final e-graph)."""
+
+    comp_mask: Callable[[LoopCandidate, int], ir.Node | None]
+    comp_core: Callable[[LoopCandidate, int], ir.Node]
+    comp_corr: Callable[[LoopCandidate, int], ir.Node | None]
+    inline_term: Callable[[Binding], ir.Node]
+    output_expr: Callable[[ir.Output], ir.Node]
+
+
+@dataclass
+class PlanSpace:
+    program: ir.Program
+    bindings: list[Binding]
+    loops: list[LoopCandidate]
+    splits: dict[int, list[int]]  # loop index → chunk counts offered by the split-K rule
+    terms: PlanTerms
+    representative: dict[str, ir.Node]  # output name → the representative expression
+    inline_max: int = 256
+    max_plans: int = 200
+    _cache: dict = field(default_factory=dict)
+
+    @property
+    def by_name(self) -> dict[str, Binding]:
+        return {b.name: b for b in self.bindings}
+
+    def inlinable(self) -> set[str]:
+        """Reductions over small axes used only inside bodies of reductions over other axes."""
+        by_node = {b.node: b for b in self.bindings}
+        used_inside: set[str] = set()
+        same_axis_use: set[str] = set()
+        for b in self.bindings:
+            for u in direct_bindings(b.node.body, by_node):
+                used_inside.add(u)
+                if self.by_name[u].axis == b.axis:
+                    same_axis_use.add(u)
+        used_by_outputs: set[str] = set()
+        for expr in self.representative.values():
+            used_by_outputs |= direct_bindings(expr, by_node) | ({by_node[expr].name} if expr in by_node else set())
+        return {b.name for b in self.bindings
+                if self.program.axes[b.axis] <= self.inline_max and b.name in used_inside
+                and b.name not in used_by_outputs and b.name not in same_axis_use}
+
+
+def _covers(names: list[str], loops: list[tuple[int, LoopCandidate]]):
+    """Exact covers of `names` by loops (each name in exactly one loop)."""
+    if not names:
+        yield []
+        return
+    first = names[0]
+    for idx, loop in loops:
+        comp_names = set(loop.names)
+        if first in comp_names and comp_names <= set(names):
+            rest = [n for n in names if n not in comp_names]
+            for tail in _covers(rest, loops):
+                yield [(idx, loop), *tail]
+
+
+def enumerate_plans(space: PlanSpace) -> list[Plan]:
+    plans: list[Plan] = []
+    seen: set = set()
+    inlinable = space.inlinable()
+    policies = [inlinable, set()] if inlinable else [set()]
+    for inline in policies:
+        scheduled = [b.name for b in space.bindings if b.name not in inline]
+        loops = [(k, lp) for k, lp in enumerate(space.loops) if lp.valid and not set(lp.names) & inline]
+        for cover in _covers(scheduled, loops):
+            split_choices = [[1, *space.splits.get(idx, [])] for idx, _ in cover]
+            for splits in itertools.product(*split_choices):
+                if sum(s > 1 for s in splits) > 1:
+                    continue  # at most one split pass per plan keeps the space small
+                for fused in (True, False):
+                    plan = build_plan(space, inline, cover, splits, fused)
+                    if plan is None:
+                        continue
+                    sig = _signature(plan)
+                    if sig in seen:
+                        continue
+                    seen.add(sig)
+                    plans.append(plan)
+                    if len(plans) >= space.max_plans:
+                        return plans
+    return plans
+
+
+def _signature(plan: Plan) -> tuple:
+    return (tuple(sorted(plan.inline)), tuple(
+        (k.grid, k.chunks, tuple((type(p).__name__, getattr(p, "axis", None),
+                                  tuple(c.name for c in (p.source.comps if isinstance(p, Combine) else p.comps)))
+                                 for p in k.phases)) for k in plan.kernels))
+
+
+def _topo(cover, by_name: dict[str, Binding]) -> list[int] | None:
+    """Order of cover entries so that producers' groups come first."""
+    owner = {n: k for k, (_, lp) in enumerate(cover) for n in lp.names}
+    by_node = {b.node: b for b in by_name.values()}
+    deps = {k: set() for k in range(len(cover))}
+    for k, (_, lp) in enumerate(cover):
+        for n in lp.names:
+            for d in direct_bindings(by_name[n].node.body, by_node):
+                if d in owner and owner[d] != k:
+                    deps[k].add(owner[d])
+    order, done = [], set()
+    while len(order) < len(cover):
+        ready = [k for k in range(len(cover)) if k not in done and deps[k] <= done]
+        if not ready:
+            return None  # the groups need each other's final values
+        order.append(ready[0])
+        done.add(ready[0])
+    return order
+
+
+def _grid_of(comps: list[CompPlan], program: ir.Program) -> tuple[str, ...]:
+    axes = set().union(*(c.free for c in comps)) if comps else set()
+    return tuple(a for a in program.axes if a in axes)
+
+
+def _program_order(program: ir.Program, axes) -> tuple[str, ...]:
+    return tuple(a for a in program.axes if a in set(axes))
+
+
+def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -> Plan | None:
+    program, by_name = space.program, space.by_name
+    order = _topo(cover, by_name)
+    if order is None:
+        return None
+    passes: list[tuple[Pass, LoopCandidate, int]] = []
+    derivation: list[str] = []
+    for k in order:
+        idx, lp = cover[k]
+        comps = []
+        for ci, c in enumerate(lp.comps):
+            b = c.binding
+            corr = space.terms.comp_corr(lp, ci) if c.producers else None
+            guard = any(by_name[p].op in ("max", "min") for p in c.producers)
+            comps.append(CompPlan(
+                name=b.name, op=b.op, free=b.free, mask=space.terms.comp_mask(lp, ci),
+                core=space.terms.comp_core(lp, ci), producers=c.producers, corr=corr,
+                dist=c.chosen.dist if c.chosen else None, guard=guard,
+                annihilator=c.chosen.annihilator if c.chosen else 0.0,
+            ))
+        ps = Pass(lp.axis, comps, split=splits[k], rules=tuple(a.rule for a in lp.applications))
+        passes.append((ps, lp, idx))
+        derivation += [str(a) for a in lp.applications]
+        if splits[k] > 1:
+            derivation.append(f"split_k: the pass over {lp.axis} ({', '.join(lp.names)}) runs as {splits[k]} "
+                              f"chunks whose states are combined with the same corrections")
+    for name in sorted(inline):
+        derivation.append(f"inline: {name} is computed per tile where it is used (not materialised)")
+
+    # ---- kernels
+    kernels: list[KernelPlan] = []
+    cur: KernelPlan | None = None
+    for ps, _lp, _ in passes:
+        grid = _grid_of(ps.comps, program)
+        if ps.split > 1:
+            part = KernelPlan(f"k{len(kernels)}_partial", grid, [ps], chunks=ps.split)
+            for c in ps.comps:
+                part.epilogue.append(StorePlan(f"part_{c.name}", ("chunk", *c.free), ir.Sym(f"fin:{c.name}", c.free)))
+            kernels.append(part)
+            cur = KernelPlan(f"k{len(kernels)}", grid, [Combine(ps, ps.split)])
+            kernels.append(cur)
+            continue
+        loop_axes = {p.axis for p in cur.passes()} | {ps.axis} if cur is not None else set()
+        merged = set(cur.grid) | set(grid) if cur is not None else set()
+        if fused and cur is not None and _compatible(cur.grid, grid) and not merged & loop_axes:
+            cur.grid = _program_order(program, set(cur.grid) | set(grid))
+            cur.phases.append(ps)
+        else:
+            cur = KernelPlan(f"k{len(kernels)}", grid, [ps])
+            kernels.append(cur)
+    # ---- outputs
+    owner_kernel: dict[str, int] = {}
+    for ki, k in enumerate(kernels):
+        for ph in k.phases:
+            src = ph.source if isinstance(ph, Combine) else ph
+            if isinstance(ph, Combine) or src.split == 1:
+                for c in src.comps:
+                    owner_kernel[c.name] = ki
+    by_node = {b.node: b for b in space.bindings}
+    for out in program.outputs:
+        expr = space.terms.output_expr(out)
+        used = {n.name.split(":", 1)[1] for n in ir.walk(expr) if isinstance(n, ir.Sym)}
+        used |= direct_bindings(space.representative[out.name], by_node)
+        ks = [owner_kernel[u] for u in used if u in owner_kernel]
+        if not kernels:
+            kernels.append(KernelPlan("k0", _program_order(program, out.axes), []))
+        ki = max(ks) if ks else len(kernels) - 1
+        k = kernels[ki]
+        loop_axes = {p.axis for p in k.passes()}
+        extra = [a for a in out.axes if a not in k.grid]
+        map_axes = [a for a in extra if a in loop_axes]
+        other = [a for a in extra if a not in loop_axes]
+        if len(map_axes) > 1:
+            return None  # an output needing two map passes at once is not supported
+        if other:
+            k.grid = _program_order(program, set(k.grid) | set(other))
+        store = StorePlan(out.name, out.axes, expr, out.dtype or "float32")
+        if map_axes:
+            k.phases.append(Pass(map_axes[0], [], [store]))
+        else:
+            k.epilogue.append(store)
+    # ---- buffers between kernels
+    buffers: dict[str, BufferSpec] = {}
+    for k in kernels:
+        if k.chunks > 1:
+            for st in k.epilogue:
+                buffers[st.target] = BufferSpec(st.target, st.axes)
+    computed = {ki: {c.name for ph in k.phases for c in (ph.source.comps if isinstance(ph, Combine) else ph.comps)}
+                for ki, k in enumerate(kernels)}
+    for ki, k in enumerate(kernels):
+        needed = _syms_needed(k)
+        for name in needed:
+            if name in inline or name in computed[ki] or name not in by_name:
+                continue
+            src = owner_kernel.get(name)
+            if src is None or src >= ki:
+                return None
+            b = by_name[name]
+            buf = f"buf_{name}"
+            if buf not in buffers:
+                buffers[buf] = BufferSpec(buf, b.free)
+                kernels[src].epilogue.append(StorePlan(buf, b.free, ir.Sym(f"fin:{name}", b.free)))
+            _replace_syms(k, name, ir.Load(buf, tuple(ir.Index(a) for a in b.free)))
+    inline_terms = {name: space.terms.inline_term(by_name[name]) for name in inline}
+    groups = [(lp.axis, lp.names, ps.split) for ps, lp, _ in passes]
+    return Plan(kernels, buffers, inline_terms, groups, fused, derivation)
+
+
+def _compatible(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    return set(a) <= set(b) or set(b) <= set(a)
+
+
+def _exprs(k: KernelPlan):
+    for ph in k.phases:
+        src = ph.source if isinstance(ph, Combine) else ph
+        for c in src.comps:
+            yield c.core
+            if c.mask is not None:
+                yield c.mask
+            if c.corr is not None:
+                yield c.corr
+        if isinstance(ph, Pass):
+            for st in ph.stores:
+                yield st.expr
+    for st in k.epilogue:
+        yield st.expr
+
+
+def _syms_needed(k: KernelPlan) -> set[str]:
+    out = set()
+    for e in _exprs(k):
+        for n in ir.walk(e):
+            if isinstance(n, ir.Sym) and n.name.split(":", 1)[0] in ("fin", "val"):
+                out.add(n.name.split(":", 1)[1])
+    return out
+
+
+def _replace_syms(k: KernelPlan, name: str, load: ir.Load) -> None:
+    mapping = {}
+
+    def sub(e: ir.Node) -> ir.Node:
+        for n in ir.walk(e):
+            if isinstance(n, ir.Sym) and n.name in (f"fin:{name}", f"val:{name}"):
+                mapping[n] = load
+        return ir.substitute(e, mapping) if mapping else e
+
+    for ph in k.phases:
+        src = ph.source if isinstance(ph, Combine) else ph
+        if isinstance(ph, Combine):
+            continue
+        for c in src.comps:
+            c.core = sub(c.core)
+            c.mask = sub(c.mask) if c.mask is not None else None
+            c.corr = sub(c.corr) if c.corr is not None else None
+        for st in src.stores:
+            st.expr = sub(st.expr)
+    for st in k.epilogue:
+        st.expr = sub(st.expr)

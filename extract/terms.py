@@ -1,0 +1,244 @@
+"""Cheapest terms of e-classes, costed by the work they do.
+
+A node's cost is its op's cost times the size of the iteration space its e-class varies over
+(the deps analysis), so an operation per (query, key) pair weighs L² times one per query row.
+This is what makes the extractor prefer `Σⱼ(p·v)/l` over `Σⱼ(p/l)·v`, fold log₂e into the
+score scale, and keep work out of inner loops. Shared subterms are counted per use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from neptune_eq import ir
+from neptune_eq.ops import OPS
+
+from .view import EGraphView, ENode
+
+# cost of one op per element, in FMA-pipe instruction equivalents (special functions count as 4:
+# the SFU issues 16 ops/clk/SM against 64 FMA ops per clk/SM on Hopper, minus overlap)
+SFU_COST = 4.0
+_LEAF_COST = {"const": 0.0, "index": 0.5, "load": 1.0, "sym": 0.0}
+
+
+def op_cost(op: str) -> float:
+    if op in _LEAF_COST:
+        return _LEAF_COST[op]
+    if op == "red":
+        return 1.0
+    info = OPS.get(op)
+    if info is None:
+        return math.inf
+    extra = 1.0 if op in ("exp", "log") else 0.0  # exp(x) = ex2(x·log₂e): one FMUL more than exp2
+    if op == "neg":
+        return 0.5
+    return (SFU_COST * info.weight if info.unit == "sfu" else info.weight) + extra
+
+
+@dataclass
+class TermExtractor:
+    """Best IR terms for e-classes of `view` under optional leaves and bans."""
+
+    view: EGraphView
+    axis_order: tuple[str, ...]
+    extents: dict[str, int]
+    loads: dict[str, ir.Load]
+    syms: dict[str, ir.Sym]
+    _size: dict[int, float] = field(default_factory=dict)
+
+    def size(self, cid: int) -> float:
+        """Number of points the class varies over (product of extents of its deps)."""
+        s = self._size.get(cid)
+        if s is None:
+            mask = self.view.deps.get(cid)
+            if mask is None:
+                s = 1.0
+            else:
+                s = 1.0
+                for k, ax in enumerate(self.axis_order):
+                    if mask >> k & 1:
+                        s *= self.extents[ax]
+            self._size[cid] = s
+        return s
+
+    def costs(self, *, leaves: dict[int, ir.Node] | None = None,
+              allow: Callable[[int, ENode], bool] | None = None,
+              shared: dict[int, ENode] | None = None) -> dict[int, tuple[float, ENode | None]]:
+        """Fixpoint of best (cost, node) per class; leaves get cost 0 and node None.
+
+        `shared` classes are already computed elsewhere in the plan: reusing them costs nothing.
+        """
+        leaves = leaves or {}
+        best: dict[int, tuple[float, ENode | None]] = {c: (0.0, None) for c in leaves}
+        for c, n in (shared or {}).items():
+            best.setdefault(c, (0.0, n))
+        nodes = [(c, n) for c, ns in self.view.classes.items() if c not in leaves for n in ns
+                 if self.view.sort.get(c) == "Term" and n.op != "get"]
+        if allow is not None:
+            nodes = [(c, n) for c, n in nodes if allow(c, n)]
+        changed = True
+        while changed:
+            changed = False
+            for c, n in nodes:
+                total = op_cost(n.op) * self.size(c)
+                for a in self._child_classes(n):
+                    got = best.get(a)
+                    if got is None:
+                        total = math.inf
+                        break
+                    total += got[0]
+                if total < math.inf:
+                    old = best.get(c)
+                    if c in (shared or {}):
+                        continue
+                    if old is None or total < old[0] - 1e-9 * max(1.0, abs(old[0])):
+                        best[c] = (total, n)
+                        changed = True
+        return best
+
+    @staticmethod
+    def _child_classes(n: ENode) -> list[int]:
+        if n.op == "red":
+            return [n.args[2]]
+        if n.op in ("const", "load", "index", "sym"):
+            return []
+        return list(n.args)
+
+    def decode(self, cid: int, best: dict[int, tuple[float, ENode | None]],
+               leaves: dict[int, ir.Node] | None = None, classes: dict[ir.Node, int] | None = None) -> ir.Node:
+        """The IR tree of the best term of `cid`; `classes` (if given) records node → e-class."""
+        leaves = leaves or {}
+        memo: dict[int, ir.Node] = {}
+
+        def go(c: int) -> ir.Node:
+            if c in leaves:
+                return leaves[c]
+            hit = memo.get(c)
+            if hit is not None:
+                return hit
+            got = best.get(c)
+            if got is None or got[1] is None:
+                raise LookupError(f"e-class {c} has no extractable term")
+            n = got[1]
+            if n.op == "const":
+                out: ir.Node = ir.Const(n.args[0])
+            elif n.op == "load":
+                out = self.loads[n.args[0]]
+            elif n.op == "index":
+                out = ir.Index(n.args[0])
+            elif n.op == "sym":
+                out = self.syms.get(n.args[0]) or ir.Sym(n.args[0])
+            elif n.op == "red":
+                out = ir.Reduce(n.args[0], n.args[1], go(n.args[2]))
+            else:
+                out = ir.Call(n.op, tuple(go(a) for a in n.args))
+            memo[c] = out
+            if classes is not None:
+                classes.setdefault(out, c)
+            return out
+
+        return go(cid)
+
+    def best_term(self, cid: int, **kw) -> ir.Node:
+        leaves = kw.get("leaves")
+        return self.decode(cid, self.costs(**kw), leaves)
+
+    def _prefer_shared_ties(self, roots, best, choice, leaves, allow, rounds: int = 3) -> None:
+        """Among nodes of equal tree cost, take the one whose children the rest of the DAG already uses."""
+        for _ in range(rounds):
+            uses: dict[int, int] = {}
+            stack, seen = list(roots), set()
+            while stack:
+                c = stack.pop()
+                if c in seen or c in leaves or c not in choice:
+                    continue
+                seen.add(c)
+                for a in self._child_classes(choice[c]):
+                    uses[a] = uses.get(a, 0) + 1
+                    stack.append(a)
+            changed = False
+            for c in seen:
+                target = best[c][0]
+                mine = self._child_classes(choice[c])
+                scored = []
+                for n in self.view.nodes(c):
+                    if n.op == "get" or (allow is not None and not allow(c, n)):
+                        continue
+                    kids = self._child_classes(n)
+                    if not all(a in best for a in kids):
+                        continue
+                    tree = op_cost(n.op) * self.size(c) + sum(best[a][0] for a in kids)
+                    if tree <= target + 1e-9 * max(1.0, abs(target)):
+                        # uses by the rest of the DAG (not by this class's current node)
+                        scored.append((sum(uses.get(a, 0) - mine.count(a) for a in kids), n is choice[c], n))
+                if scored:
+                    top = max(scored, key=lambda t: (t[0], t[1]))[2]
+                    if top is not choice[c]:
+                        choice[c] = top
+                        changed = True
+            if not changed:
+                return
+
+    def best_shared(self, roots: list[int], sweeps: int = 4, **kw) -> tuple[list[ir.Node], dict[ir.Node, int]]:
+        """Best terms for several roots, costed as a DAG: a subterm used twice is computed once.
+
+        Starts from the tree-cost choice and improves it greedily: repeatedly make the single
+        switch of an e-class to another of its nodes that lowers the total cost of the distinct
+        e-classes used the most (e.g. two bodies agreeing on one running max).
+        """
+        leaves = kw.get("leaves") or {}
+        allow = kw.get("allow")
+        best = self.costs(**kw)
+        choice = {c: n for c, (_, n) in best.items() if n is not None}
+
+        def dag_cost() -> float | None:
+            seen: set[int] = set()
+            onstack: set[int] = set()
+            total = 0.0
+
+            def go(c: int) -> bool:
+                nonlocal total
+                if c in seen or c in leaves:
+                    return True
+                if c in onstack:
+                    return False
+                n = choice.get(c)
+                if n is None:
+                    return False
+                onstack.add(c)
+                for a in self._child_classes(n):
+                    if not go(a):
+                        return False
+                onstack.discard(c)
+                seen.add(c)
+                total += op_cost(n.op) * self.size(c)
+                return True
+
+            return total if all(go(r) for r in roots) else None
+
+        self._prefer_shared_ties(roots, best, choice, leaves, allow)
+        current = dag_cost()
+        for _ in range(sweeps * 8):
+            best_move, best_cost = None, current
+            for c in list(choice):
+                for n in self.view.nodes(c):
+                    if n.op == "get" or n is choice[c] or (allow is not None and not allow(c, n)):
+                        continue
+                    if not all(a in choice or a in leaves for a in self._child_classes(n)):
+                        continue
+                    old = choice[c]
+                    choice[c] = n
+                    cost = dag_cost()
+                    choice[c] = old
+                    if cost is not None and best_cost is not None and cost < best_cost - 1e-9 * max(1.0, best_cost):
+                        best_move, best_cost = (c, n), cost
+            if best_move is None:
+                break
+            choice[best_move[0]] = best_move[1]
+            current = best_cost
+        table = {c: (0.0, n) for c, n in choice.items()}
+        classes: dict[ir.Node, int] = {}
+        terms = [self.decode(r, table, leaves, classes) for r in roots]
+        return terms, classes

@@ -1,0 +1,66 @@
+"""Device specs for the cost model: what one GPU can do per second, and a few calibration factors.
+
+The H100 numbers are measurements on the lent H100 (80 GB HBM3, 132 SMs) where we have them
+(copy bandwidth 3.0 TB/s counting read + write, bf16 matmul 798 TFLOP/s on 8192³; KINDS.md,
+2026-11-13) and datasheet rates otherwise. `from_torch()` reads the SM count, L2 size and clock
+of the GPU present and scales the H100 rates by SM count × clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    sms: int
+    clock_hz: float
+    hbm_bytes_per_s: float
+    l2_bytes: int
+    tensor_flops: float  # fp16/bf16 dense, fp32 accumulate
+    fma_per_sm_per_clk: float = 128.0  # fp32 lanes
+    sfu_per_sm_per_clk: float = 16.0  # MUFU ops
+    launch_s: float = 4e-6  # per kernel launch (host + ramp)
+    sm_stream_bytes_per_s: float = 60e9  # one SM streaming alone (latency-bound), calibrated
+    overlap: float = 0.25  # fraction of non-dominant work that does not overlap the dominant unit
+    smem_per_sm: int = 228 * 1024
+    regs_per_sm: int = 65536
+
+    @property
+    def fma_per_s(self) -> float:
+        return self.sms * self.clock_hz * self.fma_per_sm_per_clk
+
+    @property
+    def sfu_per_s(self) -> float:
+        return self.sms * self.clock_hz * self.sfu_per_sm_per_clk
+
+    def scaled(self, **kw) -> DeviceSpec:
+        return replace(self, **kw)
+
+
+H100 = DeviceSpec(
+    name="NVIDIA H100 80GB HBM3",
+    sms=132,
+    clock_hz=1.755e9,
+    hbm_bytes_per_s=3.0e12,
+    l2_bytes=50 * 1024 * 1024,
+    tensor_flops=790e12,
+)
+
+
+def from_torch(default: DeviceSpec = H100) -> DeviceSpec:
+    """The spec of the current CUDA device, or `default` when there is none."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return default
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    except Exception:  # pragma: no cover - no usable torch/cuda
+        return default
+    clock = getattr(p, "clock_rate", 0) * 1e3 or default.clock_hz
+    scale = (p.multi_processor_count * clock) / (default.sms * default.clock_hz)
+    l2 = getattr(p, "L2_cache_size", 0) or default.l2_bytes
+    return replace(default, name=p.name, sms=p.multi_processor_count, clock_hz=clock,
+                   tensor_flops=default.tensor_flops * scale, l2_bytes=l2)

@@ -1,0 +1,393 @@
+"""The reduction IR: index notation with named axes.
+
+A program has named axes with extents, named input tensors indexed by axes, and outputs that are
+expressions built from elementwise calls (ops.OPS) and reductions (ops.MONOIDS) over named axes.
+Nodes are immutable, hash-consed by value, and carry their free axes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from .ops import MONOIDS, OPS
+
+
+class NeptuneError(ValueError):
+    """Base class of the errors neptune_eq reports to users."""
+
+
+class ProgramError(NeptuneError):
+    """The program is malformed (unknown axis, shape mismatch, bad reduction, ...)."""
+
+
+class Node:
+    __slots__ = ("_axes", "_hash")
+
+    def _key(self) -> tuple:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def children(self) -> tuple[Node, ...]:
+        return ()
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            h = hash((type(self).__name__, *self._key()))
+            object.__setattr__(self, "_hash", h)
+            return h
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        return type(self) is type(other) and hash(self) == hash(other) and self._key() == other._key()
+
+    def __setattr__(self, name, value):
+        raise AttributeError("IR nodes are immutable")
+
+    @property
+    def axes(self) -> frozenset[str]:
+        """The free axes: the indices this value varies over."""
+        try:
+            return self._axes
+        except AttributeError:
+            ax = self._free_axes()
+            object.__setattr__(self, "_axes", ax)
+            return ax
+
+    def _free_axes(self) -> frozenset[str]:
+        out: frozenset[str] = frozenset()
+        for c in self.children():
+            out |= c.axes
+        return out
+
+    def __repr__(self) -> str:
+        return show(self)
+
+
+def _init(obj: Node, **fields) -> None:
+    for k, v in fields.items():
+        object.__setattr__(obj, k, v)
+
+
+class Const(Node):
+    __slots__ = ("value",)
+
+    def __init__(self, value: float):
+        _init(self, value=float(value))
+
+    def _key(self):
+        # -0.0 and 0.0 are one constant; NaN compares equal to itself here
+        v = self.value
+        return ("nan",) if math.isnan(v) else (v + 0.0,)
+
+
+class Index(Node):
+    """The integer value of an axis index (for masks like j <= i)."""
+
+    __slots__ = ("axis",)
+
+    def __init__(self, axis: str):
+        _init(self, axis=axis)
+
+    def _key(self):
+        return (self.axis,)
+
+    def _free_axes(self):
+        return frozenset((self.axis,))
+
+
+class Load(Node):
+    """An element of an input tensor; each index entry is an integer-valued node (gather if not an Index)."""
+
+    __slots__ = ("tensor", "index")
+
+    def __init__(self, tensor: str, index: tuple[Node, ...]):
+        _init(self, tensor=tensor, index=tuple(index))
+
+    def _key(self):
+        return (self.tensor, self.index)
+
+    def children(self):
+        return self.index
+
+
+class Call(Node):
+    """An elementwise operator from ops.OPS applied to its arguments."""
+
+    __slots__ = ("op", "args")
+
+    def __init__(self, op: str, args: tuple[Node, ...]):
+        _init(self, op=op, args=tuple(args))
+
+    def _key(self):
+        return (self.op, self.args)
+
+    def children(self):
+        return self.args
+
+
+class Reduce(Node):
+    __slots__ = ("op", "axis", "body")
+
+    def __init__(self, op: str, axis: str, body: Node):
+        _init(self, op=op, axis=axis, body=body)
+
+    def _key(self):
+        return (self.op, self.axis, self.body)
+
+    def children(self):
+        return (self.body,)
+
+    def _free_axes(self):
+        return self.body.axes - {self.axis}
+
+
+class Sym(Node):
+    """A named value that varies over `axes` (loop state in kernel plans, quotient symbols, ...)."""
+
+    __slots__ = ("name", "sym_axes")
+
+    def __init__(self, name: str, axes: frozenset[str] | tuple[str, ...] = ()):
+        _init(self, name=name, sym_axes=frozenset(axes))
+
+    def _key(self):
+        return (self.name, tuple(sorted(self.sym_axes)))
+
+    def _free_axes(self):
+        return self.sym_axes
+
+
+# ---------------------------------------------------------------- traversal helpers
+
+
+def walk(node: Node) -> Iterator[Node]:
+    """Every distinct node of the DAG, children before parents."""
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(node, False)]
+    while stack:
+        n, expanded = stack.pop()
+        if expanded:
+            yield n
+            continue
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.append((n, True))
+        for c in reversed(n.children()):
+            if id(c) not in seen:
+                stack.append((c, False))
+
+
+def rebuild(node: Node, fn, memo: dict | None = None) -> Node:
+    """Bottom-up rewrite: fn(original, node_with_rebuilt_children) -> replacement."""
+    memo = {} if memo is None else memo
+
+    def go(n: Node) -> Node:
+        key = id(n)
+        if key in memo:
+            return memo[key][1]
+        if isinstance(n, Call):
+            new = Call(n.op, tuple(go(a) for a in n.args))
+        elif isinstance(n, Reduce):
+            new = Reduce(n.op, n.axis, go(n.body))
+        elif isinstance(n, Load):
+            new = Load(n.tensor, tuple(go(a) for a in n.index))
+        else:
+            new = n
+        out = fn(n, new)
+        memo[key] = (n, out)
+        return out
+
+    return go(node)
+
+
+def substitute(node: Node, mapping: dict[Node, Node]) -> Node:
+    """Replace every occurrence of the keys (by value) with their values."""
+    return rebuild(node, lambda old, new: mapping.get(old, mapping.get(new, new)))
+
+
+def count_nodes(node: Node) -> int:
+    return sum(1 for _ in walk(node))
+
+
+# ---------------------------------------------------------------- printing
+
+_PREC = {"or": 1, "and": 2, "lt": 3, "le": 3, "gt": 3, "ge": 3, "eq": 3, "ne": 3, "add": 4, "sub": 4,
+         "mul": 5, "div": 5, "floordiv": 5, "mod": 5}
+
+
+def show(node: Node, names: dict[Node, str] | None = None) -> str:
+    """Readable infix form, e.g. `sum_j(exp(s[i,j] - m) * v[j,e])`."""
+    names = names or {}
+
+    def fmt_const(v: float) -> str:
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        if v == int(v) and abs(v) < 1e15:
+            return str(int(v))
+        return f"{v:.9g}"
+
+    def go(n: Node, prec: int = 0) -> str:
+        if n in names:
+            return names[n]
+        if isinstance(n, Const):
+            s = fmt_const(n.value)
+            return f"({s})" if s.startswith("-") and prec > 4 else s
+        if isinstance(n, Index):
+            return n.axis
+        if isinstance(n, Sym):
+            return n.name
+        if isinstance(n, Load):
+            return f"{n.tensor}[{', '.join(go(a) for a in n.index)}]"
+        if isinstance(n, Reduce):
+            return f"{n.op}_{n.axis}({go(n.body)})"
+        assert isinstance(n, Call)
+        op = OPS[n.op]
+        if op.infix is not None and op.arity == 2:
+            p = _PREC.get(n.op, 6)
+            left = go(n.args[0], p)
+            right = go(n.args[1], p + 1)
+            s = f"{left} {op.infix} {right}"
+            return f"({s})" if p < prec else s
+        if n.op == "neg":
+            return f"-{go(n.args[0], 7)}"
+        if n.op == "not":
+            return f"~{go(n.args[0], 7)}"
+        return f"{n.op}({', '.join(go(a) for a in n.args)})"
+
+    return go(node)
+
+
+# ---------------------------------------------------------------- programs
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "bool")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    axes: tuple[str, ...]
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    axes: tuple[str, ...]
+    expr: Node
+    dtype: str | None = None  # None: float32
+
+
+@dataclass
+class Program:
+    """A reduction program: what is computed, independent of how (the schedule)."""
+
+    name: str
+    axes: dict[str, int] = field(default_factory=dict)
+    inputs: dict[str, TensorSpec] = field(default_factory=dict)
+    outputs: list[Output] = field(default_factory=list)
+
+    def validate(self) -> Program:
+        """Raise ProgramError naming the first problem found."""
+        for ax, n in self.axes.items():
+            if not isinstance(n, int) or n < 1:
+                raise ProgramError(f"axis '{ax}' of program '{self.name}' has extent {n!r}; expected an int >= 1")
+        for spec in self.inputs.values():
+            for ax in spec.axes:
+                self._check_axis(ax, f"input '{spec.name}'")
+            if spec.dtype not in DTYPES:
+                raise ProgramError(f"input '{spec.name}' has unknown dtype {spec.dtype!r} (known: {DTYPES})")
+        if not self.outputs:
+            raise ProgramError(f"program '{self.name}' has no outputs")
+        seen = set()
+        for out in self.outputs:
+            if out.name in seen or out.name in self.inputs:
+                raise ProgramError(f"output name '{out.name}' is used twice")
+            seen.add(out.name)
+            for ax in out.axes:
+                self._check_axis(ax, f"output '{out.name}'")
+            if len(set(out.axes)) != len(out.axes):
+                raise ProgramError(f"output '{out.name}' repeats an axis: {out.axes}")
+            for n in walk(out.expr):
+                self._check_node(n, out.name)
+            extra = out.expr.axes - set(out.axes)
+            if extra:
+                raise ProgramError(
+                    f"output '{out.name}' is declared over axes {out.axes} but its expression also varies "
+                    f"over {sorted(extra)}; reduce over them or add them to the output axes"
+                )
+        return self
+
+    def _check_axis(self, ax: str, where: str) -> None:
+        if ax not in self.axes:
+            known = ", ".join(self.axes) or "none"
+            raise ProgramError(f"unknown axis '{ax}' in {where} of program '{self.name}' (declared: {known})")
+
+    def _check_node(self, n: Node, out: str) -> None:
+        where = f"output '{out}'"
+        if isinstance(n, Index):
+            self._check_axis(n.axis, where)
+        elif isinstance(n, Load):
+            spec = self.inputs.get(n.tensor)
+            if spec is None:
+                raise ProgramError(f"{where} reads unknown input '{n.tensor}' (inputs: {', '.join(self.inputs)})")
+            if len(n.index) != len(spec.axes):
+                raise ProgramError(
+                    f"{where} indexes input '{n.tensor}' with {len(n.index)} indices; it has axes {spec.axes}"
+                )
+            for ax, idx in zip(spec.axes, n.index):
+                if isinstance(idx, Index) and self.axes.get(idx.axis) != self.axes[ax]:
+                    self._check_axis(idx.axis, where)
+                    raise ProgramError(
+                        f"shape mismatch in {where}: input '{n.tensor}' has axis '{ax}' of extent "
+                        f"{self.axes[ax]} but is indexed by axis '{idx.axis}' of extent {self.axes[idx.axis]}"
+                    )
+        elif isinstance(n, Call):
+            op = OPS.get(n.op)
+            if op is None:
+                raise ProgramError(f"{where} uses unknown operator '{n.op}' (known: {', '.join(OPS)})")
+            if len(n.args) != op.arity:
+                raise ProgramError(f"{where}: '{n.op}' takes {op.arity} arguments, got {len(n.args)}")
+        elif isinstance(n, Reduce):
+            if n.op not in MONOIDS:
+                raise ProgramError(f"{where} reduces with unknown monoid '{n.op}' (known: {', '.join(MONOIDS)})")
+            self._check_axis(n.axis, where)
+            if n.axis not in n.body.axes:
+                have = ", ".join(sorted(n.body.axes)) or "none"
+                raise ProgramError(
+                    f"{where}: {n.op} over axis '{n.axis}' but the body does not depend on '{n.axis}' "
+                    f"(its axes: {have})"
+                )
+
+    def input_shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.axes[a] for a in self.inputs[name].axes)
+
+    def output_shape(self, out: Output) -> tuple[int, ...]:
+        return tuple(self.axes[a] for a in out.axes)
+
+    def with_extents(self, extents: dict[str, int]) -> Program:
+        """The same program specialised to other axis extents."""
+        axes = dict(self.axes)
+        for k, v in extents.items():
+            if k not in axes:
+                self._check_axis(k, "with_extents")
+            axes[k] = v
+        return Program(self.name, axes, dict(self.inputs), list(self.outputs)).validate()
+
+    def __str__(self) -> str:
+        lines = [f"program {self.name}"]
+        lines.append("  axes: " + ", ".join(f"{a}={n}" for a, n in self.axes.items()))
+        for s in self.inputs.values():
+            lines.append(f"  input {s.name}[{', '.join(s.axes)}]: {s.dtype}")
+        for o in self.outputs:
+            lines.append(f"  {o.name}[{', '.join(o.axes)}] = {show(o.expr)}")
+        return "\n".join(lines)
+
+
+def reductions(node: Node) -> list[Reduce]:
+    """Distinct reductions in `node`, producers before consumers."""
+    return [n for n in walk(node) if isinstance(n, Reduce)]

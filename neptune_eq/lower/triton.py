@@ -1,0 +1,769 @@
+"""Lowering a kernel plan to Triton source: one @triton.jit function per kernel.
+
+Nothing here knows what a program computes: tiles come from the schedule, loops from the plan's
+passes, state updates from the components (body, mask, correction), masks and loop bounds from
+the programs' own predicates. Each value is a block whose dimensions are named by axes; ops
+broadcast by axis name; a sum over an axis of a product whose factors split into [m, k] and
+[k, n] blocks becomes tl.dot with fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .. import ir
+from ..masks import affine, conjunction
+from ..ops import MONOIDS, OPS
+from ..plan import Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
+from ..schedule import KernelSchedule, inner_axes
+
+_TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "int32": "tl.int32",
+             "int64": "tl.int64", "bool": "tl.int1", "float64": "tl.float64"}
+
+
+@dataclass
+class Val:
+    code: str
+    dims: tuple[str, ...]
+    kind: str  # "f" float32, "i" integer, "b" boolean, or a native load dtype ("float16", ...)
+
+    @property
+    def native(self) -> bool:
+        return self.kind not in ("f", "i", "b")
+
+
+@dataclass
+class TensorArg:
+    name: str
+    axes: tuple[str, ...]
+    dtype: str
+    role: str  # "input" | "output" | "buffer"
+
+
+@dataclass
+class KernelSource:
+    """Generated code for one kernel and what the launcher needs to call it."""
+
+    name: str
+    source: str  # the @triton.jit function
+    tensors: list[TensorArg]
+    extents: list[str]  # axes passed as n_<axis>
+    grid: list[tuple[str, int]]  # (axis, tile) in pid decomposition order (last fastest)
+    chunks: int
+    constexprs: dict[str, int]
+    schedule: KernelSchedule
+
+
+def _fmt_float(v: float) -> str:
+    if math.isinf(v):
+        return "POS_INF" if v > 0 else "NEG_INF"
+    if math.isnan(v):
+        return "NAN"
+    return repr(float(v))
+
+
+def _ident(name: str) -> str:
+    out = "".join(ch if ch.isalnum() else "_" for ch in name)
+    return out if out[:1].isalpha() else "v_" + out
+
+
+@dataclass
+class _Scope:
+    memo: dict = field(default_factory=dict)
+    variant: set = field(default_factory=set)  # sym names that vary in this scope (loop state)
+    axis: str | None = None  # loop axis of this scope
+
+
+class KernelWriter:
+    """Writes one kernel. Scopes: program level, then one per loop body (memo of emitted values)."""
+
+    def __init__(self, plan: Plan, kernel: KernelPlan, program: ir.Program, schedule: KernelSchedule,
+                 target: str):
+        self.plan, self.k, self.program, self.sched, self.target = plan, kernel, program, schedule, target
+        self.lines: list[str] = []
+        self.depth = 1
+        self.scopes: list[_Scope] = [_Scope()]
+        self.n_tmp = 0
+        self.tensors: dict[str, TensorArg] = {}
+        self.extents: list[str] = []
+        self.inner = inner_axes(kernel, plan)
+        self.tiles = schedule.tiles
+        self.vector: dict[str, str] = {}  # axis → name of its offsets vector in the current scope
+        self.scalar: dict[str, str] = {}  # axis → scalar index name
+        self.tail_masks: dict[str, bool] = {}  # axis → whether loads along it need a bounds mask now
+        order = [a for a in kernel.grid if self.tiles.get(a, 1) > 1]
+        loop_axes = list(dict.fromkeys(p.axis for p in kernel.passes()))
+        self.canon = order + [a for a in loop_axes if a not in order] + sorted(self.inner - set(order) - set(loop_axes))
+
+    # ---------------------------------------------------------------- helpers
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.depth + line)
+
+    def tmp(self, stem: str = "t") -> str:
+        self.n_tmp += 1
+        return f"{stem}{self.n_tmp}"
+
+    def extent(self, axis: str) -> str:
+        if axis not in self.extents:
+            self.extents.append(axis)
+        return f"n_{_ident(axis)}"
+
+    def tensor(self, name: str, axes: tuple[str, ...], dtype: str, role: str) -> TensorArg:
+        t = self.tensors.get(name)
+        if t is None:
+            t = self.tensors[name] = TensorArg(name, axes, dtype, role)
+        return t
+
+    def lookup(self, key):
+        for sc in reversed(self.scopes):
+            if key in sc.memo:
+                return sc.memo[key]
+        return None
+
+    def is_variant(self, n: ir.Node) -> bool:
+        """Does n change from one iteration of the innermost loop to the next?"""
+        sc = self.scopes[-1]
+        if len(self.scopes) == 1:
+            return False
+        if sc.axis is not None and sc.axis in n.axes:
+            return True
+        for m in ir.walk(n):
+            if isinstance(m, ir.Sym) and m.name in sc.variant:
+                return True
+            if isinstance(m, ir.Sym) and m.name.startswith("val:"):
+                inner = self.plan.inline.get(m.name[4:])
+                if inner is not None and self.is_variant(inner):
+                    return True
+        return False
+
+    def block_dims(self, axes) -> tuple[str, ...]:
+        return tuple(a for a in self.canon if a in axes and (a in self.vector))
+
+    # ---------------------------------------------------------------- broadcasting
+    def arrange(self, v: Val, dims: tuple[str, ...]) -> str:
+        """Code for v laid out with `dims` (a superset of v.dims, possibly reordered)."""
+        have = [d for d in dims if d in v.dims]
+        code = v.code
+        if tuple(have) != v.dims:
+            if len(v.dims) == 2:
+                code = f"tl.trans({code})"
+            else:
+                perm = [v.dims.index(d) for d in have]
+                code = f"tl.permute({code}, {tuple(perm)})"
+        if not v.dims or tuple(have) == dims:
+            return code
+        idx = ", ".join(":" if d in v.dims else "None" for d in dims)
+        return f"{code}[{idx}]"
+
+    def align(self, vals: list[Val]) -> tuple[list[str], tuple[str, ...]]:
+        dims = tuple(a for a in self.canon if any(a in v.dims for v in vals))
+        return [self.arrange(v, dims) for v in vals], dims
+
+    def f32(self, v: Val) -> Val:
+        if v.kind == "f":
+            return v
+        if v.kind in ("i", "b"):
+            return Val(f"({v.code}).to(tl.float32)", v.dims, "f")
+        return Val(f"{v.code}.to(tl.float32)", v.dims, "f")
+
+    def bind(self, code: str, dims, kind: str, stem: str = "t") -> Val:
+        name = self.tmp(stem)
+        self.emit(f"{name} = {code}")
+        return Val(name, tuple(dims), kind)
+
+    # ---------------------------------------------------------------- expressions
+    def value(self, n: ir.Node) -> Val:
+        hit = self.lookup(n)
+        if hit is not None:
+            return hit
+        if not self.is_variant(n) and len(self.scopes) > 1:
+            # loop-invariant: compute before the loop (the program-level scope)
+            saved_scopes, saved_lines, saved_depth = self.scopes, self.lines, self.depth
+            self.scopes = self.scopes[:1]
+            self.lines = self.hoist_lines
+            self.depth = self.hoist_depth
+            try:
+                v = self._value(n)
+            finally:
+                self.scopes, self.lines, self.depth = saved_scopes, saved_lines, saved_depth
+            self.scopes[0].memo[n] = v
+            return v
+        v = self._value(n)
+        self.scopes[-1].memo[n] = v
+        return v
+
+    def _value(self, n: ir.Node) -> Val:
+        if isinstance(n, ir.Const):
+            kind = "i" if float(n.value).is_integer() and abs(n.value) < 2**31 and False else "f"
+            return Val(_fmt_float(n.value), (), kind)
+        if isinstance(n, ir.Index):
+            if n.axis in self.vector:
+                return Val(self.vector[n.axis], (n.axis,), "i")
+            if n.axis in self.scalar:
+                return Val(self.scalar[n.axis], (), "i")
+            raise KeyError(f"axis {n.axis} has no index in kernel {self.k.name}")
+        if isinstance(n, ir.Sym):
+            kind, name = n.name.split(":", 1)
+            if kind == "val" and name in self.plan.inline:
+                return self.value(self.plan.inline[name])
+            raise KeyError(f"symbol {n.name} is not available in kernel {self.k.name}")
+        if isinstance(n, ir.Load):
+            return self.load(n)
+        if isinstance(n, ir.Reduce):
+            return self.contract(n.op, n.axis, n.body, None)
+        assert isinstance(n, ir.Call)
+        op = OPS[n.op]
+        args = [self.value(a) for a in n.args]
+        if n.op in ("and", "or", "not"):
+            codes, dims = self.align(args)
+            return self.bind(op.triton.format(*codes), dims, "b", "m")
+        if op.predicate:
+            if all(a.kind == "i" for a in args):
+                codes, dims = self.align(args)
+            else:
+                codes, dims = self.align([self.f32(a) for a in args])
+            return self.bind(op.triton.format(*codes), dims, "b", "m")
+        if n.op == "where":
+            cond = args[0]
+            rest = [self.f32(a) for a in args[1:]]
+            codes, dims = self.align([cond, *rest])
+            return self.bind(op.triton.format(*codes), dims, "f")
+        if all(a.kind == "i" for a in args) and op.integer_ok:
+            codes, dims = self.align(args)
+            return self.bind(op.triton.format(*codes), dims, "i")
+        codes, dims = self.align([self.f32(a) for a in args])
+        return self.bind(op.triton.format(*codes), dims, "f")
+
+    # ---------------------------------------------------------------- memory
+    def pointer(self, tensor: str, index: tuple[ir.Node, ...], order: tuple[str, ...] | None):
+        """(pointer code, mask code or None, dims) for a block of `tensor` at `index`."""
+        if tensor not in self.tensors:
+            spec = self.program.inputs.get(tensor)
+            if spec is not None:
+                self.tensor(tensor, spec.axes, spec.dtype, "input")
+            else:
+                buf = self.plan.buffers[tensor]
+                self.tensor(tensor, buf.axes, buf.dtype, "buffer")
+        entries = []
+        masks = []
+        for k, e in enumerate(index):
+            stride = f"{_ident(tensor)}_s{k}"
+            if isinstance(e, ir.Index) and e.axis in self.vector:
+                entries.append((Val(self.vector[e.axis], (e.axis,), "i"), stride))
+                if self.tail_masks.get(e.axis, True):
+                    masks.append(Val(f"({self.vector[e.axis]} < {self.extent(e.axis)})", (e.axis,), "b"))
+            elif isinstance(e, ir.Index) and e.axis == "chunk":
+                entries.append((Val("pid_chunk", (), "i"), stride))
+            else:
+                entries.append((self.value(e), stride))
+        dims = order or tuple(a for a in self.canon if any(a in v.dims for v, _ in entries))
+        parts = []
+        for v, stride in entries:
+            parts.append(f"{self.arrange(v, dims)} * {stride}" if v.dims else f"{v.code} * {stride}")
+        ptr = f"{_ident(tensor)}_ptr + " + " + ".join(parts)
+        mask = None
+        if masks:
+            mcodes = [self.arrange(m, dims) for m in masks]
+            mask = " & ".join(mcodes)
+        return ptr, mask, dims
+
+    def load(self, n: ir.Load, order: tuple[str, ...] | None = None) -> Val:
+        key = ("load", n, order)
+        hit = self.lookup(key)
+        if hit is not None:
+            return hit
+        ptr, mask, dims = self.pointer(n.tensor, n.index, order)
+        dtype = (self.program.inputs[n.tensor].dtype if n.tensor in self.program.inputs
+                 else self.plan.buffers[n.tensor].dtype)
+        if mask:
+            code = f"tl.load({ptr}, mask={mask}, other=0)"
+        else:
+            code = f"tl.load({ptr})"
+        kind = dtype if dtype in ("float16", "bfloat16") else ("f" if dtype.startswith("float") else
+                                                                ("b" if dtype == "bool" else "i"))
+        v = self.bind(code, dims, kind, "x")
+        if kind == "f" and dtype != "float32":
+            v = self.bind(f"{v.code}.to(tl.float32)", dims, "f", "x")
+        self.scopes[-1].memo[key] = v
+        return v
+
+    def store(self, st: StorePlan) -> None:
+        is_buffer = st.target in self.plan.buffers
+        spec_axes = st.axes
+        dtype = st.dtype if not is_buffer else self.plan.buffers[st.target].dtype
+        self.tensor(st.target, spec_axes, dtype, "buffer" if is_buffer else "output")
+        v = self.f32(self.value(st.expr))
+        index = tuple(ir.Index(a) for a in spec_axes)
+        ptr, mask, dims = self.pointer(st.target, index, None)
+        dims_all = tuple(a for a in self.canon if a in set(dims) | set(v.dims))
+        if set(v.dims) - set(dims):
+            raise ValueError(f"store of {st.target} over {spec_axes} from a value over {v.dims}")
+        code = self.arrange(v, dims)
+        # programs that replicate the value along grid axes the target lacks do not store
+        extra = [a for a in self.k.grid if a not in spec_axes and self.tiles.get(a, 1) >= 1]
+        guard = " and ".join(f"(t_{_ident(a)} == 0)" for a in extra)
+        m = mask
+        if guard:
+            self.emit(f"if {guard}:")
+            self.depth += 1
+        if dims != dims_all:
+            code = self.arrange(Val(code, dims, "f"), dims_all)
+        self.emit(f"tl.store({ptr}, ({code}).to({_ident(st.target)}_ptr.dtype.element_ty)"
+                  + (f", mask={m})" if m else ")"))
+        if guard:
+            self.depth -= 1
+
+    # ---------------------------------------------------------------- reductions
+    def factors(self, n: ir.Node) -> list[ir.Node]:
+        if isinstance(n, ir.Call) and n.op == "mul":
+            return self.factors(n.args[0]) + self.factors(n.args[1])
+        return [n]
+
+    def contract(self, op: str, axis: str, body: ir.Node, mask: Val | None) -> Val:
+        """op-reduce `body` over the block axis `axis` (masked-out elements contribute the identity)."""
+        ident = MONOIDS[op].identity
+        if op == "sum" and axis in self.vector:
+            dot = self.try_dot(axis, body, mask)
+            if dot is not None:
+                return dot
+        v = self.f32(self.value(body))
+        dims = tuple(a for a in self.canon if a in set(v.dims) | {axis})
+        code = self.arrange(v, dims)
+        if axis not in v.dims:
+            shape = ", ".join(f"BLOCK_{_ident(a)}" for a in dims)
+            code = f"tl.broadcast_to({code}, ({shape},))" if dims else code
+        if mask is not None:
+            mcode = self.arrange(mask, dims)
+            code = f"tl.where({mcode}, {code}, {_fmt_float(ident)})"
+        out_dims = tuple(d for d in dims if d != axis)
+        return self.bind(f"{MONOIDS[op].triton_reduce}({code}, axis={dims.index(axis)})", out_dims, "f", "r")
+
+    def try_dot(self, k: str, body: ir.Node, mask: Val | None) -> Val | None:
+        out = [a for a in self.canon if a in body.axes and a in self.vector and a != k]
+        if len(out) != 2 or any(self.tiles.get(a, 1) < 16 for a in [*out, k]):
+            return None
+        m, n = out
+        left, right, post = [], [], []
+        for f in self.factors(body):
+            fd = {a for a in f.axes if a in self.vector}
+            if k not in fd:
+                if fd <= {m, n}:
+                    post.append(f)
+                    continue
+                return None
+            if fd <= {m, k}:
+                left.append(f)
+            elif fd <= {n, k}:
+                right.append(f)
+            else:
+                return None
+        if not left or not right:
+            return None
+        if mask is not None:
+            md = set(mask.dims)
+            side = "left" if md <= {m, k} else ("right" if md <= {n, k} else None)
+            if side is None:
+                return None
+        a = self.operand(left, (m, k), mask if mask is not None and set(mask.dims) <= {m, k} else None)
+        b = self.operand(right, (k, n), mask if mask is not None and set(mask.dims) <= {n, k}
+                         and not set(mask.dims) <= {m, k} else None)
+        if a.native and not b.native:
+            b = Val(f"{b.code}.to({_TL_DTYPE[a.kind]})", b.dims, a.kind)
+        elif b.native and not a.native:
+            a = Val(f"{a.code}.to({_TL_DTYPE[b.kind]})", a.dims, b.kind)
+        elif a.native and b.native and a.kind != b.kind:
+            a, b = self.f32(a), self.f32(b)
+        prec = "" if a.native else f", input_precision=\"{self.sched.input_precision}\""
+        r = self.bind(f"tl.dot({a.code}, {b.code}{prec})", (m, n), "f", "d")
+        for f in post:
+            r = self._mul(r, self.f32(self.value(f)))
+        return r
+
+    def _mul(self, a: Val, b: Val) -> Val:
+        codes, dims = self.align([a, b])
+        return self.bind(f"{codes[0]} * {codes[1]}", dims, "f")
+
+    def operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
+        if len(factors) == 1 and isinstance(factors[0], ir.Load) and mask is None:
+            v = self.load(factors[0], order=tuple(a for a in order if a in factors[0].axes and a in self.vector))
+            if v.dims != order:
+                v = Val(self.arrange(v, order), order, v.kind)
+            return v
+        prod = self.f32(self.value(factors[0]))
+        for f in factors[1:]:
+            prod = self._mul(prod, self.f32(self.value(f)))
+        if mask is not None:
+            codes, dims = self.align([mask, prod])
+            prod = self.bind(f"tl.where({codes[0]}, {codes[1]}, 0.0)", dims, "f", "p")
+        code = self.arrange(prod, order) if set(prod.dims) == set(order) else \
+            self.arrange(prod, order) if prod.dims else prod.code
+        if set(prod.dims) != set(order):
+            shape = ", ".join(f"BLOCK_{_ident(a)}" for a in order)
+            code = f"tl.broadcast_to({code}, ({shape},))"
+        return Val(code, order, "f")
+
+
+def _state_dims(w: KernelWriter, c: CompPlan) -> tuple[str, ...]:
+    return tuple(a for a in w.canon if a in c.free and a in w.vector)
+
+
+def _shape(w: KernelWriter, dims) -> str:
+    return "[" + ", ".join(f"BLOCK_{_ident(a)}" for a in dims) + "]"
+
+
+# ---------------------------------------------------------------- passes
+
+
+def _sub(e: ir.Node | None, mapping: dict[ir.Node, ir.Node]) -> ir.Node | None:
+    return None if e is None else ir.substitute(e, mapping)
+
+
+class _PassWriter:
+    """Emits one pass: state init, the tile loops (bounded by affine masks), the per-tile update."""
+
+    def __init__(self, w: KernelWriter, ps: Pass):
+        self.w, self.ps = w, ps
+        self.axis = ps.axis
+        self.tile = w.tiles[ps.axis]
+
+    def state_names(self, c: CompPlan) -> str:
+        return f"st_{_ident(c.name)}"
+
+    def run(self) -> None:
+        w, ps = self.w, self.ps
+        for c in ps.comps:
+            dims = _state_dims(w, c)
+            init = _fmt_float(c.identity)
+            shape = _shape(w, dims)
+            w.emit(f"{self.state_names(c)} = tl.full({shape}, {init}, tl.float32)" if dims else
+                   f"{self.state_names(c)} = tl.full([], {init}, tl.float32)")
+        lo, hi, full_lo, full_hi = self.bounds()
+        j = _ident(self.axis)
+        n_j = w.extent(self.axis)
+        if ps.split > 1:
+            w.emit(f"ntiles_{j} = ({hi} - {lo} + {self.tile - 1}) // {self.tile}")
+            w.emit(f"per_{j} = (ntiles_{j} + {ps.split - 1}) // {ps.split}")
+            w.emit(f"c_lo_{j} = {lo} + pid_chunk * per_{j} * {self.tile}")
+            w.emit(f"c_hi_{j} = tl.minimum({hi}, c_lo_{j} + per_{j} * {self.tile})")
+            lo, hi = f"c_lo_{j}", f"c_hi_{j}"
+            if full_lo is not None:
+                full_lo = f"tl.minimum(tl.maximum({full_lo}, {lo}), {hi})"
+                full_hi = f"tl.maximum(tl.minimum({full_hi}, {hi}), {full_lo})"
+        if full_lo is None:
+            self.loop(lo, hi, masked=True)
+        else:
+            w.emit(f"lo_{j} = {lo}")
+            w.emit(f"hi_{j} = {hi}")
+            w.emit(f"flo_{j} = {full_lo}")
+            w.emit(f"fhi_{j} = {full_hi}")
+            self.loop(f"lo_{j}", f"flo_{j}", masked=True)
+            self.loop(f"flo_{j}", f"fhi_{j}", masked=False)
+            self.loop(f"fhi_{j}", f"hi_{j}", masked=True)
+        for c in ps.comps:
+            w.scopes[0].memo[ir.Sym(f"fin:{c.name}", c.free)] = Val(self.state_names(c), _state_dims(w, c), "f")
+        _ = n_j
+
+    # ---- bounds from affine predicates
+    def bounds(self):
+        """(lo, hi) of the loop and (full_lo, full_hi) of the tiles where every predicate holds."""
+        w, j = self.w, self.axis
+        n_j = w.extent(j)
+        T = self.tile
+        lows, highs, flows, fhighs = [], [], [], []
+        all_affine = True
+        for c in self.ps.comps:
+            cons = affine(c.mask) if c.mask is not None and not _is_true(c.mask) else ([] if c.mask is None
+                                                                                     or _is_true(c.mask) else None)
+            if cons is None:
+                all_affine = False
+                continue
+            c_low, c_high, c_flow, c_fhigh = [], [], [], []
+            for a in cons:
+                cj = a.coefficient(j)
+                others = [(x, v) for x, v in a.coef if x != j]
+                if cj == 0 or abs(cj) != 1 or any(x not in w.vector and x not in w.scalar for x, _ in others):
+                    all_affine = False if cj != 0 else all_affine
+                    continue
+                mn, mx = self.box(others)
+                if cj > 0:  # j <= -(const + Σ) : upper bound
+                    c_high.append(f"(-({a.const}) - ({mn}) + 1)")
+                    c_fhigh.append(f"(-({a.const}) - ({mx}) + 1)")
+                else:  # j >= const + Σ : lower bound
+                    c_low.append(f"({a.const} + ({mn}))")
+                    c_flow.append(f"({a.const} + ({mx}))")
+            lows.append(_max(c_low) if c_low else "0")
+            highs.append(_min(c_high) if c_high else n_j)
+            flows.append(_max(c_flow) if c_flow else "0")
+            fhighs.append(_min(c_fhigh) if c_fhigh else n_j)
+        if not self.ps.comps:
+            return "0", n_j, None, None
+        lo = f"tl.maximum(0, {_min(lows)})" if lows else "0"
+        hi = f"tl.minimum({n_j}, {_max(highs)})" if highs else n_j
+        lo = f"(({lo}) // {T}) * {T}"
+        if not all_affine:
+            return lo, hi, None, None
+        flo = f"tl.maximum({lo}, ((({_max(flows)}) + {T - 1}) // {T}) * {T})"
+        fhi = f"tl.maximum({flo}, (tl.minimum({hi}, {_min(fhighs)}) // {T}) * {T})"
+        return lo, hi, flo, fhi
+
+    def box(self, terms):
+        """(min, max) code of Σ coef·x over the program's tile of each grid axis x."""
+        w = self.w
+        mins, maxs = [], []
+        for x, v in terms:
+            if x in w.scalar:
+                mins.append(f"{v} * {w.scalar[x]}")
+                maxs.append(f"{v} * {w.scalar[x]}")
+                continue
+            lo = f"t_{_ident(x)} * BLOCK_{_ident(x)}"
+            hi = f"(t_{_ident(x)} * BLOCK_{_ident(x)} + BLOCK_{_ident(x)} - 1)"
+            a, b = (lo, hi) if v > 0 else (hi, lo)
+            mins.append(f"{v} * {a}")
+            maxs.append(f"{v} * {b}")
+        return " + ".join(mins) or "0", " + ".join(maxs) or "0"
+
+    # ---- the loop
+    def loop(self, lo: str, hi: str, *, masked: bool) -> None:
+        w, j = self.w, _ident(self.axis)
+        outer_lines, outer_depth = w.lines, w.depth
+        body: list[str] = []
+        w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
+        w.lines, w.depth = body, outer_depth + 1
+        scope = _Scope(axis=self.axis, variant={f"cur:{c.name}" for c in self.ps.comps}
+                       | {f"old:{c.name}" for c in self.ps.comps})
+        w.scopes.append(scope)
+        w.vector[self.axis] = f"offs_{j}"
+        w.tail_masks[self.axis] = masked
+        w.emit(f"offs_{j} = start_{j} + tl.arange(0, BLOCK_{j})")
+        valid = Val(f"(offs_{j} < {w.extent(self.axis)})", (self.axis,), "b") if masked else None
+        self.tile_update(valid, masked)
+        for st in self.ps.stores:
+            w.store(st)
+        w.scopes.pop()
+        del w.vector[self.axis]
+        w.tail_masks.pop(self.axis, None)
+        w.lines, w.depth = outer_lines, outer_depth
+        w.emit(f"for start_{j} in range({lo}, {hi}, BLOCK_{j}):")
+        w.lines.extend(body)
+
+    def tile_update(self, valid: Val | None, masked: bool) -> None:
+        w = self.w
+        sc = w.scopes[-1]
+        new: dict[str, Val] = {}
+        for c in self.ps.comps:
+            old = Val(self.state_names(c), _state_dims(w, c), "f")
+            sc.memo[ir.Sym(f"old:{c.name}", c.free)] = old
+            mask = valid
+            if c.mask is not None and not _is_true(c.mask) and (masked or affine(c.mask) is None):
+                m = w.value(c.mask)
+                mask = m if mask is None else self._and(mask, m)
+            part = w.contract(c.op, self.axis, c.core, mask)
+            combine = MONOIDS[c.op].combine
+            if c.producers and c.corr is not None:
+                h = w.f32(w.value(c.corr))
+                refs = {p: Val(self.state_names(pc), _state_dims(w, pc), "f")
+                        for pc in self.ps.comps for p in c.producers if pc.name == p}
+                h = _guarded(w, self.ps, c, h, refs)
+                codes, dims = w.align([old, h])
+                carried = w.bind(OPS[c.dist].triton.format(*codes), dims, "f", "c")
+            else:
+                carried = old
+            codes, dims = w.align([carried, part])
+            sdims = _state_dims(w, c)
+            code = OPS[combine].triton.format(*codes)
+            if dims != sdims:
+                code = f"tl.broadcast_to({code}, {_shape(w, sdims)})" if set(dims) <= set(sdims) else code
+            nv = w.bind(code, sdims if set(dims) <= set(sdims) else dims, "f", "n")
+            new[c.name] = nv
+            sc.memo[ir.Sym(f"cur:{c.name}", c.free)] = nv
+        for c in self.ps.comps:
+            w.emit(f"{self.state_names(c)} = {new[c.name].code}")
+
+    def _and(self, a: Val, b: Val) -> Val:
+        codes, dims = self.w.align([a, b])
+        return self.w.bind(f"({codes[0]} & {codes[1]})", dims, "b", "m")
+
+
+def _is_true(n: ir.Node) -> bool:
+    return isinstance(n, ir.Const) and n.value != 0.0
+
+
+def _max(xs: list[str]) -> str:
+    out = xs[0]
+    for x in xs[1:]:
+        out = f"tl.maximum({out}, {x})"
+    return out
+
+
+def _min(xs: list[str]) -> str:
+    out = xs[0]
+    for x in xs[1:]:
+        out = f"tl.minimum({out}, {x})"
+    return out
+
+
+def _combine_phase(w: KernelWriter, cb: Combine) -> None:
+    """Fold the chunk states of a split pass: (r,t) ⊙ (r_c,t_c) with the pass's own corrections."""
+    ps = cb.source
+    names = {c.name: f"st_{_ident(c.name)}" for c in ps.comps}
+    for c in ps.comps:
+        dims = _state_dims(w, c)
+        w.emit(f"{names[c.name]} = tl.full({_shape(w, dims)}, {_fmt_float(c.identity)}, tl.float32)" if dims
+               else f"{names[c.name]} = tl.full([], {_fmt_float(c.identity)}, tl.float32)")
+    outer_lines, outer_depth = w.lines, w.depth
+    body: list[str] = []
+    w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
+    w.lines, w.depth = body, outer_depth + 1
+    scope = _Scope(axis=None, variant={f"{k}:{c.name}" for c in ps.comps for k in ("cur", "old")})
+    w.scopes.append(scope)
+    parts: dict[str, Val] = {}
+    for c in ps.comps:
+        ld = ir.Load(f"part_{c.name}", (ir.Index("chunk"), *(ir.Index(a) for a in c.free)))
+        v = w.load(ld)
+        parts[c.name] = w.f32(v)
+    new: dict[str, Val] = {}
+    for c in ps.comps:
+        old = Val(names[c.name], _state_dims(w, c), "f")
+        comb = MONOIDS[c.op].combine
+        if c.producers and c.corr is not None:
+            olds = {p: Val(names[p], _state_dims(w, next(x for x in ps.comps if x.name == p)), "f")
+                    for p in c.producers}
+            a = _corrected(w, ps, c, old, olds, new)
+            b = _corrected(w, ps, c, parts[c.name], {p: parts[p] for p in c.producers}, new)
+        else:
+            a, b = old, parts[c.name]
+        codes, dims = w.align([a, b])
+        nv = w.bind(OPS[comb].triton.format(*codes), dims, "f", "n")
+        new[c.name] = nv
+    for c in ps.comps:
+        w.emit(f"{names[c.name]} = {new[c.name].code}")
+    w.scopes.pop()
+    w.lines, w.depth = outer_lines, outer_depth
+    w.emit("for pid_chunk in range(0, CHUNKS):")
+    w.lines.extend(body)
+    for c in ps.comps:
+        w.scopes[0].memo[ir.Sym(f"fin:{c.name}", c.free)] = Val(names[c.name], _state_dims(w, c), "f")
+
+
+def _guarded(w: KernelWriter, ps: Pass, c: CompPlan, h: Val, ref: dict[str, Val]) -> Val:
+    """While a max/min producer still holds its identity nothing was accumulated: use the annihilator."""
+    if not c.guard:
+        return h
+    for p in c.producers:
+        pc = next(x for x in ps.comps if x.name == p)
+        codes, dims = w.align([ref[p], h])
+        h = w.bind(f"tl.where({codes[0]} == {_fmt_float(pc.identity)}, {_fmt_float(c.annihilator)}, {codes[1]})",
+                   dims, "f", "h")
+    return h
+
+
+def _corrected(w: KernelWriter, ps: Pass, c: CompPlan, state: Val, ref: dict[str, Val],
+               new: dict[str, Val]) -> Val:
+    """state ⊗' h(ref → new): move a partial result's reference point from `ref` to `new`."""
+    scope = _Scope(axis=None, variant={f"{k}:{p}" for p in c.producers for k in ("old", "cur")})
+    w.scopes.append(scope)
+    for p in c.producers:
+        pc = next(x for x in ps.comps if x.name == p)
+        scope.memo[ir.Sym(f"old:{p}", pc.free)] = ref[p]
+        scope.memo[ir.Sym(f"cur:{p}", pc.free)] = new[p]
+    h = _guarded(w, ps, c, w.f32(w.value(c.corr)), ref)
+    w.scopes.pop()
+    codes, dims = w.align([state, h])
+    return w.bind(OPS[c.dist].triton.format(*codes), dims, "f", "c")
+
+
+# ---------------------------------------------------------------- kernels and modules
+
+
+def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSchedule, target: str,
+                 fn_name: str) -> KernelSource:
+    w = KernelWriter(plan, k, program, sched, target)
+    grid = [(a, sched.tiles.get(a, 1)) for a in k.grid]
+    w.emit("pid = tl.program_id(0)")
+    if k.chunks > 1:
+        w.emit("pid_chunk = pid % CHUNKS")
+        w.emit("pid = pid // CHUNKS")
+    for a, tile in reversed(grid):
+        ia = _ident(a)
+        n = w.extent(a)
+        w.emit(f"t_{ia} = pid % (({n} + BLOCK_{ia} - 1) // BLOCK_{ia})")
+        w.emit(f"pid = pid // (({n} + BLOCK_{ia} - 1) // BLOCK_{ia})")
+        if tile > 1:
+            w.emit(f"offs_{ia} = t_{ia} * BLOCK_{ia} + tl.arange(0, BLOCK_{ia})")
+            w.vector[a] = f"offs_{ia}"
+            w.tail_masks[a] = True
+        else:
+            w.scalar[a] = f"t_{ia}"
+    for a in sorted(w.inner):
+        if a not in w.vector:
+            ia = _ident(a)
+            w.emit(f"offs_{ia} = tl.arange(0, BLOCK_{ia})")
+            w.vector[a] = f"offs_{ia}"
+            w.tail_masks[a] = program.axes[a] != sched.tiles.get(a)
+    w.hoist_lines, w.hoist_depth = w.lines, w.depth
+    for ph in k.phases:
+        if isinstance(ph, Combine):
+            _combine_phase(w, ph)
+        else:
+            _PassWriter(w, ph).run()
+    for st in k.epilogue:
+        w.store(st)
+    # signature
+    params = []
+    for t in w.tensors.values():
+        params.append(f"{_ident(t.name)}_ptr")
+        params += [f"{_ident(t.name)}_s{i}" for i in range(len(t.axes))]
+    params += [f"n_{_ident(a)}" for a in w.extents]
+    consts = {}
+    for a, tile in sched.tiles.items():
+        consts[f"BLOCK_{_ident(a)}"] = tile
+    if k.chunks > 1 or any(isinstance(ph, Combine) for ph in k.phases):
+        chunks = k.chunks if k.chunks > 1 else next(ph.chunks for ph in k.phases if isinstance(ph, Combine))
+        consts["CHUNKS"] = chunks
+    else:
+        chunks = 1
+    params += [f"{c}: tl.constexpr" for c in consts]
+    header = f"@triton.jit\ndef {fn_name}({', '.join(params)}):\n"
+    src = header + "\n".join(w.lines) + "\n"
+    return KernelSource(fn_name, src, list(w.tensors.values()), list(w.extents), grid,
+                        k.chunks, consts, sched)
+
+
+PRELUDE = '''import triton
+import triton.language as tl
+
+NEG_INF: tl.constexpr = float("-inf")
+POS_INF: tl.constexpr = float("inf")
+NAN: tl.constexpr = float("nan")
+'''
+
+TANH_CUDA = '''
+
+@triton.jit
+def _tanh(x):
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                     pack=1)
+'''
+
+TANH_PORTABLE = '''
+
+@triton.jit
+def _tanh(x):
+    # tanh(x) = 1 - 2 / (exp(2x) + 1), exact at ±inf and accurate to fp32 rounding elsewhere
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+'''
+
+
+def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule], target: str,
+                 prefix: str) -> tuple[str, list[KernelSource]]:
+    kernels = [write_kernel(plan, k, program, s, target, f"{prefix}_{k.name}")
+               for k, s in zip(plan.kernels, schedules)]
+    fast = target == "cuda" and any(s.fast_math for s in schedules)
+    src = PRELUDE + (TANH_CUDA if fast else TANH_PORTABLE)
+    for ks in kernels:
+        src += "\n\n" + ks.source
+    return src, kernels
+
+
+_ = (conjunction, math)

@@ -1,0 +1,160 @@
+"""Masks in reduction bodies: which predicates make an element contribute nothing, and which of
+them are affine in the indices (so that they bound loops instead of being evaluated everywhere).
+
+split_mask(body, monoid) finds `where(p, a, b)` nodes such that the body with b in place of the
+where is the monoid's identity (or NaN, which refines to anything) for every sampled value; then
+body ≡ where(p, body[a], identity). The check is by evaluation on random float64 values,
+including ±inf for state symbols, so it is a property of the body, not a pattern.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ir
+from .ops import MONOIDS
+
+_SAMPLES = 512
+
+
+def _sample_env(nodes, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    env: dict[str, np.ndarray] = {}
+    for n in nodes:
+        key = n.name if isinstance(n, ir.Sym) else ir.show(n)
+        if key in env:
+            continue
+        if isinstance(n, ir.Index):
+            env[key] = rng.integers(-64, 64, _SAMPLES).astype(float)
+        elif isinstance(n, ir.Sym):
+            v = rng.normal(0, 4, _SAMPLES)
+            kind = rng.integers(0, 10, _SAMPLES)
+            v = np.where(kind == 0, -np.inf, v)
+            v = np.where(kind == 1, np.inf, v)
+            env[key] = v
+        else:
+            env[key] = rng.normal(0, 4, _SAMPLES)
+    return env
+
+
+def _leaves(node: ir.Node):
+    return [n for n in ir.walk(node) if isinstance(n, ir.Sym | ir.Load | ir.Index)]
+
+
+def is_identity_everywhere(node: ir.Node, identity: float) -> bool:
+    from neptune_eq.rules.soundness import eval_ir_sampled
+
+    env = _sample_env(_leaves(node))
+    v = np.broadcast_to(eval_ir_sampled(node, env), (_SAMPLES,))
+    return bool(np.all(np.isnan(v) | (v == identity)))
+
+
+def split_mask(body: ir.Node, monoid: str) -> tuple[list[ir.Node], ir.Node]:
+    """(predicates, core) with body ≡ where(and(predicates), core, identity) up to refinement."""
+    ident = MONOIDS[monoid].identity
+    preds: list[ir.Node] = []
+    core = body
+    changed = True
+    while changed:
+        changed = False
+        for w in ir.walk(core):
+            if not (isinstance(w, ir.Call) and w.op == "where"):
+                continue
+            cond, a, b = w.args
+            if is_identity_everywhere(ir.substitute(core, {w: b}), ident):
+                preds.append(cond)
+                core = ir.substitute(core, {w: a})
+                changed = True
+                break
+            if is_identity_everywhere(ir.substitute(core, {w: a}), ident):
+                preds.append(ir.Call("not", (cond,)))
+                core = ir.substitute(core, {w: b})
+                changed = True
+                break
+    if is_identity_everywhere(core, ident) and not preds:
+        return [ir.Const(0.0)], core  # the body is the identity everywhere: an always-false mask
+    return preds, core
+
+
+def conjunction(preds: list[ir.Node]) -> ir.Node | None:
+    out = None
+    for p in preds:
+        out = p if out is None else ir.Call("and", (out, p))
+    return out
+
+
+# ---------------------------------------------------------------- affine predicates
+
+
+@dataclass(frozen=True)
+class Affine:
+    """coef·axes + const  (op)  0, with op in {"le", "lt"}: e.g. j − i − c ≤ 0."""
+
+    coef: tuple[tuple[str, int], ...]
+    const: int
+    op: str
+
+    def coefficient(self, axis: str) -> int:
+        return dict(self.coef).get(axis, 0)
+
+    def __str__(self) -> str:
+        terms = " + ".join(f"{c}·{a}" for a, c in self.coef)
+        return f"{terms} + {self.const} {'<=' if self.op == 'le' else '<'} 0"
+
+
+def _linear(n: ir.Node) -> tuple[dict[str, int], float] | None:
+    """Linear form of an integer-valued index expression, or None."""
+    if isinstance(n, ir.Index):
+        return {n.axis: 1}, 0.0
+    if isinstance(n, ir.Const):
+        return {}, n.value
+    if isinstance(n, ir.Call):
+        if n.op in ("add", "sub"):
+            a, b = _linear(n.args[0]), _linear(n.args[1])
+            if a is None or b is None:
+                return None
+            s = 1 if n.op == "add" else -1
+            out = dict(a[0])
+            for k, v in b[0].items():
+                out[k] = out.get(k, 0) + s * v
+            return out, a[1] + s * b[1]
+        if n.op == "neg":
+            a = _linear(n.args[0])
+            return None if a is None else ({k: -v for k, v in a[0].items()}, -a[1])
+        if n.op == "mul":
+            a, b = _linear(n.args[0]), _linear(n.args[1])
+            if a is None or b is None:
+                return None
+            if not a[0]:
+                a, b = b, a
+            if b[0]:
+                return None
+            return {k: v * b[1] for k, v in a[0].items()}, a[1] * b[1]
+    return None
+
+
+def affine(pred: ir.Node) -> list[Affine] | None:
+    """Affine constraints (all must hold) equivalent to `pred`, or None if it is not affine."""
+    if isinstance(pred, ir.Call) and pred.op == "and":
+        a, b = affine(pred.args[0]), affine(pred.args[1])
+        return None if a is None or b is None else a + b
+    if not (isinstance(pred, ir.Call) and pred.op in ("le", "lt", "ge", "gt")):
+        return None
+    lhs, rhs = _linear(pred.args[0]), _linear(pred.args[1])
+    if lhs is None or rhs is None:
+        return None
+    if pred.op in ("ge", "gt"):
+        lhs, rhs = rhs, lhs
+    coef = dict(lhs[0])
+    for k, v in rhs[0].items():
+        coef[k] = coef.get(k, 0) - v
+    const = lhs[1] - rhs[1]
+    if any(float(v) != int(v) for v in coef.values()) or const != int(const):
+        return None
+    coef = {k: int(v) for k, v in coef.items() if v != 0}
+    op = "le" if pred.op in ("le", "ge") else "lt"
+    if op == "lt":  # integers: x < 0 ⇔ x + 1 ≤ 0
+        return [Affine(tuple(sorted(coef.items())), int(const) + 1, "le")]
+    return [Affine(tuple(sorted(coef.items())), int(const), "le")]

@@ -1,0 +1,139 @@
+"""The operator vocabulary: one table of elementwise ops and reduction monoids with their properties.
+
+Everything else derives from here: the egglog constructors (terms.py), the generic algebra rules
+(commutativity, identities), the float64 evaluators used by the reference and the rule fuzzer,
+the Triton emitters and the cost classes of the cost model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+INF = math.inf
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+def _np_rsqrt(x):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return 1.0 / np.sqrt(x)
+
+
+def _np_div(a, b):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return np.divide(a, b)
+
+
+def _np_guard(fn):
+    def run(*args):
+        with np.errstate(all="ignore"):
+            return fn(*args)
+
+    return run
+
+
+@dataclass(frozen=True)
+class Op:
+    """An elementwise operator.
+
+    `unit` says which hardware unit does the work on a GPU ("alu": FMA pipes, "sfu": special
+    function unit, "cmp": compare/select), `weight` is its relative cost on that unit.
+    `triton` is a format string over the argument expressions (already fp32 Triton values).
+    """
+
+    name: str
+    arity: int
+    numpy: Callable
+    triton: str
+    unit: str = "alu"
+    weight: float = 1.0
+    commutative: bool = False
+    associative: bool = False
+    identity: float | None = None  # x op identity == x
+    infix: str | None = None  # for printing
+    predicate: bool = False  # result is a boolean
+    integer_ok: bool = True  # may appear in index arithmetic
+
+
+OPS: dict[str, Op] = {
+    op.name: op
+    for op in [
+        Op("add", 2, _np_guard(np.add), "({0} + {1})", commutative=True, associative=True, identity=0.0, infix="+"),
+        Op("sub", 2, _np_guard(np.subtract), "({0} - {1})", identity=0.0, infix="-"),
+        Op("mul", 2, _np_guard(np.multiply), "({0} * {1})", commutative=True, associative=True, identity=1.0,
+           infix="*"),
+        Op("div", 2, _np_div, "({0} / {1})", weight=4.0, identity=1.0, infix="/", integer_ok=False),
+        Op("floordiv", 2, _np_guard(np.floor_divide), "({0} // {1})", infix="//"),
+        Op("mod", 2, _np_guard(np.mod), "({0} % {1})", infix="%"),
+        Op("neg", 1, _np_guard(np.negative), "(-{0})"),
+        Op("exp", 1, _np_guard(np.exp), "tl.exp({0})", unit="sfu", weight=1.0, integer_ok=False),
+        Op("exp2", 1, _np_guard(np.exp2), "tl.exp2({0})", unit="sfu", weight=1.0, integer_ok=False),
+        Op("log", 1, _np_guard(np.log), "tl.log({0})", unit="sfu", weight=1.0, integer_ok=False),
+        Op("log2", 1, _np_guard(np.log2), "tl.log2({0})", unit="sfu", weight=1.0, integer_ok=False),
+        Op("tanh", 1, _np_guard(np.tanh), "_tanh({0})", unit="sfu", weight=2.0, integer_ok=False),
+        Op("sqrt", 1, _np_guard(np.sqrt), "tl.sqrt({0})", unit="sfu", weight=1.0, integer_ok=False),
+        Op("rsqrt", 1, _np_rsqrt, "tl.rsqrt({0})", unit="sfu", weight=1.0, integer_ok=False),
+        Op("abs", 1, _np_guard(np.abs), "tl.abs({0})"),
+        Op("max2", 2, _np_guard(np.maximum), "tl.maximum({0}, {1})", commutative=True, associative=True,
+           identity=-INF),
+        Op("min2", 2, _np_guard(np.minimum), "tl.minimum({0}, {1})", commutative=True, associative=True,
+           identity=INF),
+        Op("where", 3, _np_guard(np.where), "tl.where({0}, {1}, {2})", unit="cmp"),
+        Op("lt", 2, _np_guard(np.less), "({0} < {1})", unit="cmp", infix="<", predicate=True),
+        Op("le", 2, _np_guard(np.less_equal), "({0} <= {1})", unit="cmp", infix="<=", predicate=True),
+        Op("gt", 2, _np_guard(np.greater), "({0} > {1})", unit="cmp", infix=">", predicate=True),
+        Op("ge", 2, _np_guard(np.greater_equal), "({0} >= {1})", unit="cmp", infix=">=", predicate=True),
+        Op("eq", 2, _np_guard(np.equal), "({0} == {1})", unit="cmp", infix="==", predicate=True,
+           commutative=True),
+        Op("ne", 2, _np_guard(np.not_equal), "({0} != {1})", unit="cmp", infix="!=", predicate=True,
+           commutative=True),
+        Op("and", 2, _np_guard(np.logical_and), "({0} & {1})", unit="cmp", infix="&", predicate=True,
+           commutative=True, associative=True),
+        Op("or", 2, _np_guard(np.logical_or), "({0} | {1})", unit="cmp", infix="|", predicate=True,
+           commutative=True, associative=True),
+        Op("not", 1, _np_guard(np.logical_not), "(~{0})", unit="cmp", predicate=True),
+    ]
+}
+
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+@dataclass(frozen=True)
+class Monoid:
+    """A reduction monoid ⊕ with the operator ⊗' that distributes over it.
+
+    A correction h for a consumer ⊕_j g(r, c_j) is applied as `t ⊗' h`; it is searched as the
+    quotient `g(r', c) ⊘ g(r, c)` with ⊘ the inverse of ⊗'. `dist` lists the candidate (⊗', ⊘)
+    pairs in order of preference with the side condition on h that makes ⊗' distribute over ⊕.
+    `annihilator` is the value a of ⊗' with t ⊗' a == identity of ⊕ (for t finite).
+    """
+
+    name: str
+    combine: str  # the binary Op of the monoid
+    identity: float
+    triton_reduce: str  # tl.sum / tl.max / tl.min
+    dist: tuple[tuple[str, str, str, float], ...] = field(default_factory=tuple)
+    # each: (⊗', ⊘, side condition on h: "any" | "nonneg", annihilator of ⊗')
+
+
+MONOIDS: dict[str, Monoid] = {
+    "sum": Monoid("sum", "add", 0.0, "tl.sum", dist=(("mul", "div", "any", 0.0),)),
+    "max": Monoid("max", "max2", -INF, "tl.max", dist=(("add", "sub", "any", -INF), ("mul", "div", "nonneg", 0.0))),
+    "min": Monoid("min", "min2", INF, "tl.min", dist=(("add", "sub", "any", INF), ("mul", "div", "nonneg", 0.0))),
+}
+
+
+def np_reduce(monoid: str, x: np.ndarray, axis: int) -> np.ndarray:
+    """float64 reduction with the monoid's identity for empty axes."""
+    with np.errstate(all="ignore"):
+        if monoid == "sum":
+            return np.sum(x, axis=axis)
+        if x.shape[axis] == 0:
+            shape = list(x.shape)
+            del shape[axis]
+            return np.full(shape, MONOIDS[monoid].identity)
+        return np.max(x, axis=axis) if monoid == "max" else np.min(x, axis=axis)

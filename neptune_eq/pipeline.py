@@ -1,0 +1,258 @@
+"""The compiler pipeline, one named phase per line (each result is kept on the Compilation).
+
+    encode      IR → egglog terms
+    algebra     algebra + analyses to saturation (under the budget)
+    represent   the cheapest program; its reductions become the bindings fusion works on
+    fuse        fusion rules propose loops; corrections are searched by saturating quotients
+    split_k     split-K rule offers chunked versions of every validated loop
+    plans       exact covers of the bindings by loops → kernel plans
+    rank        analytic cost model on the device spec → ranked alternatives
+    lower       the chosen plan → Triton source (per target, on demand)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from egglog import EGraph, i64, ruleset
+
+from . import ir
+from .device import DeviceSpec, from_torch
+from .extract.cost import Cost, plan_cost
+from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
+from .extract.terms import TermExtractor
+from .extract.view import EGraphView, build_view, class_of
+from .ir import NeptuneError
+from .plan import Plan
+from .rules import analysis, splitk
+from .rules.algebra import ALGEBRA
+from .rules.base import Rule
+from .rules.fusion import Binding, FusionSearch
+from .saturate import Budget, Progress, Saturator, egraph_size, stderr_progress
+from .schedule import KernelSchedule, default_schedule
+from .terms import Encoder, Term, split_factor
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a compile may do. Nothing here changes what is computed, only how it is searched and run."""
+
+    device: DeviceSpec | None = None  # None: the current GPU, else the H100 spec
+    budget: Budget = field(default_factory=Budget)
+    split_factors: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
+    min_chunk: int = 512  # a split-K chunk covers at least this many elements
+    inline_max: int = 256  # contractions over axes up to this extent are computed per tile
+    max_plans: int = 200
+    rules: tuple[Rule, ...] = ()  # extra (user) algebra rules, already checked for soundness
+    progress: Progress | bool = None
+    cache_dir: Path | None = None
+
+
+@dataclass
+class Alternative:
+    id: int
+    plan: Plan
+    cost: Cost
+    schedules: list[KernelSchedule]
+
+    @property
+    def structure(self) -> str:
+        return self.plan.structure()
+
+    @property
+    def predicted_time(self) -> float:
+        return self.cost.time
+
+    def __str__(self) -> str:
+        t = self.cost.terms()
+        return (f"#{self.id}: {self.structure} — predicted {t['time_us']:.1f} µs, {t['hbm_MB']:.2f} MB HBM, "
+                f"{t['tensor_GFLOP']:.3f} TC GFLOP, {t['sfu_Gop']:.3f} G special ops")
+
+
+@dataclass
+class Compilation:
+    """Everything the pipeline produced, phase by phase (for the explorer, the CLI and tests)."""
+
+    program: ir.Program
+    options: Options
+    device: DeviceSpec
+    egraph: EGraph
+    encoder: Encoder
+    roots: dict[str, Term]
+    saturator: Saturator
+    representative: dict[str, ir.Node] = field(default_factory=dict)
+    bindings: list[Binding] = field(default_factory=list)
+    fusion: FusionSearch | None = None
+    view: EGraphView | None = None
+    alternatives: list[Alternative] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    nodes: int = 0
+
+    @property
+    def best(self) -> Alternative:
+        return self.alternatives[0]
+
+    def axis_bits(self) -> dict[str, int]:
+        return {a: 1 << k for k, a in enumerate(self.encoder.axis_order)}
+
+
+def _rulesets(options: Options):
+    rules = [*ALGEBRA, *options.rules]
+    rs = ruleset(*[r.egglog() for r in rules], name=f"algebra_{len(rules)}")
+    return rs | analysis.ANALYSIS, rules
+
+
+def compile_program(program: ir.Program, options: Options | None = None) -> Compilation:
+    options = options or Options()
+    program.validate()
+    progress = stderr_progress if options.progress is True else (options.progress or None)
+    c = _encode(program, options, progress)
+    algebra, rules = _rulesets(options)
+    c.saturator.rule_names = {r.egglog().decl: r.name for r in rules}
+    _timed(c, "saturate", lambda: c.saturator.phase("algebra", algebra))
+    _timed(c, "extract", lambda: _represent(c))
+    _timed(c, "fuse", lambda: _fuse(c, rules))
+    _timed(c, "saturate", lambda: _split_k(c))
+    _timed(c, "extract", lambda: _plans(c))
+    c.nodes = egraph_size(c.egraph)
+    if not c.alternatives:
+        raise NeptuneError(f"no executable plan found for program '{program.name}'")
+    return c
+
+
+def _timed(c: Compilation, key: str, fn) -> None:
+    t0 = time.perf_counter()
+    fn()
+    c.timings[key] = c.timings.get(key, 0.0) + time.perf_counter() - t0
+
+
+def _encode(program: ir.Program, options: Options, progress) -> Compilation:
+    t0 = time.perf_counter()
+    eg = EGraph()
+    enc = Encoder(eg, tuple(program.axes), dict(program.axes))
+    roots = {o.name: enc.encode(o.expr) for o in program.outputs}
+    enc.flush()
+    eg.register(*roots.values())
+    device = options.device or from_torch()
+    sat = Saturator(eg, options.budget, progress)
+    c = Compilation(program, options, device, eg, enc, roots, sat)
+    c.timings["encode"] = time.perf_counter() - t0
+    return c
+
+
+def _extractor(c: Compilation, view: EGraphView) -> TermExtractor:
+    return TermExtractor(view, c.encoder.axis_order, dict(c.program.axes), c.encoder.loads, c.encoder.syms)
+
+
+def _represent(c: Compilation) -> None:
+    """The cheapest program in the e-graph; every distinct reduction in it becomes a binding."""
+    view = build_view(c.egraph)
+    tx = _extractor(c, view)
+    names = list(c.roots)
+    terms, classes = tx.best_shared([class_of(c.egraph, view, c.roots[n]) for n in names])
+    c.representative = dict(zip(names, terms))
+    bindings: list[Binding] = []
+    by_node: dict[ir.Node, Binding] = {}
+    counts: dict[str, int] = {}
+    for t in terms:
+        for n in ir.walk(t):
+            if isinstance(n, ir.Reduce) and n not in by_node:
+                stem = f"{n.op}_{n.axis}"
+                counts[stem] = counts.get(stem, 0) + 1
+                name = stem if counts[stem] == 1 else f"{stem}{counts[stem]}"
+                free = tuple(a for a in c.program.axes if a in n.axes)
+                b = Binding(name, n, classes[n], free)
+                by_node[n] = b
+                bindings.append(b)
+    c.bindings = bindings
+    c.fusion = FusionSearch(c.egraph, c.encoder, bindings, by_node)
+
+
+def _fuse(c: Compilation, rules: list[Rule]) -> None:
+    assert c.fusion is not None
+    c.fusion.rules = rules
+    c.fusion.run()
+    c.saturator.phase("analysis", analysis.ANALYSIS)  # deps of the new loop terms and corrections
+
+
+def _split_k(c: Compilation) -> None:
+    facts = []
+    for ax, n in c.program.axes.items():
+        for f in c.options.split_factors:
+            if n >= f * c.options.min_chunk:
+                facts.append(split_factor(ax, i64(f)))
+    if facts:
+        c.egraph.register(*facts)
+        c.saturator.phase("split_k", splitk.SPLITK, max_iterations=2)
+
+
+def _plans(c: Compilation) -> None:
+    view = c.view = build_view(c.egraph)
+    tx = _extractor(c, view)
+    cid = lambda t: class_of(c.egraph, view, t)  # noqa: E731
+    no_red = lambda _c, n: n.op != "red"  # noqa: E731
+    bits = c.axis_bits()
+    binding_leaves = {}
+    for b in c.bindings:
+        binding_leaves[cid(c.encoder.encode(b.node))] = b
+    cache: dict = {}
+
+    def best(term: Term, *, allow=no_red, leaves=None, key=None) -> ir.Node:
+        k = (key, id(term))
+        if k not in cache:
+            cache[k] = tx.best_term(cid(term), allow=allow, leaves=leaves)
+        return cache[k]
+
+    def comp_mask(lp, i):
+        t = lp.comps[i].mask_term
+        node = best(t)
+        return None if isinstance(node, ir.Const) and node.value != 0.0 else node
+
+    def comp_core(lp, i):
+        return best(lp.comps[i].core_term)
+
+    def comp_corr(lp, i):
+        comp = lp.comps[i]
+        bit = bits[lp.axis]
+        free = lambda cc, n: view.free_of(cc, bit) and n.op != "red"  # noqa: E731
+        return best(comp.quotient_term, allow=free, key=("corr", lp.axis))
+
+    def leaves_for(kind_of):
+        return {k: b.sym(kind_of(b)) for k, b in binding_leaves.items()}
+
+    def inline_term(b: Binding) -> ir.Node:
+        leaves = {k: v for k, v in leaves_for(lambda _b: "val").items() if binding_leaves[k] is not b}
+        # the binding's own reduction node is allowed; nested bindings are leaves
+        return tx.best_term(cid(c.encoder.encode(b.node)), leaves=leaves)
+
+    def output_expr(out: ir.Output) -> ir.Node:
+        inline = space.inlinable()
+        leaves = leaves_for(lambda b: "val" if b.name in inline else "fin")
+        root = cid(c.roots[out.name])
+        if root in leaves:
+            return leaves[root]
+        return tx.best_term(root, allow=no_red, leaves=leaves)
+
+    splits: dict[int, list[int]] = {}
+    for k, lp in enumerate(c.fusion.candidates):
+        if not lp.valid:
+            continue
+        lcls = cid(lp.term)
+        splits[k] = sorted({n.args[1] for ns in view.classes.values() for n in ns
+                            if n.op == "split" and n.args[0] == lcls})
+    terms = PlanTerms(comp_mask, comp_core, comp_corr, inline_term, output_expr)
+    space = PlanSpace(c.program, c.bindings, c.fusion.candidates, splits, terms, c.representative,
+                      c.options.inline_max, c.options.max_plans)
+    plans = enumerate_plans(space)
+    alts = []
+    for plan in plans:
+        schedules = [default_schedule(k, c.program, plan) for k in plan.kernels]
+        cost = plan_cost(plan, c.program, schedules, c.device)
+        plan.cost = cost
+        alts.append(Alternative(0, plan, cost, schedules))
+    alts.sort(key=lambda a: a.cost.time)
+    for i, a in enumerate(alts):
+        a.id = i
+    c.alternatives = alts

@@ -1,0 +1,119 @@
+"""Kernel plans: what each generated kernel computes, independent of tile sizes.
+
+A Plan is a list of kernels run in order plus the intermediate buffers they exchange through HBM.
+A kernel runs one program per tile of its grid axes and, inside, a sequence of phases:
+
+    Pass     a loop over one axis carrying reduction states (the fused components), optionally
+             storing per-element outputs along the way (a map pass stores and carries nothing)
+    Combine  (split-K) folds the per-chunk states written by a partial kernel, using the same
+             corrections as the rolling update
+
+followed by an epilogue that stores outputs and buffers over the grid axes. Expressions are IR
+nodes over loads, indices and state symbols: fin:x (final value of x), val:x (an inline value,
+e.g. a contraction over a small axis computed per tile), cur:x / old:x (running values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ir
+from .ops import MONOIDS
+
+
+@dataclass
+class CompPlan:
+    """A carried reduction: name = op_axis(where(mask, core, identity)), repaired by `corr`."""
+
+    name: str
+    op: str
+    free: tuple[str, ...]
+    mask: ir.Node | None
+    core: ir.Node
+    producers: tuple[str, ...] = ()
+    corr: ir.Node | None = None  # over old:/cur: of the producers
+    dist: str | None = None  # the op applying corr: "mul" (sum) or "add" (max/min)
+    guard: bool = False  # corr is replaced by the annihilator while a max/min producer is still its identity
+    annihilator: float = 0.0
+
+    @property
+    def identity(self) -> float:
+        return MONOIDS[self.op].identity
+
+
+@dataclass
+class StorePlan:
+    target: str  # output or buffer name
+    axes: tuple[str, ...]
+    expr: ir.Node
+    dtype: str = "float32"
+
+
+@dataclass
+class Pass:
+    axis: str
+    comps: list[CompPlan] = field(default_factory=list)
+    stores: list[StorePlan] = field(default_factory=list)  # per-tile stores (map over the axis)
+    split: int = 1  # >1: this kernel runs chunk `pid_chunk` of `split`
+    rules: tuple[str, ...] = ()  # fusion rules that produced this pass
+
+    @property
+    def kind(self) -> str:
+        if not self.comps:
+            return "map"
+        return "rolling" if any(c.producers for c in self.comps) else "pass"
+
+
+@dataclass
+class Combine:
+    """Fold `chunks` partial states of `source` (read from buffers part:<name>)."""
+
+    source: Pass
+    chunks: int
+
+
+Phase = Pass | Combine
+
+
+@dataclass
+class KernelPlan:
+    name: str
+    grid: tuple[str, ...]
+    phases: list[Phase] = field(default_factory=list)
+    epilogue: list[StorePlan] = field(default_factory=list)
+    chunks: int = 1  # partial kernels of split-K have an extra grid dimension of this size
+
+    def passes(self) -> list[Pass]:
+        return [p for p in self.phases if isinstance(p, Pass)]
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    name: str
+    axes: tuple[str, ...]  # may start with a "chunk:<axis>" pseudo-axis for split-K partial states
+    dtype: str = "float32"
+
+
+@dataclass
+class Plan:
+    kernels: list[KernelPlan]
+    buffers: dict[str, BufferSpec]
+    inline: dict[str, ir.Node]  # val:x → the term computed per element
+    groups: list[tuple[str, tuple[str, ...], int]]  # (axis, components, split) per loop group
+    fused_kernels: bool
+    derivation: list[str] = field(default_factory=list)
+    cost: object | None = None  # extract.cost.Cost
+
+    def structure(self) -> str:
+        """One line: e.g. '1 kernel, rolling over j (max_j, sum_j, sum_j2)'."""
+        out = []
+        for k in self.kernels:
+            for ph in k.phases:
+                if isinstance(ph, Pass):
+                    names = ", ".join(c.name for c in ph.comps) or "map"
+                    desc = f"{ph.kind} over {ph.axis} ({names})"
+                    if ph.split > 1:
+                        desc += f" split-K {ph.split}"
+                    out.append(desc)
+        n = len(self.kernels)
+        return f"{n} kernel{'s' if n != 1 else ''}, " + "; ".join(out)

@@ -1,0 +1,156 @@
+"""Float64 evaluation of IR programs with torch (CPU or GPU): the oracle every plan is checked against."""
+
+from __future__ import annotations
+
+import torch
+
+from . import ir
+from .ir import ProgramError
+from .ops import MONOIDS
+
+_TORCH_OPS = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"), "mod": torch.remainder,
+    "neg": torch.neg, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "log2": torch.log2,
+    "tanh": torch.tanh, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "abs": torch.abs,
+    "max2": torch.maximum, "min2": torch.minimum, "where": torch.where,
+    "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
+    "and": torch.logical_and, "or": torch.logical_or, "not": torch.logical_not,
+}
+
+
+class _Val:
+    __slots__ = ("dims", "t")
+
+    def __init__(self, t: torch.Tensor, dims: tuple[str, ...]):
+        self.t, self.dims = t, dims
+
+
+def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: list[ir.Node] | None = None,
+             dtype=torch.float64) -> dict[str, torch.Tensor]:
+    """Evaluate every output (or the given nodes) in `dtype`. Tensors come back in output axis order."""
+    order = list(program.axes)
+    device = next(iter(inputs.values())).device if inputs else torch.device("cpu")
+    env: dict[str, torch.Tensor] = {}
+    for name, spec in program.inputs.items():
+        if name not in inputs:
+            raise ProgramError(f"missing input '{name}'")
+        t = inputs[name]
+        want = program.input_shape(name)
+        if tuple(t.shape) != want:
+            raise ProgramError(f"input '{name}' has shape {tuple(t.shape)}, expected {want} for axes {spec.axes}")
+        env[name] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device=device)
+    memo: dict[int, _Val] = {}
+
+    def canon(dims) -> tuple[str, ...]:
+        return tuple(sorted(set(dims), key=order.index))
+
+    def expand(v: _Val, dims: tuple[str, ...]) -> torch.Tensor:
+        t = v.t
+        if v.dims == dims:
+            return t
+        perm = [v.dims.index(d) for d in dims if d in v.dims]
+        t = t.permute(perm) if perm != list(range(len(perm))) else t
+        shape = [program.axes[d] if d in v.dims else 1 for d in dims]
+        return t.reshape(shape)
+
+    def arange(ax: str) -> _Val:
+        return _Val(torch.arange(program.axes[ax], device=device), (ax,))
+
+    def go(n: ir.Node) -> _Val:
+        hit = memo.get(id(n))
+        if hit is not None:
+            return hit
+        memo[id(n)] = out = compute(n)
+        return out
+
+    def compute(n: ir.Node) -> _Val:
+        if isinstance(n, ir.Const):
+            return _Val(torch.tensor(n.value, dtype=dtype, device=device), ())
+        if isinstance(n, ir.Index):
+            return arange(n.axis)
+        if isinstance(n, ir.Load):
+            t = env[n.tensor]
+            if all(isinstance(e, ir.Index) for e in n.index) and len({e.axis for e in n.index}) == len(n.index):
+                return go_plain(t, tuple(e.axis for e in n.index))
+            idx = [go(e) for e in n.index]
+            dims = canon(d for v in idx for d in v.dims)
+            return _Val(t[tuple(expand(v, dims).long() for v in idx)], dims)
+        if isinstance(n, ir.Call):
+            args = [go(a) for a in n.args]
+            dims = canon(d for v in args for d in v.dims)
+            return _Val(_TORCH_OPS[n.op](*(expand(v, dims) for v in args)), dims)
+        if isinstance(n, ir.Reduce):
+            body = n.body
+            if n.op == "sum" and isinstance(body, ir.Call) and body.op == "mul":
+                a, b = go(body.args[0]), go(body.args[1])
+                dims = canon((*a.dims, *b.dims))
+                out_dims = tuple(d for d in dims if d != n.axis)
+                letters = {d: chr(97 + k) for k, d in enumerate(dims)}
+                spec = "".join(letters[d] for d in a.dims) + "," + "".join(letters[d] for d in b.dims)
+                spec += "->" + "".join(letters[d] for d in out_dims)
+                return _Val(torch.einsum(spec, a.t.to(dtype), b.t.to(dtype)), out_dims)
+            v = go(body)
+            k = v.dims.index(n.axis)
+            t = v.t.to(dtype) if not v.t.is_floating_point() else v.t
+            if n.op == "sum":
+                r = t.sum(dim=k)
+            elif n.op == "max":
+                r = t.amax(dim=k)
+            else:
+                r = t.amin(dim=k)
+            return _Val(r, v.dims[:k] + v.dims[k + 1:])
+        if isinstance(n, ir.Sym):
+            raise ProgramError(f"cannot evaluate symbol '{n.name}' without a binding")
+        raise TypeError(type(n))
+
+    def go_plain(t: torch.Tensor, axes: tuple[str, ...]) -> _Val:
+        dims = canon(axes)
+        perm = [axes.index(d) for d in dims]
+        return _Val(t.permute(perm) if perm != list(range(len(perm))) else t, dims)
+
+    results: dict[str, torch.Tensor] = {}
+    if nodes is not None:
+        return {str(k): go(nd).t for k, nd in enumerate(nodes)}
+    for out in program.outputs:
+        v = go(out.expr)
+        dims = canon(out.axes)
+        t = expand(v, dims)
+        t = t.expand([program.axes[d] for d in dims])
+        perm = [dims.index(a) for a in out.axes]
+        results[out.name] = t.permute(perm).to(dtype)
+    return results
+
+
+def random_inputs(program: ir.Program, *, seed: int | None = None, device="cpu", scale: float = 1.0,
+                  offset: float = 0.0, dtypes: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """Fresh random inputs: floats ~ offset + scale·N(0,1), integers uniform in the indexed axis' range."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(torch.seed() if seed is None else seed)
+    out = {}
+    for name, spec in program.inputs.items():
+        shape = program.input_shape(name)
+        dt = (dtypes or {}).get(name, spec.dtype)
+        if dt in ir.FLOAT_DTYPES:
+            t = torch.randn(shape, generator=gen, dtype=torch.float64) * scale + offset
+            out[name] = t.to(getattr(torch, dt)).to(device)
+        elif dt == "bool":
+            out[name] = (torch.rand(shape, generator=gen) < 0.5).to(device)
+        else:
+            hi = _int_range(program, name)
+            out[name] = torch.randint(0, hi, shape, generator=gen, dtype=getattr(torch, dt)).to(device)
+    return out
+
+
+def _int_range(program: ir.Program, tensor: str) -> int:
+    """Integer inputs used as gather indices must stay in range of the axis they index."""
+    for out in program.outputs:
+        for n in ir.walk(out.expr):
+            if isinstance(n, ir.Load):
+                for k, e in enumerate(n.index):
+                    if isinstance(e, ir.Load) and e.tensor == tensor:
+                        return program.axes[program.inputs[n.tensor].axes[k]]
+    return 4
+
+
+__all__ = ["MONOIDS", "evaluate", "random_inputs"]

@@ -1,0 +1,101 @@
+"""Run rulesets under node and time budgets enforced from Python (egglog 13 has none of its own).
+
+Each phase runs one iteration at a time with egglog's back-off scheduler; after every iteration
+the driver checks the e-graph size and the clock and stops the phase when a budget is spent.
+The report says how every phase ended and which rules matched how often.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from egglog import EGraph, back_off, run
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits for one compile's saturation (all phases together share `max_seconds` and `max_nodes`)."""
+
+    max_nodes: int = 60_000
+    max_seconds: float = 20.0
+    max_iterations: int = 12  # per phase
+    match_limit: int = 2_000  # back-off scheduler: matches per rule per iteration before it is banned
+
+
+@dataclass
+class PhaseReport:
+    name: str
+    iterations: int = 0
+    nodes: int = 0
+    seconds: float = 0.0
+    stop: str = "saturated"  # saturated | node budget | time budget | iteration limit
+    matches: Counter = field(default_factory=Counter)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.iterations} iterations, {self.nodes} nodes, {self.seconds:.2f}s ({self.stop})"
+
+
+Progress = Callable[[str], None] | None
+
+
+def stderr_progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def egraph_size(egraph: EGraph) -> int:
+    return sum(size for _, size in egraph.all_function_sizes())
+
+
+@dataclass
+class Saturator:
+    """Runs named phases on one e-graph, sharing one budget."""
+
+    egraph: EGraph
+    budget: Budget = field(default_factory=Budget)
+    progress: Progress = None
+    rule_names: dict = field(default_factory=dict)  # egglog rule decl → our rule name
+    started: float = field(default_factory=time.perf_counter)
+    reports: list[PhaseReport] = field(default_factory=list)
+
+    def phase(self, name: str, schedule, *, max_iterations: int | None = None, stop_when=None) -> PhaseReport:
+        """Run `schedule` one iteration at a time until saturation, a budget, or `stop_when()`."""
+        rep = PhaseReport(name)
+        limit = max_iterations or self.budget.max_iterations
+        t0 = time.perf_counter()
+        step = run(schedule, scheduler=back_off(match_limit=self.budget.match_limit))
+        while True:
+            if rep.iterations >= limit:
+                rep.stop = "iteration limit"
+                break
+            if time.perf_counter() - self.started > self.budget.max_seconds:
+                rep.stop = "time budget"
+                break
+            result = self.egraph.run(step)
+            rep.iterations += 1
+            for decl, count in result.num_matches_per_rule.items():
+                if count:
+                    rep.matches[self.rule_names.get(decl, str(decl)[:60])] += count
+            rep.nodes = egraph_size(self.egraph)
+            if self.progress is not None:
+                self.progress(f"  saturate {name}: iteration {rep.iterations}, {rep.nodes} nodes, "
+                              f"{time.perf_counter() - self.started:.2f}s")
+            if not result.updated:
+                rep.stop = "saturated"
+                break
+            if stop_when is not None and stop_when():
+                rep.stop = "goal reached"
+                break
+            if rep.nodes > self.budget.max_nodes:
+                rep.stop = "node budget"
+                break
+        rep.seconds = time.perf_counter() - t0
+        self.reports.append(rep)
+        return rep
+
+    @property
+    def budget_hit(self) -> bool:
+        return any(r.stop in ("node budget", "time budget") for r in self.reports)

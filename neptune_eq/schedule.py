@@ -1,0 +1,111 @@
+"""How a kernel plan runs: tile sizes per axis, warps and pipeline stages (the algorithm is in the plan).
+
+Roles of axes in a kernel:
+    batch   grid axis with tile 1 (a scalar index per program), e.g. batch and head
+    row     grid axis tiled by a block (a vector dimension), e.g. the query axis
+    loop    the axis a pass iterates over in tiles, e.g. the key axis
+    inner   the axis of an inline contraction, held whole in one tile, e.g. the head dimension
+A grid axis is a row axis when some tensor read in the kernel does not have it (so a tile of it
+shares the other tensors' loads, like queries sharing keys); otherwise it is a batch axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from . import ir
+from .plan import Combine, KernelPlan, Pass, Plan
+
+
+def next_pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+@dataclass(frozen=True)
+class KernelSchedule:
+    tiles: dict[str, int] = field(default_factory=dict)  # axis → block size (1 = scalar)
+    num_warps: int = 4
+    num_stages: int = 2
+    input_precision: str = "ieee"  # for fp32 tl.dot: "ieee" | "tf32" | "tf32x3"
+    fast_math: bool = False  # tanh.approx etc. on CUDA
+
+    def with_tiles(self, **tiles: int) -> KernelSchedule:
+        return replace(self, tiles={**self.tiles, **tiles})
+
+    def key(self) -> tuple:
+        return (tuple(sorted(self.tiles.items())), self.num_warps, self.num_stages, self.input_precision,
+                self.fast_math)
+
+
+def loads_in(k: KernelPlan, plan: Plan) -> list[ir.Load]:
+    out = []
+    exprs = []
+    for ph in k.phases:
+        src = ph.source if isinstance(ph, Combine) else ph
+        for c in src.comps:
+            exprs += [c.core] + ([c.mask] if c.mask is not None else [])
+        if isinstance(ph, Pass):
+            exprs += [s.expr for s in ph.stores]
+    exprs += [s.expr for s in k.epilogue]
+    for e in exprs:
+        for n in ir.walk(e):
+            if isinstance(n, ir.Sym) and n.name.startswith("val:") and n.name[4:] in plan.inline:
+                exprs.append(plan.inline[n.name[4:]])
+    for e in exprs:
+        out += [n for n in ir.walk(e) if isinstance(n, ir.Load)]
+    return out
+
+
+def inner_axes(k: KernelPlan, plan: Plan) -> set[str]:
+    """Axes of inline contractions used by the kernel."""
+    axes: set[str] = set()
+    for term in plan.inline.values():
+        for n in ir.walk(term):
+            if isinstance(n, ir.Reduce):
+                axes.add(n.axis)
+    return axes
+
+
+def row_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> list[str]:
+    loads = loads_in(k, plan)
+    loop_axes = {p.axis for p in k.passes()}
+    rows = []
+    for a in k.grid:
+        if program.axes[a] == 1:
+            continue
+        tensors_without = [ld for ld in loads if a not in ld.axes and (ld.axes & loop_axes)]
+        if tensors_without:
+            rows.append(a)
+    return rows
+
+
+def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan, *, target: str = "cuda") -> KernelSchedule:
+    tiles: dict[str, int] = {}
+    rows = row_axes(k, program, plan)
+    has_dot = bool(inner_axes(k, plan))
+    for a in k.grid:
+        tiles[a] = 1
+    if rows:
+        n = program.axes[rows[0]]
+        tiles[rows[0]] = min(128, max(16 if has_dot else 1, next_pow2(n)))
+    # a second row axis (e.g. the value dimension of attention) is held whole when it is small
+    for a in rows[1:]:
+        n = program.axes[a]
+        tiles[a] = next_pow2(n) if n <= 256 else 64
+    for p in k.passes():
+        n = program.axes[p.axis]
+        if p.axis not in tiles:
+            tiles[p.axis] = min(64 if has_dot else 256, max(16, next_pow2(n)))
+    for a in inner_axes(k, plan):
+        tiles[a] = max(16, next_pow2(program.axes[a]))
+    big = max((tiles.get(a, 1) for a in rows), default=1)
+    warps = 8 if (has_dot and big >= 128) else 4
+    if target != "cuda":
+        # the interpreter is fastest with small blocks
+        for a in list(tiles):
+            if tiles[a] > 32 and a not in inner_axes(k, plan):
+                tiles[a] = 32 if program.axes[a] > 32 else tiles[a]
+    return KernelSchedule(tiles, num_warps=warps, num_stages=3 if has_dot else 2)

@@ -1,0 +1,322 @@
+"""The e-graph's sorts: scalar terms, reductions and the fused loop forms, with their encoding from IR.
+
+    Term    a value per index point: constants, tensor elements, axis indices, elementwise calls,
+            red(op, axis, body), get(loop, name) (a component of a fused loop), sym(name)
+    Comp    one component of a fused loop's state: name, monoid, mask, body core, correction quotient
+    Loop    one pass over an axis carrying a tuple state; Loop.split(n) cuts the pass into n chunks
+
+Analyses (rules/analysis.py): deps(t), the bitmask of axes t varies over (merged by AND: an
+e-class is independent of an axis if any of its members is); nonneg(t).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from egglog import (
+    EGraph,
+    String,
+    Expr,
+    StringLike,
+    Unit,
+    converter,
+    f64,
+    f64Like,
+    function,
+    i64,
+    i64Like,
+    relation,
+    set_,
+)
+
+from . import ir
+from .ops import COMPARISONS, OPS
+
+
+class Term(Expr):
+    def __init__(self, value: f64Like) -> None: ...
+
+    @classmethod
+    def load(cls, key: StringLike) -> Term: ...  # a tensor element; key names an ir.Load
+
+    @classmethod
+    def index(cls, axis: StringLike) -> Term: ...
+
+    @classmethod
+    def sym(cls, name: StringLike) -> Term: ...  # named state: "cur:r1", "old:r1", "fin:r1"
+
+    def __add__(self, other: Term) -> Term: ...
+
+    def __sub__(self, other: Term) -> Term: ...
+
+    def __mul__(self, other: Term) -> Term: ...
+
+    def __truediv__(self, other: Term) -> Term: ...
+
+    def __neg__(self) -> Term: ...
+
+    def __radd__(self, other: Term) -> Term: ...
+
+    def __rsub__(self, other: Term) -> Term: ...
+
+    def __rmul__(self, other: Term) -> Term: ...
+
+    def __rtruediv__(self, other: Term) -> Term: ...
+
+
+converter(float, Term, lambda x: Term(f64(x)))
+converter(int, Term, lambda x: Term(f64(float(x))))
+
+
+@function
+def exp(x: Term) -> Term: ...
+
+
+@function
+def exp2(x: Term) -> Term: ...
+
+
+@function
+def log(x: Term) -> Term: ...
+
+
+@function
+def log2(x: Term) -> Term: ...
+
+
+@function
+def tanh(x: Term) -> Term: ...
+
+
+@function
+def sqrt(x: Term) -> Term: ...
+
+
+@function
+def rsqrt(x: Term) -> Term: ...
+
+
+@function
+def abs_(x: Term) -> Term: ...
+
+
+@function
+def max2(a: Term, b: Term) -> Term: ...
+
+
+@function
+def min2(a: Term, b: Term) -> Term: ...
+
+
+@function
+def floordiv(a: Term, b: Term) -> Term: ...
+
+
+@function
+def mod(a: Term, b: Term) -> Term: ...
+
+
+@function
+def where(c: Term, a: Term, b: Term) -> Term: ...
+
+
+@function
+def lt(a: Term, b: Term) -> Term: ...
+
+
+@function
+def le(a: Term, b: Term) -> Term: ...
+
+
+@function
+def gt(a: Term, b: Term) -> Term: ...
+
+
+@function
+def ge(a: Term, b: Term) -> Term: ...
+
+
+@function
+def eq_(a: Term, b: Term) -> Term: ...
+
+
+@function
+def ne_(a: Term, b: Term) -> Term: ...
+
+
+@function
+def and_(a: Term, b: Term) -> Term: ...
+
+
+@function
+def or_(a: Term, b: Term) -> Term: ...
+
+
+@function
+def not_(a: Term) -> Term: ...
+
+
+@function
+def red(op: StringLike, axis: StringLike, body: Term) -> Term: ...
+
+
+class Comp(Expr):
+    """Component `name` of a loop: name = op_j(where(mask, core, identity)), repaired by `corr`."""
+
+    def __init__(self, name: StringLike, op: StringLike, mask: Term, core: Term, corr: Term) -> None: ...
+
+
+class Comps(Expr):
+    def __init__(self) -> None: ...
+
+    def add(self, comp: Comp) -> Comps: ...
+
+
+class Loop(Expr):
+    def __init__(self, axis: StringLike, comps: Comps) -> None: ...
+
+    def split(self, n: i64Like) -> Loop: ...
+
+
+@function
+def get(loop: Loop, name: StringLike) -> Term: ...
+
+
+# ---- analyses (their rules live in rules/analysis.py)
+
+
+@function(merge=lambda old, new: old & new)
+def deps(t: Term) -> i64: ...
+
+
+@function(merge=lambda old, new: old)
+def axis_bit(axis: StringLike) -> i64: ...
+
+
+@function(merge=lambda old, new: old)
+def extent(axis: StringLike) -> i64: ...
+
+
+nonneg = relation("nonneg", Term)
+finite = relation("finite", Term)  # no syntactic ±inf or NaN can reach this term
+split_factor = relation("split_factor", String, i64)  # (axis, n): n chunks allowed along axis
+
+# elementwise constructors by op name (the op table's vocabulary)
+BINARY = {"add": Term.__add__, "sub": Term.__sub__, "mul": Term.__mul__, "div": Term.__truediv__,
+          "max2": max2, "min2": min2, "floordiv": floordiv, "mod": mod, "lt": lt, "le": le, "gt": gt,
+          "ge": ge, "eq": eq_, "ne": ne_, "and": and_, "or": or_}
+UNARY = {"neg": Term.__neg__, "exp": exp, "exp2": exp2, "log": log, "log2": log2, "tanh": tanh, "sqrt": sqrt,
+         "rsqrt": rsqrt, "abs": abs_, "not": not_}
+CONSTRUCTORS = {**BINARY, **UNARY, "where": where}
+assert set(CONSTRUCTORS) == set(OPS), set(OPS) ^ set(CONSTRUCTORS)
+assert all(c in BINARY for c in COMPARISONS)
+
+# name of each Python-level callable, as the op-table name (used to read rules and e-graphs back)
+_METHOD_OPS = {"__add__": "add", "__sub__": "sub", "__mul__": "mul", "__truediv__": "div", "__neg__": "neg",
+               "__radd__": "add", "__rsub__": "sub", "__rmul__": "mul", "__rtruediv__": "div"}
+_FUNCTION_OPS = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "tanh": "tanh", "sqrt": "sqrt",
+                 "rsqrt": "rsqrt", "abs_": "abs", "max2": "max2", "min2": "min2", "floordiv": "floordiv",
+                 "mod": "mod", "where": "where", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq_": "eq",
+                 "ne_": "ne", "and_": "and", "or_": "or", "not_": "not", "red": "red", "get": "get",
+                 "deps": "deps", "axis_bit": "axis_bit", "extent": "extent", "nonneg": "nonneg", "finite": "finite",
+                 "split_factor": "split_factor"}
+
+
+def op_of_callable(ref) -> str | None:
+    """Map an egglog callable reference (FunctionRef, MethodRef, ...) to our vocabulary's name."""
+    kind = type(ref).__name__
+    if kind == "MethodRef":
+        cls = ref.ident.name
+        if cls == "Term":
+            return _METHOD_OPS.get(ref.method_name)
+        if cls == "Comps" and ref.method_name == "add":
+            return "comps_add"
+        if cls == "Loop" and ref.method_name == "split":
+            return "split"
+        return None
+    if kind == "ClassMethodRef" and ref.ident.name == "Term":
+        return ref.method_name  # load / index / sym
+    if kind == "InitRef":
+        return {"Term": "const", "Comp": "comp", "Comps": "comps", "Loop": "loop"}.get(ref.ident.name)
+    if kind == "FunctionRef":
+        return _FUNCTION_OPS.get(ref.ident.name)
+    return None
+
+
+# ---------------------------------------------------------------- encoding IR → terms
+
+
+@dataclass
+class Encoder:
+    """Turns IR nodes into Terms, registering leaf facts (deps of loads, syms and axes) in `egraph`.
+
+    Tensor elements become `Term.load(key)` leaves: the key is the printed load (e.g. "k[b, h, j, d]")
+    and `loads` maps it back. Gather indices are data access, not algebra, so they stay out of the
+    e-graph.
+    """
+
+    egraph: EGraph
+    axis_order: tuple[str, ...]
+    extents: dict[str, int]
+    loads: dict[str, ir.Load] = field(default_factory=dict)
+    syms: dict[str, ir.Sym] = field(default_factory=dict)
+    _memo: dict[ir.Node, Term] = field(default_factory=dict)
+    _pending: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.axis_order) > 62:
+            raise ir.ProgramError("at most 62 axes are supported")
+        for ax in self.axis_order:
+            self._pending.append(set_(axis_bit(ax)).to(i64(1 << self.axis_order.index(ax))))
+            self._pending.append(set_(extent(ax)).to(i64(self.extents[ax])))
+        self.flush()
+
+    def mask(self, axes) -> int:
+        m = 0
+        for a in axes:
+            m |= 1 << self.axis_order.index(a)
+        return m
+
+    def flush(self) -> None:
+        if self._pending:
+            self.egraph.register(*self._pending)
+            self._pending.clear()
+
+    def encode(self, node: ir.Node) -> Term:
+        hit = self._memo.get(node)
+        if hit is not None:
+            return hit
+        out = self._encode(node)
+        self._memo[node] = out
+        return out
+
+    def _encode(self, n: ir.Node) -> Term:
+        if isinstance(n, ir.Const):
+            return Term(f64(n.value))
+        if isinstance(n, ir.Index):
+            t = Term.index(n.axis)
+            self._pending.append(set_(deps(t)).to(i64(self.mask([n.axis]))))
+            return t
+        if isinstance(n, ir.Load):
+            key = ir.show(n)
+            self.loads[key] = n
+            t = Term.load(key)
+            self._pending.append(set_(deps(t)).to(i64(self.mask(n.axes))))
+            return t
+        if isinstance(n, ir.Sym):
+            self.syms[n.name] = n
+            t = Term.sym(n.name)
+            self._pending.append(set_(deps(t)).to(i64(self.mask(n.axes))))
+            return t
+        if isinstance(n, ir.Reduce):
+            return red(n.op, n.axis, self.encode(n.body))
+        if isinstance(n, ir.Call):
+            args = [self.encode(a) for a in n.args]
+            return CONSTRUCTORS[n.op](*args)
+        raise TypeError(f"cannot encode {type(n).__name__}")
+
+
+__all__ = [
+    "BINARY", "CONSTRUCTORS", "UNARY", "Comp", "Comps", "Encoder", "Loop", "Term", "Unit", "axis_bit", "deps",
+    "extent", "get", "nonneg", "op_of_callable", "red", "split_factor",
+]

@@ -1,0 +1,123 @@
+"""A rewrite rule as data: the egglog rewrite that runs, plus what the fuzzer and the explorer read.
+
+    rw("exp_mul", exp(a) * exp(b), exp(a + b))                   # exp(a)·exp(b) → exp(a+b)
+    rw("sum_factor", red("sum", ax, a * b), red("sum", ax, a) * b, free_of(b, ax))
+
+Side conditions are small named helpers (free_of, positive, nonzero, is_nonneg) so that the
+soundness fuzzer knows how to sample values that satisfy them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from egglog import Fact, RewriteOrRule, String, birewrite, eq, f64, i64, ne, rewrite
+
+from neptune_eq.terms import Term, axis_bit, deps, extent, finite, nonneg
+
+from .patterns import PNode, pattern_of, pretty
+
+
+@dataclass(frozen=True)
+class Cond:
+    """A side condition. kind: free_of (term var, axis var), positive / nonzero (f64 var), nonneg (term var)."""
+
+    kind: str
+    var: str
+    axis: str | None = None
+    facts: tuple[Fact, ...] = ()
+
+    def __str__(self) -> str:
+        if self.kind == "free_of":
+            return f"{self.var} free of {self.axis}"
+        if self.kind == "extent":
+            return f"{self.var} = extent({self.axis})"
+        return f"{self.kind}({self.var})"
+
+
+def _name(v) -> str:
+    p = pattern_of(v)
+    if p.kind != "var":
+        raise TypeError(f"a side condition takes a pattern variable, got {pretty(p)}")
+    return p.name
+
+
+def free_of(t: Term, axis: String) -> Cond:
+    """t does not vary along `axis` (the deps analysis has its bit clear)."""
+    return Cond("free_of", _name(t), _name(axis), (eq(deps(t) & axis_bit(axis)).to(i64(0)),))
+
+
+def extent_of(n: i64, axis: String) -> Cond:
+    """Binds n to the extent of `axis` (for rules like Σⱼ b → n·b)."""
+    return Cond("extent", _name(n), _name(axis), (eq(n).to(extent(axis)),))
+
+
+def positive(x: f64) -> Cond:
+    """x is a finite number > 0."""
+    return Cond("positive", _name(x), None, (x > f64(0.0), x < f64(1e308)))
+
+
+def normal(x: f64) -> Cond:
+    """x and 1/x are finite normal doubles (so replacing a/x by a·(1/x) cannot overflow)."""
+    return Cond("normal", _name(x), None, (abs(x) > f64(1e-300), abs(x) < f64(1e300)))
+
+
+def nonzero(x: f64) -> Cond:
+    return Cond("nonzero", _name(x), None, (ne(x).to(f64(0.0)),))
+
+
+def is_finite(t: Term) -> Cond:
+    """t is built from finite constants and inputs only (no syntactic ±inf, no division)."""
+    return Cond("finite", _name(t), None, (finite(t),))
+
+
+def not_zero(t: Term) -> Cond:
+    """t is not (yet) known to equal the constant 0 (guards denominators against syntactic 0/0)."""
+    return Cond("not_zero", _name(t), None, (ne(t).to(Term(0.0)),))
+
+
+def is_nonneg(t: Term) -> Cond:
+    return Cond("nonneg", _name(t), None, (nonneg(t),))
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    lhs: Term
+    rhs: Term
+    conds: tuple[Cond, ...] = ()
+    bidirectional: bool = False
+    origin: str = "builtin"
+
+    def egglog(self) -> RewriteOrRule:
+        facts = [f for c in self.conds for f in c.facts]
+        if self.bidirectional:
+            return birewrite(self.lhs).to(self.rhs, *facts)
+        return rewrite(self.lhs).to(self.rhs, *facts)
+
+    @property
+    def lhs_pattern(self) -> PNode:
+        return pattern_of(self.lhs)
+
+    @property
+    def rhs_pattern(self) -> PNode:
+        return pattern_of(self.rhs)
+
+    @property
+    def math(self) -> str:
+        arrow = " ↔ " if self.bidirectional else " → "
+        text = pretty(self.lhs_pattern) + arrow + pretty(self.rhs_pattern)
+        if self.conds:
+            text += "   if " + ", ".join(str(c) for c in self.conds)
+        return text
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.math}"
+
+
+def rw(name: str, lhs: Term, rhs: Term, *conds: Cond) -> Rule:
+    return Rule(name, lhs, rhs, tuple(conds))
+
+
+def birw(name: str, lhs: Term, rhs: Term, *conds: Cond) -> Rule:
+    return Rule(name, lhs, rhs, tuple(conds), bidirectional=True)

@@ -1,0 +1,112 @@
+"""Correction synthesis: find h with g(R′, c) = g(R, c) ⊗' h(R, R′) by saturating the quotient.
+
+For a consumer body g over the loop axis j with running producers R, the quotient
+g(R′, c) ⊘ g(R, c) (⊘ the inverse of the operator ⊗' that distributes over the consumer's monoid)
+goes into an e-graph with R = old:r and R′ = cur:r as fresh symbols. The algebra rules run one
+iteration at a time; as soon as the deps analysis shows the quotient's e-class no longer varies
+along j, the cheapest j-free term of that e-class is the correction. If the budget runs out first,
+no correction exists as far as these rules can tell, and the fusion is not offered.
+
+Each search has its own small e-graph, so it is cheap, and the set of rules a correction needed can
+be recomputed exactly (`minimal_rules`) for derivations.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from egglog import EGraph, ruleset
+
+from neptune_eq import ir
+from neptune_eq.extract.terms import TermExtractor
+from neptune_eq.extract.view import build_view, class_of
+from neptune_eq.ops import MONOIDS
+from neptune_eq.saturate import Budget, Saturator
+from neptune_eq.terms import Encoder, deps, nonneg
+
+from . import analysis
+from .base import Rule
+
+CORRECTION_BUDGET = Budget(max_nodes=20_000, max_seconds=5.0, max_iterations=10, match_limit=1_000)
+
+
+@dataclass
+class CorrectionResult:
+    quotient: ir.Node
+    dist: str | None = None  # ⊗' that applies the correction
+    inverse: str | None = None
+    cond: str = "any"  # side condition that makes ⊗' distribute over the consumer's monoid
+    annihilator: float = 0.0
+    correction: ir.Node | None = None
+    iterations: int = 0
+    nodes: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+    matches: Counter = field(default_factory=Counter)
+
+    @property
+    def found(self) -> bool:
+        return self.correction is not None
+
+
+def _search(q: ir.Node, axis: str, axis_order, extents, rules: list[Rule], budget: Budget,
+            need_nonneg: bool) -> tuple[ir.Node | None, Saturator]:
+    eg = EGraph()
+    enc = Encoder(eg, tuple(axis_order), dict(extents))
+    t = enc.encode(q)
+    enc.flush()
+    eg.register(t)
+    bit = 1 << list(axis_order).index(axis)
+    rs = ruleset(*[r.egglog() for r in rules], name=f"corr_rules_{len(rules)}") | analysis.ANALYSIS
+    sat = Saturator(eg, budget, rule_names={r.egglog().decl: r.name for r in rules})
+
+    def done() -> bool:
+        v = eg.lookup_function_value(deps(t))
+        if v is None or int(v.value) & bit:
+            return False
+        return not need_nonneg or eg.check_bool(nonneg(t))
+
+    sat.phase("correction", rs, stop_when=done)
+    if not done():
+        return None, sat
+    view = build_view(eg)
+    tx = TermExtractor(view, tuple(axis_order), dict(extents), enc.loads, enc.syms)
+    allow = lambda c, n: view.free_of(c, bit) and n.op != "red"  # noqa: E731
+    return tx.best_term(class_of(eg, view, t), allow=allow), sat
+
+
+def correction_for(core: ir.Node, old_core: ir.Node, monoid: str, axis: str, axis_order, extents,
+                   rules: list[Rule], budget: Budget = CORRECTION_BUDGET) -> CorrectionResult:
+    """Search each (⊗', ⊘) the consumer's monoid allows, in order of preference."""
+    t0 = time.perf_counter()
+    reasons = []
+    for dist, inverse, cond, ann in MONOIDS[monoid].dist:
+        q = ir.Call(inverse, (core, old_core))
+        h, sat = _search(q, axis, axis_order, extents, rules, budget, cond == "nonneg")
+        rep = sat.reports[-1]
+        if h is not None:
+            return CorrectionResult(q, dist, inverse, cond, ann, h, rep.iterations, rep.nodes,
+                                    time.perf_counter() - t0, matches=rep.matches)
+        why = f"no term free of {axis} in the e-class of {ir.show(q)} after {rep.iterations} iterations ({rep.stop})"
+        if cond == "nonneg":
+            why += " or it is not provably ≥ 0 (needed for ⊗' = mul to distribute over max/min)"
+        reasons.append(why)
+    return CorrectionResult(ir.Call(MONOIDS[monoid].dist[0][1], (core, old_core)),
+                            seconds=time.perf_counter() - t0, reason="; ".join(reasons))
+
+
+def minimal_rules(result: CorrectionResult, axis: str, axis_order, extents, rules: list[Rule]) -> list[Rule]:
+    """A small set of rules that still finds this correction (greedy removal; for derivations)."""
+    if not result.found:
+        return []
+    used = [r for r in rules if result.matches.get(r.name)]
+    keep = list(used)
+    for r in used:
+        trial = [x for x in keep if x is not r]
+        h, _ = _search(result.quotient, axis, axis_order, extents, trial, CORRECTION_BUDGET,
+                       result.cond == "nonneg")
+        if h is not None:
+            keep = trial
+    return keep

@@ -1,0 +1,276 @@
+"""Fusion rules: rolling update and horizontal fusion of reductions over one axis.
+
+These rules rewrite the *structure* of a program (which reductions share a pass over an axis),
+so they need a substitution (a producer's final value → its running value) and a view of whole
+reduction groups. They are therefore Python rules over the e-graph: they read the representative
+program extracted after the algebra phase, add fused `Loop` terms and correction quotients to the
+same e-graph, and, once a later algebra phase has run, union each reduction's e-class with its
+component of every loop whose corrections were found.
+
+rolling_update     consumer t = ⊕ⱼ g(r, cⱼ) and producer r = ⊗ⱼ eⱼ in one pass:
+                   r' = r ⊗ eⱼ;  t' = t ⊗' h(r, r') ⊕ g(r', cⱼ)
+                   h is found, not written: the quotient g(R', c) ⊘ g(R, c) (⊘ inverse of ⊗')
+                   is put into the e-graph with fresh symbols R = old:r, R' = cur:r; after
+                   saturation its e-class must hold a term free of the loop axis. That term is h.
+horizontal_fusion  independent reductions over the same axis share one pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+from egglog import EGraph, union
+
+from neptune_eq import ir
+from neptune_eq.masks import conjunction, split_mask
+from neptune_eq.ops import OPS
+from neptune_eq.terms import Comp, Comps, Encoder, Loop, Term, get
+
+from .correction import CorrectionResult, correction_for
+
+MAX_GROUP_SIZE = 8
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A reduction of the representative program: computed by a loop, or inline per element."""
+
+    name: str
+    node: ir.Reduce
+    cid: int  # its e-class
+    free: tuple[str, ...]  # free axes, program order
+
+    @property
+    def op(self) -> str:
+        return self.node.op
+
+    @property
+    def axis(self) -> str:
+        return self.node.axis
+
+    def sym(self, kind: str) -> ir.Sym:
+        """cur: running value in a pass, old: value before this tile, fin: final, val: inline value."""
+        return ir.Sym(f"{kind}:{self.name}", self.free)
+
+
+def direct_bindings(body: ir.Node, bindings: dict[ir.Node, Binding]) -> set[str]:
+    """Bindings referenced by `body` outside of other bindings (the ones a substitution replaces)."""
+    found: set[str] = set()
+    stack = [body]
+    seen: set[int] = set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        b = bindings.get(n)
+        if b is not None:
+            found.add(b.name)
+            continue
+        stack.extend(n.children())
+    return found
+
+
+@dataclass
+class Application:
+    """One fusion-rule application, as the derivation reports it."""
+
+    rule: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.detail}"
+
+
+@dataclass
+class CompCandidate:
+    binding: Binding
+    body: ir.Node  # with cur:/fin:/val: symbols
+    producers: tuple[str, ...]  # in-loop producers (rolling)
+    mask: ir.Node  # body ≡ where(mask, core, identity)
+    core: ir.Node
+    mask_term: Term | None = None
+    core_term: Term | None = None
+    correction: CorrectionResult | None = None
+    quotient_term: Term | None = None
+
+    @property
+    def chosen(self) -> CorrectionResult | None:
+        return self.correction if self.correction is not None and self.correction.found else None
+
+
+@dataclass
+class LoopCandidate:
+    axis: str
+    comps: list[CompCandidate]
+    term: Loop | None = None
+    valid: bool = False
+    reason: str = ""
+    applications: list[Application] = field(default_factory=list)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.binding.name for c in self.comps)
+
+
+@dataclass
+class FusionSearch:
+    """Proposes loop groups from the representative program, finds their corrections, validates them."""
+
+    egraph: EGraph
+    encoder: Encoder
+    bindings: list[Binding]
+    by_node: dict[ir.Node, Binding]
+    rules: list = field(default_factory=list)  # algebra rules for correction searches
+    candidates: list[LoopCandidate] = field(default_factory=list)
+    corrections: dict[ir.Node, CorrectionResult] = field(default_factory=dict)  # by quotient core pair
+
+    @property
+    def by_name(self) -> dict[str, Binding]:
+        return {b.name: b for b in self.bindings}
+
+    def direct(self, b: Binding) -> set[str]:
+        return direct_bindings(b.node.body, self.by_node)
+
+    def _closure(self) -> dict[str, set[str]]:
+        """All bindings each binding depends on, transitively."""
+        deps = {b.name: self.direct(b) for b in self.bindings}
+        changed = True
+        while changed:
+            changed = False
+            for ds in deps.values():
+                extra = set().union(*(deps[d] for d in ds)) - ds if ds else set()
+                if extra:
+                    ds |= extra
+                    changed = True
+        return deps
+
+    def run(self, axis_limit: int = MAX_GROUP_SIZE) -> None:
+        """rolling_update + horizontal_fusion: every acyclic group of reductions over one axis."""
+        closure = self._closure()
+        by_axis: dict[str, list[Binding]] = {}
+        for b in self.bindings:
+            by_axis.setdefault(b.axis, []).append(b)
+        for axis, members in by_axis.items():
+            members = members[:axis_limit]
+            for size in range(1, len(members) + 1):
+                for group in itertools.combinations(members, size):
+                    if self._acyclic(group, closure):
+                        self.candidates.append(self._build(axis, list(group)))
+        self.encoder.flush()
+
+    def _acyclic(self, group, closure) -> bool:
+        names = {b.name for b in group}
+        for b in group:
+            for d in closure[b.name] - names:
+                if closure[d] & names:  # an outside producer needs a member's final value
+                    return False
+        return True
+
+    def _build(self, axis: str, group: list[Binding]) -> LoopCandidate:
+        names = {b.name for b in group}
+        comps = []
+        for b in group:
+            used = self.direct(b)
+            prods = tuple(g.name for g in group if g.name in used)
+            mapping = {}
+            for u in used:
+                ub = self.by_name[u]
+                kind = "cur" if u in names else ("fin" if ub.axis == axis else "val")
+                mapping[ub.node] = ub.sym(kind)
+            body = ir.substitute(b.node.body, mapping)
+            preds, core = split_mask(body, b.op)
+            comp = CompCandidate(b, body, prods, conjunction(preds) or ir.Const(1.0), core)
+            comp.mask_term = self.encoder.encode(comp.mask)
+            comp.core_term = self.encoder.encode(core)
+            if prods:
+                # the quotient is taken on the unmasked core: masked elements contribute the identity
+                old = ir.substitute(core, {self.by_name[p].sym("cur"): self.by_name[p].sym("old") for p in prods})
+                key = ir.Call("and", (core, old))
+                if key not in self.corrections:
+                    self.corrections[key] = correction_for(core, old, b.op, axis, self.encoder.axis_order,
+                                                           self.encoder.extents, self.rules)
+                comp.correction = self.corrections[key]
+                comp.quotient_term = self.encoder.encode(comp.correction.quotient)
+            comps.append(comp)
+        cand = LoopCandidate(axis, comps)
+        cs = Comps()
+        for c in comps:
+            corr = c.quotient_term if c.quotient_term is not None else Term.sym("no_correction")
+            cs = cs.add(Comp(c.binding.name, c.binding.op, c.mask_term, c.core_term, corr))
+        cand.term = Loop(axis, cs)
+        self.egraph.register(cand.term)
+        self._validate(cand)
+        return cand
+
+    def _validate(self, cand: LoopCandidate) -> None:
+        """A group is valid when every rolling component has a correction; then it joins the e-graph."""
+        reasons = []
+        for c in cand.comps:
+            if c.producers and c.chosen is None:
+                reasons.append(f"no correction for {c.binding.name} = {c.binding.op}_{cand.axis}({ir.show(c.core)}) "
+                               f"over running {', '.join(c.producers)}: {c.correction.reason}")
+        cand.valid = not reasons
+        cand.reason = "; ".join(reasons)
+        if not cand.valid:
+            return
+        self._record(cand)
+        for c in cand.comps:
+            if c.chosen is not None:  # the quotient's e-class holds the correction
+                self.egraph.register(union(c.quotient_term).with_(self.encoder.encode(c.chosen.correction)))
+            self.egraph.register(union(get(cand.term, c.binding.name)).with_(self.encoder.encode(c.binding.node)))
+        self.encoder.flush()
+
+    def _record(self, cand: LoopCandidate) -> None:
+        rolling = [c for c in cand.comps if c.producers]
+        for c in rolling:
+            r = c.chosen
+            cand.applications.append(Application(
+                "rolling_update",
+                f"{c.binding.name} = {c.binding.op}_{cand.axis}(...) carried with running "
+                f"{', '.join(c.producers)}: correction h = {ir.show(r.correction)} applied as t {OPS[r.dist].infix} h "
+                f"(found in the e-class of {ir.show(r.quotient)} after {r.iterations} iterations)",
+            ))
+        roots = [c for c in cand.comps if not c.producers]
+        if len(cand.comps) > 1 and (len(roots) > 1 or not rolling):
+            cand.applications.append(Application(
+                "horizontal_fusion",
+                f"{', '.join(c.binding.name for c in roots)} share one pass over {cand.axis}",
+            ))
+
+    @property
+    def valid(self) -> list[LoopCandidate]:
+        return [c for c in self.candidates if c.valid]
+
+    @property
+    def rejected(self) -> list[LoopCandidate]:
+        return [c for c in self.candidates if not c.valid]
+
+
+def numeric_correction_check(body: ir.Node, corr: ir.Node, dist: str, producers: list[Binding],
+                             samples: int = 256, seed: int = 0) -> str | None:
+    """Check g(R′, c) == g(R, c) ⊗' h(R, R′) on random float64 values. Returns a failure message or None."""
+    from .soundness import eval_ir_sampled
+
+    rng = np.random.default_rng(seed)
+    env: dict[str, np.ndarray] = {}
+    syms = {n.name for n in ir.walk(body) if isinstance(n, ir.Sym)} | {
+        n.name for n in ir.walk(corr) if isinstance(n, ir.Sym)}
+    for name in sorted(syms):
+        env[name] = rng.normal(0, 3, samples)
+    loads = {ir.show(n) for n in ir.walk(body) if isinstance(n, ir.Load | ir.Index)}
+    for name in loads:
+        env[name] = rng.normal(0, 3, samples)
+    old_body = ir.substitute(body, {p.sym("cur"): p.sym("old") for p in producers})
+    g_new = eval_ir_sampled(body, env)
+    g_old = eval_ir_sampled(old_body, env)
+    h = eval_ir_sampled(corr, env)
+    fixed = OPS[dist].numpy(g_old, h)
+    ok = np.isnan(g_new) | np.isclose(fixed, g_new, rtol=1e-7, atol=1e-12) | (fixed == g_new)
+    if not ok.all():
+        k = int(np.argmin(ok))
+        return (f"correction fails at sample {k}: g(R′,c) = {g_new[k]!r} but g(R,c) {dist} h = {fixed[k]!r}")
+    return None
+
