@@ -93,6 +93,10 @@ class _Counter:
 
     def count(self, exprs: list[ir.Node], loop: str | None, reps: float, seen: set) -> None:
         for e in exprs:
+            for n in ir.walk(e):  # a contraction lowered to tl.dot: its product is tensor-core work
+                if isinstance(n, ir.Reduce) and n.op == "sum" and isinstance(n.body, ir.Call) \
+                        and n.body.op == "mul" and n.axis in self.block_axes | {loop}:
+                    seen.add(n.body)
             for n in ir.walk(e):
                 if n in seen:
                     continue
@@ -235,8 +239,10 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     terms = [t_mem, t_tc, t_alu, t_sfu]
     dominant = max(terms)
     throughput = dominant + dev.overlap * (sum(terms) - dominant)
+    # few programs cannot stream fast enough to use the whole memory system: one wave of programs
+    # takes at least its bytes over the rate a single program achieves
     per_program_bytes = (c.bytes_loaded + stored / max(1, programs))
-    latency = per_program_bytes / dev.sm_stream_bytes_per_s * waves
+    latency = per_program_bytes / dev.sm_stream_bytes_per_s * waves if programs < slots else 0.0
     time = max(throughput / eff, latency) + dev.launch_s
     return KernelCost(k.name, programs, iters_total, hbm, requested + stored, c.tc * programs, c.alu * programs,
                       c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time)
@@ -265,11 +271,24 @@ def _footprint(program: ir.Program, plan: Plan, tensor: str, axes, k: KernelPlan
 
 
 def _miss_rate(loaded: dict[str, float], program, plan, k, programs, dev: DeviceSpec) -> float:
-    """Fraction of re-read bytes that come from HBM rather than L2."""
-    total = sum(_footprint(program, plan, t, None, k) for t in loaded)
+    """Fraction of re-read bytes that come from HBM rather than L2.
+
+    Programs that differ only in grid axes a tensor lacks read the same slice of it; they are
+    launched next to each other (the last grid axis varies fastest), so the L2 working set is the
+    slices that the concurrently running programs touch.
+    """
     concurrent = min(programs, dev.sms * 2)
-    share = concurrent / max(1, programs)
-    working = total * max(share, 1.0 / max(1, programs))
+    working = 0.0
+    for t in loaded:
+        axes = set(program.inputs[t].axes) if t in program.inputs else set(plan.buffers[t].axes) \
+            if t in plan.buffers else set()
+        slices = 1
+        for a in k.grid:
+            if a in axes:
+                slices *= max(1, math.ceil(program.axes[a] / 1))
+        per_slice = _footprint(program, plan, t, None, k) / slices
+        programs_per_slice = max(1.0, programs / slices)
+        working += per_slice * min(slices, math.ceil(concurrent / programs_per_slice))
     if working <= 0.5 * dev.l2_bytes:
         return 0.05
     return min(1.0, 0.05 + (working - 0.5 * dev.l2_bytes) / working)

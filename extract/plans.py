@@ -14,9 +14,10 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from neptune_eq.rules.fusion import Binding, LoopCandidate, direct_bindings
+
 from neptune_eq import ir
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
-from neptune_eq.rules.fusion import Binding, LoopCandidate, direct_bindings
 
 
 @dataclass

@@ -175,7 +175,7 @@ def rsqrt(x) -> Expr:
     return _call("rsqrt", x)
 
 
-def abs(x) -> Expr:  # noqa: A001
+def abs(x) -> Expr:
     return _call("abs", x)
 
 
@@ -211,15 +211,15 @@ def _reduce(op: str, x: Expr, axis) -> Expr:
     return Expr(x.builder, ir.Reduce(op, name, x.node))
 
 
-def sum(x: Expr, axis) -> Expr:  # noqa: A001
+def sum(x: Expr, axis) -> Expr:
     return _reduce("sum", x, axis)
 
 
-def max(x: Expr, axis) -> Expr:  # noqa: A001
+def max(x: Expr, axis) -> Expr:
     return _reduce("max", x, axis)
 
 
-def min(x: Expr, axis) -> Expr:  # noqa: A001
+def min(x: Expr, axis) -> Expr:
     return _reduce("min", x, axis)
 
 

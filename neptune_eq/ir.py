@@ -102,7 +102,7 @@ class Index(Node):
 class Load(Node):
     """An element of an input tensor; each index entry is an integer-valued node (gather if not an Index)."""
 
-    __slots__ = ("tensor", "index")
+    __slots__ = ("index", "tensor")
 
     def __init__(self, tensor: str, index: tuple[Node, ...]):
         _init(self, tensor=tensor, index=tuple(index))
@@ -117,7 +117,7 @@ class Load(Node):
 class Call(Node):
     """An elementwise operator from ops.OPS applied to its arguments."""
 
-    __slots__ = ("op", "args")
+    __slots__ = ("args", "op")
 
     def __init__(self, op: str, args: tuple[Node, ...]):
         _init(self, op=op, args=tuple(args))
@@ -130,7 +130,7 @@ class Call(Node):
 
 
 class Reduce(Node):
-    __slots__ = ("op", "axis", "body")
+    __slots__ = ("axis", "body", "op")
 
     def __init__(self, op: str, axis: str, body: Node):
         _init(self, op=op, axis=axis, body=body)

@@ -199,10 +199,14 @@ def _plans(c: Compilation) -> None:
         binding_leaves[cid(c.encoder.encode(b.node))] = b
     cache: dict = {}
 
-    def best(term: Term, *, allow=no_red, leaves=None, key=None) -> ir.Node:
+    tables: dict = {}
+
+    def best(term: Term, *, allow=no_red, key=None) -> ir.Node:
         k = (key, id(term))
         if k not in cache:
-            cache[k] = tx.best_term(cid(term), allow=allow, leaves=leaves)
+            if key not in tables:  # one cost table per configuration, shared by all terms
+                tables[key] = tx.costs(allow=allow)
+            cache[k] = tx.decode(cid(term), tables[key])
         return cache[k]
 
     def comp_mask(lp, i):
@@ -228,12 +232,13 @@ def _plans(c: Compilation) -> None:
         return tx.best_term(cid(c.encoder.encode(b.node)), leaves=leaves)
 
     def output_expr(out: ir.Output) -> ir.Node:
-        inline = space.inlinable()
-        leaves = leaves_for(lambda b: "val" if b.name in inline else "fin")
-        root = cid(c.roots[out.name])
-        if root in leaves:
-            return leaves[root]
-        return tx.best_term(root, allow=no_red, leaves=leaves)
+        key = ("out", out.name)
+        if key not in cache:
+            inline = space.inlinable()
+            leaves = leaves_for(lambda b: "val" if b.name in inline else "fin")
+            root = cid(c.roots[out.name])
+            cache[key] = leaves[root] if root in leaves else tx.best_term(root, allow=no_red, leaves=leaves)
+        return cache[key]
 
     splits: dict[int, list[int]] = {}
     for k, lp in enumerate(c.fusion.candidates):

@@ -23,7 +23,7 @@ class Budget:
     max_nodes: int = 60_000
     max_seconds: float = 20.0
     max_iterations: int = 12  # per phase
-    match_limit: int = 2_000  # back-off scheduler: matches per rule per iteration before it is banned
+    match_limit: int = 20_000  # back-off scheduler: a rule matching more often in one iteration is banned
 
 
 @dataclass

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from egglog import (
     EGraph,
-    String,
     Expr,
+    String,
     StringLike,
     Unit,
     converter,
@@ -266,10 +266,19 @@ class Encoder:
     def __post_init__(self) -> None:
         if len(self.axis_order) > 62:
             raise ir.ProgramError("at most 62 axes are supported")
+        # constants that rule guards refer to (egglog queries only see terms that exist)
+        self.egraph.register(Term(f64(0.0)), Term(f64(1.0)))
         for ax in self.axis_order:
             self._pending.append(set_(axis_bit(ax)).to(i64(1 << self.axis_order.index(ax))))
             self._pending.append(set_(extent(ax)).to(i64(self.extents[ax])))
         self.flush()
+
+    def fresh(self) -> Encoder:
+        """An encoder into the same e-graph that shares the axis facts but not the memo."""
+        out = Encoder.__new__(Encoder)
+        out.egraph, out.axis_order, out.extents = self.egraph, self.axis_order, self.extents
+        out.loads, out.syms, out._memo, out._pending = {}, {}, {}, []
+        return out
 
     def mask(self, axes) -> int:
         m = 0

@@ -36,9 +36,21 @@ from neptune_eq.terms import (
     where,
 )
 
-from .base import Rule, birw, extent_of, free_of, is_finite, is_nonneg, nonzero, normal, not_zero, positive, rw
+from .base import (
+    Rule,
+    birw,
+    extent_of,
+    free_of,
+    is_finite,
+    is_nonneg,
+    nonzero,
+    normal,
+    not_zero,
+    positive,
+    rw,
+)
 
-a, b, c, p = vars_("a b c p", Term)
+a, b, c, d, p = vars_("a b c d p", Term)
 x, y = vars_("x y", f64)
 ax, op = vars_("ax op", String)
 n = var("n", i64)
@@ -73,7 +85,7 @@ ARITHMETIC = [
     rw("add_const_assoc", (a + Term(x)) + Term(y), a + Term(x + y)),  # (a + c₁) + c₂ → a + (c₁+c₂)
     rw("mul_zero", a * Term(0.0), Term(0.0), is_finite(a)),  # a · 0 → 0
     rw("sub_self", a - a, Term(0.0), is_finite(a)),  # a − a → 0
-    rw("neg_neg", -(-a), a),  # −(−a) → a
+    rw("neg_neg", -(-a), a),  # −(−a) → a  # noqa: B002
     rw("neg_sub", -(a - b), b - a),  # −(a − b) → b − a
     rw("sub_neg", a - (-b), a + b),  # a − (−b) → a + b
     rw("add_neg", a + (-b), a - b),  # a + (−b) → a − b
@@ -90,6 +102,7 @@ ARITHMETIC = [
     rw("div_mul_swap", (a / b) * c, (a * c) / b),  # (a/b)·c → (a·c)/b
     rw("div_div", (a / b) / c, a / (b * c)),  # (a/b)/c → a/(b·c)
     rw("div_by_div", a / (b / c), (a * c) / b),  # a/(b/c) → (a·c)/b
+    rw("div_split", (a * b) / (c * d), (a / c) * (b / d)),  # (a·b)/(c·d) → (a/c)·(b/d)
     rw("rsqrt_def", Term(1.0) / sqrt(a), rsqrt(a)),  # 1/√a → rsqrt(a)
 ]
 
@@ -138,7 +151,8 @@ WHERE = [
 REDUCTIONS = [
     rw("sum_factor", red("sum", ax, a * b), red("sum", ax, a) * b, free_of(b, ax), is_finite(b)),  # Σⱼ a·b → (Σⱼ a)·b
     rw("sum_div_out", red("sum", ax, a / b), red("sum", ax, a) / b, free_of(b, ax), not_zero(b)),  # Σⱼ a/b → (Σⱼa)/b
-    rw("red_where", red(op, ax, where(p, a, b)), where(p, red(op, ax, a), red(op, ax, b)), free_of(p, ax)),  # mask free of j
+    rw("red_where", red(op, ax, where(p, a, b)),  # ⊕ⱼ (p ? a : b) → p ? ⊕ⱼa : ⊕ⱼb  (p free of j)
+       where(p, red(op, ax, a), red(op, ax, b)), free_of(p, ax)),
     rw("sum_linear", red("sum", ax, a + b), red("sum", ax, a) + red("sum", ax, b)),  # Σⱼ(a+b) → Σⱼa + Σⱼb
     rw("sum_linear_sub", red("sum", ax, a - b), red("sum", ax, a) - red("sum", ax, b)),  # Σⱼ(a−b) → Σⱼa − Σⱼb
     rw("sum_free", red("sum", ax, b), b * Term(f64.from_i64(n)), free_of(b, ax), extent_of(n, ax),

@@ -9,7 +9,22 @@ from __future__ import annotations
 
 from egglog import String, eq, f64, i64, rule, ruleset, set_, var, vars_
 
-from neptune_eq.terms import BINARY, UNARY, Term, abs_, axis_bit, deps, exp, exp2, finite, get, max2, min2, nonneg, red
+from neptune_eq.terms import (
+    BINARY,
+    UNARY,
+    Term,
+    abs_,
+    axis_bit,
+    deps,
+    exp,
+    exp2,
+    finite,
+    get,
+    max2,
+    min2,
+    nonneg,
+    red,
+)
 from neptune_eq.terms import rsqrt as rsqrt_
 from neptune_eq.terms import sqrt as sqrt_
 from neptune_eq.terms import where as where_

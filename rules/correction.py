@@ -18,10 +18,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from egglog import EGraph, ruleset
-
-from neptune_eq import ir
 from neptune_eq.extract.terms import TermExtractor
 from neptune_eq.extract.view import build_view, class_of
+
+from neptune_eq import ir
 from neptune_eq.ops import MONOIDS
 from neptune_eq.saturate import Budget, Saturator
 from neptune_eq.terms import Encoder, deps, nonneg
@@ -29,7 +29,7 @@ from neptune_eq.terms import Encoder, deps, nonneg
 from . import analysis
 from .base import Rule
 
-CORRECTION_BUDGET = Budget(max_nodes=20_000, max_seconds=5.0, max_iterations=10, match_limit=1_000)
+CORRECTION_BUDGET = Budget(max_nodes=20_000, max_seconds=5.0, max_iterations=10)
 
 
 @dataclass
@@ -51,62 +51,78 @@ class CorrectionResult:
         return self.correction is not None
 
 
-def _search(q: ir.Node, axis: str, axis_order, extents, rules: list[Rule], budget: Budget,
-            need_nonneg: bool) -> tuple[ir.Node | None, Saturator]:
-    eg = EGraph()
-    enc = Encoder(eg, tuple(axis_order), dict(extents))
-    t = enc.encode(q)
-    enc.flush()
-    eg.register(t)
-    bit = 1 << list(axis_order).index(axis)
-    rs = ruleset(*[r.egglog() for r in rules], name=f"corr_rules_{len(rules)}") | analysis.ANALYSIS
-    sat = Saturator(eg, budget, rule_names={r.egglog().decl: r.name for r in rules})
+class CorrectionSearcher:
+    """One e-graph for all correction searches of a compile: the rules are registered once and
+    every query runs between push() and pop(), so queries cannot see each other."""
 
-    def done() -> bool:
-        v = eg.lookup_function_value(deps(t))
-        if v is None or int(v.value) & bit:
-            return False
-        return not need_nonneg or eg.check_bool(nonneg(t))
+    def __init__(self, axis_order, extents, rules: list[Rule], budget: Budget = CORRECTION_BUDGET):
+        self.axis_order, self.extents, self.rules, self.budget = tuple(axis_order), dict(extents), rules, budget
+        self.egraph = EGraph()
+        self.base = Encoder(self.egraph, self.axis_order, self.extents)  # axis facts, registered once
+        self.schedule = ruleset(*[r.egglog() for r in rules], name=f"corr_rules_{len(rules)}") | analysis.ANALYSIS
+        self.names = {r.egglog().decl: r.name for r in rules}
 
-    sat.phase("correction", rs, stop_when=done)
-    if not done():
-        return None, sat
-    view = build_view(eg)
-    tx = TermExtractor(view, tuple(axis_order), dict(extents), enc.loads, enc.syms)
-    allow = lambda c, n: view.free_of(c, bit) and n.op != "red"  # noqa: E731
-    return tx.best_term(class_of(eg, view, t), allow=allow), sat
+    def search(self, q: ir.Node, axis: str, need_nonneg: bool) -> tuple[ir.Node | None, Saturator]:
+        eg = self.egraph
+        eg.push()
+        try:
+            enc = self.base.fresh()
+            t = enc.encode(q)
+            enc.flush()
+            eg.register(t)
+            bit = 1 << self.axis_order.index(axis)
+            sat = Saturator(eg, self.budget, rule_names=self.names)
+
+            def done() -> bool:
+                v = eg.lookup_function_value(deps(t))
+                if v is None or int(v.value) & bit:
+                    return False
+                return not need_nonneg or eg.check_bool(nonneg(t))
+
+            sat.phase("correction", self.schedule, stop_when=done)
+            if not done():
+                return None, sat
+            view = build_view(eg)
+            tx = TermExtractor(view, self.axis_order, self.extents, enc.loads, enc.syms)
+            allow = lambda c, n: view.free_of(c, bit) and n.op != "red"  # noqa: E731
+            return tx.best_term(class_of(eg, view, t), allow=allow), sat
+        finally:
+            eg.pop()
+
+    def correction_for(self, core: ir.Node, old_core: ir.Node, monoid: str, axis: str) -> CorrectionResult:
+        """Search each (⊗', ⊘) the consumer's monoid allows, in order of preference."""
+        t0 = time.perf_counter()
+        reasons = []
+        for dist, inverse, cond, ann in MONOIDS[monoid].dist:
+            q = ir.Call(inverse, (core, old_core))
+            h, sat = self.search(q, axis, cond == "nonneg")
+            rep = sat.reports[-1]
+            if h is not None:
+                return CorrectionResult(q, dist, inverse, cond, ann, h, rep.iterations, rep.nodes,
+                                        time.perf_counter() - t0, matches=rep.matches)
+            why = (f"no term free of {axis} in the e-class of {ir.show(q)} after {rep.iterations} iterations "
+                   f"({rep.stop})")
+            if cond == "nonneg":
+                why += " or it is not provably ≥ 0 (needed for ⊗' = mul to distribute over max/min)"
+            reasons.append(why)
+        return CorrectionResult(ir.Call(MONOIDS[monoid].dist[0][1], (core, old_core)),
+                                seconds=time.perf_counter() - t0, reason="; ".join(reasons))
 
 
 def correction_for(core: ir.Node, old_core: ir.Node, monoid: str, axis: str, axis_order, extents,
                    rules: list[Rule], budget: Budget = CORRECTION_BUDGET) -> CorrectionResult:
-    """Search each (⊗', ⊘) the consumer's monoid allows, in order of preference."""
-    t0 = time.perf_counter()
-    reasons = []
-    for dist, inverse, cond, ann in MONOIDS[monoid].dist:
-        q = ir.Call(inverse, (core, old_core))
-        h, sat = _search(q, axis, axis_order, extents, rules, budget, cond == "nonneg")
-        rep = sat.reports[-1]
-        if h is not None:
-            return CorrectionResult(q, dist, inverse, cond, ann, h, rep.iterations, rep.nodes,
-                                    time.perf_counter() - t0, matches=rep.matches)
-        why = f"no term free of {axis} in the e-class of {ir.show(q)} after {rep.iterations} iterations ({rep.stop})"
-        if cond == "nonneg":
-            why += " or it is not provably ≥ 0 (needed for ⊗' = mul to distribute over max/min)"
-        reasons.append(why)
-    return CorrectionResult(ir.Call(MONOIDS[monoid].dist[0][1], (core, old_core)),
-                            seconds=time.perf_counter() - t0, reason="; ".join(reasons))
+    """One-off search (see CorrectionSearcher for many)."""
+    return CorrectionSearcher(axis_order, extents, rules, budget).correction_for(core, old_core, monoid, axis)
 
 
 def minimal_rules(result: CorrectionResult, axis: str, axis_order, extents, rules: list[Rule]) -> list[Rule]:
     """A small set of rules that still finds this correction (greedy removal; for derivations)."""
     if not result.found:
         return []
-    used = [r for r in rules if result.matches.get(r.name)]
-    keep = list(used)
-    for r in used:
+    keep = [r for r in rules if result.matches.get(r.name)]
+    for r in list(keep):
         trial = [x for x in keep if x is not r]
-        h, _ = _search(result.quotient, axis, axis_order, extents, trial, CORRECTION_BUDGET,
-                       result.cond == "nonneg")
+        h, _ = CorrectionSearcher(axis_order, extents, trial).search(result.quotient, axis, result.cond == "nonneg")
         if h is not None:
             keep = trial
     return keep

@@ -28,7 +28,7 @@ from neptune_eq.masks import conjunction, split_mask
 from neptune_eq.ops import OPS
 from neptune_eq.terms import Comp, Comps, Encoder, Loop, Term, get
 
-from .correction import CorrectionResult, correction_for
+from .correction import CorrectionResult, CorrectionSearcher
 
 MAX_GROUP_SIZE = 8
 
@@ -126,6 +126,7 @@ class FusionSearch:
     rules: list = field(default_factory=list)  # algebra rules for correction searches
     candidates: list[LoopCandidate] = field(default_factory=list)
     corrections: dict[ir.Node, CorrectionResult] = field(default_factory=dict)  # by quotient core pair
+    _searcher: CorrectionSearcher | None = None
 
     @property
     def by_name(self) -> dict[str, Binding]:
@@ -190,8 +191,9 @@ class FusionSearch:
                 old = ir.substitute(core, {self.by_name[p].sym("cur"): self.by_name[p].sym("old") for p in prods})
                 key = ir.Call("and", (core, old))
                 if key not in self.corrections:
-                    self.corrections[key] = correction_for(core, old, b.op, axis, self.encoder.axis_order,
-                                                           self.encoder.extents, self.rules)
+                    if self._searcher is None:
+                        self._searcher = CorrectionSearcher(self.encoder.axis_order, self.encoder.extents, self.rules)
+                    self.corrections[key] = self._searcher.correction_for(core, old, b.op, axis)
                 comp.correction = self.corrections[key]
                 comp.quotient_term = self.encoder.encode(comp.correction.quotient)
             comps.append(comp)

@@ -132,7 +132,8 @@ class Counterexample:
 
     def __str__(self) -> str:
         vals = ", ".join(f"{k}={_fmt(v)}" for k, v in self.values.items())
-        return f"rule '{self.rule}' is unsound: with {vals}: left side = {_fmt(self.lhs)}, right side = {_fmt(self.rhs)}"
+        return (f"rule '{self.rule}' is unsound: with {vals}: left side = {_fmt(self.lhs)}, "
+                f"right side = {_fmt(self.rhs)}")
 
 
 def _fmt(v) -> str:

@@ -105,6 +105,11 @@ def check_inputs(program: ir.Program, inputs: dict[str, torch.Tensor]) -> None:
         if name not in inputs:
             raise NeptuneError(f"missing input '{name}' (expected axes {spec.axes})")
         t = inputs[name]
+        if not isinstance(t, torch.Tensor):
+            raise NeptuneError(f"input '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != _TORCH_DTYPES[spec.dtype]:
+            raise NeptuneError(f"input '{name}' has dtype {str(t.dtype).replace('torch.', '')}; the program was "
+                               f"compiled for {spec.dtype}")
         want = program.input_shape(name)
         if tuple(t.shape) != want:
             pairs = ", ".join(f"{a}={n}" for a, n in zip(spec.axes, want))

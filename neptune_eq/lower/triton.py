@@ -273,13 +273,19 @@ class KernelWriter:
         hit = self.lookup(key)
         if hit is not None:
             return hit
+        if len(self.scopes) > 1 and not self.is_variant(n):
+            # loop-invariant (e.g. the query tile): load once before the loop
+            saved = self.scopes, self.lines, self.depth, dict(self.tail_masks)
+            self.scopes, self.lines, self.depth = self.scopes[:1], self.hoist_lines, self.hoist_depth
+            try:
+                v = self.load(n, order)
+            finally:
+                self.scopes, self.lines, self.depth, self.tail_masks = saved
+            return v
         ptr, mask, dims = self.pointer(n.tensor, n.index, order)
         dtype = (self.program.inputs[n.tensor].dtype if n.tensor in self.program.inputs
                  else self.plan.buffers[n.tensor].dtype)
-        if mask:
-            code = f"tl.load({ptr}, mask={mask}, other=0)"
-        else:
-            code = f"tl.load({ptr})"
+        code = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
         kind = dtype if dtype in ("float16", "bfloat16") else ("f" if dtype.startswith("float") else
                                                                 ("b" if dtype == "bool" else "i"))
         v = self.bind(code, dims, kind, "x")
@@ -374,6 +380,8 @@ class KernelWriter:
             a = Val(f"{a.code}.to({_TL_DTYPE[b.kind]})", a.dims, b.kind)
         elif a.native and b.native and a.kind != b.kind:
             a, b = self.f32(a), self.f32(b)
+        if self.target != "cuda" and "bfloat16" in (a.kind, b.kind):
+            a, b = self.f32(a), self.f32(b)  # Triton's interpreter multiplies bf16 as raw integers
         prec = "" if a.native else f", input_precision=\"{self.sched.input_precision}\""
         r = self.bind(f"tl.dot({a.code}, {b.code}{prec})", (m, n), "f", "d")
         for f in post:

@@ -1,0 +1,28 @@
+# One command each for the main job and the tests; both set up .venv on first use.
+PY := .venv/bin/python
+export TRITON_INTERPRET ?= 1
+
+.PHONY: run test lint bench setup clean
+
+.venv/.installed: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+
+setup: .venv/.installed
+
+# The main job: compile the causal attention example, show the plan and verify it against float64
+# (on a CPU the kernels run through Triton's interpreter).
+run: .venv/.installed
+	.venv/bin/neptune-eq compile examples/causal_attention.py
+
+test: .venv/.installed
+	$(PY) -m pytest -q -x --durations=15
+
+lint: .venv/.installed
+	.venv/bin/ruff check .
+
+# GPU only: the comparison against SDPA / FlexAttention / torch.compile (see bench/README.md)
+bench: .venv/.installed
+	TRITON_INTERPRET=0 $(PY) bench/run.py
+
+clean:
+	rm -rf .venv .pytest_cache .ruff_cache

@@ -1,0 +1,112 @@
+"""Command line: `neptune-eq compile FILE [--json]` (and, later, explore / rules).
+
+FILE is a Python file defining `program` (a DSL program) — or any ir.Program at top level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import sys
+import time
+from pathlib import Path
+
+from . import ir
+from .ir import NeptuneError
+
+
+def load_program(path: str) -> ir.Program:
+    p = Path(path)
+    if not p.exists():
+        raise NeptuneError(f"no such file: {path}")
+    env = runpy.run_path(str(p), run_name="__neptune_example__")
+    prog = env.get("program")
+    if isinstance(prog, ir.Program):
+        return prog
+    for v in env.values():
+        if isinstance(v, ir.Program):
+            return v
+    from .dsl import ProgramBuilder
+
+    for v in env.values():
+        if isinstance(v, ProgramBuilder):
+            return v.build()
+    raise NeptuneError(f"{path} defines no program (expected a top-level `program = P.build()`)")
+
+
+def cmd_compile(args) -> int:
+    from .pipeline import Options
+    from .runtime import compile_ir
+
+    program = load_program(args.file)
+    t0 = time.perf_counter()
+    prog = compile_ir(program, Options(progress=True if args.progress else None))
+    t_compile = time.perf_counter() - t0
+    c = prog.compilation
+    out = print if not args.json else (lambda *a, **k: print(*a, **k, file=sys.stderr))
+    out(str(program))
+    out("")
+    out(f"e-graph: {c.nodes} nodes; " + "; ".join(str(r) for r in c.saturator.reports))
+    out(f"compile: {t_compile:.2f}s (" + ", ".join(f"{k} {v:.2f}s" for k, v in c.timings.items()) + ")")
+    out("")
+    out(f"alternatives (predicted on {c.device.name}):")
+    for a in prog.alternatives[: args.alternatives]:
+        mark = "*" if a.id == prog.alternative.id else " "
+        out(f" {mark} {a}")
+    if len(prog.alternatives) > args.alternatives:
+        out(f"   ... {len(prog.alternatives) - args.alternatives} more")
+    out("")
+    out(prog.explain())
+    t1 = time.perf_counter()
+    src = prog.source
+    t_lower = time.perf_counter() - t1
+    out(f"\nlowered {len(prog.kernels)} kernel(s) in {t_lower:.2f}s")
+    if args.source:
+        out("")
+        out(src)
+    report = None
+    if not args.no_verify:
+        report = prog.verify(sets=("normal", "offset", "wide") if args.stress else ("normal",), seed=args.seed)
+        out("")
+        out(str(report))
+    if args.json:
+        print(json.dumps({
+            "program": program.name,
+            "kernels": len(prog.kernels),
+            "plan": prog.alternative.structure,
+            "alternatives": [{"id": a.id, "structure": a.structure, "predicted_time_us": a.cost.time * 1e6,
+                              "hbm_bytes": a.cost.hbm_bytes, "kernels": len(a.plan.kernels)}
+                             for a in prog.alternatives],
+            "max_rel_err": report.max_rel_err if report else None,
+            "verified": report.passed if report else None,
+            "egraph_nodes": c.nodes,
+            "timings_s": {**c.timings, "lower": t_lower},
+            "derivation": prog.alternative.plan.derivation,
+        }))
+    return 0 if report is None or report.passed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="neptune-eq", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile", help="compile a program file, show the plan and verify it")
+    c.add_argument("file")
+    c.add_argument("--json", action="store_true", help="end with one JSON line")
+    c.add_argument("--source", action="store_true", help="print the generated Triton source")
+    c.add_argument("--no-verify", action="store_true")
+    c.add_argument("--stress", action="store_true", help="also verify on shifted / wide-range inputs")
+    c.add_argument("--alternatives", type=int, default=8, help="how many alternatives to list")
+    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--progress", action="store_true", help="print saturation progress")
+    c.set_defaults(fn=cmd_compile)
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except NeptuneError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""A compiled program: the chosen plan, its kernels per target, and how to call and check it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import ir
+from .ir import NeptuneError
+from .lower.launch import Launcher, check_inputs, load_module
+from .lower.triton import KernelSource, write_module
+from .pipeline import Alternative, Compilation, Options, compile_program
+from .schedule import KernelSchedule, default_schedule
+from .verify import VerifyReport, verify
+
+
+@dataclass
+class Kernel:
+    """One generated kernel: its Triton source and the part of the plan it runs."""
+
+    name: str
+    source: str
+    plan_kernel: object
+    schedule: KernelSchedule
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name}, grid over {', '.join(self.plan_kernel.grid) or 'one program'})"
+
+
+@dataclass
+class CompiledProgram:
+    compilation: Compilation
+    choice: int = 0  # index into alternatives
+    schedules: dict[str, list[KernelSchedule]] = field(default_factory=dict)  # per target, overrides
+    _modules: dict = field(default_factory=dict)
+
+    # ---- what was chosen
+    @property
+    def program(self) -> ir.Program:
+        return self.compilation.program
+
+    @property
+    def alternatives(self) -> list[Alternative]:
+        return self.compilation.alternatives
+
+    @property
+    def alternative(self) -> Alternative:
+        return self.alternatives[self.choice]
+
+    @property
+    def plan(self):
+        return self.alternative.plan
+
+    def pin(self, i: int) -> CompiledProgram:
+        """The same compilation, running alternative i instead of the cost model's choice."""
+        if not 0 <= i < len(self.alternatives):
+            raise NeptuneError(f"no alternative {i}; there are {len(self.alternatives)}")
+        return CompiledProgram(self.compilation, i)
+
+    # ---- lowering
+    def _schedules(self, target: str) -> list[KernelSchedule]:
+        if target in self.schedules:
+            return self.schedules[target]
+        if target == "cuda":
+            return list(self.alternative.schedules)
+        return [default_schedule(k, self.program, self.plan, target=target) for k in self.plan.kernels]
+
+    def lowered(self, target: str = "cuda") -> tuple[str, list[KernelSource]]:
+        key = ("src", target)
+        if key not in self._modules:
+            prefix = "nq_" + "".join(ch if ch.isalnum() else "_" for ch in self.program.name)
+            self._modules[key] = write_module(self.plan, self.program, self._schedules(target), target, prefix)
+        return self._modules[key]
+
+    @property
+    def source(self) -> str:
+        """The whole generated module (for the GPU)."""
+        return self.lowered("cuda")[0]
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        _, ks = self.lowered("cuda")
+        return [Kernel(k.name, k.source, pk, k.schedule) for k, pk in zip(ks, self.plan.kernels)]
+
+    def launcher(self, target: str) -> Launcher:
+        key = ("launch", target)
+        if key not in self._modules:
+            src, ks = self.lowered(target)
+            mod = load_module(src, self.compilation.options.cache_dir)
+            self._modules[key] = Launcher(self.program, self.plan, ks, mod)
+        return self._modules[key]
+
+    # ---- running
+    def run(self, inputs: dict[str, torch.Tensor], out_dtypes=None) -> dict[str, torch.Tensor]:
+        check_inputs(self.program, inputs)
+        device = next(iter(inputs.values())).device
+        target = "cuda" if device.type == "cuda" else "interpreter"
+        return self.launcher(target)(inputs, out_dtypes)
+
+    def __call__(self, *args, **kwargs):
+        names = list(self.program.inputs)
+        if len(args) > len(names):
+            raise NeptuneError(f"{self.program.name} takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
+        inputs = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k in inputs:
+                raise NeptuneError(f"input '{k}' given twice")
+            inputs[k] = v
+        outs = self.run(inputs)
+        vals = [outs[o.name] for o in self.program.outputs]
+        return vals[0] if len(vals) == 1 else tuple(vals)
+
+    def verify(self, *, device: str = "cpu", sets=("normal",), seed: int | None = None, tolerance: float = 1e-3,
+               dtypes: dict[str, str] | None = None) -> VerifyReport:
+        return verify(self.run, self.program, device=device, sets=sets, seed=seed, tolerance=tolerance,
+                      dtypes=dtypes)
+
+    # ---- explaining
+    def explain(self) -> str:
+        """The chosen plan and why: its structure, cost terms against the runner-up, the corrections used."""
+        c = self.compilation
+        alt = self.alternative
+        lines = [f"program {self.program.name}: {len(self.alternatives)} alternatives, chose #{alt.id}: "
+                 f"{alt.structure}", f"device model: {c.device.name}"]
+        t = alt.cost.terms()
+        lines.append("predicted: " + ", ".join(f"{k}={v:.3g}" for k, v in t.items()))
+        if len(self.alternatives) > 1:
+            other = self.alternatives[1 if alt.id == 0 else 0]
+            ratio = other.cost.time / alt.cost.time if alt.cost.time else float("nan")
+            lines.append(f"runner-up #{other.id}: {other.structure} — predicted {other.cost.time * 1e6:.1f} µs "
+                         f"({ratio:.2f}× the chosen plan)")
+        lines.append("derivation:")
+        lines += [f"  {d}" for d in alt.plan.derivation] or ["  (no fusion rule applied)"]
+        rejected = [lp for lp in (c.fusion.rejected if c.fusion else []) if lp.reason]
+        if rejected:
+            lines.append("fusions not offered:")
+            lines += [f"  {', '.join(lp.names)} over {lp.axis}: {lp.reason}" for lp in rejected[:6]]
+        for k in alt.cost.kernels:
+            lines.append(f"kernel {k.name}: {k.programs} programs, {k.iterations:.1f} loop tiles each, "
+                         f"{k.hbm_bytes / 1e6:.3f} MB HBM, predicted {k.time * 1e6:.2f} µs "
+                         f"(mem {k.t_mem * 1e6:.2f}, tensor {k.t_tc * 1e6:.2f}, alu {k.t_alu * 1e6:.2f}, "
+                         f"sfu {k.t_sfu * 1e6:.2f} µs; fill {k.efficiency:.0%})")
+        return "\n".join(lines)
+
+
+def compile_ir(program: ir.Program, options: Options | None = None) -> CompiledProgram:
+    return CompiledProgram(compile_program(program, options))

@@ -1,0 +1,77 @@
+"""Corrections are found by saturating the quotient, never written by hand."""
+
+import numpy as np
+from neptune_eq.rules.algebra import ALGEBRA
+from neptune_eq.rules.correction import correction_for
+from neptune_eq.rules.soundness import eval_ir_sampled
+
+from neptune_eq import dsl as ne
+from neptune_eq import ir
+from neptune_eq.runtime import compile_ir
+
+AXES = ("i", "j")
+EXT = {"i": 8, "j": 64}
+x = ir.Load("x", (ir.Index("i"), ir.Index("j")))
+cur, old = ir.Sym("cur:m", ("i",)), ir.Sym("old:m", ("i",))
+
+
+def sub_state(e):
+    return ir.substitute(e, {cur: old})
+
+
+def search(core, monoid="sum"):
+    return correction_for(core, sub_state(core), monoid, "j", AXES, EXT, ALGEBRA)
+
+
+def test_softmax_correction_is_exp_of_the_shift():
+    core = ir.Call("exp", (ir.Call("sub", (x, cur)),))
+    r = search(core)
+    assert r.found and r.dist == "mul"
+    assert "j" not in r.correction.axes and not any(isinstance(n, ir.Load) for n in ir.walk(r.correction))
+    rng = np.random.default_rng(0)
+    env = {"cur:m": rng.normal(0, 3, 100), "old:m": rng.normal(0, 3, 100)}
+    np.testing.assert_allclose(eval_ir_sampled(r.correction, env), np.exp(env["old:m"] - env["cur:m"]),
+                               rtol=1e-12)
+
+
+def test_max_consumer_gets_additive_correction():
+    core = ir.Call("sub", (x, cur))  # max_j (x - m): shifting the reference subtracts
+    r = search(core, "max")
+    assert r.found and r.dist == "add"
+    env = {"cur:m": np.array([1.0, 5.0]), "old:m": np.array([3.0, -2.0])}
+    np.testing.assert_allclose(eval_ir_sampled(r.correction, env), env["old:m"] - env["cur:m"])
+
+
+def test_no_correction_for_a_body_without_one():
+    core = ir.Call("tanh", (ir.Call("sub", (x, cur)),))  # tanh(x - m): no factor moves m
+    r = search(core)
+    assert not r.found
+    assert "no term free of j" in r.reason
+
+
+def test_rejected_fusion_is_recorded_and_plan_still_correct():
+    P = ne.program("tanh_chain")
+    i, j = P.axes(i=4, j=40)
+    xx = P.input("x", i, j)
+    m = ne.max(xx, j)
+    P.output("y", ne.sum(ne.tanh(xx - m), j))
+    prog = compile_ir(P.build())
+    rejected = [lp for lp in prog.compilation.fusion.rejected if lp.reason]
+    assert rejected and "no correction" in rejected[0].reason
+    assert all(not any(c.producers for c in ph.comps) for k in prog.plan.kernels for ph in k.passes())
+    assert prog.verify(seed=3).passed
+
+
+def test_correction_over_two_producers():
+    """p = exp(x − m)/l normalised before the sum: the quotient still cancels the per-element terms."""
+    v = ir.Load("v", (ir.Index("j"),))
+    cur_l, old_l = ir.Sym("cur:l", ("i",)), ir.Sym("old:l", ("i",))
+    core = ir.Call("mul", (ir.Call("div", (ir.Call("exp", (ir.Call("sub", (x, cur)),)), cur_l)), v))
+    old_core = ir.substitute(core, {cur: old, cur_l: old_l})
+    r = correction_for(core, old_core, "sum", "j", AXES, EXT, ALGEBRA)
+    assert r.found and "j" not in r.correction.axes
+    rng = np.random.default_rng(1)
+    env = {k: rng.normal(0, 2, 50) for k in ("cur:m", "old:m")}
+    env.update({k: rng.uniform(0.5, 4, 50) for k in ("cur:l", "old:l")})
+    want = np.exp(env["old:m"] - env["cur:m"]) * env["old:l"] / env["cur:l"]
+    np.testing.assert_allclose(eval_ir_sampled(r.correction, env), want, rtol=1e-12)
