@@ -1,0 +1,266 @@
+"""Elementwise arithmetic, comparisons, selection, casts and constant tensors (arange, ones, ...)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import ir
+from .exprs import add, call, const, is_const, mul
+from .source import CaptureError
+from .translate import Operand
+
+aten = torch.ops.aten
+
+
+def _value(a) -> ir.Node:
+    """An argument as an expression: a tensor operand's, or a Python number as a constant."""
+    if isinstance(a, Operand):
+        return a.expr
+    if isinstance(a, bool | int | float):
+        return const(a)
+    raise CaptureError(f"cannot use {type(a).__name__} {a!r} as a value")
+
+
+class Pointwise:
+    """The first `arity` arguments broadcast together; `fn(call, *exprs)` builds the result."""
+
+    def __init__(self, arity: int, fn, *, bool_only: bool = False):
+        self.arity, self.fn, self.bool_only = arity, fn, bool_only
+
+    def infer(self, tx, c):
+        ops = [a for a in c.args[: self.arity] if isinstance(a, Operand)]
+        if self.bool_only and any(op.dtype != torch.bool for op in ops):
+            raise CaptureError(f"{c.op_name} on integer tensors is not supported (only on masks)")
+        return tx.broadcast(c, ops, len(c.out.shape))
+
+    def build(self, tx, c):
+        return self.fn(tx, c, *(_value(a) for a in c.args[: self.arity]))
+
+
+def unary(op: str) -> Pointwise:
+    return Pointwise(1, lambda tx, c, x: call(op, x))
+
+
+def binary(op: str) -> Pointwise:
+    return Pointwise(2, lambda tx, c, a, b: call(op, a, b))
+
+
+def _alpha(c, b: ir.Node) -> ir.Node:
+    alpha = c.kwargs.get("alpha", 1)
+    return b if alpha == 1 else mul(b, const(alpha))
+
+
+def _div_mode(tx, c, a, b):
+    mode = c.kwargs.get("rounding_mode")
+    if mode is None:
+        return call("div", a, b)
+    if mode == "floor":
+        return call("floordiv", a, b)
+    raise CaptureError(f"division with rounding_mode={mode!r} is not supported; use floor division (//)")
+
+
+def _pow(tx, c, x, p):
+    if not is_const(p):
+        raise CaptureError("pow with a tensor exponent is not supported")
+    e = p.value
+    if e == 1:
+        return x
+    if e == 0.5:
+        return call("sqrt", x)
+    if e == -0.5:
+        return call("rsqrt", x)
+    if e == -1:
+        return call("div", const(1), x)
+    if e == int(e) and 2 <= e <= 4:
+        out = x
+        for _ in range(int(e) - 1):
+            out = call("mul", out, x)
+        return out
+    raise CaptureError(f"pow(x, {e:g}) is not supported (exponents 2, 3, 4, 0.5, -0.5, -1 are)")
+
+
+def _pow_scalar(tx, c, base, x):
+    b = base.value
+    if b == 2:
+        return call("exp2", x)
+    if b > 0:
+        return call("exp", mul(x, const(math.log(b))))
+    raise CaptureError(f"pow({b:g}, x) with a non-positive base is not supported")
+
+
+def _clamp(tx, c, x):
+    lo, hi = c.arg(1, "min"), c.arg(2, "max")
+    if isinstance(lo, Operand) or isinstance(hi, Operand):
+        raise CaptureError("clamp with tensor bounds is not supported; use torch.maximum/minimum")
+    if lo is not None:
+        x = call("max2", x, const(lo))
+    if hi is not None:
+        x = call("min2", x, const(hi))
+    return x
+
+
+def _where(tx, c, cond, a, b):
+    return tx.where(cond, a, b)
+
+
+def _not(tx, c, x):
+    return tx.logical_not(x)
+
+
+class MaskedFill:
+    def infer(self, tx, c):
+        x, mask = c.args[0], c.args[1]
+        return tx.broadcast(c, [x, mask], x.ndim)
+
+    def build(self, tx, c):
+        return tx.where(c.args[1].expr, _value(c.args[2]), c.args[0].expr)
+
+
+class Cast:
+    """dtype conversions: numbers stay numbers; bool→number is where(b, 1, 0), number→bool is x != 0."""
+
+    def infer(self, tx, c):
+        return c.args[0].dims
+
+    def build(self, tx, c):
+        x = c.args[0]
+        src, dst = x.dtype, c.out.dtype
+        if src == dst or dst is None:
+            return x.expr
+        if src == torch.bool:
+            return call("where", x.expr, const(1), const(0))
+        if dst == torch.bool:
+            return call("ne", x.expr, const(0))
+        if dst.is_floating_point or not src.is_floating_point:
+            return x.expr
+        raise CaptureError(f"casting {src} to {dst} (truncation) is not supported")
+
+
+class Constant:
+    """A tensor filled with one value (ones, zeros, full, scalar_tensor, *_like)."""
+
+    def __init__(self, value_arg: int | None, value: float | None = None, name: str = "fill_value"):
+        self.value_arg, self.value, self.name = value_arg, value, name
+
+    def infer(self, tx, c):
+        return tx.axes.dims_for(tuple(c.out.shape))
+
+    def build(self, tx, c):
+        v = self.value if self.value_arg is None else c.arg(self.value_arg, self.name)
+        if isinstance(v, Operand):
+            raise CaptureError("filling with a tensor value is not supported")
+        return const(v)
+
+
+class Arange:
+    def __init__(self, form: str):
+        self.form = form
+
+    def _range(self, c):
+        if self.form == "end":
+            return 0, 1
+        start = c.arg(0, "start")
+        return start, (c.arg(2, "step", 1) if self.form == "step" else 1)
+
+    def infer(self, tx, c):
+        return tx.axes.dims_for(tuple(c.out.shape))
+
+    def build(self, tx, c):
+        start, step = self._range(c)
+        return add(mul(tx.index(tx.dims(c)[0]), const(step)), const(start))
+
+
+class Triangle:
+    """tril/triu: keep elements with col - row <= k (tril) or >= k (triu), zero elsewhere."""
+
+    def __init__(self, lower: bool):
+        self.lower = lower
+
+    def infer(self, tx, c):
+        return c.args[0].dims
+
+    def build(self, tx, c):
+        x = c.args[0]
+        k = c.arg(1, "diagonal", 0)
+        row, col = tx.index(x.dims[-2]), tx.index(x.dims[-1])
+        pred = call("le" if self.lower else "ge", col, add(row, const(k)))
+        if is_const(x.expr, 1.0) and x.dtype == torch.bool:
+            return pred
+        return call("where", pred, x.expr, const(0))
+
+
+def _sigmoid(tx, c, x):
+    return call("div", const(1), call("add", const(1), call("exp", call("neg", x))))
+
+
+HANDLERS = {
+    aten.add.Tensor: Pointwise(2, lambda tx, c, a, b: call("add", a, _alpha(c, b))),
+    aten.add.Scalar: Pointwise(2, lambda tx, c, a, b: call("add", a, _alpha(c, b))),
+    aten.sub.Tensor: Pointwise(2, lambda tx, c, a, b: call("sub", a, _alpha(c, b))),
+    aten.sub.Scalar: Pointwise(2, lambda tx, c, a, b: call("sub", a, _alpha(c, b))),
+    aten.rsub.Tensor: Pointwise(2, lambda tx, c, a, b: call("sub", b, _alpha(c, a))),
+    aten.rsub.Scalar: Pointwise(2, lambda tx, c, a, b: call("sub", b, _alpha(c, a))),
+    aten.mul.Tensor: binary("mul"),
+    aten.mul.Scalar: binary("mul"),
+    aten.div.Tensor: binary("div"),
+    aten.div.Scalar: binary("div"),
+    aten.div.Tensor_mode: Pointwise(2, _div_mode),
+    aten.div.Scalar_mode: Pointwise(2, _div_mode),
+    aten.floor_divide.default: binary("floordiv"),
+    aten.floor_divide.Scalar: binary("floordiv"),
+    aten.remainder.Tensor: binary("mod"),
+    aten.remainder.Scalar: binary("mod"),
+    aten.neg.default: unary("neg"),
+    aten.exp.default: unary("exp"),
+    aten.exp2.default: unary("exp2"),
+    aten.log.default: unary("log"),
+    aten.log2.default: unary("log2"),
+    aten.tanh.default: unary("tanh"),
+    aten.sqrt.default: unary("sqrt"),
+    aten.rsqrt.default: unary("rsqrt"),
+    aten.abs.default: unary("abs"),
+    aten.reciprocal.default: Pointwise(1, lambda tx, c, x: call("div", const(1), x)),
+    aten.square.default: Pointwise(1, lambda tx, c, x: call("mul", x, x)),
+    aten.sigmoid.default: Pointwise(1, _sigmoid),
+    aten.relu.default: Pointwise(1, lambda tx, c, x: call("max2", x, const(0))),
+    aten.pow.Tensor_Scalar: Pointwise(2, _pow),
+    aten.pow.Scalar: Pointwise(2, _pow_scalar),
+    aten.maximum.default: binary("max2"),
+    aten.minimum.default: binary("min2"),
+    aten.clamp.default: Pointwise(1, _clamp),
+    aten.clamp_min.default: Pointwise(2, lambda tx, c, x, lo: call("max2", x, lo)),
+    aten.clamp_max.default: Pointwise(2, lambda tx, c, x, hi: call("min2", x, hi)),
+    aten.where.self: Pointwise(3, _where),
+    aten.where.ScalarSelf: Pointwise(3, _where),
+    aten.where.ScalarOther: Pointwise(3, _where),
+    aten.where.Scalar: Pointwise(3, _where),
+    aten.masked_fill.Scalar: MaskedFill(),
+    aten.masked_fill.Tensor: MaskedFill(),
+    aten.logical_and.default: binary("and"),
+    aten.logical_or.default: binary("or"),
+    aten.logical_not.default: Pointwise(1, _not),
+    aten.bitwise_and.Tensor: Pointwise(2, lambda tx, c, a, b: call("and", a, b), bool_only=True),
+    aten.bitwise_or.Tensor: Pointwise(2, lambda tx, c, a, b: call("or", a, b), bool_only=True),
+    aten.bitwise_xor.Tensor: Pointwise(2, lambda tx, c, a, b: call("ne", a, b), bool_only=True),
+    aten.bitwise_not.default: Pointwise(1, _not, bool_only=True),
+    aten._to_copy.default: Cast(),
+    aten.arange.default: Arange("end"),
+    aten.arange.start: Arange("start"),
+    aten.arange.start_step: Arange("step"),
+    aten.ones.default: Constant(None, 1.0),
+    aten.zeros.default: Constant(None, 0.0),
+    aten.ones_like.default: Constant(None, 1.0),
+    aten.zeros_like.default: Constant(None, 0.0),
+    aten.new_ones.default: Constant(None, 1.0),
+    aten.new_zeros.default: Constant(None, 0.0),
+    aten.full.default: Constant(1),
+    aten.full_like.default: Constant(1),
+    aten.new_full.default: Constant(2),
+    aten.scalar_tensor.default: Constant(0, name="s"),
+    aten.tril.default: Triangle(lower=True),
+    aten.triu.default: Triangle(lower=False),
+    **{getattr(getattr(aten, op), overload): binary(op)
+       for op in ("lt", "le", "gt", "ge", "eq", "ne") for overload in ("Tensor", "Scalar")},
+}

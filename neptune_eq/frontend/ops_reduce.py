@@ -1,0 +1,259 @@
+"""Reductions (sum, mean, amax, var, norm, logsumexp), softmax family, contractions (mm, bmm, ...),
+and the negative log-likelihood behind F.cross_entropy.
+
+softmax, log_softmax and logsumexp are the composites of neptune_eq.library: a softmax row whose
+entries are all -inf gives 0 (torch's eager softmax gives NaN there; SDPA and FlexAttention give
+0). A contraction whose left operand is a normalised softmax `where(l == 0, 0, p / l)` (or a plain
+`p / l`) with l constant along the contracted axis is emitted with the normalisation after the
+sum, `where(l == 0, 0, Σ_j p·v / l)`, as library.attention writes it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+
+from .. import ir, library
+from .exprs import call, const
+from .source import CaptureError
+from .translate import Unavailable
+
+aten = torch.ops.aten
+
+
+def _positions(x, dims, *, empty_means_all: bool = True) -> list[int]:
+    if dims is None or (isinstance(dims, list | tuple) and len(dims) == 0 and empty_means_all):
+        return list(range(x.ndim))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return sorted({d + x.ndim if d < 0 else d for d in dims})
+
+
+class Reduction:
+    """A reduction over the dimensions given by argument `dim_arg` (all when absent)."""
+
+    def __init__(self, kind: str, dim_arg: int | None = 1, keepdim_arg: int | None = 2, *, outputs: int = 1):
+        self.kind, self.dim_arg, self.keepdim_arg, self.outputs = kind, dim_arg, keepdim_arg, outputs
+
+    def _where(self, c):
+        x = c.args[0]
+        dims = None if self.dim_arg is None else c.arg(self.dim_arg, "dim")
+        keep = False if self.keepdim_arg is None else bool(c.arg(self.keepdim_arg, "keepdim", False))
+        return x, _positions(x, dims), keep
+
+    def infer(self, tx, c):
+        x, pos, keep = self._where(c)
+        tx.axes.prefer.update(x.dims[p] for p in pos if x.dims[p] is not None)
+        if keep:
+            dims = [None if k in pos else v for k, v in enumerate(x.dims)]
+        else:
+            dims = [v for k, v in enumerate(x.dims) if k not in pos]
+        if self.outputs == 1:
+            return dims
+        if self.kind == "var_mean":
+            return dims, dims
+        return dims, Unavailable(f"the indices returned by {c.op_name}")
+
+    def build(self, tx, c):
+        x, pos, _ = self._where(c)
+        vs = [x.dims[p] for p in pos]
+        n = math.prod(x.shape[p] for p in pos)
+        e = x.expr
+        kind = self.kind
+        if kind in ("sum", "max", "min"):
+            out = tx.reduce(kind, e, vs)
+        elif kind == "mean":
+            out = call("div", tx.reduce("sum", e, vs), const(n))
+        elif kind in ("var", "std", "var_mean"):
+            corr = c.kwargs.get("correction", 1)
+            corr = 1 if corr is None else corr
+            mean = call("div", tx.reduce("sum", e, vs), const(n))
+            d = call("sub", e, mean)
+            var = call("div", tx.reduce("sum", call("mul", d, d), vs), const(n - corr))
+            out = call("sqrt", var) if kind == "std" else var
+            if kind == "var_mean":
+                return out, mean
+        elif kind == "norm":
+            out = _norm(tx, c, e, vs)
+        elif kind == "logsumexp":
+            axis = _one_axis(tx, vs, "logsumexp")
+            out = library.logsumexp(tx.dsl(e), axis).node
+        else:  # max.dim / min.dim: values and (untranslatable) indices
+            return tx.reduce(kind.removesuffix("_dim"), e, vs), None
+        return out
+
+
+def _norm(tx, c, e, vs):
+    p = c.arg(1, "ord", 2)
+    if p == 2:
+        return call("sqrt", tx.reduce("sum", call("mul", e, e), vs))
+    if p == 1:
+        return tx.reduce("sum", call("abs", e), vs)
+    if p == math.inf:
+        return tx.reduce("max", call("abs", e), vs)
+    if p == -math.inf:
+        return tx.reduce("min", call("abs", e), vs)
+    raise CaptureError(f"vector norm of order {p} is not supported (orders 1, 2, inf, -inf are)")
+
+
+def _one_axis(tx, vs, what: str) -> str:
+    if len(vs) != 1 or vs[0] is None:
+        raise CaptureError(f"{what} over {len(vs)} dimensions (or a dimension of size 1) is not supported")
+    return tx.single_axis(vs[0], what)
+
+
+class Softmax:
+    def __init__(self, log: bool):
+        self.log = log
+
+    def _dim(self, c):
+        x = c.args[0]
+        d = c.arg(1, "dim")
+        return x, d + x.ndim if d < 0 else d
+
+    def infer(self, tx, c):
+        x, d = self._dim(c)
+        if x.dims[d] is not None:
+            tx.axes.prefer.add(x.dims[d])
+        return x.dims
+
+    def build(self, tx, c):
+        x, d = self._dim(c)
+        name = "log_softmax" if self.log else "softmax"
+        axis = _one_axis(tx, [x.dims[d]], name)
+        if axis not in x.expr.axes:
+            raise CaptureError(f"{name} along a dimension its input does not vary along")
+        fn = library.log_softmax if self.log else library.softmax
+        return fn(tx.dsl(x.expr), axis).node
+
+
+# ---------------------------------------------------------------- contractions
+
+
+def contract(tx, a: ir.Node, b: ir.Node, k) -> ir.Node:
+    """Σ_k a·b, with a softmax normalisation of either side moved after the sum."""
+    axes = tx.res.axes(k)
+    if not axes:
+        return call("mul", a, b)
+    for left in (True, False):
+        p_side, other = (a, b) if left else (b, a)
+        delayed = _delay_normalisation(tx, p_side, other, axes, left)
+        if delayed is not None:
+            return delayed
+    return tx.reduce("sum", call("mul", a, b), [k])
+
+
+def _delay_normalisation(tx, p_side: ir.Node, other: ir.Node, axes: list[str], left: bool):
+    def summed(p):
+        body = call("mul", p, other) if left else call("mul", other, p)
+        for ax in reversed(axes):
+            body = ir.Reduce("sum", ax, body)
+        return body
+
+    n = p_side
+    if isinstance(n, ir.Call) and n.op == "where":
+        cond, zero, frac = n.args
+        if (isinstance(cond, ir.Call) and cond.op == "eq" and _is_zero(cond.args[1]) and _is_zero(zero)
+                and isinstance(frac, ir.Call) and frac.op == "div" and frac.args[1] == cond.args[0]
+                and not (set(axes) & frac.args[1].axes) and set(axes) <= frac.args[0].axes):
+            l = frac.args[1]
+            return call("where", cond, zero, call("div", summed(frac.args[0]), l))
+    if isinstance(n, ir.Call) and n.op == "div" and not (set(axes) & n.args[1].axes) and set(axes) <= n.args[0].axes:
+        return call("div", summed(n.args[0]), n.args[1])
+    return None
+
+
+def _is_zero(n: ir.Node) -> bool:
+    return isinstance(n, ir.Const) and n.value == 0.0
+
+
+class Contraction:
+    """mm, bmm, mv, dot and addmm: operand dimensions go to slots, the contracted slot is summed."""
+
+    # per kind: slots of a's dims, slots of b's dims, result slots, contracted slot
+    LAYOUTS: ClassVar[dict[str, tuple]] = {
+        "mm": ([0, 2], [2, 1], [0, 1], 2),
+        "bmm": ([0, 1, 3], [0, 3, 2], [0, 1, 2], 3),
+        "mv": ([0, 1], [1], [0], 1),
+        "dot": ([0], [0], [], 0),
+    }
+
+    def __init__(self, kind: str, first: int = 0):
+        self.kind, self.first = kind, first
+
+    def infer(self, tx, c):
+        a_slots, b_slots, res, k = self.LAYOUTS[self.kind]
+        a, b = c.args[self.first], c.args[self.first + 1]
+        operands = [(a, a_slots), (b, b_slots)]
+        if self.first:  # addmm: the bias broadcasts against the (n, m) result
+            bias = c.args[0]
+            operands.append((bias, res[len(res) - bias.ndim:]))
+        slots = tx.combine(c, 1 + max(a_slots + b_slots), operands)
+        if slots[k] is not None:
+            tx.axes.prefer.add(slots[k])
+        return [slots[s] for s in res]
+
+    def build(self, tx, c):
+        a_slots, _, _, k = self.LAYOUTS[self.kind]
+        a, b = c.args[self.first], c.args[self.first + 1]
+        out = contract(tx, a.expr, b.expr, a.dims[a_slots.index(k)])
+        if self.first:
+            beta, alpha = c.kwargs.get("beta", 1), c.kwargs.get("alpha", 1)
+            bias = c.args[0].expr if beta == 1 else call("mul", c.args[0].expr, const(beta))
+            out = call("add", bias, out if alpha == 1 else call("mul", out, const(alpha)))
+        return out
+
+
+class NllLoss:
+    """nll_loss_forward(logp, target, weight=None, reduction='none'): -logp[n, target[n]]
+    (0 where target == ignore_index)."""
+
+    def infer(self, tx, c):
+        x, t = c.args[0], c.args[1]
+        if c.arg(2, "weight") is not None:
+            raise CaptureError("cross entropy / nll_loss with class weights is not supported")
+        if c.arg(3, "reduction") != 0:
+            raise CaptureError("cross entropy / nll_loss is supported with reduction='none' only")
+        tx.axes.mark_indexed(x.dims[-1])
+        rows = [0] if x.ndim == 2 else []
+        slots = tx.combine(c, 1, [(x, [*rows, None]), (t, [0] * t.ndim)])
+        return [slots[0]] if x.ndim == 2 else [], Unavailable("the total weight of nll_loss")
+
+    def build(self, tx, c):
+        x, t = c.args[0], c.args[1]
+        if t.dtype.is_floating_point:
+            raise CaptureError("class-probability targets are not supported; pass integer class indices")
+        cls = x.dims[-1]
+        picked = x.expr if cls is None else tx.substitute(x.expr, {tx.res.name(cls): t.expr})
+        ignore = c.arg(4, "ignore_index", -100)
+        loss = call("neg", picked)
+        return call("where", call("eq", t.expr, const(ignore)), const(0), loss), None
+
+
+HANDLERS = {
+    aten.sum.dim_IntList: Reduction("sum"),
+    aten.sum.default: Reduction("sum", None, None),
+    aten.mean.dim: Reduction("mean"),
+    aten.mean.default: Reduction("mean", None, None),
+    aten.amax.default: Reduction("max"),
+    aten.amin.default: Reduction("min"),
+    aten.max.default: Reduction("max", None, None),
+    aten.min.default: Reduction("min", None, None),
+    aten.max.dim: Reduction("max_dim", outputs=2),
+    aten.min.dim: Reduction("min_dim", outputs=2),
+    aten.var.correction: Reduction("var"),
+    aten.std.correction: Reduction("std"),
+    aten.var_mean.correction: Reduction("var_mean", outputs=2),
+    aten.linalg_vector_norm.default: Reduction("norm", 2, 3),
+    aten.logsumexp.default: Reduction("logsumexp"),
+    aten._softmax.default: Softmax(log=False),
+    aten._safe_softmax.default: Softmax(log=False),
+    aten._log_softmax.default: Softmax(log=True),
+    aten.mm.default: Contraction("mm"),
+    aten.bmm.default: Contraction("bmm"),
+    aten.mv.default: Contraction("mv"),
+    aten.dot.default: Contraction("dot"),
+    aten.addmm.default: Contraction("mm", first=1),
+    aten.nll_loss_forward.default: NllLoss(),
+}

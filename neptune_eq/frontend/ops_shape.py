@@ -1,0 +1,117 @@
+"""Views and copies: they change which axis variable sits in which dimension, never the value, so
+their IR expression is their input's."""
+
+from __future__ import annotations
+
+import torch
+
+from .source import CaptureError
+
+aten = torch.ops.aten
+
+
+def _dim(d: int, ndim: int) -> int:
+    return d + ndim if d < 0 else d
+
+
+class ViewOp:
+    """Base: pass 2 returns the input expression unchanged."""
+
+    def build(self, tx, c):
+        return c.args[0].expr
+
+
+class Identity(ViewOp):
+    def infer(self, tx, c):
+        return c.args[0].dims
+
+
+class Reshape(ViewOp):
+    def infer(self, tx, c):
+        x = c.args[0]
+        return tx.axes.reshape(x.dims, x.shape, tuple(c.out.shape))
+
+
+class Expand(ViewOp):
+    def infer(self, tx, c):
+        x = c.args[0]
+        out = tuple(c.out.shape)
+        offset = len(out) - x.ndim
+        dims = []
+        for j, n in enumerate(out):
+            k = j - offset
+            if n == 1:
+                dims.append(None)
+            elif k >= 0 and x.shape[k] == n:
+                dims.append(x.dims[k])
+            else:  # a broadcast dimension: the value does not vary along it
+                dims.append(tx.axes.new(n))
+        return dims
+
+
+class Permute(ViewOp):
+    def infer(self, tx, c):
+        x = c.args[0]
+        perm = [_dim(d, x.ndim) for d in c.arg(1, "dims")]
+        return [x.dims[d] for d in perm]
+
+
+class Transpose(ViewOp):
+    def infer(self, tx, c):
+        x = c.args[0]
+        dims = list(x.dims)
+        if x.ndim < 2:
+            return dims
+        a, b = _dim(c.arg(1, "dim0", 0), x.ndim), _dim(c.arg(2, "dim1", 1), x.ndim)
+        dims[a], dims[b] = dims[b], dims[a]
+        return dims
+
+
+class Unsqueeze(ViewOp):
+    def infer(self, tx, c):
+        x = c.args[0]
+        d = _dim(c.arg(1, "dim"), x.ndim + 1)
+        return [*x.dims[:d], None, *x.dims[d:]]
+
+
+class Squeeze(ViewOp):
+    def infer(self, tx, c):
+        x = c.args[0]
+        ds = c.arg(1, "dim", None)
+        if ds is None:
+            drop = {k for k, n in enumerate(x.shape) if n == 1}
+        else:
+            ds = [ds] if isinstance(ds, int) else ds
+            drop = {_dim(d, x.ndim) for d in ds if x.shape[_dim(d, x.ndim)] == 1}
+        return [v for k, v in enumerate(x.dims) if k not in drop]
+
+
+class Unsupported:
+    def __init__(self, why: str):
+        self.why = why
+
+    def infer(self, tx, c):
+        raise CaptureError(f"unsupported operation {c.op_name} ({self.why})")
+
+    build = infer
+
+
+HANDLERS = {
+    aten.view.default: Reshape(),
+    aten._unsafe_view.default: Reshape(),
+    aten.reshape.default: Reshape(),
+    aten.expand.default: Expand(),
+    aten.permute.default: Permute(),
+    aten.transpose.int: Transpose(),
+    aten.t.default: Transpose(),
+    aten.unsqueeze.default: Unsqueeze(),
+    aten.squeeze.default: Squeeze(),
+    aten.squeeze.dim: Squeeze(),
+    aten.squeeze.dims: Squeeze(),
+    aten.clone.default: Identity(),
+    aten.alias.default: Identity(),
+    aten.detach.default: Identity(),
+    aten.lift_fresh_copy.default: Identity(),
+    aten.contiguous.default: Identity(),
+    aten.repeat.default: Unsupported("tiling a tensor; use expand or repeat_interleave"),
+}

@@ -1,0 +1,417 @@
+"""From a traced aten graph to an ir.Program, in two passes over the nodes reachable from the output.
+
+    infer   every node's dimensions as axis variables (axes.AxisTable); operations unify them
+    resolve relations get a direction; axes get names (see `TEMPLATES`)
+    build   every node's IR expression over the named program axes
+
+Handlers (ops_*.py) implement both passes for one family of aten operators. Axis names: the
+dimensions of inputs, then of outputs, then of other values are named by position from
+`TEMPLATES` (a 4-d q[B, H, L, D] gives b, h, i, d), taking the next free letter when the
+preferred one is taken (the keys of k[B, H, S, D] become j, its features share d with q; v's
+features become e); axes without a template get n0, n1, .... Axes computed from others by a
+reshape are named after them: the kv head of grouped-query attention split off query head `h` is
+`h0` (= h // G), a merged (b, h) is `bh`.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from .. import dsl, ir
+from .axes import AxisTable, Dim, Resolution
+from .exprs import call, negate, select, substitute
+from .exprs import reduce as reduce_expr
+from .source import CaptureError, located, location
+
+TEMPLATES = {1: "i", 2: "id", 3: "bid", 4: "bhid", 5: "bhgid"}
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+@dataclass
+class Info:
+    """What pass 1 knows about a tensor value."""
+
+    dims: tuple[Dim, ...]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class Operand:
+    """A tensor argument of an operation: its dimensions and, in pass 2, its expression."""
+
+    pos: int
+    info: Info
+    expr: ir.Node | None = None
+
+    @property
+    def dims(self) -> tuple[Dim, ...]:
+        return self.info.dims
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.info.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.info.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.info.shape)
+
+
+@dataclass
+class Unavailable:
+    """A part of a multi-output operation that cannot be translated (e.g. the indices of max)."""
+
+    what: str
+
+
+@dataclass
+class OpCall:
+    node: fx.Node
+    args: tuple
+    kwargs: dict
+
+    def arg(self, i: int, name: str, default=None):
+        if i < len(self.args):
+            return self.args[i]
+        return self.kwargs.get(name, default)
+
+    @property
+    def out(self):
+        """The traced (fake) result: a tensor or a tuple."""
+        return self.node.meta["val"]
+
+    @property
+    def op_name(self) -> str:
+        return op_name(self.node.target)
+
+
+def op_name(target) -> str:
+    packet = getattr(target, "overloadpacket", None)
+    return str(packet) if packet is not None else getattr(target, "__name__", str(target))
+
+
+@dataclass
+class InputDecl:
+    """A placeholder that becomes a program input."""
+
+    name: str
+    dtype: torch.dtype
+
+
+@dataclass
+class Translation:
+    program: ir.Program
+    output_shapes: list[tuple[int, ...]]
+    output_dtypes: list[torch.dtype]
+    input_shapes: dict[str, tuple[int, ...]]  # program input name -> the user's (unsqueezed) shape
+
+
+@dataclass
+class Translator:
+    graph: fx.Graph
+    inputs: list[InputDecl]  # one per placeholder
+    constants: dict[str, tuple[str, torch.Tensor]]  # get_attr target -> (input name, value)
+    handlers: dict
+    name: str = "captured"
+    axes: AxisTable = field(default_factory=AxisTable)
+    infos: dict = field(default_factory=dict)
+    renames: dict = field(default_factory=dict)
+    exprs: dict = field(default_factory=dict)
+    res: Resolution | None = None
+    _builder: dsl.ProgramBuilder | None = None
+
+    # ---------------------------------------------------------------- driver
+    def run(self) -> Translation:
+        nodes = self._reachable()
+        out_node = nodes[-1]
+        for node in nodes[:-1]:
+            self._guard(node, self._infer)
+        outs = _flat_outputs(out_node)
+        for n in outs:
+            self.axes.prefer.update(v for v in self.infos[n].dims if v is not None)
+        self.res = self.axes.resolve()
+        self.res.reserved = {d.name for d in self.inputs} | {name for name, _ in self.constants.values()}
+        self._check_distinct(nodes[:-1])
+        self._name_axes(nodes[:-1], outs)
+        for node in nodes[:-1]:
+            self._guard(node, self._build)
+        return self._assemble(outs)
+
+    def _guard(self, node: fx.Node, step) -> None:
+        try:
+            step(node)
+        except CaptureError as e:
+            raise located(e, location(node)) from None
+
+    def _reachable(self) -> list[fx.Node]:
+        out = next(n for n in reversed(self.graph.nodes) if n.op == "output")
+        keep: set[fx.Node] = {out}
+        stack = [out]
+        while stack:
+            for a in stack.pop().all_input_nodes:
+                if a not in keep:
+                    keep.add(a)
+                    stack.append(a)
+        return [n for n in self.graph.nodes if n in keep]
+
+    # ---------------------------------------------------------------- pass 1
+    def _infer(self, node: fx.Node) -> None:
+        if node.op == "placeholder":
+            decl = self.inputs[self._placeholder_index(node)]
+            val = node.meta["val"]
+            self.infos[node] = Info(self.axes.dims_for(val.shape, data=True), tuple(val.shape), val.dtype)
+            if decl is None:
+                raise CaptureError(f"internal: placeholder {node.name} has no input declaration")
+            return
+        if node.op == "get_attr":
+            val = node.meta["val"]
+            self.infos[node] = Info(self.axes.dims_for(val.shape, data=True), tuple(val.shape), val.dtype)
+            return
+        if node.op != "call_function":
+            raise CaptureError(f"unsupported graph node {node.op} {node.target}")
+        if node.target is operator.getitem:
+            src, k = node.args
+            part = self.infos[src][k]
+            if isinstance(part, Unavailable):
+                raise CaptureError(f"unsupported use of {part.what}")
+            self.infos[node] = part
+            return
+        handler = self._handler(node)
+        call = self._call(node, pass2=False)
+        result = handler.infer(self, call)
+        self.infos[node] = self._wrap_info(node, result)
+
+    def _handler(self, node: fx.Node):
+        h = self.handlers.get(node.target)
+        if h is None:
+            raise CaptureError(f"unsupported operation {op_name(node.target)}")
+        return h
+
+    def _wrap_info(self, node: fx.Node, result):
+        val = node.meta["val"]
+        if isinstance(val, tuple | list):
+            out = []
+            for v, dims in zip(val, result):
+                if isinstance(dims, Unavailable) or dims is None:
+                    out.append(dims)
+                else:
+                    out.append(dims if isinstance(dims, Info) else Info(tuple(dims), tuple(v.shape), v.dtype))
+            return tuple(out)
+        if isinstance(result, Info):
+            return result
+        return Info(tuple(result), tuple(val.shape), val.dtype)
+
+    def _placeholder_index(self, node: fx.Node) -> int:
+        return [n for n in self.graph.nodes if n.op == "placeholder"].index(node)
+
+    def _call(self, node: fx.Node, *, pass2: bool) -> OpCall:
+        counter = iter(range(1 << 30))
+        renames = self.renames.get(node, {})
+
+        def conv(a):
+            if not isinstance(a, fx.Node):
+                return a
+            pos = next(counter)
+            info = self.infos[a]
+            if not isinstance(info, Info):
+                raise CaptureError(f"operation on a non-tensor value {a.name}")
+            if not pass2:
+                return Operand(pos, info)
+            expr = self.exprs[a]
+            mapping = renames.get(pos)
+            if mapping:
+                info, expr = self._apply_rename(info, expr, mapping)
+            return Operand(pos, info, expr)
+
+        args = fx.node.map_aggregate(node.args, conv)
+        kwargs = fx.node.map_aggregate(node.kwargs, conv)
+        return OpCall(node, tuple(args), dict(kwargs))
+
+    def _apply_rename(self, info: Info, expr: ir.Node, mapping: dict[int, int]):
+        find = self.axes.find
+        by_root = {find(old): new for old, new in mapping.items()}
+        dims = tuple(by_root.get(find(v), v) if v is not None else None for v in info.dims)
+        subst = {self.res.name(old): self.res.index(new) for old, new in by_root.items()}
+        return Info(dims, info.shape, info.dtype), self.substitute(expr, subst)
+
+    # helpers for handlers (pass 1)
+    def combine(self, call: OpCall, n_slots: int, operands: list[tuple[Operand, list[int | None]]]) -> list[Dim]:
+        """Unify operand dimensions placed in slots (`operands`: (operand, slot per dimension or None
+        to leave a dimension out)); records renames of operands that would repeat an axis."""
+        entries = [[(s, v) for s, v in zip(slots, op.dims) if s is not None] for op, slots in operands]
+        out, renames = self.axes.combine(n_slots, entries)
+        if renames:
+            rec = self.renames.setdefault(call.node, {})
+            for k, mapping in renames.items():
+                rec[operands[k][0].pos] = mapping
+        return out
+
+    def broadcast(self, call: OpCall, operands: list[Operand], rank: int | None = None) -> list[Dim]:
+        """Dimensions of the elementwise combination of `operands` (right-aligned broadcasting)."""
+        rank = max(op.ndim for op in operands) if rank is None else rank
+        placed = [(op, [rank - op.ndim + k for k in range(op.ndim)]) for op in operands]
+        return self.combine(call, rank, placed)
+
+    # ---------------------------------------------------------------- resolution and naming
+    def _check_distinct(self, nodes: list[fx.Node]) -> None:
+        for node in nodes:
+            info = self.infos.get(node)
+            for part in info if isinstance(info, tuple) else (info,):
+                if isinstance(part, Info):
+                    roots = [self.axes.find(v) for v in part.dims if v is not None]
+                    if len(set(roots)) != len(roots):
+                        raise located(
+                            CaptureError("the dimensions of a value could not be kept apart as distinct axes"),
+                            location(node),
+                        )
+
+    def _name_axes(self, nodes: list[fx.Node], outs: list[fx.Node]) -> None:
+        """Inputs' dimensions that are iterated, then outputs', then indexed dimensions, then the rest."""
+        must = {self.axes.find(v) for v in self.axes.indexed}
+
+        def claim(info: Info, *, indexed: bool | None = None) -> None:
+            template = TEMPLATES.get(len(info.dims), "")
+            for k, v in enumerate(info.dims):
+                if v is None and indexed is False and k < len(template):
+                    self.res.reserved.add(template[k])  # q[B, H, 1, D]: k's keys are j, not i
+                if v is None or not self.res.is_axis(v):
+                    continue
+                if indexed is not None and (self.axes.find(v) in must) != indexed:
+                    continue
+                self.res.claim(v, template[k] if k < len(template) else None)
+
+        placeholders = [self.infos[n] for n in nodes if n.op == "placeholder"]
+        for info in placeholders:
+            claim(info, indexed=False)
+        for n in outs:
+            claim(self.infos[n])
+        for info in placeholders + [self.infos[n] for n in nodes if n.op == "get_attr"]:
+            claim(info)
+        for n in nodes:
+            info = self.infos[n]
+            for part in info if isinstance(info, tuple) else (info,):
+                if isinstance(part, Info):
+                    claim(part)
+
+    # ---------------------------------------------------------------- pass 2
+    def _build(self, node: fx.Node) -> None:
+        if node.op == "placeholder":
+            decl = self.inputs[self._placeholder_index(node)]
+            self.exprs[node] = self._load(decl.name, self.infos[node])
+            return
+        if node.op == "get_attr":
+            name, value = self.constants[node.target]
+            if value.dim() == 0:
+                self.exprs[node] = ir.Const(float(value.item()))
+            else:
+                self.exprs[node] = self._load(name, self.infos[node])
+            return
+        if node.target is operator.getitem:
+            src, k = node.args
+            self.exprs[node] = self.exprs[src][k]
+            return
+        call = self._call(node, pass2=True)
+        self.exprs[node] = self._handler(node).build(self, call)
+
+    def _load(self, name: str, info: Info) -> ir.Node:
+        return ir.Load(name, tuple(self.res.index(v) for v in info.dims if v is not None))
+
+    # helpers for handlers (pass 2)
+    def dims(self, call: OpCall) -> tuple[Dim, ...]:
+        return self.infos[call.node].dims
+
+    def index(self, v: Dim) -> ir.Node:
+        return self.res.index(v)
+
+    def reduce(self, op: str, body: ir.Node, dims: list[Dim]) -> ir.Node:
+        axes = [a for v in dims for a in self.res.axes(v)]
+        return reduce_expr(op, body, axes, self.res.extents)
+
+    def single_axis(self, v: Dim, what: str) -> str:
+        axes = self.res.axes(v)
+        if len(axes) != 1:
+            raise CaptureError(f"{what} over a dimension that is {len(axes)} program axes is not supported")
+        return axes[0]
+
+    @property
+    def int_tensors(self) -> set[str]:
+        """Program inputs holding integers or booleans."""
+        decls = [(d.name, d.dtype) for d in self.inputs if d is not None]
+        decls += [(name, value.dtype) for name, value in self.constants.values()]
+        return {name for name, dt in decls if not dt.is_floating_point}
+
+    def where(self, cond: ir.Node, a: ir.Node, b: ir.Node) -> ir.Node:
+        return select(cond, a, b, self.int_tensors)
+
+    def logical_not(self, x: ir.Node) -> ir.Node:
+        flipped = negate(x, self.int_tensors)
+        return call("not", x) if flipped is None else flipped
+
+    def substitute(self, expr: ir.Node, mapping: dict[str, ir.Node]) -> ir.Node:
+        return substitute(expr, mapping, self.res.fresh)
+
+    def dsl(self, expr: ir.Node) -> dsl.Expr:
+        """`expr` as a dsl.Expr, for the composites of neptune_eq.library."""
+        if self._builder is None:
+            self._builder = dsl.program(self.name)
+        declared = self._builder._axes
+        for a in sorted(self.res.extents):
+            if a not in declared:
+                self._builder.axis(a, self.res.extents[a])
+        return dsl.Expr(self._builder, expr)
+
+    # ---------------------------------------------------------------- assembly
+    def _assemble(self, outs: list[fx.Node]) -> Translation:
+        specs: dict[str, ir.TensorSpec] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+
+        def declare(name: str, info: Info) -> None:
+            axes = tuple(self.res.name(v) for v in info.dims if v is not None)
+            specs[name] = ir.TensorSpec(name, axes, dtype_name(info.dtype))
+            shapes[name] = info.shape
+
+        for node in self.graph.nodes:
+            if node.op == "placeholder" and node in self.infos:
+                declare(self.inputs[self._placeholder_index(node)].name, self.infos[node])
+            elif node.op == "get_attr" and node in self.infos:
+                name, value = self.constants[node.target]
+                if value.dim() > 0:
+                    declare(name, self.infos[node])
+        outputs = []
+        for k, node in enumerate(outs):
+            info = self.infos[node]
+            try:
+                axes = tuple(self.res.output_axes(info.dims))
+            except CaptureError as e:
+                raise located(e, location(node)) from None
+            outputs.append(ir.Output(f"out{k}", axes, self.exprs[node], dtype_name(info.dtype)))
+        used: set[str] = {a for s in specs.values() for a in s.axes}
+        for o in outputs:
+            used |= set(o.axes)
+            for n in ir.walk(o.expr):
+                if isinstance(n, ir.Index | ir.Reduce):
+                    used.add(n.axis)
+        axes = {a: n for a, n in self.res.extents.items() if a in used}
+        program = ir.Program(self.name, axes, specs, outputs).validate()
+        return Translation(program, [self.infos[n].shape for n in outs], [self.infos[n].dtype for n in outs],
+                           shapes)
+
+
+def _flat_outputs(out_node: fx.Node) -> list[fx.Node]:
+    flat: list = []
+    fx.node.map_aggregate(out_node.args[0], flat.append)
+    for x in flat:
+        if not isinstance(x, fx.Node):
+            raise CaptureError(f"the function returns a non-tensor value {x!r}; return tensors only")
+    return flat

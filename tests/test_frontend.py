@@ -1,0 +1,366 @@
+"""PyTorch frontend: every supported op family is captured and its program, evaluated in float64 by
+neptune_eq.reference, matches the function run in float64; axis inference keeps unrelated axes
+apart; unsupported code fails with the op and the user's file:line."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neptune_eq import ir, masks
+from neptune_eq.frontend import CaptureError, capture
+
+F64 = torch.float64
+
+
+# ---------------------------------------------------------------- helpers (imported by test_frontend_*.py)
+
+
+def randn(*shape, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    assert got.shape == want.shape, (got.shape, want.shape)
+    finite = torch.isfinite(want)
+    assert torch.equal(finite, torch.isfinite(got)), "non-finite entries differ"
+    if not finite.any():
+        return 0.0
+    scale = want[finite].abs().max().clamp_min(1e-300)
+    return ((got[finite] - want[finite]).abs().max() / scale).item()
+
+
+def check_capture(fn, *args, tol: float = 1e-10, **capture_kwargs):
+    """capture(fn, *args); assert its float64 reference equals fn(*args) (rel err < tol)."""
+    captured = capture(fn, *args, **capture_kwargs)
+    want = fn(*args)
+    got = captured.reference(*args)
+    if isinstance(want, tuple | list):
+        assert isinstance(got, tuple) and len(got) == len(want)
+        for g, w in zip(got, want):
+            assert rel_err(g, w) < tol
+    else:
+        assert isinstance(got, torch.Tensor)
+        assert rel_err(got, want) < tol
+    return captured
+
+
+def nodes(program: ir.Program, kind=ir.Node):
+    return [n for o in program.outputs for n in ir.walk(o.expr) if isinstance(n, kind)]
+
+
+def calls(program: ir.Program, op: str):
+    return [n for n in nodes(program, ir.Call) if n.op == op]
+
+
+# ---------------------------------------------------------------- contractions and views
+
+
+def test_matmul_family():
+    x, y, w, b = randn(2, 3, 5, 4), randn(2, 3, 4, 6, seed=1), randn(4, 7, seed=2), randn(7, seed=3)
+
+    def fn(x, y, w, b):
+        return (x @ y, torch.matmul(x, w), torch.bmm(x[0], y[0]), torch.einsum("bhid,bhjd->bhij", x, x),
+                F.linear(x[0, 0], w.T, b), torch.einsum("bhid,de->bhie", x, w))
+
+    c = check_capture(fn, x, y, w, b)
+    assert [i.name for i in c.program.inputs.values()] == ["x", "y", "w", "b"]
+    assert [o.name for o in c.program.outputs] == [f"out{k}" for k in range(6)]
+
+
+def test_views_and_shapes():
+    x = randn(2, 3, 4, 5)
+
+    def fn(x):
+        a = x.transpose(1, 2).permute(0, 2, 3, 1)
+        b = x.reshape(6, 20).view(2, 3, 4, 5)  # merge, then split back
+        c = x.unsqueeze(0).squeeze(0)[:, None].expand(2, 7, 3, 4, 5)
+        d = x.flatten(2)  # [2, 3, 20]: merged axes
+        e = x.reshape(2, 3, 2, 2, 5).sum(3)  # split, reduce one part
+        return a, b, c, d, e, x.contiguous().t() if x.dim() == 2 else x.mT
+
+    check_capture(fn, x)
+
+
+def test_reshape_that_regroups_axes_raises():
+    with pytest.raises(CaptureError, match=r"regroups .* at test_frontend\.py:\d+"):
+        capture(lambda x: x.view(2, 3, 4).reshape(3, 2, 4) * 2, randn(6, 4))
+
+
+def test_multi_head_projection_split_and_merge():
+    def mha(x, w):
+        B, L, E = x.shape
+        y = (x @ w).view(B, L, 2, E // 2).transpose(1, 2)
+        o = torch.softmax(y @ y.transpose(-1, -2), -1) @ y
+        return o.transpose(1, 2).reshape(B, L, E)
+
+    c = check_capture(mha, randn(2, 5, 8), randn(8, 8, seed=1))
+    # the split feature dimension is a program axis pair (h, e): w is read at h * 4 + e
+    assert any(isinstance(n.index[1], ir.Call) for n in nodes(c.program, ir.Load) if n.tensor == "w")
+
+
+# ---------------------------------------------------------------- elementwise
+
+
+def test_arithmetic_broadcasting_and_scalars():
+    def fn(x, y, z):
+        return (x + y, x - 2.5 * y, 3 - x, x * z, x / (z + 4), -x + 1, 2 ** y, x.pow(2), x**3,
+                torch.maximum(x, y), torch.clamp(x, -0.5, 0.5), torch.sigmoid(x), F.relu(x), x.square())
+
+    check_capture(fn, randn(3, 1, 5), randn(4, 1, seed=1), randn(5, seed=2))
+
+
+def test_unary_math():
+    def fn(x):
+        p = x.abs() + 0.1
+        return torch.exp(x), torch.log(p), torch.tanh(x), torch.sqrt(p), torch.rsqrt(p), p.reciprocal(), torch.exp2(x)
+
+    check_capture(fn, randn(4, 6))
+
+
+def test_pow_with_other_exponent_raises():
+    with pytest.raises(CaptureError, match="pow"):
+        capture(lambda x: x.abs() ** 1.7, randn(3))
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def test_reductions():
+    def fn(x):
+        return (x.amax(-1), x.max(dim=1).values, x.amin(0, keepdim=True), x.sum(-1), x.sum(), x.mean((0, 2)),
+                x.var(-1), x.var(-1, correction=0), x.std(1, keepdim=True), x.norm(dim=-1),
+                torch.linalg.vector_norm(x, ord=1, dim=1), x.max(), torch.var_mean(x, -1)[1])
+
+    check_capture(fn, randn(3, 4, 5))
+
+
+def test_softmax_family():
+    def fn(x):
+        return torch.softmax(x, -1), F.log_softmax(x, dim=0), torch.logsumexp(x, -1), x.softmax(1)
+
+    check_capture(fn, randn(4, 7))
+
+
+def test_softmax_is_safe_on_fully_masked_rows():
+    """torch's softmax gives NaN on an all -inf row; the captured program gives 0 (SDPA/Flex semantics)."""
+    x = randn(3, 5)
+    x[1] = -math.inf
+    c = capture(lambda x: torch.softmax(x, -1), x)
+    out = c.reference(x)
+    assert torch.equal(out[1], torch.zeros(5, dtype=F64))
+    assert rel_err(out[[0, 2]], torch.softmax(x[[0, 2]], -1)) < 1e-12
+
+
+def test_max_indices_raise():
+    with pytest.raises(CaptureError, match="indices"):
+        capture(lambda x: x.max(-1).indices + 1, randn(3, 4))
+
+
+# ---------------------------------------------------------------- masks
+
+
+def causal_masked(q, k):
+    s = q @ k.T
+    L, S = s.shape
+    i = torch.arange(L)
+    j = torch.arange(S)
+    return s.masked_fill(j[None, :] > i[:, None], float("-inf")).softmax(-1)
+
+
+def test_arange_masks_become_affine_index_comparisons():
+    c = check_capture(causal_masked, randn(6, 4), randn(6, 4, seed=1))
+    (w,) = {n for n in calls(c.program, "where") if n.args[2] == ir.Const(-math.inf)}
+    assert masks.affine(w.args[0]) is not None
+    assert w.args[0] == ir.Call("le", (ir.Index("j"), ir.Index("i")))
+
+
+def test_window_and_tril_masks():
+    def fn(s):
+        L = s.shape[-1]
+        i = torch.arange(L).view(L, 1)
+        j = torch.arange(L).view(1, L)
+        keep = (j <= i) & (i - j < 3)
+        a = torch.where(keep, s, float("-inf")).softmax(-1)
+        b = s.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), -math.inf).softmax(-1)
+        return a, b, torch.triu(s, 1)
+
+    c = check_capture(fn, randn(2, 7, 7))
+    for w in calls(c.program, "where"):
+        if w.args[2] == ir.Const(-math.inf):
+            assert masks.affine(w.args[0]) is not None, ir.show(w.args[0])
+
+
+def test_document_mask_from_index_tensor():
+    def fn(s, doc):
+        same = doc[:, None] == doc[None, :]
+        return torch.where(same, s, float("-inf")).softmax(-1)
+
+    doc = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
+    c = check_capture(fn, randn(8, 8), doc)
+    assert c.program.inputs["doc"].dtype == "int64"
+    eq = calls(c.program, "eq")
+    assert any(set(ir.show(a) for a in n.args) == {"doc[i]", "doc[d]"} for n in eq), [ir.show(n) for n in eq]
+
+
+# ---------------------------------------------------------------- gathers and losses
+
+
+def test_gather_along_reduced_axis():
+    def fn(x, t):
+        return x[torch.arange(x.shape[0]), t], x.gather(-1, t.unsqueeze(-1)).squeeze(-1), x[:, 2], x[1:4, ::2]
+
+    t = torch.tensor([3, 0, 6, 2, 2])
+    c = check_capture(fn, randn(5, 7), t)
+    assert c.program.inputs["t"].dtype == "int64"
+    gathers = [n for n in nodes(c.program, ir.Load) if n.tensor == "x" and isinstance(n.index[-1], ir.Load)]
+    assert gathers and all(n.index[-1].tensor == "t" for n in gathers)
+
+
+def test_cross_entropy_none():
+    t = torch.tensor([3, 0, 6, 2])
+    check_capture(lambda logits, t: F.cross_entropy(logits, t, reduction="none"), randn(4, 7), t)
+
+
+def test_cross_entropy_with_ignored_targets():
+    x, t = randn(3, 150), torch.tensor([5, -100, 149])
+    check_capture(lambda x, t: F.cross_entropy(x, t, reduction="none"), x, t)
+
+
+def test_float_index_tensor_raises():
+    with pytest.raises(CaptureError, match=r"(integer|int64).* at test_frontend\.py:\d+"):
+        capture(lambda x, t: x.gather(-1, t), randn(3, 4), randn(3, 1))
+
+
+# ---------------------------------------------------------------- extra operands and constants
+
+
+def test_bias_tensor_and_per_head_scalars():
+    def fn(q, k, bias, slopes):
+        s = q @ k.transpose(-1, -2) + bias + slopes[:, None, None]
+        return torch.softmax(s, -1)
+
+    check_capture(fn, randn(1, 3, 5, 4), randn(1, 3, 6, 4, seed=1), randn(1, 1, 5, 6, seed=2), randn(3, seed=3))
+
+
+SCALE = torch.tensor([0.5, 2.0, -1.0])
+
+
+def test_captured_tensors_become_inputs():
+    def fn(x):
+        return x * SCALE + torch.tensor(3.0)
+
+    c = check_capture(fn, randn(4, 3))
+    assert "SCALE" in c.program.inputs and "SCALE" in c.constants
+
+
+# ---------------------------------------------------------------- axis inference
+
+
+def test_equal_extents_that_never_interact_stay_apart():
+    def attn(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+    q, k, v = randn(2, 8, 4), randn(2, 8, 4, seed=1), randn(2, 8, 4, seed=2)
+    c = check_capture(attn, q, k, v)
+    p = c.program
+    assert p.inputs["q"].axes[1] != p.inputs["k"].axes[1]  # query length vs key length
+    assert p.inputs["q"].axes[2] == p.inputs["k"].axes[2]  # contracted
+    assert p.inputs["v"].axes[2] != p.inputs["q"].axes[2]  # value features vs key features
+    assert p.inputs["k"].axes[1] == p.inputs["v"].axes[1]  # keys
+    assert p.inputs["q"].axes == ("b", "i", "d") and p.inputs["v"].axes == ("b", "j", "e")
+
+
+def test_diagonal_uses_get_fresh_axes():
+    def fn(x):
+        return x + x.T, x @ x.T
+
+    c = check_capture(fn, randn(4, 4))
+    assert len(set(c.program.outputs[1].axes)) == 2
+
+
+def test_gqa_uses_floordiv_index():
+    def gqa(q, k, v):
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+    c = check_capture(gqa, randn(2, 6, 5, 4), randn(2, 2, 5, 4, seed=1), randn(2, 2, 5, 4, seed=2))
+    k_loads = [n for n in nodes(c.program, ir.Load) if n.tensor == "k"]
+    assert k_loads and all(n.index[1] == ir.Call("floordiv", (ir.Index("h"), ir.Const(3))) for n in k_loads)
+    assert c.program.outputs[0].axes == ("b", "h", "i", "e")
+
+
+def test_size_one_dims_are_not_axes():
+    def decode(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+    q, k, v = randn(1, 2, 1, 4), randn(1, 2, 9, 4, seed=1), randn(1, 2, 9, 4, seed=2)
+    c = check_capture(decode, q, k, v)
+    assert c.program.inputs["q"].axes == ("h", "d")
+    assert c.program.inputs["k"].axes == ("h", "j", "d")
+    assert c.inputs(q, k, v)["q"].shape == (2, 4)
+    assert c.reference(q, k, v).shape == (1, 2, 1, 4)
+
+
+# ---------------------------------------------------------------- the Captured object
+
+
+def test_captured_binding_and_structure():
+    def fn(x, n, y):
+        return x * n + y.sum(-1, keepdim=True)
+
+    x, y = randn(3, 4), randn(3, 5, seed=1)
+    c = capture(fn, x, 2, y)
+    assert [b.input for b in c.args] == ["x", None, "y"]
+    assert rel_err(c.reference(x, 2, y), fn(x, 2, y)) < 1e-12
+    with pytest.raises(CaptureError, match="capture again"):
+        c.reference(x, 3, y)
+    with pytest.raises(CaptureError, match="capture again for other shapes"):
+        c.reference(randn(4, 4), 2, y)
+
+
+def test_input_dtypes_recorded():
+    def fn(a, b, m, t):
+        return torch.where(m, a.float() + b.float(), 0.0) + t
+
+    a = torch.randn(3, dtype=torch.float16)
+    b = torch.randn(3, dtype=torch.bfloat16)
+    m = torch.tensor([True, False, True])
+    t = torch.tensor([1, 2, 3], dtype=torch.int32)
+    c = capture(fn, a, b, m, t)
+    assert [s.dtype for s in c.program.inputs.values()] == ["float16", "bfloat16", "bool", "int32"]
+
+
+# ---------------------------------------------------------------- errors name the op and the line
+
+
+def test_unsupported_op_names_op_and_line():
+    def my_attn(scores):
+        scores = scores * 2
+        return scores.sort(-1).values  # the offending line
+
+    with pytest.raises(CaptureError) as info:
+        capture(my_attn, randn(3, 4))
+    msg = str(info.value)
+    assert "unsupported operation aten.sort" in msg
+    assert "test_frontend.py:" in msg and "scores.sort(-1)" in msg
+
+
+def test_boolean_mask_indexing_raises_with_line():
+    with pytest.raises(CaptureError, match=r"boolean mask .* at test_frontend\.py:\d+"):
+        capture(lambda x, m: x[m], randn(3, 4), torch.rand(3, 4) > 0.5)
+
+
+def test_data_dependent_control_flow_raises_with_line():
+    def branchy(x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+    with pytest.raises(CaptureError, match=r"depend on tensor values .* at test_frontend\.py:\d+: if x.sum\(\) > 0"):
+        capture(branchy, randn(3))

@@ -1,0 +1,72 @@
+"""The ten Neptune operators of examples/neptune_ops.py, written in plain PyTorch, captured at small
+sizes and checked in float64; two of them also run end to end through the Triton interpreter."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from test_frontend import calls, nodes, rel_err
+
+from neptune_eq import ir, masks
+from neptune_eq.frontend import capture
+
+_PATH = Path(__file__).resolve().parent.parent / "examples" / "neptune_ops.py"
+_SPEC = importlib.util.spec_from_file_location("neptune_ops", _PATH)
+neptune_ops = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(neptune_ops)
+
+SMALL_HEADS = {"gqa_pf": (8, 2), "gqa_dc": (8, 2), "softcap_pf": (4, 2), "window_pf": (4, 2), "softcap_dc": (4, 2)}
+AFFINE_MASKED = {"causal_pf", "alibi_pf", "gqa_pf", "softcap_pf", "window_pf"}
+GQA = {"gqa_pf", "gqa_dc", "softcap_pf", "window_pf", "softcap_dc"}
+
+
+def small(name: str, L: int = 40, dtype=torch.float64, head_dim: int = 16):
+    fn, _ = neptune_ops.OPS[name]
+    if name == "window_pf":
+        fn = functools.partial(fn, window=8)
+    args = neptune_ops.example_inputs(name, L, dtype=dtype, head_dim=head_dim, batch=2,
+                                      heads=SMALL_HEADS.get(name, (2, 2)))
+    return fn, args
+
+
+@pytest.mark.parametrize("name", list(neptune_ops.OPS))
+def test_neptune_op_captures_and_matches(name):
+    fn, args = small(name)
+    c = capture(fn, *args, name=name)
+    assert rel_err(c.reference(*args), fn(*args)) < 1e-10
+    prog = c.program
+    assert list(prog.inputs) == ["q", "k", "v"]
+    kind = neptune_ops.OPS[name][1]
+    assert prog.outputs[0].axes == (("b", "h", "i", "e") if kind == "prefill" else ("b", "h", "e"))
+    if name in AFFINE_MASKED:
+        preds = [w.args[0] for w in calls(prog, "where") if w.args[2] == ir.Const(-math.inf)]
+        assert preds and all(masks.affine(p) is not None for p in preds), [ir.show(p) for p in preds]
+    if name in GQA:
+        group = SMALL_HEADS[name][0] // SMALL_HEADS[name][1]
+        k_loads = [n for n in nodes(prog, ir.Load) if n.tensor == "k"]
+        assert all(n.index[1] == ir.Call("floordiv", (ir.Index("h"), ir.Const(group))) for n in k_loads)
+
+
+def test_example_inputs_shapes():
+    q, k, v = neptune_ops.example_inputs("gqa_dc", 256, head_dim=64)
+    assert q.shape == (1, 64, 1, 64) and k.shape == v.shape == (1, 8, 256, 64)
+    q, k, v = neptune_ops.example_inputs("window_pf", 16, dtype=torch.float16, batch=2)
+    assert q.shape == (2, 32, 16, 128) and k.shape == (2, 8, 16, 128) and q.dtype == torch.float16
+    with pytest.raises(KeyError):
+        neptune_ops.example_inputs("nope", 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["causal_pf", "causal_dc"])
+def test_neptune_op_end_to_end(name):
+    fn, args = small(name, L=32, dtype=torch.float32)
+    run = capture(fn, *args, name=name).compile()
+    out = run(*args)
+    want = fn(*(a.double() for a in args))
+    assert out.dtype == torch.float32
+    assert rel_err(out, want) < 1e-4
