@@ -63,39 +63,60 @@ class TermExtractor:
             self._size[cid] = s
         return s
 
+    def _index(self):
+        """Per Term node: (class, node, own cost, child classes); and parents per class. Built once."""
+        if not hasattr(self, "_idx"):
+            entries = []
+            parents: dict[int, list[int]] = {}
+            for c, ns in self.view.classes.items():
+                if self.view.sort.get(c) != "Term":
+                    continue
+                for n in ns:
+                    if n.op == "get":
+                        continue
+                    kids = self._child_classes(n)
+                    k = len(entries)
+                    entries.append((c, n, op_cost(n.op) * self.size(c), kids))
+                    for a in kids:
+                        parents.setdefault(a, []).append(k)
+            self._idx = (entries, parents)
+        return self._idx
+
     def costs(self, *, leaves: dict[int, ir.Node] | None = None,
               allow: Callable[[int, ENode], bool] | None = None,
               shared: dict[int, ENode] | None = None) -> dict[int, tuple[float, ENode | None]]:
-        """Fixpoint of best (cost, node) per class; leaves get cost 0 and node None.
+        """Best (cost, node) per class (worklist fixpoint); leaves get cost 0 and node None.
 
         `shared` classes are already computed elsewhere in the plan: reusing them costs nothing.
         """
         leaves = leaves or {}
+        shared = shared or {}
+        entries, parents = self._index()
         best: dict[int, tuple[float, ENode | None]] = {c: (0.0, None) for c in leaves}
-        for c, n in (shared or {}).items():
+        for c, n in shared.items():
             best.setdefault(c, (0.0, n))
-        nodes = [(c, n) for c, ns in self.view.classes.items() if c not in leaves for n in ns
-                 if self.view.sort.get(c) == "Term" and n.op != "get"]
-        if allow is not None:
-            nodes = [(c, n) for c, n in nodes if allow(c, n)]
-        changed = True
-        while changed:
-            changed = False
-            for c, n in nodes:
-                total = op_cost(n.op) * self.size(c)
-                for a in self._child_classes(n):
-                    got = best.get(a)
-                    if got is None:
-                        total = math.inf
-                        break
-                    total += got[0]
-                if total < math.inf:
-                    old = best.get(c)
-                    if c in (shared or {}):
-                        continue
-                    if old is None or total < old[0] - 1e-9 * max(1.0, abs(old[0])):
-                        best[c] = (total, n)
-                        changed = True
+        fixed = set(best)
+        ok = [c not in fixed and (allow is None or allow(c, n)) for c, n, _, _ in entries]
+        work = [k for k, (_, _, _, kids) in enumerate(entries) if ok[k] and all(a in best for a in kids)]
+        work += [k for c in fixed for k in parents.get(c, ())]
+        while work:
+            k = work.pop()
+            if not ok[k]:
+                continue
+            c, n, own, kids = entries[k]
+            total = own
+            for a in kids:
+                got = best.get(a)
+                if got is None:
+                    total = math.inf
+                    break
+                total += got[0]
+            if total == math.inf:
+                continue
+            old = best.get(c)
+            if old is None or total < old[0] - 1e-9 * max(1.0, abs(old[0])):
+                best[c] = (total, n)
+                work.extend(parents.get(c, ()))
         return best
 
     @staticmethod

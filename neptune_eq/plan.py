@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import ir
-from .ops import MONOIDS
+from .ops import MONOIDS, OPS
 
 
 @dataclass
@@ -103,6 +103,36 @@ class Plan:
     fused_kernels: bool
     derivation: list[str] = field(default_factory=list)
     cost: object | None = None  # extract.cost.Cost
+
+    def show(self) -> str:
+        """The plan as loop IR: kernels, grids, passes with their carried state, stores."""
+        out = []
+        for name, term in sorted(self.inline.items()):
+            out.append(f"inline {name} = {ir.show(term)}")
+        for name, buf in self.buffers.items():
+            out.append(f"buffer {name}[{', '.join(buf.axes)}]: {buf.dtype}")
+        for k in self.kernels:
+            chunk = f" × {k.chunks} chunks" if k.chunks > 1 else ""
+            out.append(f"kernel {k.name} over ({', '.join(k.grid)}){chunk}:")
+            for ph in k.phases:
+                if isinstance(ph, Combine):
+                    out.append(f"  combine {ph.chunks} chunk states of ({', '.join(c.name for c in ph.source.comps)})")
+                    continue
+                split = f", chunk pid_chunk of {ph.split}" if ph.split > 1 else ""
+                out.append(f"  {ph.kind} pass over {ph.axis}{split}:")
+                for c in ph.comps:
+                    body = ir.show(c.core)
+                    if c.mask is not None:
+                        body = f"where({ir.show(c.mask)}, {body}, {c.identity:g})"
+                    line = f"    {c.name} = {c.op}_{ph.axis} {body}"
+                    if c.corr is not None:
+                        line += f"   [repair: {c.name} {OPS[c.dist].infix} {ir.show(c.corr)}]"
+                    out.append(line)
+                for st in ph.stores:
+                    out.append(f"    store {st.target}[{', '.join(st.axes)}] = {ir.show(st.expr)}")
+            for st in k.epilogue:
+                out.append(f"  store {st.target}[{', '.join(st.axes)}] = {ir.show(st.expr)}")
+        return "\n".join(out)
 
     def structure(self) -> str:
         """One line: e.g. '1 kernel, rolling over j (max_j, sum_j, sum_j2)'."""

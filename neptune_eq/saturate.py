@@ -20,9 +20,9 @@ from egglog import EGraph, back_off, run
 class Budget:
     """Limits for one compile's saturation (all phases together share `max_seconds` and `max_nodes`)."""
 
-    max_nodes: int = 60_000
+    max_nodes: int = 4_000
     max_seconds: float = 20.0
-    max_iterations: int = 12  # per phase
+    max_iterations: int = 10  # per phase
     match_limit: int = 20_000  # back-off scheduler: a rule matching more often in one iteration is banned
 
 

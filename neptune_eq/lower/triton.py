@@ -623,7 +623,7 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     body: list[str] = []
     w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
     w.lines, w.depth = body, outer_depth + 1
-    scope = _Scope(axis=None, variant={f"{k}:{c.name}" for c in ps.comps for k in ("cur", "old")})
+    scope = _Scope(axis="chunk", variant={f"{k}:{c.name}" for c in ps.comps for k in ("cur", "old")})
     w.scopes.append(scope)
     parts: dict[str, Val] = {}
     for c in ps.comps:
