@@ -364,3 +364,47 @@ def test_data_dependent_control_flow_raises_with_line():
 
     with pytest.raises(CaptureError, match=r"depend on tensor values .* at test_frontend\.py:\d+: if x.sum\(\) > 0"):
         capture(branchy, randn(3))
+
+
+# ---------------------------------------------------------------- more PyTorch the frontend understands
+
+
+def test_norms_and_activations():
+    def fn(x, w, b):
+        return (F.layer_norm(x, (x.shape[-1],), w, b), F.rms_norm(x, (x.shape[-1],), w, eps=1e-5), F.silu(x),
+                F.gelu(x, approximate="tanh"))
+
+    check_capture(fn, randn(3, 8), randn(8, seed=1), randn(8, seed=2))
+
+
+def test_in_place_updates_have_value_semantics():
+    def fn(q, k):
+        s = q @ k.T
+        s.masked_fill_(torch.ones(4, 4, dtype=torch.bool).triu(1), float("-inf"))
+        s += 1
+        return s.softmax(-1)
+
+    check_capture(fn, randn(4, 3), randn(4, 3, seed=1))
+
+
+def test_writes_into_views_raise():
+    def fn(x):
+        y = x.clone()
+        y[:, 0] = 0
+        return y
+
+    with pytest.raises(CaptureError, match=r"unsupported operation .* at test_frontend\.py:\d+: y\[:, 0\] = 0"):
+        capture(fn, randn(3, 4))
+
+
+def test_module_parameters_become_named_inputs():
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Tanh(), torch.nn.Linear(6, 4)).double()
+    c = check_capture(mlp, randn(5, 8))
+    assert list(c.program.inputs) == ["input", "p0_weight", "p0_bias", "p2_weight", "p2_bias"]
+
+
+def test_output_structures():
+    x = randn(3, 4)
+    c = check_capture(lambda a, b: [a, a.expand(2, 3, 4), b.sum()], x, x)
+    assert isinstance(c.reference(x, x), tuple) and len(c.program.outputs) == 3
+    assert list(c.program.inputs) == ["a", "b"]  # the same tensor passed twice stays two inputs

@@ -18,11 +18,13 @@ are kept on the Captured and passed automatically.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch._decomp import get_decompositions
+from torch.func import functionalize
 from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -33,8 +35,12 @@ from .translate import InputDecl, Translator
 
 HANDLERS = {**ops_shape.HANDLERS, **ops_math.HANDLERS, **ops_reduce.HANDLERS, **ops_index.HANDLERS}
 
-# F.scaled_dot_product_attention dispatches to a fused CPU kernel; trace its math instead
-_DECOMPOSITIONS = get_decompositions([torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default])
+# fused kernels (SDPA on CPU, layer/RMS norm) and activations are traced as their math
+_aten = torch.ops.aten
+_DECOMPOSITIONS = get_decompositions([
+    _aten._scaled_dot_product_flash_attention_for_cpu.default, _aten.native_layer_norm.default,
+    _aten._fused_rms_norm.default, _aten.silu.default, _aten.gelu.default,
+])
 
 _DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int64, torch.int32, torch.bool}
 
@@ -158,7 +164,7 @@ def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
     out_val = _output_value(gm)
     constants = _constants(gm, fn, taken=set(params))
     decls = [InputDecl(params[k], t.dtype) for k, t in zip(tensor_pos, tensors)]
-    tx = Translator(gm.graph, decls, constants, HANDLERS, name=name or getattr(fn, "__name__", "captured"))
+    tx = Translator(gm.graph, decls, constants, HANDLERS, name=name or _function_name(fn))
     tr = tx.run()
     used = set(tr.program.inputs)
     bindings = tuple(
@@ -180,8 +186,9 @@ def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
 def _trace(traced, tensors) -> torch.fx.GraphModule:
     try:
         with fx_traceback.preserve_node_meta():
-            return make_fx(traced, tracing_mode="fake", decomposition_table=_DECOMPOSITIONS,
-                           _allow_non_fake_inputs=True)(*tensors)
+            # functionalize: in-place updates (s.masked_fill_(...), s += b) become value semantics
+            return make_fx(functionalize(traced, remove="mutations"), tracing_mode="fake",
+                           decomposition_table=_DECOMPOSITIONS, _allow_non_fake_inputs=True)(*tensors)
     except CaptureError:
         raise
     except Exception as e:  # tracing runs user code: say where it failed
@@ -203,12 +210,21 @@ def _failure_location(e: BaseException) -> str | None:
     return describe(*last) if last else None
 
 
+def _function_name(fn) -> str:
+    if isinstance(fn, torch.nn.Module):
+        return type(fn).__name__
+    name = getattr(inspect.unwrap(fn), "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None)
+    return re.sub(r"\W", "_", name) if name else "captured"
+
+
 def _output_value(gm):
     out = next(n for n in gm.graph.nodes if n.op == "output")
     return out.args[0]
 
 
 def _parameter_names(fn, n: int) -> list[str]:
+    if isinstance(fn, torch.nn.Module):
+        fn = fn.forward
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -277,6 +293,11 @@ def _environment_names(fn) -> dict[int, str]:
             elif depth > 0 and callable(v) and not isinstance(v, type):
                 scan(v, depth - 1)
 
+    if isinstance(fn, torch.nn.Module):
+        for name, t in [*fn.named_parameters(), *fn.named_buffers()]:
+            name = re.sub(r"\W", "_", name)
+            found.setdefault(id(t), f"p{name}" if name[0].isdigit() else name)
+        fn = fn.forward
     scan(fn, 2)
     return found
 

@@ -109,6 +109,23 @@ def _not(tx, c, x):
     return tx.logical_not(x)
 
 
+class InPlace:
+    """An in-place update left by a decomposition (rms_norm's x.add_(eps)): its out-of-place
+    version, when nothing else reads the updated tensor."""
+
+    def __init__(self, handler):
+        self.handler = handler
+
+    def infer(self, tx, c):
+        target = c.node.args[0]
+        if target.op != "call_function" or set(target.users) != {c.node}:
+            raise CaptureError(f"in-place {c.op_name} on a tensor that is also used elsewhere is not supported")
+        return self.handler.infer(tx, c)
+
+    def build(self, tx, c):
+        return self.handler.build(tx, c)
+
+
 class MaskedFill:
     def infer(self, tx, c):
         x, mask = c.args[0], c.args[1]
@@ -261,6 +278,10 @@ HANDLERS = {
     aten.scalar_tensor.default: Constant(0, name="s"),
     aten.tril.default: Triangle(lower=True),
     aten.triu.default: Triangle(lower=False),
+    aten.add_.Tensor: InPlace(Pointwise(2, lambda tx, c, a, b: call("add", a, _alpha(c, b)))),
+    aten.add_.Scalar: InPlace(Pointwise(2, lambda tx, c, a, b: call("add", a, _alpha(c, b)))),
+    aten.mul_.Tensor: InPlace(binary("mul")),
+    aten.mul_.Scalar: InPlace(binary("mul")),
     **{getattr(getattr(aten, op), overload): binary(op)
        for op in ("lt", "le", "gt", "ge", "eq", "ne") for overload in ("Tensor", "Scalar")},
 }

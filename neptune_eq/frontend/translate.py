@@ -130,6 +130,7 @@ class Translator:
     exprs: dict = field(default_factory=dict)
     res: Resolution | None = None
     _builder: dsl.ProgramBuilder | None = None
+    _declared: set[str] = field(default_factory=set)
 
     # ---------------------------------------------------------------- driver
     def run(self) -> Translation:
@@ -365,10 +366,10 @@ class Translator:
         """`expr` as a dsl.Expr, for the composites of neptune_eq.library."""
         if self._builder is None:
             self._builder = dsl.program(self.name)
-        declared = self._builder._axes
-        for a in sorted(self.res.extents):
-            if a not in declared:
-                self._builder.axis(a, self.res.extents[a])
+        for a, n in self.res.extents.items():
+            if a not in self._declared:
+                self._builder.axis(a, n)
+                self._declared.add(a)
         return dsl.Expr(self._builder, expr)
 
     # ---------------------------------------------------------------- assembly
