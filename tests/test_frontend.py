@@ -408,3 +408,14 @@ def test_output_structures():
     c = check_capture(lambda a, b: [a, a.expand(2, 3, 4), b.sum()], x, x)
     assert isinstance(c.reference(x, x), tuple) and len(c.program.outputs) == 3
     assert list(c.program.inputs) == ["a", "b"]  # the same tensor passed twice stays two inputs
+
+
+def test_baddbmm_and_input_masks():
+    def fn(bias, q, k, keep):
+        s = torch.baddbmm(bias, q, k.transpose(1, 2), beta=0.5, alpha=0.25)
+        return s.masked_fill(~keep, float("-inf")).softmax(-1)
+
+    keep = torch.rand(5, 6, generator=torch.Generator().manual_seed(0)) > 0.3
+    c = check_capture(fn, randn(3, 5, 6), randn(3, 5, 4, seed=1), randn(3, 6, 4, seed=2), keep)
+    # ~keep with -inf reads as where(keep, s, -inf): the predicate says which keys take part
+    assert any(w.args[0] == ir.Load("keep", (ir.Index("i"), ir.Index("d"))) for w in calls(c.program, "where"))

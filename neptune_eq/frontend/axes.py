@@ -83,9 +83,6 @@ class AxisTable:
     def extent(self, v: int) -> int:
         return self._extent[self.find(v)]
 
-    def holds_data(self, v: int) -> bool:
-        return self._data[self.find(v)]
-
     def union(self, a: int, b: int) -> int:
         ra, rb = self.find(a), self.find(b)
         if ra == rb:
@@ -97,9 +94,6 @@ class AxisTable:
         self._parent[rb] = ra
         self._data[ra] = self._data[ra] or self._data[rb]
         return ra
-
-    def same(self, a: Dim, b: Dim) -> bool:
-        return a is not None and b is not None and self.find(a) == self.find(b)
 
     # ---------------------------------------------------------------- combining operands
     def combine(self, n_slots: int, operands: list[list[tuple[int, Dim]]]) -> tuple[list[Dim], dict[int, dict]]:

@@ -169,7 +169,8 @@ def _is_zero(n: ir.Node) -> bool:
 
 
 class Contraction:
-    """mm, bmm, mv, dot and addmm: operand dimensions go to slots, the contracted slot is summed."""
+    """mm, bmm, mv, dot, addmm and baddbmm: operand dimensions go to slots, the contracted slot is
+    summed; addmm/baddbmm add beta·bias (broadcast against the result)."""
 
     # per kind: slots of a's dims, slots of b's dims, result slots, contracted slot
     LAYOUTS: ClassVar[dict[str, tuple]] = {
@@ -186,7 +187,7 @@ class Contraction:
         a_slots, b_slots, res, k = self.LAYOUTS[self.kind]
         a, b = c.args[self.first], c.args[self.first + 1]
         operands = [(a, a_slots), (b, b_slots)]
-        if self.first:  # addmm: the bias broadcasts against the (n, m) result
+        if self.first:  # addmm/baddbmm: the bias broadcasts against the result
             bias = c.args[0]
             operands.append((bias, res[len(res) - bias.ndim:]))
         slots = tx.combine(c, 1 + max(a_slots + b_slots), operands)
@@ -255,5 +256,6 @@ HANDLERS = {
     aten.mv.default: Contraction("mv"),
     aten.dot.default: Contraction("dot"),
     aten.addmm.default: Contraction("mm", first=1),
+    aten.baddbmm.default: Contraction("bmm", first=1),
     aten.nll_loss_forward.default: NllLoss(),
 }

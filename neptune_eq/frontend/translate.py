@@ -114,11 +114,13 @@ class Translation:
     program: ir.Program
     output_shapes: list[tuple[int, ...]]
     output_dtypes: list[torch.dtype]
-    input_shapes: dict[str, tuple[int, ...]]  # program input name -> the user's (unsqueezed) shape
 
 
 @dataclass
 class Translator:
+    """Translates one traced graph; `handlers` maps aten overloads to objects with
+    infer(translator, call) -> dims and build(translator, call) -> ir.Node (see ops_*.py)."""
+
     graph: fx.Graph
     inputs: list[InputDecl]  # one per placeholder
     constants: dict[str, tuple[str, torch.Tensor]]  # get_attr target -> (input name, value)
@@ -168,14 +170,7 @@ class Translator:
 
     # ---------------------------------------------------------------- pass 1
     def _infer(self, node: fx.Node) -> None:
-        if node.op == "placeholder":
-            decl = self.inputs[self._placeholder_index(node)]
-            val = node.meta["val"]
-            self.infos[node] = Info(self.axes.dims_for(val.shape, data=True), tuple(val.shape), val.dtype)
-            if decl is None:
-                raise CaptureError(f"internal: placeholder {node.name} has no input declaration")
-            return
-        if node.op == "get_attr":
+        if node.op in ("placeholder", "get_attr"):
             val = node.meta["val"]
             self.infos[node] = Info(self.axes.dims_for(val.shape, data=True), tuple(val.shape), val.dtype)
             return
@@ -348,7 +343,7 @@ class Translator:
     @property
     def int_tensors(self) -> set[str]:
         """Program inputs holding integers or booleans."""
-        decls = [(d.name, d.dtype) for d in self.inputs if d is not None]
+        decls = [(d.name, d.dtype) for d in self.inputs]
         decls += [(name, value.dtype) for name, value in self.constants.values()]
         return {name for name, dt in decls if not dt.is_floating_point}
 
@@ -375,12 +370,10 @@ class Translator:
     # ---------------------------------------------------------------- assembly
     def _assemble(self, outs: list[fx.Node]) -> Translation:
         specs: dict[str, ir.TensorSpec] = {}
-        shapes: dict[str, tuple[int, ...]] = {}
 
         def declare(name: str, info: Info) -> None:
             axes = tuple(self.res.name(v) for v in info.dims if v is not None)
             specs[name] = ir.TensorSpec(name, axes, dtype_name(info.dtype))
-            shapes[name] = info.shape
 
         for node in self.graph.nodes:
             if node.op == "placeholder" and node in self.infos:
@@ -405,8 +398,7 @@ class Translator:
                     used.add(n.axis)
         axes = {a: n for a, n in self.res.extents.items() if a in used}
         program = ir.Program(self.name, axes, specs, outputs).validate()
-        return Translation(program, [self.infos[n].shape for n in outs], [self.infos[n].dtype for n in outs],
-                           shapes)
+        return Translation(program, [self.infos[n].shape for n in outs], [self.infos[n].dtype for n in outs])
 
 
 def _flat_outputs(out_node: fx.Node) -> list[fx.Node]:
