@@ -29,6 +29,7 @@ from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .. import ir
+from ..reference import evaluate
 from . import ops_index, ops_math, ops_reduce, ops_shape
 from .source import CaptureError, SourceLocator, describe, is_internal
 from .translate import InputDecl, Translator
@@ -64,7 +65,13 @@ class ArgBinding:
 
 @dataclass
 class Captured:
-    """A traced function: its program and how to call it like the function."""
+    """A traced function: its program and how to call it like the function.
+
+    `args` says where each positional argument of fn goes (`inputs(*args)` builds the program's
+    input dict), `constants` holds the values of extra inputs fn read from its environment, and
+    `outputs(results)` turns the program's outputs (out0, out1, ...) back into fn's return value: a
+    tensor, or a tuple when fn returned a tuple or list. Valid for the example shapes only.
+    """
 
     program: ir.Program
     args: tuple[ArgBinding, ...]
@@ -99,7 +106,7 @@ class Captured:
                 out[b.input] = a.reshape(self.program.input_shape(b.input))
         device = next((t.device for t in out.values()), None)
         for name, t in self.constants.items():
-            out[name] = t.reshape(self.program.input_shape(name)).to(device) if device is not None else t
+            out[name] = t.reshape(self.program.input_shape(name)).to(device or t.device)
         return out
 
     def outputs(self, results: dict[str, torch.Tensor]):
@@ -109,9 +116,7 @@ class Captured:
 
     # ---------------------------------------------------------------- running
     def reference(self, *args):
-        """fn(*args) computed by the float64 reference evaluator of the program."""
-        from ..reference import evaluate
-
+        """fn(*args) computed by the float64 reference evaluator of the program (float64 results)."""
         return self.outputs(evaluate(self.program, self.inputs(*args)))
 
     def compile(self, options=None) -> CompiledFunction:
@@ -130,8 +135,8 @@ class CompiledFunction:
 
     def __call__(self, *args):
         res = self.compiled.run(self.captured.inputs(*args))
-        res = {k: v.to(dt) for (k, v), dt in zip(res.items(), self.captured.output_dtypes)}
-        return self.captured.outputs(res)
+        outs = self.captured.program.outputs
+        return self.captured.outputs({o.name: res[o.name].to(dt) for o, dt in zip(outs, self.captured.output_dtypes)})
 
 
 # ---------------------------------------------------------------- capture
@@ -283,7 +288,7 @@ def _environment_names(fn) -> dict[int, str]:
         while hasattr(f, "func"):  # functools.partial
             f = f.func
         code = getattr(f, "__code__", None)
-        if code is None:
+        if code is None or is_internal(code.co_filename):
             return
         env = {k: c.cell_contents for k, c in zip(code.co_freevars, f.__closure__ or ()) if _has(c)}
         env.update({k: f.__globals__[k] for k in code.co_names if k in getattr(f, "__globals__", {})})
