@@ -31,7 +31,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from .. import ir
 from ..reference import evaluate
 from . import ops_index, ops_math, ops_reduce, ops_shape
-from .source import CaptureError, SourceLocator, describe, is_internal
+from .source import CaptureError, SourceLocator, describe, in_torch, is_internal
 from .translate import InputDecl, Translator
 
 HANDLERS = {**ops_shape.HANDLERS, **ops_math.HANDLERS, **ops_reduce.HANDLERS, **ops_index.HANDLERS}
@@ -288,7 +288,7 @@ def _environment_names(fn) -> dict[int, str]:
         while hasattr(f, "func"):  # functools.partial
             f = f.func
         code = getattr(f, "__code__", None)
-        if code is None or is_internal(code.co_filename):
+        if code is None or in_torch(code.co_filename):
             return
         env = {k: c.cell_contents for k, c in zip(code.co_freevars, f.__closure__ or ()) if _has(c)}
         env.update({k: f.__globals__[k] for k in code.co_names if k in getattr(f, "__globals__", {})})

@@ -34,6 +34,10 @@ class CaptureError(NeptuneError):
         self.where = where
 
 
+def in_torch(filename: str) -> bool:
+    return filename.startswith(_TORCH_DIR)
+
+
 def is_internal(filename: str) -> bool:
     return filename.startswith((_TORCH_DIR, _HERE))
 
