@@ -378,6 +378,16 @@ class Program:
             axes[k] = v
         return Program(self.name, axes, dict(self.inputs), list(self.outputs)).validate()
 
+    def with_dtypes(self, dtypes: dict[str, str], outputs: str | None = None) -> Program:
+        """The same program with other input dtypes (and, if given, one dtype for every output)."""
+        inputs = dict(self.inputs)
+        for k, v in dtypes.items():
+            if k not in inputs:
+                raise ProgramError(f"with_dtypes: unknown input '{k}' (inputs: {', '.join(inputs)})")
+            inputs[k] = TensorSpec(k, inputs[k].axes, v)
+        outs = [Output(o.name, o.axes, o.expr, outputs or o.dtype) for o in self.outputs]
+        return Program(self.name, dict(self.axes), inputs, outs).validate()
+
     def __str__(self) -> str:
         lines = [f"program {self.name}"]
         lines.append("  axes: " + ", ".join(f"{a}={n}" for a, n in self.axes.items()))

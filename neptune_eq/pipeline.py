@@ -31,7 +31,7 @@ from .rules.algebra import ALGEBRA
 from .rules.base import Rule
 from .rules.fusion import Binding, FusionSearch
 from .saturate import Budget, Progress, Saturator, egraph_size, stderr_progress
-from .schedule import KernelSchedule, default_schedule
+from .schedule import KernelSchedule, plan_schedules
 from .terms import Encoder, Term, split_factor
 
 
@@ -253,7 +253,7 @@ def _plans(c: Compilation) -> None:
     plans = enumerate_plans(space)
     alts = []
     for plan in plans:
-        schedules = [default_schedule(k, c.program, plan) for k in plan.kernels]
+        schedules = plan_schedules(plan, c.program)
         cost = plan_cost(plan, c.program, schedules, c.device)
         plan.cost = cost
         alts.append(Alternative(0, plan, cost, schedules))

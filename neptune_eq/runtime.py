@@ -11,7 +11,7 @@ from .ir import NeptuneError
 from .lower.launch import Launcher, check_inputs, load_module
 from .lower.triton import KernelSource, write_module
 from .pipeline import Alternative, Compilation, Options, compile_program
-from .schedule import KernelSchedule, default_schedule
+from .schedule import KernelSchedule, plan_schedules
 from .verify import VerifyReport, verify
 
 
@@ -64,7 +64,7 @@ class CompiledProgram:
             return self.schedules[target]
         if target == "cuda":
             return list(self.alternative.schedules)
-        return [default_schedule(k, self.program, self.plan, target=target) for k in self.plan.kernels]
+        return plan_schedules(self.plan, self.program, target=target)
 
     def lowered(self, target: str = "cuda") -> tuple[str, list[KernelSource]]:
         key = ("src", target)

@@ -105,3 +105,16 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan, *, target: 
     warps = 8 if (has_dot and big >= 128) else 4
     _ = target  # the interpreter runs fastest with the same (large) blocks: fewer numpy calls
     return KernelSchedule(tiles, num_warps=warps, num_stages=3 if has_dot else 2)
+
+
+def plan_schedules(plan: Plan, program: ir.Program, *, target: str = "cuda") -> list[KernelSchedule]:
+    """Default schedules for every kernel of a plan. A split-K combine kernel tiles its grid like the
+    partial kernel whose states it folds (it has no loads of its own to infer row axes from)."""
+    out: list[KernelSchedule] = []
+    for k in plan.kernels:
+        s = default_schedule(k, program, plan, target=target)
+        if out and any(isinstance(ph, Combine) for ph in k.phases):
+            prev = out[-1]
+            s = s.with_tiles(**{a: prev.tiles[a] for a in k.grid if a in prev.tiles})
+        out.append(s)
+    return out

@@ -589,8 +589,13 @@ class _PassWriter:
             w.emit(f"{self.state_names(c)} = {new[c.name].code}")
 
     def _and(self, a: Val, b: Val) -> Val:
-        codes, dims = self.w.align([a, b])
-        return self.w.bind(f"({codes[0]} & {codes[1]})", dims, "b", "m")
+        key = ("and", a.code, b.code)
+        hit = self.w.lookup(key)
+        if hit is None:
+            codes, dims = self.w.align([a, b])
+            hit = self.w.bind(f"({codes[0]} & {codes[1]})", dims, "b", "m")
+            self.w.scopes[-1].memo[key] = hit
+        return hit
 
 
 def _is_true(n: ir.Node) -> bool:
@@ -660,9 +665,14 @@ def _guarded(w: KernelWriter, ps: Pass, c: CompPlan, h: Val, ref: dict[str, Val]
         return h
     for p in c.producers:
         pc = next(x for x in ps.comps if x.name == p)
-        codes, dims = w.align([ref[p], h])
-        h = w.bind(f"tl.where({codes[0]} == {_fmt_float(pc.identity)}, {_fmt_float(c.annihilator)}, {codes[1]})",
-                   dims, "f", "h")
+        key = ("guard", ref[p].code, h.code, c.annihilator)
+        hit = w.lookup(key)
+        if hit is None:
+            codes, dims = w.align([ref[p], h])
+            hit = w.bind(f"tl.where({codes[0]} == {_fmt_float(pc.identity)}, {_fmt_float(c.annihilator)}, "
+                         f"{codes[1]})", dims, "f", "h")
+            w.scopes[-1].memo[key] = hit
+        h = hit
     return h
 
 
@@ -700,7 +710,7 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
         if tile > 1:
             w.emit(f"offs_{ia} = t_{ia} * BLOCK_{ia} + tl.arange(0, BLOCK_{ia})")
             w.vector[a] = f"offs_{ia}"
-            w.tail_masks[a] = True
+            w.tail_masks[a] = program.axes[a] % tile != 0  # shapes are specialised: no mask when tiles divide
         else:
             w.scalar[a] = f"t_{ia}"
     for a in sorted(w.inner):
@@ -741,9 +751,9 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
 PRELUDE = '''import triton
 import triton.language as tl
 
-NEG_INF: tl.constexpr = float("-inf")
-POS_INF: tl.constexpr = float("inf")
-NAN: tl.constexpr = float("nan")
+NEG_INF = tl.constexpr(float("-inf"))
+POS_INF = tl.constexpr(float("inf"))
+NAN = tl.constexpr(float("nan"))
 '''
 
 TANH_CUDA = '''
