@@ -154,3 +154,16 @@ def test_flex_unsupported_modifier_names_line():
 
     with pytest.raises(CaptureError, match=r"aten\.cumsum at test_frontend_flex\.py:\d+: return torch\.cumsum"):
         attention_program(*qkv(), score_mod=bad, enable_gqa=True)
+
+
+@pytest.mark.slow
+def test_flex_end_to_end_through_triton():
+    q, k, v = (t.float() for t in qkv(hkv=HQ))
+    slopes = SLOPES.float()
+
+    def alibi32(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    run = attention_capture(q, k, v, score_mod=alibi32, mask_mod=sliding).compile()
+    want = flex_reference(q.double(), k.double(), v.double(), alibi, sliding)
+    assert rel_err(run(q, k, v), want) < 1e-4

@@ -39,7 +39,8 @@ def in_torch(filename: str) -> bool:
 
 
 def is_internal(filename: str) -> bool:
-    return filename.startswith((_TORCH_DIR, _HERE))
+    """torch, this package, and code torch generates with exec (file "<string>")."""
+    return filename.startswith((_TORCH_DIR, _HERE)) or filename == "<string>"
 
 
 def user_frame():
