@@ -70,3 +70,15 @@ def test_neptune_op_end_to_end(name):
     want = fn(*(a.double() for a in args))
     assert out.dtype == torch.float32
     assert rel_err(out, want) < 1e-4
+
+
+@pytest.mark.slow
+def test_captured_causal_is_one_flash_pass_with_bounded_loop():
+    from neptune_eq.plan import Pass
+
+    fn, args = small("causal_pf", L=96, dtype=torch.float32, head_dim=32)
+    prog = capture(fn, *args).compile().compiled
+    passes = [ph for k in prog.plan.kernels for ph in k.phases if isinstance(ph, Pass) and ph.comps]
+    assert len(prog.kernels) == 1 and len(passes) == 1 and passes[0].kind == "rolling"
+    assert not prog.plan.buffers, "no score matrix written to memory"
+    assert "flo_j" in prog.source and "fhi_j" in prog.source, "the causal mask bounds the key loop"
