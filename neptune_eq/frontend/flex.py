@@ -12,9 +12,10 @@ the IR.
 
 The modifiers are called once, on broadcasting tensors instead of scalars: `score` is the scaled
 score [B, H, Lq, Lkv], b/h/q_idx/kv_idx are `torch.arange` views of shapes [B,1,1,1], [1,H,1,1],
-[1,1,Lq,1] and [1,1,1,Lkv]. Everything FlexAttention's vmap accepts elementwise works the same
-way: arithmetic, comparisons, &, |, ~, torch.where, torch.tanh, indexing captured tensors
-(slopes[h], doc_ids[q_idx], offsets[b, h]). Index arithmetic and comparisons become
+[1,1,Lq,1] and [1,1,1,Lkv]. Modifiers written with elementwise tensor operations behave as under
+FlexAttention's vmap: arithmetic, comparisons, &, |, ~, torch.where, torch.tanh, indexing
+captured tensors (slopes[h], doc_ids[q_idx], offsets[b, h]); Python control flow on the
+arguments fails in both. Index arithmetic and comparisons become
 expressions of the program's axes (b, h, i for the query, j for the key), so masks such as
 `q_idx >= kv_idx` or `q_idx - kv_idx < w` stay affine. Tensors the modifiers capture become
 extra program inputs named after their variables (`slopes`, `doc_ids`); `attention_capture`
@@ -73,8 +74,8 @@ def attention_program(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_m
                       mask_mod: Callable | None = None, enable_gqa: bool = False,
                       scale: float | None = None) -> ir.Program:
     """The ir.Program of flex_attention(q, k, v, score_mod, block_mask from mask_mod, scale,
-    enable_gqa) at these shapes: inputs q, k, v (size-1 dimensions squeezed) plus the tensors the
-    modifiers capture; output out0 [b, h, i, e]."""
+    enable_gqa) at these shapes: inputs q, k, v plus the tensors the modifiers capture; output
+    out0 over [b, h, i, e] (size-1 dimensions, such as b for batch 1, are not axes)."""
     return attention_capture(q, k, v, score_mod, mask_mod, enable_gqa, scale).program
 
 

@@ -24,7 +24,8 @@ def _value(a) -> ir.Node:
 
 
 class Pointwise:
-    """The first `arity` arguments broadcast together; `fn(call, *exprs)` builds the result."""
+    """The first `arity` arguments broadcast together; `fn(translator, call, *exprs)` builds the result
+    (Python numbers among the arguments become constants)."""
 
     def __init__(self, arity: int, fn, *, bool_only: bool = False):
         self.arity, self.fn, self.bool_only = arity, fn, bool_only
