@@ -27,8 +27,13 @@ class _Val:
 
 
 def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: list[ir.Node] | None = None,
-             dtype=torch.float64) -> dict[str, torch.Tensor]:
-    """Evaluate every output (or the given nodes) in `dtype`. Tensors come back in output axis order."""
+             dtype=torch.float64, restrict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Evaluate every output (or the given nodes) in `dtype`. Tensors come back in output axis order.
+
+    `restrict` evaluates only some indices of an axis (e.g. 256 query rows of a long attention):
+    outputs then have len(indices) entries along it.
+    """
+    restrict = {a: t.to(torch.long) for a, t in (restrict or {}).items()}
     order = list(program.axes)
     device = next(iter(inputs.values())).device if inputs else torch.device("cpu")
     env: dict[str, torch.Tensor] = {}
@@ -45,16 +50,21 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
     def canon(dims) -> tuple[str, ...]:
         return tuple(sorted(set(dims), key=order.index))
 
+    def size(d: str) -> int:
+        return len(restrict[d]) if d in restrict else program.axes[d]
+
     def expand(v: _Val, dims: tuple[str, ...]) -> torch.Tensor:
         t = v.t
         if v.dims == dims:
             return t
         perm = [v.dims.index(d) for d in dims if d in v.dims]
         t = t.permute(perm) if perm != list(range(len(perm))) else t
-        shape = [program.axes[d] if d in v.dims else 1 for d in dims]
+        shape = [size(d) if d in v.dims else 1 for d in dims]
         return t.reshape(shape)
 
     def arange(ax: str) -> _Val:
+        if ax in restrict:
+            return _Val(restrict[ax].to(device), (ax,))
         return _Val(torch.arange(program.axes[ax], device=device), (ax,))
 
     def go(n: ir.Node) -> _Val:
@@ -105,6 +115,9 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
         raise TypeError(type(n))
 
     def go_plain(t: torch.Tensor, axes: tuple[str, ...]) -> _Val:
+        for k, a in enumerate(axes):
+            if a in restrict:
+                t = t.index_select(k, restrict[a].to(t.device))
         dims = canon(axes)
         perm = [axes.index(d) for d in dims]
         return _Val(t.permute(perm) if perm != list(range(len(perm))) else t, dims)
@@ -116,7 +129,7 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
         v = go(out.expr)
         dims = canon(out.axes)
         t = expand(v, dims)
-        t = t.expand([program.axes[d] for d in dims])
+        t = t.expand([size(d) for d in dims])
         perm = [dims.index(a) for a in out.axes]
         results[out.name] = t.permute(perm).to(dtype)
     return results

@@ -55,6 +55,12 @@ class KernelSource:
     schedule: KernelSchedule
 
 
+def _int_const(n: ir.Node) -> int | None:
+    if isinstance(n, ir.Const) and math.isfinite(n.value) and float(n.value).is_integer() and abs(n.value) < 2**31:
+        return int(n.value)
+    return None
+
+
 def _fmt_float(v: float) -> str:
     if math.isinf(v):
         return "POS_INF" if v > 0 else "NEG_INF"
@@ -215,6 +221,10 @@ class KernelWriter:
         assert isinstance(n, ir.Call)
         op = OPS[n.op]
         args = [self.value(a) for a in n.args]
+        if op.integer_ok and any(a.kind == "i" for a in args) and all(
+                a.kind == "i" or _int_const(x) is not None for a, x in zip(args, n.args)):
+            # index arithmetic (e.g. the kv head h // group): keep it in integers
+            args = [Val(str(_int_const(x)), (), "i") if a.kind != "i" else a for a, x in zip(args, n.args)]
         if n.op in ("and", "or", "not"):
             codes, dims = self.align(args)
             return self.bind(op.triton.format(*codes), dims, "b", "m")
@@ -694,6 +704,20 @@ def _corrected(w: KernelWriter, ps: Pass, c: CompPlan, state: Val, ref: dict[str
 # ---------------------------------------------------------------- kernels and modules
 
 
+def _work_grows_with(k: KernelPlan) -> set[str]:
+    """Grid axes along which the masked loop ranges grow (causal: the key range grows with the query)."""
+    out: set[str] = set()
+    for ps in k.passes():
+        for c in ps.comps:
+            cons = affine(c.mask) if c.mask is not None else None
+            for a in cons or ():
+                cj = a.coefficient(ps.axis)
+                for x, v in a.coef:
+                    if x != ps.axis and cj > 0 and v < 0:  # j <= x + ...: the upper bound grows with x
+                        out.add(x)
+    return out
+
+
 def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSchedule, target: str,
                  fn_name: str) -> KernelSource:
     w = KernelWriter(plan, k, program, sched, target)
@@ -702,11 +726,16 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     if k.chunks > 1:
         w.emit("pid_chunk = pid % CHUNKS")
         w.emit("pid = pid // CHUNKS")
+    heavy_last = _work_grows_with(k)
     for a, tile in reversed(grid):
         ia = _ident(a)
         n = w.extent(a)
-        w.emit(f"t_{ia} = pid % (({n} + BLOCK_{ia} - 1) // BLOCK_{ia})")
-        w.emit(f"pid = pid // (({n} + BLOCK_{ia} - 1) // BLOCK_{ia})")
+        ntiles = f"(({n} + BLOCK_{ia} - 1) // BLOCK_{ia})"
+        if a in heavy_last:  # the programs with the most loop tiles start first: a shorter tail
+            w.emit(f"t_{ia} = {ntiles} - 1 - pid % {ntiles}")
+        else:
+            w.emit(f"t_{ia} = pid % {ntiles}")
+        w.emit(f"pid = pid // {ntiles}")
         if tile > 1:
             w.emit(f"offs_{ia} = t_{ia} * BLOCK_{ia} + tl.arange(0, BLOCK_{ia})")
             w.vector[a] = f"offs_{ia}"

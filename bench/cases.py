@@ -1,0 +1,132 @@
+"""The benchmark cases: the ten Neptune operators at the sizes of the issue, their inputs, their
+work (useful FLOPs, bytes) and a float64 reference.
+
+Useful TF/s counts 4·head_dim FLOPs per head per unmasked (query, key) pair; decode is also
+reported in GB/s of Q + K + V + O. The reference is the operator's own program (captured from
+the plain PyTorch function) evaluated in float64 — on every query row up to 4096 rows, on a fixed
+random sample of 256 rows beyond (the full float64 score matrix of L = 16384 would not fit).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+import neptune_ops  # noqa: E402
+
+PF_SIZES = (1024, 4096, 16384)
+DC_SIZES = (4096, 16384, 32768)
+HEADS = {"global_pf": (32, 32), "causal_pf": (32, 32), "alibi_pf": (32, 32), "gqa_pf": (64, 8),
+         "softcap_pf": (32, 16), "window_pf": (32, 8), "causal_dc": (32, 32), "alibi_dc": (32, 32),
+         "gqa_dc": (64, 8), "softcap_dc": (32, 16)}
+WINDOW = 4096
+
+
+@dataclass
+class Case:
+    op: str
+    L: int
+    head_dim: int = 128
+    dtype: torch.dtype = torch.float16
+    batch: int = 1
+    heads: tuple[int, int] | None = None
+    _inputs: tuple | None = field(default=None, repr=False)
+
+    @property
+    def kind(self) -> str:
+        return self.op.rsplit("_", 1)[1]
+
+    @property
+    def label(self) -> str:
+        return f"{self.op} L={self.L}"
+
+    @property
+    def hq_hkv(self) -> tuple[int, int]:
+        return self.heads or HEADS[self.op]
+
+    @property
+    def fn(self):
+        return getattr(neptune_ops, self.op)
+
+    def inputs(self, device: str = "cuda", seed: int = 0) -> tuple[torch.Tensor, ...]:
+        if self._inputs is None or self._inputs[0].device.type != torch.device(device).type:
+            g = torch.Generator(device="cpu").manual_seed(seed)
+            hq, hkv = self.hq_hkv
+            lq = 1 if self.kind == "dc" else self.L
+            shapes = [(self.batch, hq, lq, self.head_dim), (self.batch, hkv, self.L, self.head_dim),
+                      (self.batch, hkv, self.L, self.head_dim)]
+            self._inputs = tuple(torch.randn(s, generator=g).to(self.dtype).to(device) for s in shapes)
+        return self._inputs
+
+    def pairs(self) -> int:
+        """Unmasked (query, key) pairs per head."""
+        L = self.L
+        if self.kind == "dc":
+            return L
+        if self.op == "global_pf":
+            return L * L
+        if self.op == "window_pf":
+            return sum(min(i + 1, WINDOW) for i in range(L))
+        return L * (L + 1) // 2
+
+    def useful_flops(self) -> float:
+        return 4.0 * self.hq_hkv[0] * self.batch * self.head_dim * self.pairs()
+
+    def io_bytes(self) -> float:
+        hq, hkv = self.hq_hkv
+        lq = 1 if self.kind == "dc" else self.L
+        el = torch.finfo(self.dtype).bits // 8
+        return el * self.batch * self.head_dim * (2 * hq * lq + 2 * hkv * self.L)
+
+
+def all_cases(ops=None, sizes=None) -> list[Case]:
+    out = []
+    for op in HEADS:
+        if ops and op not in ops:
+            continue
+        for L in (DC_SIZES if op.endswith("_dc") else PF_SIZES):
+            if sizes and L not in sizes:
+                continue
+            out.append(Case(op, L))
+    return out
+
+
+def reference_rows(case: Case, device) -> torch.Tensor | None:
+    """Query rows the float64 check looks at (None: all of them)."""
+    if case.kind == "dc" or case.L <= 4096:
+        return None
+    g = torch.Generator(device="cpu").manual_seed(1234)
+    return torch.randperm(case.L, generator=g)[:256].sort().values.to(device)
+
+
+def reference(case: Case, captured, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(float64 output on the checked rows, the rows) from the operator's captured program."""
+    from neptune_eq.reference import evaluate
+
+    rows = reference_rows(case, device)
+    inputs = {k: (t.to(torch.float64) if t.is_floating_point() else t)
+              for k, t in captured.inputs(*case.inputs(device)).items()}
+    restrict = {}
+    if rows is not None:
+        q_axes = captured.program.inputs["q"].axes
+        restrict[q_axes[-2]] = rows
+    ref = evaluate(captured.program, inputs, restrict=restrict)["out0"]
+    b, hq = case.batch, case.hq_hkv[0]
+    return ref.reshape(b, hq, -1, case.head_dim), rows
+
+
+def rel_err_rows(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 on the checked query rows (dim 2 of [B, H, L, D])."""
+    o = out.detach().to(torch.float64)
+    if rows is not None:
+        o = o.index_select(2, rows)
+    if not torch.isfinite(o).all():
+        return math.inf
+    return ((o - ref).norm() / ref.norm()).item()

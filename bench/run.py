@@ -1,0 +1,282 @@
+"""The whole comparison: the ten Neptune operators, neptune_eq beside SDPA, FlexAttention and
+torch.compile, in one process on one GPU. Writes results.json, results.md and results.png.
+
+    python bench/run.py                      # everything (GPU)
+    python bench/run.py --ops causal_pf --sizes 4096
+    python bench/run.py --dry                # CPU smoke test of the harness: tiny sizes, interpreter,
+                                             # wall-clock timings that mean nothing
+
+Every implementation is checked against the float64 reference before it is timed; a failed check
+is recorded and not timed. Timing: triton.testing.do_bench (CUDA events, warm-up excluded, L2
+cleared between runs), median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from datetime import date
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import neptune_eq  # noqa: E402, F401  (first: Triton interpreter on a CPU-only machine)
+import torch  # noqa: E402
+
+from cases import Case, all_cases, reference, rel_err_rows  # noqa: E402
+from peers import PEERS  # noqa: E402
+
+TOLERANCE = {"neptune_eq": 2e-3, "peer": 1e-2}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def timer(dry: bool):
+    if dry:
+        def t(fn):
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+        return t
+    import triton.testing
+
+    return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def pick_alternatives(compiled, limit: int = 4) -> list:
+    """The chosen plan plus the best of each other kind: split-K, unfused (several kernels), two-pass."""
+    alts = compiled.alternatives
+    picks = [alts[0]]
+
+    def kind(a):
+        p = a.plan
+        if any(ph.split > 1 for k in p.kernels for ph in k.passes()):
+            return "split"
+        if len(p.kernels) > 1:
+            return "unfused"
+        if any(ph.kind == "rolling" for k in p.kernels for ph in k.passes()):
+            return "rolling"
+        return "multipass"
+
+    seen = {kind(alts[0])}
+    for a in alts[1:]:
+        if kind(a) not in seen:
+            picks.append(a)
+            seen.add(kind(a))
+        if len(picks) >= limit:
+            break
+    return [(a, kind(a)) for a in picks]
+
+
+def run_case(case: Case, args, measure) -> dict:
+    from neptune_eq.frontend import capture
+    from neptune_eq.frontend.capture import CompiledFunction
+    from neptune_eq.runtime import compile_ir
+    from neptune_eq.tune import autotune
+
+    device = "cpu" if args.dry else "cuda"
+    q, k, v = case.inputs(device)
+    row = {"op": case.op, "L": case.L, "kind": case.kind, "useful_flops": case.useful_flops(),
+           "io_bytes": case.io_bytes(), "impls": {}, "alternatives": []}
+    t0 = time.perf_counter()
+    captured = capture(case.fn, q, k, v)
+    compiled = compile_ir(captured.program)
+    row["compile_s"] = time.perf_counter() - t0
+    ref, rows = reference(case, captured, device)
+
+    def record(name, thunk, tol, note=""):
+        entry = {"note": note}
+        try:
+            out = thunk()
+            err = rel_err_rows(out, ref, rows)
+            entry["rel_err"] = err
+            if not err <= tol:
+                entry["error"] = f"failed the float64 check: rel err {err:.2e} > {tol:g}"
+                return entry
+            ms = measure(thunk)
+            entry["ms"] = ms
+            entry["tflops"] = case.useful_flops() / (ms * 1e-3) / 1e12
+            entry["gbps"] = case.io_bytes() / (ms * 1e-3) / 1e9
+        except Exception as e:  # noqa: BLE001 - a peer that fails is a result
+            entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            if args.verbose:
+                traceback.print_exc()
+        finally:
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        return entry
+
+    if not args.dry and not args.no_tune:
+        t1 = time.perf_counter()
+        autotune(compiled, captured.inputs(q, k, v), progress=args.verbose)
+        row["tune_s"] = time.perf_counter() - t1
+    fn = CompiledFunction(captured, compiled)
+    row["plan"] = compiled.alternative.structure
+    row["impls"]["neptune_eq"] = record("neptune_eq", lambda: fn(q, k, v), TOLERANCE["neptune_eq"],
+                                        compiled.alternative.structure)
+    row["impls"]["neptune_eq"]["predicted_ms"] = compiled.alternative.cost.time * 1e3
+    if args.alternatives:
+        for alt, kind in pick_alternatives(compiled):
+            pinned = compiled.pin(alt.id)
+            if alt.id == compiled.alternative.id:
+                pinned.schedules = compiled.schedules  # the tuned one
+            pf = CompiledFunction(captured, pinned)
+            e = record(f"alt{alt.id}", lambda pf=pf: pf(q, k, v), TOLERANCE["neptune_eq"], alt.structure)
+            e.update({"id": alt.id, "kind": kind, "structure": alt.structure,
+                      "predicted_ms": alt.cost.time * 1e3, "tuned": alt.id == compiled.alternative.id})
+            row["alternatives"].append(e)
+    for name in args.peers:
+        builder = PEERS[name]
+        try:
+            thunk, note = builder(case, q, k, v)
+        except Exception as e:  # noqa: BLE001
+            thunk, note = None, f"{type(e).__name__}: {str(e)[:200]}"
+        if thunk is None:
+            row["impls"][name] = {"error": f"not applicable: {note}"}
+            continue
+        row["impls"][name] = record(name, thunk, TOLERANCE["peer"], note)
+    return row
+
+
+def speedup(row) -> float | None:
+    ours = row["impls"].get("neptune_eq", {}).get("ms")
+    peers = [e["ms"] for n, e in row["impls"].items() if n != "neptune_eq" and "ms" in e]
+    if ours is None or not peers:
+        return None
+    return min(peers) / ours
+
+
+def spearman(xs, ys) -> float:
+    import numpy as np
+
+    if len(xs) < 3:
+        return float("nan")
+    rx = np.argsort(np.argsort(xs))
+    ry = np.argsort(np.argsort(ys))
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def summarize(rows: list[dict]) -> dict:
+    largest = {}
+    for r in rows:
+        if r["op"] not in largest or r["L"] > largest[r["op"]]["L"]:
+            largest[r["op"]] = r
+    ratios = {op: speedup(r) for op, r in largest.items()}
+    valid = [x for x in ratios.values() if x]
+    pts = [(a["predicted_ms"], a["ms"]) for r in rows for a in r["alternatives"] if "ms" in a]
+    within = {}
+    for r in rows:
+        meas = [a for a in r["alternatives"] if "ms" in a]
+        if not meas:
+            continue
+        best = min(a["ms"] for a in meas)
+        chosen = next((a for a in meas if a["id"] == meas[0]["id"]), None)
+        within.setdefault(r["op"], []).append(chosen is not None and chosen["ms"] <= 1.10 * best)
+    return {
+        "ratio_largest_L": ratios,
+        "geomean": math.exp(sum(math.log(x) for x in valid) / len(valid)) if valid else None,
+        "spearman": spearman([p for p, _ in pts], [m for _, m in pts]) if pts else None,
+        "points": len(pts),
+        "chosen_within_10pct_of_best_measured": {op: all(v) for op, v in within.items()},
+    }
+
+
+def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
+    peers = sorted({n for r in rows for n in r["impls"] if n != "neptune_eq"})
+    lines = [f"# neptune_eq vs peers — {meta['device']}, {meta['date']}",
+             f"torch {meta['torch']}, triton {meta['triton']}; fp16, head_dim 128, batch 1; "
+             "median of triton.testing.do_bench; TF/s = useful FLOPs (4·heads·head_dim per unmasked pair)",
+             "", "| op | L | neptune_eq µs | TF/s | GB/s | " + " | ".join(f"{p} µs" for p in peers)
+             + " | best peer | speedup | plan |", "|" + "---|" * (7 + len(peers))]
+    for r in rows:
+        ours = r["impls"].get("neptune_eq", {})
+        cells = []
+        for p in peers:
+            e = r["impls"].get(p, {})
+            cells.append(f"{e['ms'] * 1e3:.0f}" if "ms" in e else "—")
+        best = min(((n, e["ms"]) for n, e in r["impls"].items() if n != "neptune_eq" and "ms" in e),
+                   key=lambda t: t[1], default=(None, None))
+        sp = speedup(r)
+        lines.append(
+            f"| {r['op']} | {r['L']} | {ours.get('ms', float('nan')) * 1e3:.0f} | {ours.get('tflops', 0):.0f} | "
+            f"{ours.get('gbps', 0):.0f} | " + " | ".join(cells) + f" | {best[0] or '—'} | "
+            f"{f'{sp:.2f}×' if sp else '—'} | {r.get('plan', '')} |")
+    lines += ["", f"Geomean speedup over the best peer at the largest L: {summary['geomean']:.2f}×"
+              if summary["geomean"] else "", ""]
+    lines.append("Notes on peers that did not run:")
+    for r in rows:
+        for n, e in r["impls"].items():
+            if "error" in e:
+                lines.append(f"- {r['op']} L={r['L']} {n}: {e['error']}")
+    lines += ["", "Cost model: Spearman rank correlation of predicted vs measured time over "
+              f"{summary['points']} (op, size, alternative) points: {summary['spearman']}",
+              "Chosen plan within 10% of the best measured alternative: "
+              + ", ".join(f"{op}: {'yes' if ok else 'no'}"
+                          for op, ok in summary["chosen_within_10pct_of_best_measured"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", nargs="*")
+    ap.add_argument("--sizes", nargs="*", type=int)
+    ap.add_argument("--peers", nargs="*", default=list(PEERS))
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "results"))
+    ap.add_argument("--no-alternatives", dest="alternatives", action="store_false")
+    ap.add_argument("--no-tune", action="store_true")
+    ap.add_argument("--dry", action="store_true", help="CPU smoke test of this script (numbers mean nothing)")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    if args.dry:
+        cases = [Case(op, 64, head_dim=32, heads=(4, 2) if c.hq_hkv[0] != c.hq_hkv[1] else (2, 2))
+                 for op in (args.ops or [c.op for c in all_cases()]) for c in [Case(op, 64)]]
+        args.peers = [p for p in args.peers if p == "sdpa"]
+    else:
+        cases = all_cases(args.ops, args.sizes)
+    import triton
+
+    meta = {"device": "CPU (dry run)" if args.dry else torch.cuda.get_device_name(), "date": str(date.today()),
+            "torch": torch.__version__, "triton": triton.__version__}
+    measure = timer(args.dry)
+    rows = []
+    t_start = time.perf_counter()
+    for n, case in enumerate(cases):
+        t0 = time.perf_counter()
+        try:
+            row = run_case(case, args, measure)
+        except Exception as e:  # noqa: BLE001 - keep the run going, report the failure
+            traceback.print_exc()
+            row = {"op": case.op, "L": case.L, "kind": case.kind, "impls": {"neptune_eq": {"error": repr(e)[:300]}},
+                   "alternatives": []}
+        rows.append(row)
+        ours = row["impls"].get("neptune_eq", {})
+        best = {n_: f"{e['ms'] * 1e3:.0f}µs" for n_, e in row["impls"].items() if "ms" in e}
+        log(f"[{n + 1}/{len(cases)}] {case.label}: {best} "
+            f"{'err ' + ours['error'] if 'error' in ours else ''} ({time.perf_counter() - t0:.0f}s, "
+            f"total {time.perf_counter() - t_start:.0f}s)")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        summary = summarize(rows)
+        (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows, "summary": summary}, indent=1))
+        (out / "results.md").write_text(markdown(rows, summary, meta))
+    print((Path(args.out) / "results.md").read_text())
+    try:
+        from plot import plot
+
+        plot(Path(args.out) / "results.json", Path(args.out) / "results.png")
+    except Exception as e:  # noqa: BLE001 - the plot is optional where matplotlib is missing
+        log(f"no plot: {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Autotuning: time schedule variants of each kernel of a plan on the GPU and keep the fastest.
+
+Candidates vary the row tile, the loop tile, warps and pipeline stages around the default
+schedule (and fast special functions where the kernel uses tanh; every such variant is verified
+against float64 before it may win). Results are cached on disk per (program, plan, kernel,
+device, triton version) so a shape is tuned once; the cache file is plain JSON, written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from . import ir
+from .plan import Combine
+from .schedule import KernelSchedule, inner_axes, row_axes
+
+
+@dataclass
+class Trial:
+    schedule: KernelSchedule
+    ms: float | None
+    error: str | None = None
+
+
+def _candidates(k, program: ir.Program, plan, base: KernelSchedule) -> list[KernelSchedule]:
+    rows = [a for a in row_axes(k, program, plan) if base.tiles.get(a, 1) > 1][:1]
+    loops = list(dict.fromkeys(p.axis for p in k.passes()))
+    has_dot = bool(inner_axes(k, plan))
+    out = [base]
+    row_opts = [64, 128] if rows and program.axes[rows[0]] >= 64 else [None]
+    loop_opts = ([32, 64, 128] if has_dot else [128, 256, 512, 1024]) if loops else [None]
+    warp_opts = [4, 8]
+    stage_opts = [2, 3, 4] if has_dot else [2, 3]
+    for r in row_opts:
+        for lt in loop_opts:
+            for w in warp_opts:
+                for s in stage_opts:
+                    tiles = dict(base.tiles)
+                    if r is not None:
+                        tiles[rows[0]] = r
+                    if lt is not None:
+                        for a in loops:
+                            if program.axes[a] >= lt // 2:
+                                tiles[a] = lt
+                    if has_dot and r is not None and lt is not None and r * lt > 128 * 128:
+                        continue
+                    cand = replace(base, tiles=tiles, num_warps=w, num_stages=s)
+                    if cand.key() not in {c.key() for c in out}:
+                        out.append(cand)
+    return out
+
+
+def cache_path(cache_dir: Path | None) -> Path:
+    from .lower.launch import default_cache_dir
+
+    return (cache_dir or default_cache_dir()) / "tuning.json"
+
+
+def _key(program: ir.Program, alt_structure: str, k_index: int, device: str) -> str:
+    import triton
+
+    text = f"{program}|{alt_structure}|{k_index}|{device}|{triton.__version__}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _load(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # missing or corrupt cache: start again
+
+
+def _store(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _schedule_from(d: dict) -> KernelSchedule:
+    return KernelSchedule(dict(d["tiles"]), d["num_warps"], d["num_stages"], d.get("input_precision", "ieee"),
+                          d.get("fast_math", False))
+
+
+def _schedule_to(s: KernelSchedule) -> dict:
+    return {"tiles": s.tiles, "num_warps": s.num_warps, "num_stages": s.num_stages,
+            "input_precision": s.input_precision, "fast_math": s.fast_math}
+
+
+def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=True, rep_ms: int = 60,
+             max_candidates: int = 24, tolerance: float = 2e-3) -> list[KernelSchedule]:
+    """Tune every kernel of `compiled`'s plan on CUDA `inputs`; installs and returns the schedules."""
+    import torch
+    import triton.testing
+
+    from .lower.launch import Launcher, load_module
+    from .lower.triton import write_module
+    from .verify import rel_err
+
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
+    program, plan = compiled.program, compiled.plan
+    device = torch.cuda.get_device_name()
+    path = cache_path(cache_dir)
+    cache = _load(path)
+    current = list(compiled._schedules("cuda"))
+    ref = None
+    uses_tanh = any(n.op == "tanh" for k in plan.kernels for e in _exprs(k, plan) for n in ir.walk(e)
+                    if isinstance(n, ir.Call))
+    for ki, k in enumerate(plan.kernels):
+        key = _key(program, compiled.alternative.structure, ki, device)
+        if key in cache:
+            current[ki] = _schedule_from(cache[key])
+            log(f"  tune {k.name}: cached {current[ki].tiles} w{current[ki].num_warps} s{current[ki].num_stages}")
+            continue
+        cands = _candidates(k, program, plan, current[ki])[:max_candidates]
+        if uses_tanh:
+            cands += [replace(c, fast_math=True) for c in cands[:6]]
+        trials: list[Trial] = []
+        for n, cand in enumerate(cands):
+            scheds = list(current)
+            scheds[ki] = cand
+            try:
+                src, ks = write_module(plan, program, scheds, "cuda", f"tune_{ki}_{n}")
+                launcher = Launcher(program, plan, ks, load_module(src, cache_dir))
+                out = launcher(inputs)
+                if cand.fast_math:
+                    if ref is None:
+                        from .reference import evaluate
+
+                        ref = evaluate(program, {a: t.double() if t.is_floating_point() else t
+                                                 for a, t in inputs.items()})
+                    err = max(rel_err(out[o.name], ref[o.name])[0] for o in program.outputs)
+                    if not err < tolerance:
+                        trials.append(Trial(cand, None, f"rel err {err:.2e} with fast math"))
+                        continue
+                ms = triton.testing.do_bench(lambda launcher=launcher: launcher(inputs), warmup=20, rep=rep_ms,
+                                             return_mode="median")
+                trials.append(Trial(cand, ms))
+                log(f"  tune {k.name} [{n + 1}/{len(cands)}] {cand.tiles} w{cand.num_warps} s{cand.num_stages}"
+                    f"{' fast' if cand.fast_math else ''}: {ms * 1e3:.1f} µs")
+            except Exception as e:  # a variant that does not compile (e.g. out of shared memory) just loses
+                trials.append(Trial(cand, None, repr(e)[:200]))
+                log(f"  tune {k.name} [{n + 1}/{len(cands)}] failed: {repr(e)[:120]}")
+        ok = [t for t in trials if t.ms is not None]
+        if ok:
+            best = min(ok, key=lambda t: t.ms)
+            current[ki] = best.schedule
+            cache[key] = _schedule_to(best.schedule)
+    _store(path, {**_load(path), **cache})
+    compiled.schedules["cuda"] = current
+    compiled._modules.clear()
+    return current
+
+
+def _exprs(k, plan):
+    for ph in k.phases:
+        src = ph.source if isinstance(ph, Combine) else ph
+        for c in src.comps:
+            yield c.core
+        for st in getattr(ph, "stores", ()):
+            yield st.expr
+    for st in k.epilogue:
+        yield st.expr
+    for t in plan.inline.values():
+        yield t
