@@ -283,6 +283,14 @@ def test_diagonal_uses_get_fresh_axes():
     assert len(set(c.program.outputs[1].axes)) == 2
 
 
+def test_later_unification_does_not_merge_axes_of_an_outer_product():
+    def fn(x, y):
+        return x[:, None] * y[None, :], x + y  # the outer product keeps two axes; x + y reads y at x's
+
+    c = check_capture(fn, randn(5), randn(5, seed=1))
+    assert len(set(c.program.outputs[0].axes)) == 2
+
+
 def test_gqa_uses_floordiv_index():
     def gqa(q, k, v):
         g = q.shape[1] // k.shape[1]

@@ -96,11 +96,13 @@ class AxisTable:
         return ra
 
     # ---------------------------------------------------------------- combining operands
-    def combine(self, n_slots: int, operands: list[list[tuple[int, Dim]]]) -> tuple[list[Dim], dict[int, dict]]:
+    def combine(self, n_slots: int, operands: list[list[tuple[int, Dim]]],
+                apart=lambda a, b: False) -> tuple[list[Dim], dict[int, dict]]:
         """Unify the variables each operand puts into each slot.
 
-        `operands[k]` lists (slot, variable) pairs. Returns the variable of every slot (None where
-        no operand has one) and, for operands that had to be renamed to keep slots apart,
+        `operands[k]` lists (slot, variable) pairs; `apart(root_a, root_b)` says whether two classes
+        must not be unified (some value varies along both). Returns the variable of every slot (None
+        where no operand has one) and, for operands that had to be renamed to keep axes apart,
         {operand index: {old root: fresh variable}}.
         """
         slot_roots: list[set[int]] = [set() for _ in range(n_slots)]
@@ -109,6 +111,8 @@ class AxisTable:
         for k, entries in enumerate(operands):
             vs = [(s, v) for s, v in entries if v is not None]
             clash = self._conflicts(vs, slot_roots)
+            clash |= {self.find(v) for s, v in vs
+                      if any(r != self.find(v) and apart(r, self.find(v)) for r in slot_roots[s])}
             if clash:
                 mapping = {r: self.new(self._extent[r]) for r in clash}
                 self.substituted.update(clash)

@@ -246,12 +246,23 @@ class Translator:
         """Unify operand dimensions placed in slots (`operands`: (operand, slot per dimension or None
         to leave a dimension out)); records renames of operands that would repeat an axis."""
         entries = [[(s, v) for s, v in zip(slots, op.dims) if s is not None] for op, slots in operands]
-        out, renames = self.axes.combine(n_slots, entries)
+        out, renames = self.axes.combine(n_slots, entries, self._apart)
         if renames:
             rec = self.renames.setdefault(call.node, {})
             for k, mapping in renames.items():
                 rec[operands[k][0].pos] = mapping
         return out
+
+    def _apart(self, a: int, b: int) -> bool:
+        """Some value seen so far varies along both classes (unifying them would make it a diagonal)."""
+        find = self.axes.find
+        for info in self.infos.values():
+            for part in info if isinstance(info, tuple) else (info,):
+                if isinstance(part, Info):
+                    roots = {find(v) for v in part.dims if v is not None}
+                    if a in roots and b in roots:
+                        return True
+        return False
 
     def broadcast(self, call: OpCall, operands: list[Operand], rank: int | None = None) -> list[Dim]:
         """Dimensions of the elementwise combination of `operands` (right-aligned broadcasting)."""
