@@ -33,10 +33,10 @@ def _candidates(k, program: ir.Program, plan, base: KernelSchedule) -> list[Kern
     loops = list(dict.fromkeys(p.axis for p in k.passes()))
     has_dot = bool(inner_axes(k, plan))
     out = [base]
-    row_opts = [64, 128] if rows and program.axes[rows[0]] >= 64 else [None]
-    loop_opts = ([32, 64, 128] if has_dot else [128, 256, 512, 1024]) if loops else [None]
-    warp_opts = [4, 8]
-    stage_opts = [2, 3, 4] if has_dot else [2, 3]
+    row_opts = [128, 64] if rows and program.axes[rows[0]] >= 64 else [None]
+    loop_opts = ([64, 128, 32] if has_dot else [256, 512, 128, 1024]) if loops else [None]
+    warp_opts = [8, 4]
+    stage_opts = [3, 2, 4] if has_dot else [2, 3]
     for r in row_opts:
         for lt in loop_opts:
             for w in warp_opts:
@@ -95,7 +95,7 @@ def _schedule_to(s: KernelSchedule) -> dict:
 
 
 def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=True, rep_ms: int = 60,
-             max_candidates: int = 24, tolerance: float = 2e-3) -> list[KernelSchedule]:
+             max_candidates: int = 10, tolerance: float = 2e-3) -> list[KernelSchedule]:
     """Tune every kernel of `compiled`'s plan on CUDA `inputs`; installs and returns the schedules."""
     import torch
     import triton.testing
