@@ -1,5 +1,5 @@
 """The ten Neptune operators of examples/neptune_ops.py, written in plain PyTorch, captured at small
-sizes and checked in float64; two of them also run end to end through the Triton interpreter."""
+sizes and checked in float64; four of them also run end to end through the Triton interpreter."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_example_inputs_shapes():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["causal_pf", "causal_dc"])
+@pytest.mark.parametrize("name", ["causal_pf", "causal_dc", "gqa_pf", "window_pf"])
 def test_neptune_op_end_to_end(name):
     fn, args = small(name, L=32, dtype=torch.float32)
     run = capture(fn, *args, name=name).compile()
