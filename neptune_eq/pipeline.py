@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,7 +175,13 @@ def _fuse(c: Compilation, rules: list[Rule]) -> None:
     assert c.fusion is not None
     c.fusion.rules = rules
     c.fusion.run()
-    c.saturator.phase("analysis", analysis.ANALYSIS)  # deps of the new loop terms and corrections
+    # deps of the new loop terms and corrections: plans cannot be extracted without them, so this
+    # phase is exempt from the node/time budgets an earlier phase may have spent (analysis rules add
+    # no terms, so it terminates on its own)
+    unbudgeted = Budget(max_nodes=2**62, max_seconds=math.inf, max_iterations=c.options.budget.max_iterations,
+                        match_limit=c.options.budget.match_limit)
+    sat = Saturator(c.egraph, unbudgeted, c.saturator.progress, c.saturator.rule_names)
+    c.saturator.reports.append(sat.phase("analysis", analysis.ANALYSIS))
 
 
 def _split_k(c: Compilation) -> None:
