@@ -144,5 +144,14 @@ class CompiledProgram:
         return "\n".join(lines)
 
 
-def compile_ir(program: ir.Program, options: Options | None = None) -> CompiledProgram:
+def compile_ir(program: ir.Program, options: Options | None = None, *, rules=()) -> CompiledProgram:
+    """Compile `program`. `rules`: extra rewrite rules (rules-file paths or shipped names, Rule objects,
+    egglog rewrites), checked for soundness first (rules/user.py) and added to options.rules."""
+    if rules:
+        from dataclasses import replace
+
+        from .rules.user import user_rules
+
+        options = options or Options()
+        options = replace(options, rules=(*options.rules, *user_rules(rules)))
     return CompiledProgram(compile_program(program, options))
