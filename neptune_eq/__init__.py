@@ -5,3 +5,13 @@ from ._interpret import select_interpreter_if_no_gpu
 select_interpreter_if_no_gpu()
 
 __version__ = "0.1.0"
+
+
+def explore(fn, *example_inputs, **options):
+    """Compile `fn` (a PyTorch function with example inputs, or an ir.Program) and explore its alternatives.
+
+    See neptune_eq.explorer.explore and docs/EXPLORER.md.
+    """
+    from .explorer import explore as _explore
+
+    return _explore(fn, *example_inputs, **options)
