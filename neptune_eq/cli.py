@@ -1,6 +1,8 @@
-"""Command line: `neptune-eq compile FILE [--json]` (and, later, explore / rules).
+"""Command line: `neptune-eq compile FILE [--json]`, `neptune-eq explore FILE`, `neptune-eq rules check FILE`.
 
-FILE is a Python file defining `program` (a DSL program) — or any ir.Program at top level.
+FILE is a Python file defining `program` (a DSL program) — or any ir.Program at top level; for
+explore also a file defining `fn` and `example_inputs` (PyTorch frontend). Rules files are data
+(docs/RULES.md): `rules check` parses and fuzzes them without executing anything.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ def load_program(path: str) -> ir.Program:
     if not p.exists():
         raise NeptuneError(f"no such file: {path}")
     env = runpy.run_path(str(p), run_name="__neptune_example__")
+    prog = program_in(env)
+    if prog is None:
+        raise NeptuneError(f"{path} defines no program (expected a top-level `program = P.build()`)")
+    return prog
+
+
+def program_in(env: dict) -> ir.Program | None:
+    """The program a file's top level defines: `program`, else any ir.Program, else a program builder."""
     prog = env.get("program")
     if isinstance(prog, ir.Program):
         return prog
@@ -32,7 +42,7 @@ def load_program(path: str) -> ir.Program:
     for v in env.values():
         if isinstance(v, ProgramBuilder):
             return v.build()
-    raise NeptuneError(f"{path} defines no program (expected a top-level `program = P.build()`)")
+    return None
 
 
 def cmd_compile(args) -> int:
@@ -41,7 +51,7 @@ def cmd_compile(args) -> int:
 
     program = load_program(args.file)
     t0 = time.perf_counter()
-    prog = compile_ir(program, Options(progress=True if args.progress else None))
+    prog = compile_ir(program, Options(progress=True if args.progress else None), rules=args.rules)
     t_compile = time.perf_counter() - t0
     c = prog.compilation
     out = print if not args.json else (lambda *a, **k: print(*a, **k, file=sys.stderr))
@@ -87,6 +97,45 @@ def cmd_compile(args) -> int:
     return 0 if report is None or report.passed else 1
 
 
+def cmd_explore(args) -> int:
+    from .explorer.session import run_session
+
+    return run_session(args.file, args.rules, progress=not args.quiet)
+
+
+def cmd_rules_check(args) -> int:
+    """Parse and fuzz every rule of the files; non-zero exit if any file or rule is bad."""
+    from .rules.files import RuleFileError, load_rules_file
+    from .rules.user import check_rules, resolve_rules_file
+
+    bad = 0
+    for path in args.files:
+        try:
+            rules = load_rules_file(resolve_rules_file(path))
+        except RuleFileError as e:
+            print(f"error: {e}")
+            bad += 1
+            continue
+        checks = check_rules(rules)
+        print(f"{path}: {len(rules)} rule(s)")
+        for chk in checks:
+            print(f"  {chk}")
+        bad += sum(not chk.ok for chk in checks)
+    print("all rules ok" if not bad else f"{bad} problem(s)")
+    return 1 if bad else 0
+
+
+def cmd_rules_list(args) -> int:
+    from .rules.algebra import ALGEBRA
+    from .rules.user import shipped_rules_files
+
+    for r in ALGEBRA:
+        print(r)
+    print(f"\n{len(ALGEBRA)} built-in algebra rules; shipped rules files (rules=<name>): "
+          f"{', '.join(shipped_rules_files()) or 'none'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="neptune-eq", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -99,7 +148,22 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--alternatives", type=int, default=8, help="how many alternatives to list")
     c.add_argument("--seed", type=int, default=None)
     c.add_argument("--progress", action="store_true", help="print saturation progress")
+    c.add_argument("--rules", action="append", default=[], metavar="RULES",
+                   help="extra rules: a rules file or a shipped rules-file name (repeatable)")
     c.set_defaults(fn=cmd_compile)
+    e = sub.add_parser("explore", help="explore the alternatives of a program interactively")
+    e.add_argument("file", help="a DSL program file, or a file defining `fn` and `example_inputs`")
+    e.add_argument("--rules", action="append", default=[], metavar="RULES",
+                   help="extra rules: a rules file or a shipped rules-file name (repeatable)")
+    e.add_argument("--quiet", action="store_true", help="no saturation progress on stderr")
+    e.set_defaults(fn=cmd_explore)
+    r = sub.add_parser("rules", help="check or list rewrite rules")
+    rsub = r.add_subparsers(dest="rules_cmd", required=True)
+    rc = rsub.add_parser("check", help="parse and fuzz rules files for soundness (exit 1 on a bad rule)")
+    rc.add_argument("files", nargs="+", metavar="FILE")
+    rc.set_defaults(fn=cmd_rules_check)
+    rl = rsub.add_parser("list", help="list the built-in algebra rules")
+    rl.set_defaults(fn=cmd_rules_list)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)
