@@ -103,10 +103,7 @@ def user_rules(specs: RuleSpec | Iterable[RuleSpec] | None, *, check: bool = Tru
             raise RuleError(f"cannot use {type(spec).__name__} as a rule: pass a rules-file path or name, a Rule "
                             "(rules.base.rw / birw), or an egglog rewrite(lhs).to(rhs) over Term")
     names: dict[str, Rule] = {}
-    builtin = {r.name for r in ALGEBRA}
     for r in rules:
-        if r.name in builtin:
-            raise RuleError(f"{_where(r)}rule name '{r.name}' is taken by a built-in rule; choose another name")
         if r.name in names:
             raise RuleError(f"{_where(r)}rule name '{r.name}' is used twice (also at {names[r.name].origin})")
         names[r.name] = r
@@ -137,6 +134,8 @@ def check_rule(rule: Rule) -> None:
 
 def validate(rule: Rule) -> None:
     """Structural checks egglog would otherwise report obscurely (or not at all)."""
+    if rule.origin != "builtin" and rule.name in {r.name for r in ALGEBRA}:
+        raise RuleError(f"{_where(rule)}rule name '{rule.name}' is taken by a built-in rule; choose another name")
     try:
         lhs, rhs = rule.lhs_pattern, rule.rhs_pattern
     except PatternError as e:
