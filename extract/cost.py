@@ -78,7 +78,7 @@ class _Counter:
     """Counts work per program of one kernel, from the same expressions the lowering emits."""
 
     def __init__(self, plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSchedule):
-        self.plan, self.k, self.program, self.tiles = plan, k, program, sched.tiles
+        self.plan, self.k, self.program, self.tiles, self.sched = plan, k, program, sched.tiles, sched
         self.block_axes = {a for a in k.grid if self.tiles.get(a, 1) > 1} | inner_axes(k, plan)
         self.bytes_loaded = 0.0
         self.loaded: dict[str, float] = {}  # tensor → bytes per program
@@ -90,6 +90,18 @@ class _Counter:
             if a in self.block_axes or a == loop:
                 s *= self.tiles.get(a, 1)
         return s
+
+    def load_size(self, n: ir.Load, loop: str | None) -> float:
+        """Elements a program loads for `n`: an index a // G over a tile advancing by a divisor of G
+        (grouped-query heads stacked as rows) reads one slice for the whole tile."""
+        axes: set[str] = set()
+        for e in n.index:
+            if (isinstance(e, ir.Call) and e.op == "floordiv" and isinstance(e.args[0], ir.Index)
+                    and isinstance(e.args[1], ir.Const) and e.args[0].axis in self.sched.steps
+                    and e.args[1].value % self.sched.step(e.args[0].axis) == 0):
+                continue
+            axes |= e.axes
+        return self.size(axes, loop)
 
     def count(self, exprs: list[ir.Node], loop: str | None, reps: float, seen: set) -> None:
         for e in exprs:
@@ -106,7 +118,7 @@ class _Counter:
                 elif isinstance(n, ir.Load):
                     spec = self.program.inputs.get(n.tensor)
                     dt = spec.dtype if spec else self.plan.buffers[n.tensor].dtype
-                    b = self.size(n.axes, loop) * _BYTES[dt] * reps
+                    b = self.load_size(n, loop) * _BYTES[dt] * reps
                     self.bytes_loaded += b
                     self.loaded[n.tensor] = self.loaded.get(n.tensor, 0.0) + b
                 elif isinstance(n, ir.Reduce):
@@ -175,7 +187,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     tiles = sched.tiles
     programs = k.chunks
     for a in k.grid:
-        programs *= math.ceil(program.axes[a] / tiles.get(a, 1))
+        programs *= math.ceil(program.axes[a] / sched.step(a))
     c = _Counter(plan, k, program, sched)
     iters_total = 0.0
     for ph in k.phases:
@@ -235,15 +247,18 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     occ = _occupancy(k, sched)
     slots = dev.sms * occ
     waves = math.ceil(programs / slots)
+    # compute units: a program occupies its share of an SM; the last wave may be partly empty
+    active = min(programs, slots)
     eff = programs / (waves * slots)
-    terms = [t_mem, t_tc, t_alu, t_sfu]
+    t_compute = [t_tc, t_alu, t_sfu]
+    t_compute = [t / eff for t in t_compute]
+    # memory: the programs in flight together pull at most their per-program streaming rate each
+    bw = min(dev.hbm_bytes_per_s, active * dev.sm_stream_bytes_per_s)
+    t_mem_eff = hbm / bw * (waves * active / programs if programs > slots else 1.0)
+    terms = [t_mem_eff, *t_compute]
     dominant = max(terms)
-    throughput = dominant + dev.overlap * (sum(terms) - dominant)
-    # few programs cannot stream fast enough to use the whole memory system: one wave of programs
-    # takes at least its bytes over the rate a single program achieves
-    per_program_bytes = (c.bytes_loaded + stored / max(1, programs))
-    latency = per_program_bytes / dev.sm_stream_bytes_per_s * waves if programs < slots else 0.0
-    time = max(throughput / eff, latency) + dev.launch_s
+    time = dominant + dev.overlap * (sum(terms) - dominant) + dev.launch_s
+    latency = hbm / bw
     return KernelCost(k.name, programs, iters_total, hbm, requested + stored, c.tc * programs, c.alu * programs,
                       c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time)
 

@@ -22,7 +22,7 @@ class DeviceSpec:
     fma_per_sm_per_clk: float = 128.0  # fp32 lanes
     sfu_per_sm_per_clk: float = 16.0  # MUFU ops
     launch_s: float = 4e-6  # per kernel launch (host + ramp)
-    sm_stream_bytes_per_s: float = 60e9  # one SM streaming alone (latency-bound), calibrated
+    sm_stream_bytes_per_s: float = 25e9  # what one program streams when it runs alone (latency-bound)
     overlap: float = 0.25  # fraction of non-dominant work that does not overlap the dominant unit
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536

@@ -31,13 +31,18 @@ class KernelSchedule:
     num_stages: int = 2
     input_precision: str = "ieee"  # for fp32 tl.dot: "ieee" | "tf32" | "tf32x3"
     fast_math: bool = False  # tanh.approx etc. on CUDA
+    steps: dict[str, int] = field(default_factory=dict)  # axis → rows per program when less than its tile
 
     def with_tiles(self, **tiles: int) -> KernelSchedule:
         return replace(self, tiles={**self.tiles, **tiles})
 
+    def step(self, axis: str) -> int:
+        """Programs advance along `axis` by this many indices (the tile may be padded beyond it)."""
+        return self.steps.get(axis, self.tiles.get(axis, 1))
+
     def key(self) -> tuple:
         return (tuple(sorted(self.tiles.items())), self.num_warps, self.num_stages, self.input_precision,
-                self.fast_math)
+                self.fast_math, tuple(sorted(self.steps.items())))
 
 
 def loads_in(k: KernelPlan, plan: Plan) -> list[ir.Load]:
@@ -69,42 +74,71 @@ def inner_axes(k: KernelPlan, plan: Plan) -> set[str]:
     return axes
 
 
-def row_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> list[str]:
-    loads = loads_in(k, plan)
+def grouped_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> dict[str, int]:
+    """Grid axes that the tensors read in loops see only as `a // G` (grouped-query heads): G rows of
+    `a` share one slice of those tensors, so a program can take a group of G rows (loading the
+    shared slice once)."""
     loop_axes = {p.axis for p in k.passes()}
-    rows = []
-    for a in k.grid:
-        if program.axes[a] == 1:
+    groups: dict[str, set[int]] = {}
+    plain: set[str] = set()
+    for ld in loads_in(k, plan):
+        if not ld.axes & loop_axes:
             continue
-        tensors_without = [ld for ld in loads if a not in ld.axes and (ld.axes & loop_axes)]
-        if tensors_without:
-            rows.append(a)
-    return rows
+        for e in ld.index:
+            if isinstance(e, ir.Index):
+                plain.add(e.axis)
+            elif (isinstance(e, ir.Call) and e.op == "floordiv" and isinstance(e.args[0], ir.Index)
+                  and isinstance(e.args[1], ir.Const) and float(e.args[1].value).is_integer()):
+                groups.setdefault(e.args[0].axis, set()).add(int(e.args[1].value))
+            else:
+                plain |= e.axes
+    return {a: g.pop() for a, g in groups.items() if len(g) == 1 and a not in plain and a in k.grid
+            and next(iter(g | {0})) >= 0}
+
+
+def row_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> list[str]:
+    """Grid axes worth a vector tile, the query-like ones first: axes that no tensor read in a loop
+    has (queries share every key tile), then axes some such tensor lacks (the value dimension)."""
+    loads = [ld for ld in loads_in(k, plan) if ld.axes & {p.axis for p in k.passes()}]
+    axes = [a for a in k.grid if program.axes[a] > 1]
+    primary = [a for a in axes if loads and all(a not in ld.axes for ld in loads)]
+    secondary = [a for a in axes if a not in primary and any(a not in ld.axes for ld in loads)]
+    return primary + secondary
 
 
 def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan, *, target: str = "cuda") -> KernelSchedule:
-    tiles: dict[str, int] = {}
+    tiles: dict[str, int] = {a: 1 for a in k.grid}
+    steps: dict[str, int] = {}
     rows = row_axes(k, program, plan)
     has_dot = bool(inner_axes(k, plan))
-    for a in k.grid:
-        tiles[a] = 1
-    if rows:
-        n = program.axes[rows[0]]
-        tiles[rows[0]] = min(128, max(16 if has_dot else 1, next_pow2(n)))
-    # a second row axis (e.g. the value dimension of attention) is held whole when it is small
-    for a in rows[1:]:
-        n = program.axes[a]
-        tiles[a] = next_pow2(n) if n <= 256 else 64
+    loads = [ld for ld in loads_in(k, plan) if ld.axes & {p.axis for p in k.passes()}]
+    primary = [a for a in rows if all(a not in ld.axes for ld in loads)]
+    if primary:
+        tiles[primary[0]] = min(128, max(16 if has_dot else 1, next_pow2(program.axes[primary[0]])))
+    else:
+        # no query-like axis (decode): stack a group of grouped-query heads as the rows, so the
+        # key/value tile of their shared head is loaded once (padded to 16 rows for tl.dot)
+        for a, g in grouped_axes(k, program, plan).items():
+            if g > 1 and program.axes[a] % g == 0:
+                steps[a] = g
+                tiles[a] = max(16 if has_dot else 1, next_pow2(g))
+                primary = [a]
+                break
+    # a further row axis (e.g. the value dimension of attention) is held whole when it is small
+    for a in rows:
+        if a not in primary and tiles[a] == 1:
+            n = program.axes[a]
+            tiles[a] = next_pow2(n) if n <= 256 else 64
     for p in k.passes():
         n = program.axes[p.axis]
         if p.axis not in tiles:
             tiles[p.axis] = min(64 if has_dot else 256, max(16, next_pow2(n)))
     for a in inner_axes(k, plan):
         tiles[a] = max(16, next_pow2(program.axes[a]))
-    big = max((tiles.get(a, 1) for a in rows), default=1)
+    big = max((tiles.get(a, 1) for a in primary), default=1)
     warps = 8 if (has_dot and big >= 128) else 4
     _ = target  # the interpreter runs fastest with the same (large) blocks: fewer numpy calls
-    return KernelSchedule(tiles, num_warps=warps, num_stages=3 if has_dot else 2)
+    return KernelSchedule(tiles, num_warps=warps, num_stages=3 if has_dot else 2, steps=steps)
 
 
 def plan_schedules(plan: Plan, program: ir.Program, *, target: str = "cuda") -> list[KernelSchedule]:
@@ -115,6 +149,7 @@ def plan_schedules(plan: Plan, program: ir.Program, *, target: str = "cuda") -> 
         s = default_schedule(k, program, plan, target=target)
         if out and any(isinstance(ph, Combine) for ph in k.phases):
             prev = out[-1]
-            s = s.with_tiles(**{a: prev.tiles[a] for a in k.grid if a in prev.tiles})
+            s = replace(s.with_tiles(**{a: prev.tiles[a] for a in k.grid if a in prev.tiles}),
+                        steps={a: v for a, v in prev.steps.items() if a in k.grid})
         out.append(s)
     return out

@@ -88,8 +88,8 @@ class Launcher:
                 args += list(x.stride()) if x.dim() else []
             args += [self.program.axes[a] for a in ks.extents]
             n_prog = ks.chunks
-            for a, tile in ks.grid:
-                n_prog *= math.ceil(self.program.axes[a] / tile)
+            for a, step in ks.grid:
+                n_prog *= math.ceil(self.program.axes[a] / step)
             grid = (n_prog,)
             if interpret:
                 require_interpreter()

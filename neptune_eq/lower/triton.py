@@ -49,7 +49,7 @@ class KernelSource:
     source: str  # the @triton.jit function
     tensors: list[TensorArg]
     extents: list[str]  # axes passed as n_<axis>
-    grid: list[tuple[str, int]]  # (axis, tile) in pid decomposition order (last fastest)
+    grid: list[tuple[str, int]]  # (axis, step) in pid decomposition order (last fastest)
     chunks: int
     constexprs: dict[str, int]
     schedule: KernelSchedule
@@ -98,6 +98,7 @@ class KernelWriter:
         self.vector: dict[str, str] = {}  # axis → name of its offsets vector in the current scope
         self.scalar: dict[str, str] = {}  # axis → scalar index name
         self.tail_masks: dict[str, bool] = {}  # axis → whether loads along it need a bounds mask now
+        self.row_masks: dict[str, str] = {}  # axis → its validity mask when the tile is padded past its step
         order = [a for a in kernel.grid if self.tiles.get(a, 1) > 1]
         loop_axes = list(dict.fromkeys(p.axis for p in kernel.passes()))
         self.canon = order + [a for a in loop_axes if a not in order] + sorted(self.inner - set(order) - set(loop_axes))
@@ -220,6 +221,9 @@ class KernelWriter:
             return self.contract(n.op, n.axis, n.body, None)
         assert isinstance(n, ir.Call)
         op = OPS[n.op]
+        uniform = self._uniform_group(n)
+        if uniform is not None:
+            return uniform
         args = [self.value(a) for a in n.args]
         if op.integer_ok and any(a.kind == "i" for a in args) and all(
                 a.kind == "i" or _int_const(x) is not None for a, x in zip(args, n.args)):
@@ -245,6 +249,16 @@ class KernelWriter:
         codes, dims = self.align([self.f32(a) for a in args])
         return self.bind(op.triton.format(*codes), dims, "f")
 
+    def _uniform_group(self, n: ir.Call) -> Val | None:
+        """a // G over a tile that advances by a divisor of G: one value for all valid rows."""
+        if n.op != "floordiv" or not isinstance(n.args[0], ir.Index) or _int_const(n.args[1]) is None:
+            return None
+        a, g = n.args[0].axis, _int_const(n.args[1])
+        step = self.sched.step(a)
+        if a not in self.vector or a not in self.k.grid or g <= 0 or g % step:
+            return None
+        return Val(f"((t_{_ident(a)} * {step}) // {g})", (), "i")
+
     # ---------------------------------------------------------------- memory
     def pointer(self, tensor: str, index: tuple[ir.Node, ...], order: tuple[str, ...] | None):
         """(pointer code, mask code or None, dims) for a block of `tensor` at `index`."""
@@ -262,7 +276,8 @@ class KernelWriter:
             if isinstance(e, ir.Index) and e.axis in self.vector:
                 entries.append((Val(self.vector[e.axis], (e.axis,), "i"), stride))
                 if self.tail_masks.get(e.axis, True):
-                    masks.append(Val(f"({self.vector[e.axis]} < {self.extent(e.axis)})", (e.axis,), "b"))
+                    code = self.row_masks.get(e.axis) or f"({self.vector[e.axis]} < {self.extent(e.axis)})"
+                    masks.append(Val(code, (e.axis,), "b"))
             elif isinstance(e, ir.Index) and e.axis == "chunk":
                 entries.append((Val("pid_chunk", (), "i"), stride))
             else:
@@ -534,8 +549,9 @@ class _PassWriter:
                 mins.append(f"{v} * {w.scalar[x]}")
                 maxs.append(f"{v} * {w.scalar[x]}")
                 continue
-            lo = f"t_{_ident(x)} * BLOCK_{_ident(x)}"
-            hi = f"(t_{_ident(x)} * BLOCK_{_ident(x)} + BLOCK_{_ident(x)} - 1)"
+            st = w.sched.step(x)
+            lo = f"t_{_ident(x)} * {st}"
+            hi = f"(t_{_ident(x)} * {st} + {st} - 1)"
             a, b = (lo, hi) if v > 0 else (hi, lo)
             mins.append(f"{v} * {a}")
             maxs.append(f"{v} * {b}")
@@ -730,16 +746,19 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     for a, tile in reversed(grid):
         ia = _ident(a)
         n = w.extent(a)
-        ntiles = f"(({n} + BLOCK_{ia} - 1) // BLOCK_{ia})"
+        step = sched.step(a)
+        ntiles = f"(({n} + {step} - 1) // {step})"
         if a in heavy_last:  # the programs with the most loop tiles start first: a shorter tail
             w.emit(f"t_{ia} = {ntiles} - 1 - pid % {ntiles}")
         else:
             w.emit(f"t_{ia} = pid % {ntiles}")
         w.emit(f"pid = pid // {ntiles}")
         if tile > 1:
-            w.emit(f"offs_{ia} = t_{ia} * BLOCK_{ia} + tl.arange(0, BLOCK_{ia})")
+            w.emit(f"offs_{ia} = t_{ia} * {step} + tl.arange(0, BLOCK_{ia})")
             w.vector[a] = f"offs_{ia}"
-            w.tail_masks[a] = program.axes[a] % tile != 0  # shapes are specialised: no mask when tiles divide
+            if step < tile:  # a padded tile: rows past the step belong to the next program
+                w.row_masks[a] = f"((tl.arange(0, BLOCK_{ia}) < {step}) & (offs_{ia} < {n}))"
+            w.tail_masks[a] = program.axes[a] % tile != 0 or step < tile  # specialised shapes: no mask if tiles divide
         else:
             w.scalar[a] = f"t_{ia}"
     for a in sorted(w.inner):
@@ -773,8 +792,8 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     params += [f"{c}: tl.constexpr" for c in consts]
     header = f"@triton.jit\ndef {fn_name}({', '.join(params)}):\n"
     src = header + "\n".join(w.lines) + "\n"
-    return KernelSource(fn_name, src, list(w.tensors.values()), list(w.extents), grid,
-                        k.chunks, consts, sched)
+    return KernelSource(fn_name, src, list(w.tensors.values()), list(w.extents),
+                        [(a, sched.step(a)) for a, _ in grid], k.chunks, consts, sched)
 
 
 PRELUDE = '''import triton
