@@ -6,7 +6,6 @@ Usage (on the GPU machine): python bench/gpu_smoke.py  → a table on stdout, JS
 from __future__ import annotations
 
 import json
-import math
 import os
 import runpy
 import sys
@@ -15,7 +14,7 @@ import traceback
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 import triton.testing
 
 from neptune_eq import reference

@@ -12,8 +12,7 @@ Each builder returns (callable, note) or (None, reason).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F  # noqa: N812
-
+import torch.nn.functional as F
 from cases import WINDOW, Case, neptune_ops
 
 _MASK_LIMIT_BYTES = 24 * 2**30

@@ -26,11 +26,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import neptune_eq  # noqa: E402, F401  (first: Triton interpreter on a CPU-only machine)
 import torch  # noqa: E402
-
 from cases import Case, all_cases, reference, rel_err_rows  # noqa: E402
 from peers import PEERS  # noqa: E402
+
+import neptune_eq  # noqa: E402, F401  (first: Triton interpreter on a CPU-only machine)
 
 TOLERANCE = {"neptune_eq": 2e-3, "peer": 1e-2}
 
@@ -106,7 +106,7 @@ def run_case(case: Case, args, measure) -> dict:
             entry["ms"] = ms
             entry["tflops"] = case.useful_flops() / (ms * 1e-3) / 1e12
             entry["gbps"] = case.io_bytes() / (ms * 1e-3) / 1e9
-        except Exception as e:  # noqa: BLE001 - a peer that fails is a result
+        except Exception as e:
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             if args.verbose:
                 traceback.print_exc()
@@ -117,7 +117,7 @@ def run_case(case: Case, args, measure) -> dict:
 
     if not args.dry and not args.no_tune:
         t1 = time.perf_counter()
-        autotune(compiled, captured.inputs(q, k, v), progress=args.verbose)
+        autotune(compiled, captured.inputs(q, k, v), progress=args.verbose, cache_file=Path(args.tuning_out))
         row["tune_s"] = time.perf_counter() - t1
     fn = CompiledFunction(captured, compiled)
     row["plan"] = compiled.alternative.structure
@@ -138,7 +138,7 @@ def run_case(case: Case, args, measure) -> dict:
         builder = PEERS[name]
         try:
             thunk, note = builder(case, q, k, v)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             thunk, note = None, f"{type(e).__name__}: {str(e)[:200]}"
         if thunk is None:
             row["impls"][name] = {"error": f"not applicable: {note}"}
@@ -235,6 +235,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-tune", action="store_true")
     ap.add_argument("--dry", action="store_true", help="CPU smoke test of this script (numbers mean nothing)")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--tuning", default=str(HERE / "tuning.json"),
+                    help="tuning cache (JSON) to start from; the updated one is written next to the results")
     args = ap.parse_args(argv)
     if args.dry:
         cases = [Case(op, 64, head_dim=32, heads=(4, 2) if c.hq_hkv[0] != c.hq_hkv[1] else (2, 2))
@@ -247,13 +249,17 @@ def main(argv=None) -> int:
     meta = {"device": "CPU (dry run)" if args.dry else torch.cuda.get_device_name(), "date": str(date.today()),
             "torch": torch.__version__, "triton": triton.__version__}
     measure = timer(args.dry)
+    args.tuning_out = str(Path(args.out) / "tuning.json")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if Path(args.tuning).exists() and Path(args.tuning) != Path(args.tuning_out):
+        Path(args.tuning_out).write_text(Path(args.tuning).read_text())
     rows = []
     t_start = time.perf_counter()
     for n, case in enumerate(cases):
         t0 = time.perf_counter()
         try:
             row = run_case(case, args, measure)
-        except Exception as e:  # noqa: BLE001 - keep the run going, report the failure
+        except Exception as e:
             traceback.print_exc()
             row = {"op": case.op, "L": case.L, "kind": case.kind, "impls": {"neptune_eq": {"error": repr(e)[:300]}},
                    "alternatives": []}
@@ -273,7 +279,7 @@ def main(argv=None) -> int:
         from plot import plot
 
         plot(Path(args.out) / "results.json", Path(args.out) / "results.png")
-    except Exception as e:  # noqa: BLE001 - the plot is optional where matplotlib is missing
+    except Exception as e:
         log(f"no plot: {e}")
     return 0
 

@@ -95,7 +95,7 @@ def _schedule_to(s: KernelSchedule) -> dict:
 
 
 def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=True, rep_ms: int = 60,
-             max_candidates: int = 10, tolerance: float = 2e-3) -> list[KernelSchedule]:
+             max_candidates: int = 8, tolerance: float = 2e-3, cache_file: Path | None = None) -> list[KernelSchedule]:
     """Tune every kernel of `compiled`'s plan on CUDA `inputs`; installs and returns the schedules."""
     import torch
     import triton.testing
@@ -107,7 +107,7 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
     program, plan = compiled.program, compiled.plan
     device = torch.cuda.get_device_name()
-    path = cache_path(cache_dir)
+    path = cache_file or cache_path(cache_dir)
     cache = _load(path)
     current = list(compiled._schedules("cuda"))
     ref = None
