@@ -92,14 +92,20 @@ class _Counter:
         return s
 
     def load_size(self, n: ir.Load, loop: str | None) -> float:
-        """Elements a program loads for `n`: an index a // G over a tile advancing by a divisor of G
-        (grouped-query heads stacked as rows) reads one slice for the whole tile."""
+        """Elements a program loads for `n`. In a loop, an index that is one value for the whole
+        padded row tile (a single row, or a // G over a group of G rows) reads one slice."""
         axes: set[str] = set()
         for e in n.index:
-            if (isinstance(e, ir.Call) and e.op == "floordiv" and isinstance(e.args[0], ir.Index)
-                    and isinstance(e.args[1], ir.Const) and e.args[0].axis in self.sched.steps
-                    and e.args[1].value % self.sched.step(e.args[0].axis) == 0):
-                continue
+            if loop is not None and loop in n.axes:
+                a = g = None
+                if isinstance(e, ir.Index):
+                    a, g = e.axis, 1
+                elif (isinstance(e, ir.Call) and e.op == "floordiv" and isinstance(e.args[0], ir.Index)
+                      and isinstance(e.args[1], ir.Const)):
+                    a, g = e.args[0].axis, int(e.args[1].value)
+                step = self.sched.steps.get(a) if a is not None else None
+                if step and g % step == 0:
+                    continue
             axes |= e.axes
         return self.size(axes, loop)
 
@@ -118,7 +124,8 @@ class _Counter:
                 elif isinstance(n, ir.Load):
                     spec = self.program.inputs.get(n.tensor)
                     dt = spec.dtype if spec else self.plan.buffers[n.tensor].dtype
-                    b = self.load_size(n, loop) * _BYTES[dt] * reps
+                    r = reps if loop is None or loop in n.axes else 1.0  # invariant loads are hoisted
+                    b = self.load_size(n, loop) * _BYTES[dt] * r
                     self.bytes_loaded += b
                     self.loaded[n.tensor] = self.loaded.get(n.tensor, 0.0) + b
                 elif isinstance(n, ir.Reduce):
@@ -249,7 +256,8 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     waves = math.ceil(programs / slots)
     # compute units: a program occupies its share of an SM; the last wave may be partly empty
     active = min(programs, slots)
-    eff = programs / (waves * slots)
+    # a program alone on an SM runs at the SM's full rate; past one program per SM, waves quantise
+    eff = programs / (waves * slots) if programs >= slots else min(programs, dev.sms) / dev.sms
     t_compute = [t_tc, t_alu, t_sfu]
     t_compute = [t / eff for t in t_compute]
     # memory: the programs in flight together pull at most their per-program streaming rate each

@@ -62,5 +62,9 @@ def from_torch(default: DeviceSpec = H100) -> DeviceSpec:
     clock = getattr(p, "clock_rate", 0) * 1e3 or default.clock_hz
     scale = (p.multi_processor_count * clock) / (default.sms * default.clock_hz)
     l2 = getattr(p, "L2_cache_size", 0) or default.l2_bytes
+    bw = default.hbm_bytes_per_s
+    mem_clock, bus = getattr(p, "memory_clock_rate", 0), getattr(p, "memory_bus_width", 0)
+    if mem_clock and bus:  # peak = 2 transfers per clock × bus width; copies reach about 85% of it
+        bw = 0.85 * 2 * mem_clock * 1e3 * bus / 8
     return replace(default, name=p.name, sms=p.multi_processor_count, clock_hz=clock,
-                   tensor_flops=default.tensor_flops * scale, l2_bytes=l2)
+                   tensor_flops=default.tensor_flops * scale, l2_bytes=l2, hbm_bytes_per_s=bw)

@@ -124,6 +124,16 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan, *, target: 
                 tiles[a] = max(16 if has_dot else 1, next_pow2(g))
                 primary = [a]
                 break
+        if not primary and has_dot:
+            # a single query row (decode): pad one head's row to a 16-row tile so the products
+            # run on tensor cores; the key/value tiles of that head are loaded once
+            for a in k.grid:
+                if program.axes[a] > 1 and all(any(isinstance(e, ir.Index) and e.axis == a for e in ld.index)
+                                               for ld in loads):
+                    steps[a] = 1
+                    tiles[a] = 16
+                    primary = [a]
+                    break
     # a further row axis (e.g. the value dimension of attention) is held whole when it is small
     for a in rows:
         if a not in primary and tiles[a] == 1:

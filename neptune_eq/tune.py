@@ -168,5 +168,4 @@ def _exprs(k, plan):
             yield st.expr
     for st in k.epilogue:
         yield st.expr
-    for t in plan.inline.values():
-        yield t
+    yield from plan.inline.values()

@@ -12,7 +12,6 @@ import math
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -54,14 +53,25 @@ def load_module(source: str, cache_dir: Path | None = None):
     return mod
 
 
-@dataclass
 class Launcher:
-    """Runs a plan's kernels: allocates outputs and intermediate buffers, computes grids and strides."""
+    """Runs a plan's kernels: allocates outputs, reuses intermediate buffers, launches with
+    precomputed grids and argument layouts (decode kernels run for tens of microseconds, so the
+    host work per call must stay small)."""
 
-    program: ir.Program
-    plan: Plan
-    kernels: list[KernelSource]
-    module: object
+    def __init__(self, program: ir.Program, plan: Plan, kernels: list[KernelSource], module):
+        self.program, self.plan, self.kernels, self.module = program, plan, kernels, module
+        self._buffers: dict = {}  # (device, name) → tensor, reused across calls
+        self._out_shapes = [(o.name, self.program.output_shape(o), _TORCH_DTYPES[o.dtype or "float32"])
+                            for o in program.outputs]
+        self._calls = []
+        for ks in kernels:
+            n_prog = ks.chunks
+            for a, step in ks.grid:
+                n_prog *= math.ceil(program.axes[a] / step)
+            extents = [program.axes[a] for a in ks.extents]
+            opts = {"num_warps": ks.schedule.num_warps, "num_stages": ks.schedule.num_stages}
+            self._calls.append((getattr(module, ks.name), [t.name for t in ks.tensors], extents, (n_prog,),
+                                dict(ks.constexprs), opts))
 
     def buffer_shape(self, name: str) -> tuple[int, ...]:
         buf = self.plan.buffers[name]
@@ -69,35 +79,39 @@ class Launcher:
                        and any(s.target == name for s in k.epilogue)), 1)
         return tuple(chunks if a == "chunk" else self.program.axes[a] for a in buf.axes)
 
+    def _buffer(self, device, name: str) -> torch.Tensor:
+        key = (device, name)
+        t = self._buffers.get(key)
+        if t is None:
+            buf = self.plan.buffers[name]
+            t = self._buffers[key] = torch.empty(self.buffer_shape(name), dtype=_TORCH_DTYPES[buf.dtype],
+                                                 device=device)
+        return t
+
     def __call__(self, inputs: dict[str, torch.Tensor], out_dtypes: dict[str, torch.dtype] | None = None
                  ) -> dict[str, torch.Tensor]:
         device = next(iter(inputs.values())).device
         tensors: dict[str, torch.Tensor] = dict(inputs)
-        for out in self.program.outputs:
-            dt = (out_dtypes or {}).get(out.name) or _TORCH_DTYPES[out.dtype or "float32"]
-            tensors[out.name] = torch.empty(self.program.output_shape(out), dtype=dt, device=device)
-        for name, buf in self.plan.buffers.items():
-            tensors[name] = torch.empty(self.buffer_shape(name), dtype=_TORCH_DTYPES[buf.dtype], device=device)
+        outs = {}
+        for name, shape, dt in self._out_shapes:
+            outs[name] = tensors[name] = torch.empty(shape, dtype=(out_dtypes or {}).get(name) or dt, device=device)
+        for name in self.plan.buffers:
+            tensors[name] = self._buffer(device, name)
         interpret = device.type != "cuda"
-        for ks in self.kernels:
-            fn = getattr(self.module, ks.name)
+        if interpret:
+            require_interpreter()
+        for fn, names, extents, grid, consts, opts in self._calls:
             args = []
-            for t in ks.tensors:
-                x = tensors[t.name]
+            for n in names:
+                x = tensors[n]
                 args.append(x)
-                args += list(x.stride()) if x.dim() else []
-            args += [self.program.axes[a] for a in ks.extents]
-            n_prog = ks.chunks
-            for a, step in ks.grid:
-                n_prog *= math.ceil(self.program.axes[a] / step)
-            grid = (n_prog,)
+                args.extend(x.stride())
+            args.extend(extents)
             if interpret:
-                require_interpreter()
-                fn[grid](*args, **ks.constexprs)
+                fn[grid](*args, **consts)
             else:
-                fn[grid](*args, **ks.constexprs, num_warps=ks.schedule.num_warps,
-                         num_stages=ks.schedule.num_stages)
-        return {o.name: tensors[o.name] for o in self.program.outputs}
+                fn[grid](*args, **consts, **opts)
+        return outs
 
 
 def check_inputs(program: ir.Program, inputs: dict[str, torch.Tensor]) -> None:

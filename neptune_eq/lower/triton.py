@@ -221,9 +221,6 @@ class KernelWriter:
             return self.contract(n.op, n.axis, n.body, None)
         assert isinstance(n, ir.Call)
         op = OPS[n.op]
-        uniform = self._uniform_group(n)
-        if uniform is not None:
-            return uniform
         args = [self.value(a) for a in n.args]
         if op.integer_ok and any(a.kind == "i" for a in args) and all(
                 a.kind == "i" or _int_const(x) is not None for a, x in zip(args, n.args)):
@@ -249,18 +246,52 @@ class KernelWriter:
         codes, dims = self.align([self.f32(a) for a in args])
         return self.bind(op.triton.format(*codes), dims, "f")
 
-    def _uniform_group(self, n: ir.Call) -> Val | None:
-        """a // G over a tile that advances by a divisor of G: one value for all valid rows."""
-        if n.op != "floordiv" or not isinstance(n.args[0], ir.Index) or _int_const(n.args[1]) is None:
+    def uniform_index(self, e: ir.Node) -> Val | None:
+        """An index entry with one value for all valid rows of the program's padded tile: the row
+        index itself when a tile holds a single row (step 1), or a // G when the tile advances by a
+        divisor of G (grouped-query heads). Tensors read in a loop are then loaded once per tile."""
+        if isinstance(e, ir.Index):
+            a, g = e.axis, 1
+        elif (isinstance(e, ir.Call) and e.op == "floordiv" and isinstance(e.args[0], ir.Index)
+              and _int_const(e.args[1]) is not None):
+            a, g = e.args[0].axis, _int_const(e.args[1])
+        else:
             return None
-        a, g = n.args[0].axis, _int_const(n.args[1])
-        step = self.sched.step(a)
-        if a not in self.vector or a not in self.k.grid or g <= 0 or g % step:
+        step = self.sched.steps.get(a)
+        if step is None or a not in self.vector or a not in self.k.grid or g <= 0 or g % step:
             return None
-        return Val(f"((t_{_ident(a)} * {step}) // {g})", (), "i")
+        return Val(f"((t_{_ident(a)} * {step}) // {g})" if g > 1 else f"t_{_ident(a)}", (), "i")
+
+    def _uniform_here(self, ld: ir.Load) -> bool:
+        loop = self.scopes[-1].axis
+        return loop is not None and loop in ld.axes
+
+    def eff_dims(self, n: ir.Node) -> frozenset[str]:
+        """Vector dimensions the value of n has in this kernel (uniform indices removed)."""
+        if isinstance(n, ir.Load):
+            uni = self._uniform_here(n)
+            out: set[str] = set()
+            for e in n.index:
+                if not (uni and self.uniform_index(e) is not None):
+                    out |= self.eff_dims(e)
+            return frozenset(out)
+        if isinstance(n, ir.Index):
+            return frozenset({n.axis} & set(self.vector))
+        if isinstance(n, ir.Sym):
+            kind, name = n.name.split(":", 1)
+            if kind == "val" and name in self.plan.inline:
+                return self.eff_dims(self.plan.inline[name])
+            return frozenset(n.axes & set(self.vector))
+        if isinstance(n, ir.Reduce):
+            return self.eff_dims(n.body) - {n.axis}
+        out2: frozenset[str] = frozenset()
+        for c in n.children():
+            out2 |= self.eff_dims(c)
+        return out2
 
     # ---------------------------------------------------------------- memory
-    def pointer(self, tensor: str, index: tuple[ir.Node, ...], order: tuple[str, ...] | None):
+    def pointer(self, tensor: str, index: tuple[ir.Node, ...], order: tuple[str, ...] | None,
+                uniform_rows: bool = False):
         """(pointer code, mask code or None, dims) for a block of `tensor` at `index`."""
         if tensor not in self.tensors:
             spec = self.program.inputs.get(tensor)
@@ -271,9 +302,13 @@ class KernelWriter:
                 self.tensor(tensor, buf.axes, buf.dtype, "buffer")
         entries = []
         masks = []
+        uniform = uniform_rows
         for k, e in enumerate(index):
             stride = f"{_ident(tensor)}_s{k}"
-            if isinstance(e, ir.Index) and e.axis in self.vector:
+            u = self.uniform_index(e) if uniform else None
+            if u is not None:
+                entries.append((u, stride))
+            elif isinstance(e, ir.Index) and e.axis in self.vector:
                 entries.append((Val(self.vector[e.axis], (e.axis,), "i"), stride))
                 if self.tail_masks.get(e.axis, True):
                     code = self.row_masks.get(e.axis) or f"({self.vector[e.axis]} < {self.extent(e.axis)})"
@@ -307,7 +342,7 @@ class KernelWriter:
             finally:
                 self.scopes, self.lines, self.depth, self.tail_masks = saved
             return v
-        ptr, mask, dims = self.pointer(n.tensor, n.index, order)
+        ptr, mask, dims = self.pointer(n.tensor, n.index, order, uniform_rows=self._uniform_here(n))
         dtype = (self.program.inputs[n.tensor].dtype if n.tensor in self.program.inputs
                  else self.plan.buffers[n.tensor].dtype)
         code = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
@@ -371,13 +406,13 @@ class KernelWriter:
         return self.bind(f"{MONOIDS[op].triton_reduce}({code}, axis={dims.index(axis)})", out_dims, "f", "r")
 
     def try_dot(self, k: str, body: ir.Node, mask: Val | None) -> Val | None:
-        out = [a for a in self.canon if a in body.axes and a in self.vector and a != k]
+        out = [a for a in self.canon if a in self.eff_dims(body) and a != k]
         if len(out) != 2 or any(self.tiles.get(a, 1) < 16 for a in [*out, k]):
             return None
         m, n = out
         left, right, post = [], [], []
         for f in self.factors(body):
-            fd = {a for a in f.axes if a in self.vector}
+            fd = set(self.eff_dims(f))
             if k not in fd:
                 if fd <= {m, n}:
                     post.append(f)
@@ -419,7 +454,7 @@ class KernelWriter:
 
     def operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
         if len(factors) == 1 and isinstance(factors[0], ir.Load) and mask is None:
-            v = self.load(factors[0], order=tuple(a for a in order if a in factors[0].axes and a in self.vector))
+            v = self.load(factors[0], order=tuple(a for a in order if a in self.eff_dims(factors[0])))
             if v.dims != order:
                 v = Val(self.arrange(v, order), order, v.kind)
             return v
