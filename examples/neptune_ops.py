@@ -60,7 +60,8 @@ def alibi_pf(q, k, v):
     q_pos = torch.arange(L, device=q.device)[:, None]
     k_pos = torch.arange(k.shape[-2], device=q.device)[None, :]
     scores = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(D)
-    scores = scores.float() + alibi_slopes(H, q.device)[:, None, None] * (k_pos - q_pos)  # bias in fp32
+    wide = torch.promote_types(scores.dtype, torch.float32)  # the bias is added in (at least) fp32
+    scores = scores.to(wide) + alibi_slopes(H, q.device)[:, None, None] * (k_pos - q_pos)
     scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
     return F.softmax(scores, dim=-1).to(v.dtype) @ v
 
@@ -121,7 +122,8 @@ def alibi_dc(q, k, v):
     q_pos = torch.arange(Lq, device=q.device)[:, None] + (S - Lq)
     k_pos = torch.arange(S, device=q.device)[None, :]
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    scores = scores.float() + alibi_slopes(H, q.device).view(1, H, 1, 1) * (k_pos - q_pos)  # bias in fp32
+    wide = torch.promote_types(scores.dtype, torch.float32)  # the bias is added in (at least) fp32
+    scores = scores.to(wide) + alibi_slopes(H, q.device).view(1, H, 1, 1) * (k_pos - q_pos)
     return torch.softmax(scores, dim=-1).to(v.dtype) @ v
 
 

@@ -21,9 +21,10 @@ class DeviceSpec:
     tensor_flops: float  # fp16/bf16 dense, fp32 accumulate
     fma_per_sm_per_clk: float = 128.0  # fp32 lanes
     sfu_per_sm_per_clk: float = 16.0  # MUFU ops
-    launch_s: float = 4e-6  # per kernel launch (host + ramp)
-    sm_stream_bytes_per_s: float = 25e9  # what one program streams when it runs alone (latency-bound)
-    overlap: float = 0.25  # fraction of non-dominant work that does not overlap the dominant unit
+    # calibrated on 96 measured (op, size, plan) points on an H200 (bench/calibrate.py, 2026-11-21):
+    launch_s: float = 8e-6  # per kernel launch, including the wait on the previous kernel
+    sm_stream_bytes_per_s: float = 50e9  # what one program streams when it runs alone (latency-bound)
+    overlap: float = 0.5  # fraction of non-dominant work that does not overlap the dominant unit
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536
 

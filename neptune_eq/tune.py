@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import ir
 from .plan import Combine
-from .schedule import KernelSchedule, inner_axes, row_axes
+from .schedule import KernelSchedule, inner_axes, loads_in, row_axes
 
 
 @dataclass
@@ -29,7 +29,10 @@ class Trial:
 
 
 def _candidates(k, program: ir.Program, plan, base: KernelSchedule) -> list[KernelSchedule]:
-    rows = [a for a in row_axes(k, program, plan) if base.tiles.get(a, 1) > 1][:1]
+    # vary the query-like row tile only (not the value dimension, not a padded single/grouped row)
+    loads = [ld for ld in loads_in(k, plan) if ld.axes & {p.axis for p in k.passes()}]
+    rows = [a for a in row_axes(k, program, plan) if base.tiles.get(a, 1) > 1 and a not in base.steps
+            and all(a not in ld.axes for ld in loads)][:1]
     loops = list(dict.fromkeys(p.axis for p in k.passes()))
     has_dot = bool(inner_axes(k, plan))
     out = [base]
