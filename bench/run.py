@@ -81,7 +81,7 @@ def run_case(case: Case, args, measure) -> dict:
     from neptune_eq.frontend import capture
     from neptune_eq.frontend.capture import CompiledFunction
     from neptune_eq.runtime import compile_ir
-    from neptune_eq.tune import autotune
+    from neptune_eq.tune import autotune, choose_plan
 
     device = "cpu" if args.dry else "cuda"
     q, k, v = case.inputs(device)
@@ -115,9 +115,12 @@ def run_case(case: Case, args, measure) -> dict:
                 torch.cuda.empty_cache()
         return entry
 
+    row["model_plan"] = compiled.alternative.structure
     if not args.dry and not args.no_tune:
         t1 = time.perf_counter()
-        autotune(compiled, captured.inputs(q, k, v), progress=args.verbose, cache_file=Path(args.tuning_out))
+        inputs = captured.inputs(q, k, v)
+        compiled = choose_plan(compiled, inputs, candidates=3, progress=args.verbose)
+        autotune(compiled, inputs, progress=args.verbose, cache_file=Path(args.tuning_out))
         row["tune_s"] = time.perf_counter() - t1
     fn = CompiledFunction(captured, compiled)
     row["plan"] = compiled.alternative.structure
@@ -125,7 +128,7 @@ def run_case(case: Case, args, measure) -> dict:
                                         compiled.alternative.structure)
     row["impls"]["neptune_eq"]["predicted_ms"] = compiled.alternative.cost.time * 1e3
     if args.alternatives:
-        for alt, kind in pick_alternatives(compiled):
+        for alt, kind in pick_alternatives(compiled.pin(0)):
             pinned = compiled.pin(alt.id)
             if alt.id == compiled.alternative.id:
                 pinned.schedules = compiled.schedules  # the tuned one
@@ -190,6 +193,11 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
+def _plan_cell(r: dict) -> str:
+    plan, model = r.get("plan", ""), r.get("model_plan")
+    return plan if not model or model == plan else f"{plan} (model's first choice: {model})"
+
+
 def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
     peers = sorted({n for r in rows for n in r["impls"] if n != "neptune_eq"})
     lines = [f"# neptune_eq vs peers — {meta['device']}, {meta['date']}",
@@ -209,7 +217,7 @@ def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
         lines.append(
             f"| {r['op']} | {r['L']} | {ours.get('ms', float('nan')) * 1e3:.0f} | {ours.get('tflops', 0):.0f} | "
             f"{ours.get('gbps', 0):.0f} | " + " | ".join(cells) + f" | {best[0] or '—'} | "
-            f"{f'{sp:.2f}×' if sp else '—'} | {r.get('plan', '')} |")
+            f"{f'{sp:.2f}×' if sp else '—'} | {_plan_cell(r)} |")
     lines += ["", f"Geomean speedup over the best peer at the largest L: {summary['geomean']:.2f}×"
               if summary["geomean"] else "", ""]
     lines.append("Notes on peers that did not run:")

@@ -172,3 +172,27 @@ def _exprs(k, plan):
     for st in k.epilogue:
         yield st.expr
     yield from plan.inline.values()
+
+
+def choose_plan(compiled, inputs: dict, *, candidates: int = 3, progress=True, rep_ms: int = 40):
+    """Time the cost model's `candidates` best alternatives (default schedules) on the GPU and return
+    the compiled program pinned to the fastest. The model ranks; measurement breaks its near-ties
+    (e.g. between split-K factors)."""
+    import triton.testing
+
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
+    best = None
+    for alt in compiled.alternatives[:candidates]:
+        p = compiled.pin(alt.id)
+        try:
+            launcher = p.launcher("cuda")
+            launcher(inputs)
+            ms = triton.testing.do_bench(lambda launcher=launcher: launcher(inputs), warmup=20, rep=rep_ms,
+                                         return_mode="median")
+        except Exception as e:  # a plan that does not compile on this GPU just loses
+            log(f"  plan #{alt.id} failed: {repr(e)[:120]}")
+            continue
+        log(f"  plan #{alt.id} {alt.structure}: predicted {alt.cost.time * 1e6:.1f} µs, measured {ms * 1e3:.1f} µs")
+        if best is None or ms < best[0]:
+            best = (ms, p)
+    return best[1] if best else compiled
