@@ -50,16 +50,13 @@ def sdpa(case: Case, q, k, v):
     return None, "not applicable"
 
 
-_flex = None
-
-
 def _flex_fn():
-    global _flex  # the compiled flex_attention is shared by all cases of a run (compiles once per signature)
-    if _flex is None:
-        from torch.nn.attention.flex_attention import flex_attention
+    """A fresh torch.compile(flex_attention) per case: one shared wrapper would hit dynamo's recompile
+    limit across the run's many (shape, score_mod, mask) signatures and silently fall back to the
+    unfused eager path that materialises the scores."""
+    from torch.nn.attention.flex_attention import flex_attention
 
-        _flex = torch.compile(flex_attention, dynamic=False)
-    return _flex
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def flex(case: Case, q, k, v):
@@ -99,13 +96,8 @@ def flex(case: Case, q, k, v):
     return run, "torch.compile(flex_attention)" + (" + block mask" if block_mask is not None else "")
 
 
-_compiled: dict[str, object] = {}
-
-
 def compiled(case: Case, q, k, v):
-    fn = _compiled.get(case.op)
-    if fn is None:
-        fn = _compiled[case.op] = torch.compile(case.fn, dynamic=False)
+    fn = torch.compile(case.fn, dynamic=False)  # per case, for the same reason as flex
     return (lambda: fn(q, k, v)), "torch.compile(plain function)"
 
 
