@@ -50,12 +50,22 @@ def sdpa(case: Case, q, k, v):
     return None, "not applicable"
 
 
+def _fresh_dynamo() -> None:
+    """Dynamo caches compiled frames per code object across torch.compile wrappers; after its
+    recompile limit it silently falls back to eager (for flex: the unfused path that materialises
+    the scores). Each case therefore starts from a reset cache and a high limit."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 1024)
+
+
 def _flex_fn():
-    """A fresh torch.compile(flex_attention) per case: one shared wrapper would hit dynamo's recompile
-    limit across the run's many (shape, score_mod, mask) signatures and silently fall back to the
-    unfused eager path that materialises the scores."""
     from torch.nn.attention.flex_attention import flex_attention
 
+    _fresh_dynamo()
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -97,7 +107,8 @@ def flex(case: Case, q, k, v):
 
 
 def compiled(case: Case, q, k, v):
-    fn = torch.compile(case.fn, dynamic=False)  # per case, for the same reason as flex
+    _fresh_dynamo()
+    fn = torch.compile(case.fn, dynamic=False)
     return (lambda: fn(q, k, v)), "torch.compile(plain function)"
 
 
