@@ -105,9 +105,17 @@ class Captured:
             if b.input is not None:
                 out[b.input] = a.reshape(self.program.input_shape(b.input))
         device = next((t.device for t in out.values()), None)
-        for name, t in self.constants.items():
-            out[name] = t.reshape(self.program.input_shape(name)).to(device or t.device)
+        out.update(self._constants_on(device))
         return out
+
+    def _constants_on(self, device) -> dict[str, torch.Tensor]:
+        """The closure constants on `device`, copied there once (a copy per call would synchronise)."""
+        key = str(device)
+        cache = self.__dict__.setdefault("_device_constants", {})
+        if key not in cache:
+            cache[key] = {name: t.reshape(self.program.input_shape(name)).to(device or t.device)
+                          for name, t in self.constants.items()}
+        return cache[key]
 
     def outputs(self, results: dict[str, torch.Tensor]):
         """fn's return structure from the program's output tensors (by output name)."""
@@ -134,9 +142,12 @@ class CompiledFunction:
     compiled: object  # neptune_eq.runtime.CompiledProgram
 
     def __call__(self, *args):
-        res = self.compiled.run(self.captured.inputs(*args))
-        outs = self.captured.program.outputs
-        return self.captured.outputs({o.name: res[o.name].to(dt) for o, dt in zip(outs, self.captured.output_dtypes)})
+        # the kernels store straight into outputs of fn's dtypes (no conversion pass afterwards)
+        dtypes = self.__dict__.get("_out_dtypes")
+        if dtypes is None:
+            dtypes = self.__dict__["_out_dtypes"] = {
+                o.name: dt for o, dt in zip(self.captured.program.outputs, self.captured.output_dtypes)}
+        return self.captured.outputs(self.compiled.run(self.captured.inputs(*args), dtypes))
 
 
 # ---------------------------------------------------------------- capture

@@ -1,0 +1,47 @@
+"""Merge the per-op rows of several runs into one report (each op's rows come from a single run, so
+every operator was measured beside its peers in one process).
+
+    python bench/merge.py OUT_DIR OP=RUN.json [OP=RUN.json ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from run import markdown, summarize  # noqa: E402
+
+
+def main(argv):
+    out = Path(argv[0])
+    out.mkdir(parents=True, exist_ok=True)
+    rows, metas, sources = [], [], {}
+    for spec in argv[1:]:
+        op, path = spec.split("=", 1)
+        data = json.loads(Path(path).read_text())
+        metas.append(data["meta"])
+        picked = [r for r in data["rows"] if r["op"] == op]
+        rows += picked
+        sources[op] = Path(path).name
+    meta = dict(metas[0])
+    assert all(m["device"] == meta["device"] and m["torch"] == meta["torch"] for m in metas), "mixed devices"
+    meta["sources"] = sources
+    order = ["global_pf", "causal_pf", "alibi_pf", "gqa_pf", "softcap_pf", "window_pf", "causal_dc", "alibi_dc",
+             "gqa_dc", "softcap_dc"]
+    rows.sort(key=lambda r: (order.index(r["op"]), r["L"]))
+    summary = summarize(rows)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows, "summary": summary}, indent=1))
+    (out / "results.md").write_text(markdown(rows, summary, meta) + "\nRows taken from: "
+                                    + ", ".join(f"{op} ← {src}" for op, src in sources.items()) + "\n")
+    from plot import plot
+
+    plot(out / "results.json", out / "results.png")
+    print((out / "results.md").read_text())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
