@@ -6,6 +6,8 @@ select_interpreter_if_no_gpu()
 
 __version__ = "0.1.0"
 
+from .api import Compiled, attention, compile  # noqa: E402, A004
+
 
 def explore(fn, *example_inputs, **options):
     """Compile `fn` (a PyTorch function with example inputs, or an ir.Program) and explore its alternatives.

@@ -47,6 +47,12 @@ class Node:
     def __setattr__(self, name, value):
         raise AttributeError("IR nodes are immutable")
 
+    def __reduce__(self):
+        return (type(self), self._args())
+
+    def _args(self) -> tuple:  # pragma: no cover - abstract
+        raise NotImplementedError
+
     @property
     def axes(self) -> frozenset[str]:
         """The free axes: the indices this value varies over."""
@@ -78,6 +84,9 @@ class Const(Node):
     def __init__(self, value: float):
         _init(self, value=float(value))
 
+    def _args(self):
+        return (self.value,)
+
     def _key(self):
         # -0.0 and 0.0 are one constant; NaN compares equal to itself here
         v = self.value
@@ -91,6 +100,9 @@ class Index(Node):
 
     def __init__(self, axis: str):
         _init(self, axis=axis)
+
+    def _args(self):
+        return (self.axis,)
 
     def _key(self):
         return (self.axis,)
@@ -107,6 +119,9 @@ class Load(Node):
     def __init__(self, tensor: str, index: tuple[Node, ...]):
         _init(self, tensor=tensor, index=tuple(index))
 
+    def _args(self):
+        return (self.tensor, self.index)
+
     def _key(self):
         return (self.tensor, self.index)
 
@@ -122,6 +137,9 @@ class Call(Node):
     def __init__(self, op: str, args: tuple[Node, ...]):
         _init(self, op=op, args=tuple(args))
 
+    def _args(self):
+        return (self.op, self.args)
+
     def _key(self):
         return (self.op, self.args)
 
@@ -134,6 +152,9 @@ class Reduce(Node):
 
     def __init__(self, op: str, axis: str, body: Node):
         _init(self, op=op, axis=axis, body=body)
+
+    def _args(self):
+        return (self.op, self.axis, self.body)
 
     def _key(self):
         return (self.op, self.axis, self.body)
@@ -152,6 +173,9 @@ class Sym(Node):
 
     def __init__(self, name: str, axes: frozenset[str] | tuple[str, ...] = ()):
         _init(self, name=name, sym_axes=frozenset(axes))
+
+    def _args(self):
+        return (self.name, tuple(sorted(self.sym_axes)))
 
     def _key(self):
         return (self.name, tuple(sorted(self.sym_axes)))

@@ -132,10 +132,12 @@ class CompiledProgram:
                          f"({ratio:.2f}× the chosen plan)")
         lines.append("derivation:")
         lines += [f"  {d}" for d in alt.plan.derivation] or ["  (no fusion rule applied)"]
-        rejected = [lp for lp in (c.fusion.rejected if c.fusion else []) if lp.reason]
+        rejected = [f"{', '.join(lp.names)} over {lp.axis}: {lp.reason}"
+                    for lp in (c.fusion.rejected if c.fusion else []) if lp.reason]
+        rejected = rejected or list(getattr(c, "rejected_notes", []))
         if rejected:
             lines.append("fusions not offered:")
-            lines += [f"  {', '.join(lp.names)} over {lp.axis}: {lp.reason}" for lp in rejected[:6]]
+            lines += [f"  {r}" for r in rejected[:6]]
         for k in alt.cost.kernels:
             lines.append(f"kernel {k.name}: {k.programs} programs, {k.iterations:.1f} loop tiles each, "
                          f"{k.hbm_bytes / 1e6:.3f} MB HBM, predicted {k.time * 1e6:.2f} µs "

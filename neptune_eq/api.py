@@ -1,0 +1,215 @@
+"""The public entry points: plain PyTorch in, fused kernels out.
+
+    prog = neptune_eq.compile(fn, *example_inputs, **options)
+    out = prog(*inputs)     # same result as fn(*inputs): CUDA tensors run compiled Triton,
+                            # CPU tensors run through Triton's interpreter
+    prog.kernels            # the generated kernels; each has .source
+    prog.alternatives       # ranked alternatives with predicted cost
+    prog.explain()          # the chosen plan and why
+
+    out = neptune_eq.attention(q, k, v, score_mod=None, mask_mod=None, enable_gqa=False)
+                            # FlexAttention's calling convention; fully masked rows give 0
+
+Calls with the example shapes, dtypes and device reuse the captured program without tracing again;
+other shapes or dtypes are captured and compiled once more (each signature is compiled once).
+Inside torch.compile'd code the call becomes a torch.library custom op with a fake implementation,
+so dynamo keeps it as one node. Compiles are cached by the program and options, in memory and on
+disk (the cache directory: `cache_dir=` or ~/.cache/neptune_eq).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import torch
+
+from . import ir
+from .cache import CompileCache, key_of, snapshot
+from .device import from_torch
+from .ir import NeptuneError
+from .lower.launch import default_cache_dir
+from .pipeline import Options, compile_program
+from .runtime import CompiledProgram
+
+_OPTION_FIELDS = {f.name for f in fields(Options)}
+# Process-wide caches (not configuration): one compile cache per cache directory, the custom ops
+# already registered (torch.library's own registry is process-wide), compiled attention variants.
+_CACHES: dict[str, CompileCache] = {}
+_OPS: dict[str, object] = {}
+
+
+def _cache_for(directory: Path | None) -> CompileCache:
+    d = str(directory or default_cache_dir())
+    if d not in _CACHES:
+        _CACHES[d] = CompileCache(Path(d))
+    return _CACHES[d]
+
+
+def _options(rules, kw) -> Options:
+    unknown = set(kw) - _OPTION_FIELDS
+    if unknown:
+        raise NeptuneError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTION_FIELDS)}")
+    opts = Options(**kw)
+    if rules:
+        from .rules.user import user_rules
+
+        opts = replace(opts, rules=(*opts.rules, *user_rules(rules)))
+    return opts
+
+
+def compile_cached(program: ir.Program, options: Options, cache: CompileCache) -> CompiledProgram:
+    """The ranked plans of `program`, from the cache or a fresh compile (which is then cached)."""
+    device = options.device or from_torch()
+    options = replace(options, device=device)
+    key = key_of(program, options, device)
+    hit = cache.get(key)
+    if hit is None:
+        hit = snapshot(compile_program(program, options))
+        cache.put(key, hit)
+    return CompiledProgram(hit)
+
+
+def _signature(args) -> tuple:
+    return tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor) else ("static", repr(a))
+                 for a in args)
+
+
+@dataclass
+class Compiled:
+    """A plain PyTorch function compiled by neptune_eq (see the module docstring)."""
+
+    fn: object
+    options: Options
+    cache: CompileCache
+    variants: dict = field(default_factory=dict)  # signature → (Captured, CompiledProgram)
+    first: tuple | None = None
+
+    # ---- the example signature's program (what the attributes describe)
+    def _variant(self, args):
+        from .frontend import capture
+
+        sig = _signature(args)
+        got = self.variants.get(sig)
+        if got is None:
+            captured = capture(self.fn, *args)
+            prog = compile_cached(captured.program, self.options, self.cache)
+            got = self.variants[sig] = (captured, prog, _custom_op(captured, prog))
+            if self.first is None:
+                self.first = sig
+        return got
+
+    @property
+    def captured(self):
+        return self.variants[self.first][0]
+
+
+    @property
+    def program(self) -> CompiledProgram:
+        return self.variants[self.first][1]
+
+    @property
+    def kernels(self):
+        return self.program.kernels
+
+    @property
+    def alternatives(self):
+        return self.program.alternatives
+
+    @property
+    def source(self) -> str:
+        return self.program.source
+
+    def explain(self) -> str:
+        return self.program.explain()
+
+    def verify(self, **kw):
+        return self.program.verify(**kw)
+
+    # ---- calling
+    def __call__(self, *args):
+        if torch.compiler.is_compiling():
+            # traced by dynamo: only tensor reshapes and one custom op (the example signature's)
+            captured, _, op = self.variants[self.first]
+            return captured.outputs(op(captured.inputs(*args)))
+        captured, prog, _ = self._variant(args)
+        dtypes = {o.name: dt for o, dt in zip(captured.program.outputs, captured.output_dtypes)}
+        return captured.outputs(prog.run(captured.inputs(*args), dtypes))
+
+
+def _custom_op(captured, prog: CompiledProgram):
+    """A torch.library op running `prog` on the program's inputs (in program order), with a fake kernel."""
+    program = captured.program
+    names = list(program.inputs)
+    outs = [(o.name, program.output_shape(o), dt) for o, dt in zip(program.outputs, captured.output_dtypes)]
+    digest = hashlib.sha256(f"{program}|{prog.alternative.structure}".encode()).hexdigest()[:16]
+    qualname = f"neptune_eq::p{digest}"
+    op = _OPS.get(qualname)
+    if op is None:
+        @torch.library.custom_op(qualname, mutates_args=())
+        def op(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+            res = prog.run(dict(zip(names, xs)), {n: dt for n, _, dt in outs})
+            return [res[n] for n, _, _ in outs]
+
+        @op.register_fake
+        def _(xs):
+            return [xs[0].new_empty(shape, dtype=dt) for _, shape, dt in outs]
+
+        _OPS[qualname] = op
+
+    def call(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        res = op([inputs[n] for n in names])
+        return {n: r for (n, _, _), r in zip(outs, res)}
+
+    return call
+
+
+def compile(fn, *example_inputs, rules=(), cache_dir: str | Path | None = None, **options) -> Compiled:  # noqa: A001
+    """Capture `fn` at the example inputs, search its fused plans and return a callable like `fn`.
+
+    `options` are the fields of neptune_eq.pipeline.Options (budget, split_factors, device, ...);
+    `rules` adds user rewrite rules (files, Rule objects or egglog rewrites; checked for soundness).
+    An ir.Program may be passed instead of a function (then without example inputs).
+    """
+    opts = _options(rules, options)
+    cache = _cache_for(Path(cache_dir) if cache_dir else None)
+    if isinstance(fn, ir.Program):
+        if example_inputs:
+            raise NeptuneError("compile(program) takes no example inputs: the program fixes its shapes")
+        return compile_cached(fn, opts, cache)
+    if not callable(fn):
+        raise NeptuneError(f"compile() needs a function or an ir.Program, got {type(fn).__name__}")
+    out = Compiled(fn, opts, cache)
+    out._variant(example_inputs)
+    return out
+
+
+_ATTENTION: dict = {}  # (mods, signature, options) → compiled program, for neptune_eq.attention
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod=None, mask_mod=None,
+              enable_gqa: bool = False, scale: float | None = None, *, cache_dir=None, **options) -> torch.Tensor:
+    """FlexAttention-compatible attention: `score_mod(score, b, h, q_idx, kv_idx)` rewrites the
+    scaled score, `mask_mod(b, h, q_idx, kv_idx)` keeps a pair when True. q is [B, Hq, L, D], k and v
+    [B, Hkv, S, D] (Hkv may divide Hq with enable_gqa=True). A query row with no kept key gives 0."""
+    from .frontend import attention_capture
+
+    key = (score_mod, mask_mod, enable_gqa, scale, _signature((q, k, v)), repr(sorted(options.items())),
+           str(cache_dir))
+    got = _ATTENTION.get(key)
+    if got is None:
+        if torch.compiler.is_compiling():
+            raise NeptuneError("neptune_eq.attention: call it once outside torch.compile with these shapes, "
+                               "dtypes and modifiers first (capturing cannot run while dynamo traces)")
+        captured = attention_capture(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=enable_gqa,
+                                     scale=scale)
+        prog = compile_cached(captured.program, _options((), options),
+                              _cache_for(Path(cache_dir) if cache_dir else None))
+        got = _ATTENTION[key] = (captured, prog, _custom_op(captured, prog))
+    captured, prog, op = got
+    args = (q, k, v)
+    if torch.compiler.is_compiling():
+        return captured.outputs(op(captured.inputs(*args)))
+    dtypes = {o.name: dt for o, dt in zip(captured.program.outputs, captured.output_dtypes)}
+    return captured.outputs(prog.run(captured.inputs(*args), dtypes))

@@ -1,0 +1,195 @@
+"""neptune_eq.compile / neptune_eq.attention: the public contract of issue 3."""
+
+import math
+import pickle
+import sys
+import threading
+
+import pytest
+import torch
+from helpers import EXAMPLES
+
+import neptune_eq
+from neptune_eq.cache import CompileCache
+import neptune_eq.frontend as frontend
+
+sys.path.insert(0, str(EXAMPLES))
+import neptune_ops  # noqa: E402
+
+
+def causal(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    L, S = s.shape[-2:]
+    keep = torch.arange(S)[None, :] <= torch.arange(L)[:, None]
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+
+def inputs(L=40, S=None, D=16, H=2, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    S = S or L
+    return (torch.randn(1, H, L, D, generator=g).to(dtype), torch.randn(1, H, S, D, generator=g).to(dtype),
+            torch.randn(1, H, S, D, generator=g).to(dtype))
+
+
+def rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def test_compile_matches_the_function_and_exposes_the_plan(tmp_path):
+    args = inputs(37)
+    prog = neptune_eq.compile(causal, *args, cache_dir=tmp_path)
+    ref = causal(*(a.double() for a in args))
+    assert rel(prog(*args), ref) < 1e-4
+    assert len(prog.kernels) == 1 and "@triton.jit" in prog.kernels[0].source
+    assert len(prog.alternatives) > 1 and prog.alternatives[0].predicted_time > 0
+    text = prog.explain()
+    assert "rolling_update" in text and "predicted" in text
+
+
+def test_same_signature_does_not_retrace_other_shapes_respecialise(tmp_path, monkeypatch):
+    args = inputs(24)
+    prog = neptune_eq.compile(causal, *args, cache_dir=tmp_path)
+    calls = []
+    real = frontend.capture
+    monkeypatch.setattr(frontend, "capture", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    prog(*inputs(24, seed=1))
+    assert calls == []
+    other = inputs(33, seed=2)
+    out = prog(*other)
+    assert len(calls) == 1
+    assert rel(out, causal(*(a.double() for a in other))) < 1e-4
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_half_precision_in_same_dtype_out(tmp_path, dtype, tol):
+    args = inputs(30, dtype=dtype)
+    prog = neptune_eq.compile(causal, *args, cache_dir=tmp_path)
+    out = prog(*args)
+    assert out.dtype == dtype
+    assert rel(out, causal(*(a.double() for a in args))) < tol
+
+
+def test_non_contiguous_inputs(tmp_path):
+    q, k, v = inputs(29, D=16)
+    kt = k.transpose(-2, -1).contiguous().transpose(-2, -1)  # same values, other strides
+    assert not kt.is_contiguous()
+    prog = neptune_eq.compile(causal, q, kt, v, cache_dir=tmp_path)
+    assert rel(prog(q, kt, v), causal(q.double(), k.double(), v.double())) < 1e-4
+
+
+def test_fully_masked_rows_are_zero(tmp_path):
+    def shifted(q, k, v):
+        s = q @ k.transpose(-2, -1)
+        keep = torch.arange(s.shape[-1])[None, :] < torch.arange(s.shape[-2])[:, None] - 3
+        return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+    args = inputs(20)
+    out = neptune_eq.compile(shifted, *args, cache_dir=tmp_path)(*args)
+    assert torch.all(out[:, :, :4] == 0) and torch.isfinite(out).all()
+
+
+def test_memory_and_disk_cache(tmp_path):
+    args = inputs(21)
+    neptune_eq.compile(causal, *args, cache_dir=tmp_path)
+    from neptune_eq.api import _cache_for
+
+    cache = _cache_for(tmp_path)
+    misses = cache.misses
+    neptune_eq.compile(causal, *args, cache_dir=tmp_path)
+    assert cache.hits >= 1 and cache.misses == misses  # same program: no new search
+    fresh = CompileCache(tmp_path)  # another process: only the disk
+    key = next(iter(cache.memory))
+    assert fresh.get(key) is not None and fresh.disk_hits == 1
+
+
+def test_corrupt_cache_entry_is_a_miss_and_is_rewritten(tmp_path):
+    args = inputs(22)
+    neptune_eq.compile(causal, *args, cache_dir=tmp_path)
+    entry = next((tmp_path / "programs").glob("*.pkl"))
+    key = entry.stem
+    entry.write_bytes(b"not a pickle")
+    cache = CompileCache(tmp_path)
+    assert cache.get(key) is None
+    neptune_eq.api._CACHES.pop(str(tmp_path), None)
+    neptune_eq.compile(causal, *args, cache_dir=tmp_path)
+    assert CompileCache(tmp_path).get(key) is not None
+
+
+def test_concurrent_writers_leave_a_loadable_entry(tmp_path):
+    args = inputs(23)
+    neptune_eq.compile(causal, *args, cache_dir=tmp_path)
+    from neptune_eq.api import _cache_for
+
+    value = next(iter(_cache_for(tmp_path).memory.values()))
+    writers = [CompileCache(tmp_path) for _ in range(4)]
+    threads = [threading.Thread(target=w.put, args=("shared", value)) for w in writers for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert CompileCache(tmp_path).get("shared") is not None
+    assert not list((tmp_path / "programs").glob("*.tmp"))
+    assert pickle.loads((tmp_path / "programs" / "shared.pkl").read_bytes())[1] == "shared"
+
+
+def test_inside_torch_compile(tmp_path):
+    args = inputs(26)
+    prog = neptune_eq.compile(causal, *args, cache_dir=tmp_path)
+
+    def model(q, k, v):
+        return prog(q * 2.0, k, v) + 1.0
+
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    out = compiled(*args)
+    ref = causal(*(a.double() for a in (args[0] * 2.0, args[1], args[2]))) + 1.0
+    assert rel(out, ref) < 1e-4
+
+
+def test_flex_compatible_attention(tmp_path):
+    q, k, v = inputs(35, D=16, H=2)
+    slopes = torch.tensor([0.5, 0.25])
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    def causal_mask(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx
+
+    out = neptune_eq.attention(q, k, v, score_mod=alibi, mask_mod=causal_mask, cache_dir=tmp_path)
+    qd, kd, vd = (x.double() for x in (q, k, v))
+    s = qd @ kd.transpose(-2, -1) / 4.0
+    i, j = torch.arange(35)[:, None], torch.arange(35)[None, :]
+    s = s + slopes.double().view(1, 2, 1, 1) * (j - i)
+    ref = torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ vd
+    assert rel(out, ref) < 1e-4
+    again = neptune_eq.attention(q, k, v, score_mod=alibi, mask_mod=causal_mask, cache_dir=tmp_path)
+    assert torch.equal(out, again)
+
+
+def test_gqa_through_flex_entry(tmp_path):
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 1, 16, generator=g)
+    k, v = torch.randn(1, 2, 50, 16, generator=g), torch.randn(1, 2, 50, 16, generator=g)
+    out = neptune_eq.attention(q, k, v, enable_gqa=True, cache_dir=tmp_path)
+    kr, vr = k.repeat_interleave(2, 1).double(), v.repeat_interleave(2, 1).double()
+    ref = torch.softmax(q.double() @ kr.transpose(-2, -1) / 4.0, -1) @ vr
+    assert rel(out, ref) < 1e-4
+
+
+@pytest.mark.parametrize("op", sorted(neptune_ops.OPS))
+def test_every_neptune_op_end_to_end(tmp_path, op):
+    heads = (4, 2) if op in ("gqa_pf", "gqa_dc", "softcap_pf", "softcap_dc", "window_pf") else (2, 2)
+    args = neptune_ops.example_inputs(op, 48, head_dim=16, heads=heads)
+    fn = neptune_ops.OPS[op][0]
+    if op == "window_pf":
+        def fn(q, k, v):
+            return neptune_ops.window_pf(q, k, v, window=12)
+    prog = neptune_eq.compile(fn, *args, cache_dir=tmp_path)
+    out = prog(*args)
+    ref = fn(*(a.double() for a in args))
+    assert rel(out, ref) < 1e-4, op
+
+
+def test_unknown_option_is_a_clear_error(tmp_path):
+    with pytest.raises(neptune_eq.ir.NeptuneError, match="unknown option"):
+        neptune_eq.compile(causal, *inputs(8), cache_dir=tmp_path, tile_size=7)
