@@ -2,11 +2,11 @@
 
 from ._interpret import select_interpreter_if_no_gpu
 
-select_interpreter_if_no_gpu()
+select_interpreter_if_no_gpu()  # before anything imports triton (see _interpret.py)
 
 __version__ = "0.1.0"
 
-from .api import Compiled, attention, compile  # noqa: E402, A004
+from .api import Compiled, attention, compile  # noqa: E402
 
 
 def explore(fn, *example_inputs, **options):
@@ -17,3 +17,6 @@ def explore(fn, *example_inputs, **options):
     from .explorer import explore as _explore
 
     return _explore(fn, *example_inputs, **options)
+
+
+__all__ = ["Compiled", "attention", "compile", "explore"]

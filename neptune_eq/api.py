@@ -165,7 +165,7 @@ def _custom_op(captured, prog: CompiledProgram):
     return call
 
 
-def compile(fn, *example_inputs, rules=(), cache_dir: str | Path | None = None, **options) -> Compiled:  # noqa: A001
+def compile(fn, *example_inputs, rules=(), cache_dir: str | Path | None = None, **options) -> Compiled:
     """Capture `fn` at the example inputs, search its fused plans and return a callable like `fn`.
 
     `options` are the fields of neptune_eq.pipeline.Options (budget, split_factors, device, ...);

@@ -87,7 +87,7 @@ class CompileCache:
                     self.memory[key] = value
                     self.disk_hits += 1
                     return value
-            except Exception:  # noqa: S110 - a corrupt or foreign entry is a miss; it gets rewritten
+            except Exception:
                 pass
         self.misses += 1
         return None

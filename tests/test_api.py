@@ -10,11 +10,11 @@ import torch
 from helpers import EXAMPLES
 
 import neptune_eq
-from neptune_eq.cache import CompileCache
 import neptune_eq.frontend as frontend
+from neptune_eq.cache import CompileCache
 
 sys.path.insert(0, str(EXAMPLES))
-import neptune_ops  # noqa: E402
+import neptune_ops
 
 
 def causal(q, k, v):
