@@ -34,7 +34,7 @@ def sdpa(case: Case, q, k, v):
     gqa = case.hq_hkv[0] != case.hq_hkv[1]
     op = case.op
     if op.startswith("softcap") or op == "window_pf":
-        return None, "SDPA has no score modifier (soft-capping)"
+        return None, "SDPA has no score modifier (soft-capping; window_pf soft-caps too)"
     if op in ("global_pf", "causal_dc"):
         return (lambda: F.scaled_dot_product_attention(q, k, v)), "native"
     if op in ("causal_pf", "gqa_pf"):

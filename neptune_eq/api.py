@@ -38,6 +38,7 @@ _OPTION_FIELDS = {f.name for f in fields(Options)}
 # already registered (torch.library's own registry is process-wide), compiled attention variants.
 _CACHES: dict[str, CompileCache] = {}
 _OPS: dict[str, object] = {}
+_RUNNERS: dict[str, CompiledProgram] = {}  # op → the program it runs (tune() swaps in tuned schedules)
 
 
 def _cache_for(directory: Path | None) -> CompileCache:
@@ -127,6 +128,22 @@ class Compiled:
     def verify(self, **kw):
         return self.program.verify(**kw)
 
+    def tune(self, *args, candidates: int = 3, progress: bool = True) -> Compiled:
+        """Measure on the GPU at `args` (CUDA tensors): time the cost model's `candidates` best plans,
+        keep the fastest, then autotune its kernels' tiles, warps and stages (cached on disk under
+        the cache directory). Later calls with this signature run the tuned kernels. Returns self."""
+        from .tune import autotune, cache_path, choose_plan
+
+        if not torch.cuda.is_available() or not all(a.is_cuda for a in args if isinstance(a, torch.Tensor)):
+            raise NeptuneError("tune() times kernels on the GPU: it needs CUDA tensors (this call has none, "
+                               "or there is no CUDA device)")
+        captured, prog, _ = self._variant(args)
+        inputs = captured.inputs(*args)
+        best = choose_plan(prog, inputs, candidates=candidates, progress=progress)
+        autotune(best, inputs, progress=progress, cache_file=cache_path(self.cache.directory))
+        self.variants[_signature(args)] = (captured, best, _custom_op(captured, best))
+        return self
+
     # ---- calling
     def __call__(self, *args):
         if torch.compiler.is_compiling():
@@ -145,11 +162,12 @@ def _custom_op(captured, prog: CompiledProgram):
     outs = [(o.name, program.output_shape(o), dt) for o, dt in zip(program.outputs, captured.output_dtypes)]
     digest = hashlib.sha256(f"{program}|{prog.alternative.structure}".encode()).hexdigest()[:16]
     qualname = f"neptune_eq::p{digest}"
+    _RUNNERS[qualname] = prog
     op = _OPS.get(qualname)
     if op is None:
         @torch.library.custom_op(qualname, mutates_args=())
         def op(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-            res = prog.run(dict(zip(names, xs)), {n: dt for n, _, dt in outs})
+            res = _RUNNERS[qualname].run(dict(zip(names, xs)), {n: dt for n, _, dt in outs})
             return [res[n] for n, _, _ in outs]
 
         @op.register_fake

@@ -3,9 +3,21 @@
 import runpy
 from pathlib import Path
 
+from neptune_eq import dsl as ne
+from neptune_eq.library import softmax
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
 def load_example(name: str, attr: str = "program"):
     return runpy.run_path(str(EXAMPLES / f"{name}.py"))[attr]
+
+
+def small_softmax():
+    """softmax over j of an 8 × 256 input: small enough for the interpreter."""
+    P = ne.program("softmax")
+    i, j = P.axes(i=8, j=256)
+    x = P.input("x", i, j)
+    P.output("y", softmax(x, j))
+    return P.build()

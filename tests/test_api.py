@@ -193,3 +193,12 @@ def test_every_neptune_op_end_to_end(tmp_path, op):
 def test_unknown_option_is_a_clear_error(tmp_path):
     with pytest.raises(neptune_eq.ir.NeptuneError, match="unknown option"):
         neptune_eq.compile(causal, *inputs(8), cache_dir=tmp_path, tile_size=7)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_tune_without_a_gpu_is_a_clear_error(tmp_path):
+    args = inputs(8)
+    prog = neptune_eq.compile(causal, *args, cache_dir=tmp_path)
+    with pytest.raises(neptune_eq.ir.NeptuneError, match="GPU"):
+        prog.tune(*args)
+    assert rel(prog(*args), causal(*(a.double() for a in args))) < 1e-4  # still usable

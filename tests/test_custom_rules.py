@@ -3,6 +3,7 @@ and caught by the saturation budget when they blow the e-graph up."""
 
 import pytest
 from egglog import String, birewrite, eq, f64, i64, rewrite, rule, union, var, vars_
+from helpers import small_softmax
 from neptune_eq.rules.base import free_of, positive, rw
 from neptune_eq.rules.files import parse_rules
 from neptune_eq.rules.user import RuleError, UnsoundRuleError, user_rules
@@ -10,7 +11,6 @@ from neptune_eq.rules.user import RuleError, UnsoundRuleError, user_rules
 from neptune_eq import dsl as ne
 from neptune_eq.explorer import explore
 from neptune_eq.ir import NeptuneError
-from neptune_eq.library import softmax
 from neptune_eq.runtime import compile_ir
 from neptune_eq.terms import Term, deps, exp, red, sqrt
 
@@ -24,14 +24,6 @@ def sqrt_sum(n_i=8, n_j=256):
     i, j = P.axes(i=n_i, j=n_j)
     x = P.input("x", i, j)
     P.output("y", ne.sum(ne.sqrt(ne.exp(x - ne.max(x, j))), j))
-    return P.build()
-
-
-def small_softmax():
-    P = ne.program("softmax")
-    i, j = P.axes(i=8, j=256)
-    x = P.input("x", i, j)
-    P.output("y", softmax(x, j))
     return P.build()
 
 

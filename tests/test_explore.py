@@ -2,23 +2,13 @@
 
 import pytest
 import torch
-from helpers import load_example
+from helpers import load_example, small_softmax
 
 import neptune_eq
-from neptune_eq import dsl as ne
 from neptune_eq.explorer import Explorer
 from neptune_eq.explorer.bench import measure
 from neptune_eq.ir import NeptuneError
-from neptune_eq.library import softmax
 from neptune_eq.runtime import CompiledProgram
-
-
-def small_softmax():
-    P = ne.program("softmax")
-    i, j = P.axes(i=8, j=256)
-    x = P.input("x", i, j)
-    P.output("y", softmax(x, j))
-    return P.build()
 
 
 @pytest.fixture(scope="module")
