@@ -82,3 +82,24 @@ def test_captured_causal_is_one_flash_pass_with_bounded_loop():
     assert len(prog.kernels) == 1 and len(passes) == 1 and passes[0].kind == "rolling"
     assert not prog.plan.buffers, "no score matrix written to memory"
     assert "flo_j" in prog.source and "fhi_j" in prog.source, "the causal mask bounds the key loop"
+
+
+@pytest.mark.parametrize("name", list(neptune_ops.OPS))
+def test_neptune_op_plan_at_benchmark_size(name):
+    """At the benchmark's shapes (fp16, head_dim 128, the paper's heads) on the H100 spec, every
+    prefill op is one fused kernel without split-K and every decode op at a 32768-key cache is a
+    split-K plan (compile only; nothing runs)."""
+    from neptune_eq.device import H100
+    from neptune_eq.pipeline import Options, compile_program
+
+    hq, hkv = neptune_ops.HEADS[name]
+    prefill = neptune_ops.OPS[name][1] == "prefill"
+    L = 4096 if prefill else 32768
+    q = torch.empty(1, hq, L if prefill else 1, 128, dtype=torch.float16)
+    k, v = (torch.empty(1, hkv, L, 128, dtype=torch.float16) for _ in range(2))
+    best = compile_program(capture(neptune_ops.OPS[name][0], q, k, v).program, Options(device=H100)).best
+    split = max(p.split for kern in best.plan.kernels for p in kern.passes())
+    if prefill:
+        assert len(best.plan.kernels) == 1 and split == 1, best.structure
+    else:
+        assert split > 1, best.structure
