@@ -13,7 +13,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from run import markdown, summarize  # noqa: E402
+from cases import HEADS  # noqa: E402
+from run import write_results  # noqa: E402
 
 
 def main(argv):
@@ -30,17 +31,14 @@ def main(argv):
     meta = dict(metas[0])
     assert all(m["device"] == meta["device"] and m["torch"] == meta["torch"] for m in metas), "mixed devices"
     meta["sources"] = sources
-    order = ["global_pf", "causal_pf", "alibi_pf", "gqa_pf", "softcap_pf", "window_pf", "causal_dc", "alibi_dc",
-             "gqa_dc", "softcap_dc"]
+    order = list(HEADS)  # the paper's order of the operators
     rows.sort(key=lambda r: (order.index(r["op"]), r["L"]))
-    summary = summarize(rows)
-    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows, "summary": summary}, indent=1))
-    (out / "results.md").write_text(markdown(rows, summary, meta) + "\nRows taken from: "
-                                    + ", ".join(f"{op} ← {src}" for op, src in sources.items()) + "\n")
+    md = write_results(out, rows, meta, footer="\nRows taken from: "
+                       + ", ".join(f"{op} ← {src}" for op, src in sources.items()) + "\n")
     from plot import plot
 
     plot(out / "results.json", out / "results.png")
-    print((out / "results.md").read_text())
+    print(md)
 
 
 if __name__ == "__main__":

@@ -27,12 +27,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-from cases import Case, all_cases, reference, rel_err_rows  # noqa: E402
+from cases import HEADS, TOLERANCE, Case, all_cases, reference, rel_err_rows  # noqa: E402
 from peers import PEERS  # noqa: E402
 
 import neptune_eq  # noqa: E402, F401  (first: Triton interpreter on a CPU-only machine)
-
-TOLERANCE = {"neptune_eq": 2e-3, "peer": 1e-2}
 
 
 def log(msg: str) -> None:
@@ -47,15 +45,13 @@ def timer(dry: bool):
             fn()
             return (time.perf_counter() - t0) * 1e3
         return t
-    import triton.testing
+    from neptune_eq.explorer.bench import do_bench_median  # do_bench's defaults: 25 ms warm-up, 100 ms runs
 
-    return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    return do_bench_median
 
 
 def pick_alternatives(compiled, limit: int = 4) -> list:
     """The chosen plan plus the best of each other kind: split-K, unfused (several kernels), two-pass."""
-    alts = compiled.alternatives
-    picks = [alts[0]]
 
     def kind(a):
         p = a.plan
@@ -67,14 +63,12 @@ def pick_alternatives(compiled, limit: int = 4) -> list:
             return "rolling"
         return "multipass"
 
-    seen = {kind(alts[0])}
-    for a in alts[1:]:
-        if kind(a) not in seen:
-            picks.append(a)
-            seen.add(kind(a))
+    picks = {}  # kind → its first (best-ranked) alternative
+    for a in compiled.alternatives:
+        picks.setdefault(kind(a), a)
         if len(picks) >= limit:
             break
-    return [(a, kind(a)) for a in picks]
+    return [(a, k) for k, a in picks.items()]
 
 
 def run_case(case: Case, args, measure) -> dict:
@@ -93,7 +87,7 @@ def run_case(case: Case, args, measure) -> dict:
     row["compile_s"] = time.perf_counter() - t0
     ref, rows = reference(case, captured, device)
 
-    def record(name, thunk, tol, note=""):
+    def record(thunk, tol, note=""):
         entry = {"note": note}
         try:
             out = thunk()
@@ -104,8 +98,8 @@ def run_case(case: Case, args, measure) -> dict:
                 return entry
             ms = measure(thunk)
             entry["ms"] = ms
-            entry["tflops"] = case.useful_flops() / (ms * 1e-3) / 1e12
-            entry["gbps"] = case.io_bytes() / (ms * 1e-3) / 1e9
+            entry["tflops"] = row["useful_flops"] / (ms * 1e-3) / 1e12
+            entry["gbps"] = row["io_bytes"] / (ms * 1e-3) / 1e9
         except Exception as e:
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             if args.verbose:
@@ -124,8 +118,7 @@ def run_case(case: Case, args, measure) -> dict:
         row["tune_s"] = time.perf_counter() - t1
     fn = CompiledFunction(captured, compiled)
     row["plan"] = compiled.alternative.structure
-    row["impls"]["neptune_eq"] = record("neptune_eq", lambda: fn(q, k, v), TOLERANCE["neptune_eq"],
-                                        compiled.alternative.structure)
+    row["impls"]["neptune_eq"] = record(lambda: fn(q, k, v), TOLERANCE["neptune_eq"], compiled.alternative.structure)
     row["impls"]["neptune_eq"]["predicted_ms"] = compiled.alternative.cost.time * 1e3
     if args.alternatives:
         for alt, kind in pick_alternatives(compiled.pin(0)):
@@ -133,7 +126,7 @@ def run_case(case: Case, args, measure) -> dict:
             if alt.id == compiled.alternative.id:
                 pinned.schedules = compiled.schedules  # the tuned one
             pf = CompiledFunction(captured, pinned)
-            e = record(f"alt{alt.id}", lambda pf=pf: pf(q, k, v), TOLERANCE["neptune_eq"], alt.structure)
+            e = record(lambda pf=pf: pf(q, k, v), TOLERANCE["neptune_eq"], alt.structure)
             e.update({"id": alt.id, "kind": kind, "structure": alt.structure,
                       "predicted_ms": alt.cost.time * 1e3, "tuned": alt.id == compiled.alternative.id})
             row["alternatives"].append(e)
@@ -146,16 +139,22 @@ def run_case(case: Case, args, measure) -> dict:
         if thunk is None:
             row["impls"][name] = {"error": f"not applicable: {note}"}
             continue
-        row["impls"][name] = record(name, thunk, TOLERANCE["peer"], note)
+        row["impls"][name] = record(thunk, TOLERANCE["peer"], note)
     return row
+
+
+def best_peer(row) -> tuple[str, float] | None:
+    """(name, ms) of the fastest peer that ran, or None."""
+    return min(((n, e["ms"]) for n, e in row["impls"].items() if n != "neptune_eq" and "ms" in e),
+               key=lambda t: t[1], default=None)
 
 
 def speedup(row) -> float | None:
     ours = row["impls"].get("neptune_eq", {}).get("ms")
-    peers = [e["ms"] for n, e in row["impls"].items() if n != "neptune_eq" and "ms" in e]
-    if ours is None or not peers:
+    best = best_peer(row)
+    if ours is None or best is None:
         return None
-    return min(peers) / ours
+    return best[1] / ours
 
 
 def spearman(xs, ys) -> float:
@@ -182,8 +181,8 @@ def summarize(rows: list[dict]) -> dict:
         if not meas:
             continue
         best = min(a["ms"] for a in meas)
-        chosen = next((a for a in meas if a["id"] == meas[0]["id"]), None)
-        within.setdefault(r["op"], []).append(chosen is not None and chosen["ms"] <= 1.10 * best)
+        # meas[0]: the model's first choice (pick_alternatives lists it first) when it ran
+        within.setdefault(r["op"], []).append(meas[0]["ms"] <= 1.10 * best)
     return {
         "ratio_largest_L": ratios,
         "geomean": math.exp(sum(math.log(x) for x in valid) / len(valid)) if valid else None,
@@ -211,12 +210,11 @@ def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
         for p in peers:
             e = r["impls"].get(p, {})
             cells.append(f"{e['ms'] * 1e3:.0f}" if "ms" in e else "—")
-        best = min(((n, e["ms"]) for n, e in r["impls"].items() if n != "neptune_eq" and "ms" in e),
-                   key=lambda t: t[1], default=(None, None))
+        best = best_peer(r)
         sp = speedup(r)
         lines.append(
             f"| {r['op']} | {r['L']} | {ours.get('ms', float('nan')) * 1e3:.0f} | {ours.get('tflops', 0):.0f} | "
-            f"{ours.get('gbps', 0):.0f} | " + " | ".join(cells) + f" | {best[0] or '—'} | "
+            f"{ours.get('gbps', 0):.0f} | " + " | ".join(cells) + f" | {best[0] if best else '—'} | "
             f"{f'{sp:.2f}×' if sp else '—'} | {_plan_cell(r)} |")
     lines += ["", f"Geomean speedup over the best peer at the largest L: {summary['geomean']:.2f}×"
               if summary["geomean"] else "", ""]
@@ -233,6 +231,15 @@ def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_results(out: Path, rows: list[dict], meta: dict, footer: str = "") -> str:
+    """results.json (meta, rows, summary) and results.md under `out`; returns the markdown."""
+    summary = summarize(rows)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows, "summary": summary}, indent=1))
+    md = markdown(rows, summary, meta) + footer
+    (out / "results.md").write_text(md)
+    return md
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", nargs="*")
@@ -247,8 +254,8 @@ def main(argv=None) -> int:
                     help="tuning cache (JSON) to start from; the updated one is written next to the results")
     args = ap.parse_args(argv)
     if args.dry:
-        cases = [Case(op, 64, head_dim=32, heads=(4, 2) if c.hq_hkv[0] != c.hq_hkv[1] else (2, 2))
-                 for op in (args.ops or [c.op for c in all_cases()]) for c in [Case(op, 64)]]
+        cases = [Case(op, 64, head_dim=32, heads=(4, 2) if HEADS[op][0] != HEADS[op][1] else (2, 2))
+                 for op in (args.ops or HEADS)]
         args.peers = [p for p in args.peers if p == "sdpa"]
     else:
         cases = all_cases(args.ops, args.sizes)
@@ -257,11 +264,12 @@ def main(argv=None) -> int:
     meta = {"device": "CPU (dry run)" if args.dry else torch.cuda.get_device_name(), "date": str(date.today()),
             "torch": torch.__version__, "triton": triton.__version__}
     measure = timer(args.dry)
-    args.tuning_out = str(Path(args.out) / "tuning.json")
-    Path(args.out).mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    args.tuning_out = str(out / "tuning.json")
+    out.mkdir(parents=True, exist_ok=True)
     if Path(args.tuning).exists() and Path(args.tuning) != Path(args.tuning_out):
         Path(args.tuning_out).write_text(Path(args.tuning).read_text())
-    rows = []
+    rows, md = [], ""
     t_start = time.perf_counter()
     for n, case in enumerate(cases):
         t0 = time.perf_counter()
@@ -273,20 +281,16 @@ def main(argv=None) -> int:
                    "alternatives": []}
         rows.append(row)
         ours = row["impls"].get("neptune_eq", {})
-        best = {n_: f"{e['ms'] * 1e3:.0f}µs" for n_, e in row["impls"].items() if "ms" in e}
-        log(f"[{n + 1}/{len(cases)}] {case.label}: {best} "
+        times = {name: f"{e['ms'] * 1e3:.0f}µs" for name, e in row["impls"].items() if "ms" in e}
+        log(f"[{n + 1}/{len(cases)}] {case.label}: {times} "
             f"{'err ' + ours['error'] if 'error' in ours else ''} ({time.perf_counter() - t0:.0f}s, "
             f"total {time.perf_counter() - t_start:.0f}s)")
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        summary = summarize(rows)
-        (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows, "summary": summary}, indent=1))
-        (out / "results.md").write_text(markdown(rows, summary, meta))
-    print((Path(args.out) / "results.md").read_text())
+        md = write_results(out, rows, meta)  # after every case, so a cut-off run keeps what it measured
+    print(md)
     try:
         from plot import plot
 
-        plot(Path(args.out) / "results.json", Path(args.out) / "results.png")
+        plot(out / "results.json", out / "results.png")
     except Exception as e:
         log(f"no plot: {e}")
     return 0

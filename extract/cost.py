@@ -41,6 +41,12 @@ class KernelCost:
     latency: float
     time: float
 
+    def __str__(self) -> str:
+        return (f"kernel {self.name}: {self.programs} programs, {self.iterations:.1f} loop tiles each, "
+                f"{self.hbm_bytes / 1e6:.3f} MB HBM, predicted {self.time * 1e6:.2f} µs "
+                f"(mem {self.t_mem * 1e6:.2f}, tensor {self.t_tc * 1e6:.2f}, alu {self.t_alu * 1e6:.2f}, "
+                f"sfu {self.t_sfu * 1e6:.2f} µs; fill {self.efficiency:.0%})")
+
 
 @dataclass
 class Cost:
@@ -94,18 +100,13 @@ class _Counter:
     def load_size(self, n: ir.Load, loop: str | None) -> float:
         """Elements a program loads for `n`. In a loop, an index that is one value for the whole
         padded row tile (a single row, or a // G over a group of G rows) reads one slice."""
+        in_loop = loop is not None and loop in n.axes
         axes: set[str] = set()
         for e in n.index:
-            if loop is not None and loop in n.axes:
-                a = g = None
-                if isinstance(e, ir.Index):
-                    a, g = e.axis, 1
-                elif (isinstance(e, ir.Call) and e.op == "floordiv" and isinstance(e.args[0], ir.Index)
-                      and isinstance(e.args[1], ir.Const)):
-                    a, g = e.args[0].axis, int(e.args[1].value)
-                step = self.sched.steps.get(a) if a is not None else None
-                if step and g % step == 0:
-                    continue
+            got = ir.grouped_index(e) if in_loop else None
+            step = self.sched.steps.get(got[0]) if got else None
+            if step and got[1] % step == 0:
+                continue
             axes |= e.axes
         return self.size(axes, loop)
 
@@ -258,8 +259,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     active = min(programs, slots)
     # a program alone on an SM runs at the SM's full rate; past one program per SM, waves quantise
     eff = programs / (waves * slots) if programs >= slots else min(programs, dev.sms) / dev.sms
-    t_compute = [t_tc, t_alu, t_sfu]
-    t_compute = [t / eff for t in t_compute]
+    t_compute = [t / eff for t in (t_tc, t_alu, t_sfu)]
     # memory: the programs in flight together pull at most their per-program streaming rate each
     bw = min(dev.hbm_bytes_per_s, active * dev.sm_stream_bytes_per_s)
     t_mem_eff = hbm / bw * (waves * active / programs if programs > slots else 1.0)
@@ -303,12 +303,9 @@ def _miss_rate(loaded: dict[str, float], program, plan, k, programs, dev: Device
     concurrent = min(programs, dev.sms * 2)
     working = 0.0
     for t in loaded:
-        axes = set(program.inputs[t].axes) if t in program.inputs else set(plan.buffers[t].axes) \
-            if t in plan.buffers else set()
-        slices = 1
-        for a in k.grid:
-            if a in axes:
-                slices *= max(1, math.ceil(program.axes[a] / 1))
+        spec = program.inputs.get(t) or plan.buffers.get(t)
+        axes = set(spec.axes) if spec else set()
+        slices = math.prod(program.axes[a] for a in k.grid if a in axes)
         per_slice = _footprint(program, plan, t, None, k) / slices
         programs_per_slice = max(1.0, programs / slices)
         working += per_slice * min(slices, math.ceil(concurrent / programs_per_slice))

@@ -31,7 +31,7 @@ from .device import from_torch
 from .ir import NeptuneError
 from .lower.launch import default_cache_dir
 from .pipeline import Options, compile_program
-from .runtime import CompiledProgram
+from .runtime import CompiledProgram, with_user_rules
 
 _OPTION_FIELDS = {f.name for f in fields(Options)}
 # Process-wide caches (not configuration): one compile cache per cache directory, the custom ops
@@ -52,12 +52,7 @@ def _options(rules, kw) -> Options:
     unknown = set(kw) - _OPTION_FIELDS
     if unknown:
         raise NeptuneError(f"unknown option(s) {sorted(unknown)}; known: {sorted(_OPTION_FIELDS)}")
-    opts = Options(**kw)
-    if rules:
-        from .rules.user import user_rules
-
-        opts = replace(opts, rules=(*opts.rules, *user_rules(rules)))
-    return opts
+    return with_user_rules(Options(**kw), rules)
 
 
 def compile_cached(program: ir.Program, options: Options, cache: CompileCache) -> CompiledProgram:
@@ -78,13 +73,41 @@ def _signature(args) -> tuple:
 
 
 @dataclass
+class _Variant:
+    """One signature of a compiled function: the capture running its program, and the custom op
+    running the same program for calls traced by dynamo."""
+
+    run: object  # frontend.capture.CompiledFunction
+    op: object
+
+    @classmethod
+    def of(cls, captured, prog: CompiledProgram) -> _Variant:
+        from .frontend.capture import CompiledFunction  # the frontend loads on first use, not at import
+
+        return cls(CompiledFunction(captured, prog), _custom_op(captured, prog))
+
+    @property
+    def captured(self):
+        return self.run.captured
+
+    @property
+    def prog(self) -> CompiledProgram:
+        return self.run.compiled
+
+    def __call__(self, args):
+        if torch.compiler.is_compiling():
+            return self.captured.outputs(self.op(self.captured.inputs(*args)))
+        return self.run(*args)
+
+
+@dataclass
 class Compiled:
     """A plain PyTorch function compiled by neptune_eq (see the module docstring)."""
 
     fn: object
     options: Options
     cache: CompileCache
-    variants: dict = field(default_factory=dict)  # signature → (Captured, CompiledProgram)
+    variants: dict[tuple, _Variant] = field(default_factory=dict)  # by signature (_signature)
     first: tuple | None = None
 
     # ---- the example signature's program (what the attributes describe)
@@ -95,20 +118,18 @@ class Compiled:
         got = self.variants.get(sig)
         if got is None:
             captured = capture(self.fn, *args)
-            prog = compile_cached(captured.program, self.options, self.cache)
-            got = self.variants[sig] = (captured, prog, _custom_op(captured, prog))
+            got = self.variants[sig] = _Variant.of(captured, compile_cached(captured.program, self.options, self.cache))
             if self.first is None:
                 self.first = sig
         return got
 
     @property
     def captured(self):
-        return self.variants[self.first][0]
-
+        return self.variants[self.first].captured
 
     @property
     def program(self) -> CompiledProgram:
-        return self.variants[self.first][1]
+        return self.variants[self.first].prog
 
     @property
     def kernels(self):
@@ -137,22 +158,19 @@ class Compiled:
         if not torch.cuda.is_available() or not all(a.is_cuda for a in args if isinstance(a, torch.Tensor)):
             raise NeptuneError("tune() times kernels on the GPU: it needs CUDA tensors (this call has none, "
                                "or there is no CUDA device)")
-        captured, prog, _ = self._variant(args)
-        inputs = captured.inputs(*args)
-        best = choose_plan(prog, inputs, candidates=candidates, progress=progress)
+        variant = self._variant(args)
+        inputs = variant.captured.inputs(*args)
+        best = choose_plan(variant.prog, inputs, candidates=candidates, progress=progress)
         autotune(best, inputs, progress=progress, cache_file=cache_path(self.cache.directory))
-        self.variants[_signature(args)] = (captured, best, _custom_op(captured, best))
+        self.variants[_signature(args)] = _Variant.of(variant.captured, best)
         return self
 
     # ---- calling
     def __call__(self, *args):
         if torch.compiler.is_compiling():
             # traced by dynamo: only tensor reshapes and one custom op (the example signature's)
-            captured, _, op = self.variants[self.first]
-            return captured.outputs(op(captured.inputs(*args)))
-        captured, prog, _ = self._variant(args)
-        dtypes = {o.name: dt for o, dt in zip(captured.program.outputs, captured.output_dtypes)}
-        return captured.outputs(prog.run(captured.inputs(*args), dtypes))
+            return self.variants[self.first](args)
+        return self._variant(args)(args)
 
 
 def _custom_op(captured, prog: CompiledProgram):
@@ -203,7 +221,7 @@ def compile(fn, *example_inputs, rules=(), cache_dir: str | Path | None = None, 
     return out
 
 
-_ATTENTION: dict = {}  # (mods, signature, options) → compiled program, for neptune_eq.attention
+_ATTENTION: dict[tuple, _Variant] = {}  # (mods, signature, options) → neptune_eq.attention's variant
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod=None, mask_mod=None,
@@ -224,10 +242,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod=None,
                                      scale=scale)
         prog = compile_cached(captured.program, _options((), options),
                               _cache_for(Path(cache_dir) if cache_dir else None))
-        got = _ATTENTION[key] = (captured, prog, _custom_op(captured, prog))
-    captured, prog, op = got
-    args = (q, k, v)
-    if torch.compiler.is_compiling():
-        return captured.outputs(op(captured.inputs(*args)))
-    dtypes = {o.name: dt for o, dt in zip(captured.program.outputs, captured.output_dtypes)}
-    return captured.outputs(prog.run(captured.inputs(*args), dtypes))
+        got = _ATTENTION[key] = _Variant.of(captured, prog)
+    return got((q, k, v))

@@ -14,7 +14,7 @@ import hashlib
 import os
 import pickle
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import __version__, ir
@@ -44,12 +44,8 @@ class CachedCompilation:
 
 def snapshot(c) -> CachedCompilation:
     """The cacheable part of a pipeline.Compilation."""
-    notes = [f"{', '.join(lp.names)} over {lp.axis}: {lp.reason}" for lp in (c.fusion.rejected if c.fusion else [])
-             if lp.reason]
-    from dataclasses import replace
-
     options = replace(c.options, rules=(), progress=None)  # user rules are in the key, not the payload
-    return CachedCompilation(c.program, options, c.device, list(c.alternatives), notes,
+    return CachedCompilation(c.program, options, c.device, list(c.alternatives), c.rejected_notes,
                              [str(r) for r in c.saturator.reports], c.nodes, dict(c.timings))
 
 
@@ -95,15 +91,20 @@ class CompileCache:
     def put(self, key: str, value: CachedCompilation) -> None:
         self.memory[key] = value
         path = self._path(key)
-        if path is None:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump((FORMAT, key, value), f)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        if path is not None:
+            write_atomic(path, pickle.dumps((FORMAT, key, value)))
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path` and rename it into place: readers and
+    concurrent writers never see a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -425,3 +425,15 @@ class Program:
 def reductions(node: Node) -> list[Reduce]:
     """Distinct reductions in `node`, producers before consumers."""
     return [n for n in walk(node) if isinstance(n, Reduce)]
+
+
+def grouped_index(e: Node) -> tuple[str, int] | None:
+    """(a, G) when index entry `e` is the axis a itself (G = 1) or a // G for a positive integer G
+    (the kv head of grouped-query attention: G consecutive rows of a read one slice)."""
+    if isinstance(e, Index):
+        return e.axis, 1
+    if isinstance(e, Call) and e.op == "floordiv" and isinstance(e.args[0], Index) and isinstance(e.args[1], Const):
+        g = e.args[1].value
+        if math.isfinite(g) and g.is_integer() and 0 < g < 2**31:
+            return e.args[0].axis, int(g)
+    return None

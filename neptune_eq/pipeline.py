@@ -95,6 +95,12 @@ class Compilation:
     def best(self) -> Alternative:
         return self.alternatives[0]
 
+    @property
+    def rejected_notes(self) -> list[str]:
+        """The fusions the rules could not justify, one line each (loop, axis, why)."""
+        rejected = self.fusion.rejected if self.fusion else []
+        return [f"{', '.join(lp.names)} over {lp.axis}: {lp.reason}" for lp in rejected if lp.reason]
+
     def axis_bits(self) -> dict[str, int]:
         return {a: 1 << k for k, a in enumerate(self.encoder.axis_order)}
 

@@ -11,7 +11,7 @@ from .ir import NeptuneError
 from .lower.launch import Launcher, check_inputs, load_module
 from .lower.triton import KernelSource, write_module
 from .pipeline import Alternative, Compilation, Options, compile_program
-from .schedule import KernelSchedule, plan_schedules
+from .schedule import KernelSchedule
 from .verify import VerifyReport, verify
 
 
@@ -60,11 +60,8 @@ class CompiledProgram:
 
     # ---- lowering
     def _schedules(self, target: str) -> list[KernelSchedule]:
-        if target in self.schedules:
-            return self.schedules[target]
-        if target == "cuda":
-            return list(self.alternative.schedules)
-        return plan_schedules(self.plan, self.program, target=target)
+        """The tuned schedules for `target` if any, else the plan's defaults."""
+        return self.schedules.get(target) or list(self.alternative.schedules)
 
     def lowered(self, target: str = "cuda") -> tuple[str, list[KernelSource]]:
         key = ("src", target)
@@ -132,28 +129,26 @@ class CompiledProgram:
                          f"({ratio:.2f}× the chosen plan)")
         lines.append("derivation:")
         lines += [f"  {d}" for d in alt.plan.derivation] or ["  (no fusion rule applied)"]
-        rejected = [f"{', '.join(lp.names)} over {lp.axis}: {lp.reason}"
-                    for lp in (c.fusion.rejected if c.fusion else []) if lp.reason]
-        rejected = rejected or list(getattr(c, "rejected_notes", []))
+        rejected = c.rejected_notes
         if rejected:
             lines.append("fusions not offered:")
             lines += [f"  {r}" for r in rejected[:6]]
-        for k in alt.cost.kernels:
-            lines.append(f"kernel {k.name}: {k.programs} programs, {k.iterations:.1f} loop tiles each, "
-                         f"{k.hbm_bytes / 1e6:.3f} MB HBM, predicted {k.time * 1e6:.2f} µs "
-                         f"(mem {k.t_mem * 1e6:.2f}, tensor {k.t_tc * 1e6:.2f}, alu {k.t_alu * 1e6:.2f}, "
-                         f"sfu {k.t_sfu * 1e6:.2f} µs; fill {k.efficiency:.0%})")
+        lines += [str(k) for k in alt.cost.kernels]
         return "\n".join(lines)
 
 
 def compile_ir(program: ir.Program, options: Options | None = None, *, rules=()) -> CompiledProgram:
     """Compile `program`. `rules`: extra rewrite rules (rules-file paths or shipped names, Rule objects,
     egglog rewrites), checked for soundness first (rules/user.py) and added to options.rules."""
-    if rules:
-        from dataclasses import replace
+    return CompiledProgram(compile_program(program, with_user_rules(options or Options(), rules)))
 
-        from .rules.user import user_rules
 
-        options = options or Options()
-        options = replace(options, rules=(*options.rules, *user_rules(rules)))
-    return CompiledProgram(compile_program(program, options))
+def with_user_rules(options: Options, rules) -> Options:
+    """`options` with the user `rules` (checked for soundness first: rules/user.py) added."""
+    if not rules:
+        return options
+    from dataclasses import replace
+
+    from .rules.user import user_rules
+
+    return replace(options, rules=(*options.rules, *user_rules(rules)))

@@ -45,8 +45,9 @@ class KernelSchedule:
                 self.fast_math, tuple(sorted(self.steps.items())))
 
 
-def loads_in(k: KernelPlan, plan: Plan) -> list[ir.Load]:
-    out = []
+def kernel_exprs(k: KernelPlan, plan: Plan) -> list[ir.Node]:
+    """Every expression kernel `k` evaluates: computations, masks, stores, and the inlined values
+    they refer to."""
     exprs = []
     for ph in k.phases:
         src = ph.source if isinstance(ph, Combine) else ph
@@ -59,9 +60,17 @@ def loads_in(k: KernelPlan, plan: Plan) -> list[ir.Load]:
         for n in ir.walk(e):
             if isinstance(n, ir.Sym) and n.name.startswith("val:") and n.name[4:] in plan.inline:
                 exprs.append(plan.inline[n.name[4:]])
-    for e in exprs:
-        out += [n for n in ir.walk(e) if isinstance(n, ir.Load)]
-    return out
+    return exprs
+
+
+def loads_in(k: KernelPlan, plan: Plan) -> list[ir.Load]:
+    return [n for e in kernel_exprs(k, plan) for n in ir.walk(e) if isinstance(n, ir.Load)]
+
+
+def loop_loads(k: KernelPlan, plan: Plan) -> list[ir.Load]:
+    """The loads of `k` that vary over one of its loop axes (the tensors streamed by its passes)."""
+    loop_axes = {p.axis for p in k.passes()}
+    return [ld for ld in loads_in(k, plan) if ld.axes & loop_axes]
 
 
 def inner_axes(k: KernelPlan, plan: Plan) -> set[str]:
@@ -78,40 +87,34 @@ def grouped_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> dict[str, in
     """Grid axes that the tensors read in loops see only as `a // G` (grouped-query heads): G rows of
     `a` share one slice of those tensors, so a program can take a group of G rows (loading the
     shared slice once)."""
-    loop_axes = {p.axis for p in k.passes()}
     groups: dict[str, set[int]] = {}
     plain: set[str] = set()
-    for ld in loads_in(k, plan):
-        if not ld.axes & loop_axes:
-            continue
+    for ld in loop_loads(k, plan):
         for e in ld.index:
-            if isinstance(e, ir.Index):
-                plain.add(e.axis)
-            elif (isinstance(e, ir.Call) and e.op == "floordiv" and isinstance(e.args[0], ir.Index)
-                  and isinstance(e.args[1], ir.Const) and float(e.args[1].value).is_integer()):
-                groups.setdefault(e.args[0].axis, set()).add(int(e.args[1].value))
+            got = ir.grouped_index(e)
+            if got is not None and got[1] > 1:
+                groups.setdefault(got[0], set()).add(got[1])
             else:
                 plain |= e.axes
-    return {a: g.pop() for a, g in groups.items() if len(g) == 1 and a not in plain and a in k.grid
-            and next(iter(g | {0})) >= 0}
+    return {a: g.pop() for a, g in groups.items() if len(g) == 1 and a not in plain and a in k.grid}
 
 
 def row_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> list[str]:
     """Grid axes worth a vector tile, the query-like ones first: axes that no tensor read in a loop
     has (queries share every key tile), then axes some such tensor lacks (the value dimension)."""
-    loads = [ld for ld in loads_in(k, plan) if ld.axes & {p.axis for p in k.passes()}]
+    loads = loop_loads(k, plan)
     axes = [a for a in k.grid if program.axes[a] > 1]
     primary = [a for a in axes if loads and all(a not in ld.axes for ld in loads)]
     secondary = [a for a in axes if a not in primary and any(a not in ld.axes for ld in loads)]
     return primary + secondary
 
 
-def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan, *, target: str = "cuda") -> KernelSchedule:
+def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSchedule:
     tiles: dict[str, int] = {a: 1 for a in k.grid}
     steps: dict[str, int] = {}
     rows = row_axes(k, program, plan)
     has_dot = bool(inner_axes(k, plan))
-    loads = [ld for ld in loads_in(k, plan) if ld.axes & {p.axis for p in k.passes()}]
+    loads = loop_loads(k, plan)
     primary = [a for a in rows if all(a not in ld.axes for ld in loads)]
     if primary:
         tiles[primary[0]] = min(128, max(16 if has_dot else 1, next_pow2(program.axes[primary[0]])))
@@ -147,16 +150,15 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan, *, target: 
         tiles[a] = max(16, next_pow2(program.axes[a]))
     big = max((tiles.get(a, 1) for a in primary), default=1)
     warps = 8 if (has_dot and big >= 128) else 4
-    _ = target  # the interpreter runs fastest with the same (large) blocks: fewer numpy calls
     return KernelSchedule(tiles, num_warps=warps, num_stages=3 if has_dot else 2, steps=steps)
 
 
-def plan_schedules(plan: Plan, program: ir.Program, *, target: str = "cuda") -> list[KernelSchedule]:
+def plan_schedules(plan: Plan, program: ir.Program) -> list[KernelSchedule]:
     """Default schedules for every kernel of a plan. A split-K combine kernel tiles its grid like the
     partial kernel whose states it folds (it has no loads of its own to infer row axes from)."""
     out: list[KernelSchedule] = []
     for k in plan.kernels:
-        s = default_schedule(k, program, plan, target=target)
+        s = default_schedule(k, program, plan)
         if out and any(isinstance(ph, Combine) for ph in k.phases):
             prev = out[-1]
             s = replace(s.with_tiles(**{a: prev.tiles[a] for a in k.grid if a in prev.tiles}),

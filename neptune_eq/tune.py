@@ -9,16 +9,15 @@ device, triton version) so a shape is tuned once; the cache file is plain JSON, 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import ir
-from .plan import Combine
-from .schedule import KernelSchedule, inner_axes, loads_in, row_axes
+from .cache import write_atomic
+from .schedule import KernelSchedule, inner_axes, kernel_exprs, loop_loads, row_axes
 
 
 @dataclass
@@ -30,7 +29,7 @@ class Trial:
 
 def _candidates(k, program: ir.Program, plan, base: KernelSchedule) -> list[KernelSchedule]:
     # vary the query-like row tile only (not the value dimension, not a padded single/grouped row)
-    loads = [ld for ld in loads_in(k, plan) if ld.axes & {p.axis for p in k.passes()}]
+    loads = loop_loads(k, plan)
     rows = [a for a in row_axes(k, program, plan) if base.tiles.get(a, 1) > 1 and a not in base.steps
             and all(a not in ld.axes for ld in loads)][:1]
     loops = list(dict.fromkeys(p.axis for p in k.passes()))
@@ -40,22 +39,17 @@ def _candidates(k, program: ir.Program, plan, base: KernelSchedule) -> list[Kern
     loop_opts = ([64, 128, 32] if has_dot else [256, 512, 128, 1024]) if loops else [None]
     warp_opts = [8, 4]
     stage_opts = [3, 2, 4] if has_dot else [2, 3]
-    for r in row_opts:
-        for lt in loop_opts:
-            for w in warp_opts:
-                for s in stage_opts:
-                    tiles = dict(base.tiles)
-                    if r is not None:
-                        tiles[rows[0]] = r
-                    if lt is not None:
-                        for a in loops:
-                            if program.axes[a] >= lt // 2:
-                                tiles[a] = lt
-                    if has_dot and r is not None and lt is not None and r * lt > 128 * 128:
-                        continue
-                    cand = replace(base, tiles=tiles, num_warps=w, num_stages=s)
-                    if cand.key() not in {c.key() for c in out}:
-                        out.append(cand)
+    for r, lt, w, s in itertools.product(row_opts, loop_opts, warp_opts, stage_opts):
+        if has_dot and r is not None and lt is not None and r * lt > 128 * 128:
+            continue
+        tiles = dict(base.tiles)
+        if r is not None:
+            tiles[rows[0]] = r
+        if lt is not None:
+            tiles.update({a: lt for a in loops if program.axes[a] >= lt // 2})
+        cand = replace(base, tiles=tiles, num_warps=w, num_stages=s)
+        if cand.key() not in {c.key() for c in out}:
+            out.append(cand)
     return out
 
 
@@ -80,11 +74,17 @@ def _load(path: Path) -> dict:
 
 
 def _store(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True).encode())
+
+
+def _logger(progress: bool):
+    return (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
+
+
+def _median_ms(launcher, inputs: dict, rep_ms: int) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(lambda: launcher(inputs), warmup=20, rep=rep_ms, return_mode="median")
 
 
 def _schedule_from(d: dict) -> KernelSchedule:
@@ -101,21 +101,20 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
              max_candidates: int = 8, tolerance: float = 2e-3, cache_file: Path | None = None) -> list[KernelSchedule]:
     """Tune every kernel of `compiled`'s plan on CUDA `inputs`; installs and returns the schedules."""
     import torch
-    import triton.testing
 
     from .lower.launch import Launcher, load_module
     from .lower.triton import write_module
     from .verify import rel_err
 
-    log = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
+    log = _logger(progress)
     program, plan = compiled.program, compiled.plan
     device = torch.cuda.get_device_name()
     path = cache_file or cache_path(cache_dir)
     cache = _load(path)
     current = list(compiled._schedules("cuda"))
     ref = None
-    uses_tanh = any(n.op == "tanh" for k in plan.kernels for e in _exprs(k, plan) for n in ir.walk(e)
-                    if isinstance(n, ir.Call))
+    uses_tanh = any(isinstance(n, ir.Call) and n.op == "tanh"
+                    for k in plan.kernels for e in kernel_exprs(k, plan) for n in ir.walk(e))
     for ki, k in enumerate(plan.kernels):
         key = _key(program, compiled.alternative.structure, ki, device)
         if key in cache:
@@ -143,8 +142,7 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
                     if not err < tolerance:
                         trials.append(Trial(cand, None, f"rel err {err:.2e} with fast math"))
                         continue
-                ms = triton.testing.do_bench(lambda launcher=launcher: launcher(inputs), warmup=20, rep=rep_ms,
-                                             return_mode="median")
+                ms = _median_ms(launcher, inputs, rep_ms)
                 trials.append(Trial(cand, ms))
                 log(f"  tune {k.name} [{n + 1}/{len(cands)}] {cand.tiles} w{cand.num_warps} s{cand.num_stages}"
                     f"{' fast' if cand.fast_math else ''}: {ms * 1e3:.1f} µs")
@@ -162,33 +160,18 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
     return current
 
 
-def _exprs(k, plan):
-    for ph in k.phases:
-        src = ph.source if isinstance(ph, Combine) else ph
-        for c in src.comps:
-            yield c.core
-        for st in getattr(ph, "stores", ()):
-            yield st.expr
-    for st in k.epilogue:
-        yield st.expr
-    yield from plan.inline.values()
-
-
 def choose_plan(compiled, inputs: dict, *, candidates: int = 3, progress=True, rep_ms: int = 40):
     """Time the cost model's `candidates` best alternatives (default schedules) on the GPU and return
     the compiled program pinned to the fastest. The model ranks; measurement breaks its near-ties
     (e.g. between split-K factors)."""
-    import triton.testing
-
-    log = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
+    log = _logger(progress)
     best = None
     for alt in compiled.alternatives[:candidates]:
         p = compiled.pin(alt.id)
         try:
             launcher = p.launcher("cuda")
             launcher(inputs)
-            ms = triton.testing.do_bench(lambda launcher=launcher: launcher(inputs), warmup=20, rep=rep_ms,
-                                         return_mode="median")
+            ms = _median_ms(launcher, inputs, rep_ms)
         except Exception as e:  # a plan that does not compile on this GPU just loses
             log(f"  plan #{alt.id} failed: {repr(e)[:120]}")
             continue

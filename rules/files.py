@@ -37,7 +37,8 @@ from pathlib import Path
 from egglog import String, f64, var
 
 from neptune_eq.ir import NeptuneError
-from neptune_eq.terms import BINARY, UNARY, Term, red, where
+from neptune_eq.ops import OPS
+from neptune_eq.terms import CONSTRUCTORS, Term, red
 
 from .base import Cond, Rule, free_of, is_finite, is_nonneg, nonzero, normal, not_zero, positive
 
@@ -45,9 +46,8 @@ MAX_FILE_BYTES = 1_000_000
 MAX_LINE_CHARS = 2_000
 MAX_NODES = 200  # per side: keeps every later recursive walk shallow
 
-FUNCTIONS = {"exp": 1, "exp2": 1, "log": 1, "log2": 1, "tanh": 1, "sqrt": 1, "rsqrt": 1, "abs": 1, "max2": 2,
-             "min2": 2, "where": 3}
-_CONSTRUCTORS = {**UNARY, **BINARY, "where": where}
+FUNCTIONS = {name: OPS[name].arity for name in ("exp", "exp2", "log", "log2", "tanh", "sqrt", "rsqrt", "abs", "max2",
+                                                 "min2", "where")}
 _REDUCTION = re.compile(r"^(sum|max|min)_([a-z][a-z0-9]*)$")
 _VARIABLE = re.compile(r"^[a-z][a-z0-9_]*$")
 _RULE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -286,14 +286,14 @@ def _build(line: _Line, n: ast.expr) -> Term:
         inner = _build(line, n.operand)
         return -inner if isinstance(n.op, ast.USub) else inner
     if isinstance(n, ast.BinOp):
-        return _CONSTRUCTORS[_ARITH[type(n.op)]](_build(line, n.left), _build(line, n.right))
+        return CONSTRUCTORS[_ARITH[type(n.op)]](_build(line, n.left), _build(line, n.right))
     if isinstance(n, ast.Compare):
-        return _CONSTRUCTORS[_COMPARE[type(n.ops[0])]](_build(line, n.left), _build(line, n.comparators[0]))
+        return CONSTRUCTORS[_COMPARE[type(n.ops[0])]](_build(line, n.left), _build(line, n.comparators[0]))
     if isinstance(n, ast.Call):
         m = _REDUCTION.match(n.func.id)
         if m:
             return red(m.group(1), var(m.group(2), String), _build(line, n.args[0]))
-        return _CONSTRUCTORS[n.func.id](*(_build(line, a) for a in n.args))
+        return CONSTRUCTORS[n.func.id](*(_build(line, a) for a in n.args))
     raise line.error(f"{type(n).__name__} is not allowed in a rule")  # unreachable after _check
 
 

@@ -83,7 +83,7 @@ def resolve_rules_file(spec: str | Path) -> Path:
     raise RuleFileError(f"no rules file '{spec}' (not a file; shipped rules files: {shipped})")
 
 
-def user_rules(specs: RuleSpec | Iterable[RuleSpec] | None, *, check: bool = True) -> tuple[Rule, ...]:
+def user_rules(specs: RuleSpec | Iterable[RuleSpec] | None) -> tuple[Rule, ...]:
     """Checked user rules from paths, shipped rules-file names, Rule objects and egglog rewrites."""
     if specs is None:
         return ()
@@ -108,8 +108,7 @@ def user_rules(specs: RuleSpec | Iterable[RuleSpec] | None, *, check: bool = Tru
             raise RuleError(f"{_where(r)}rule name '{r.name}' is used twice (also at {names[r.name].origin})")
         names[r.name] = r
         validate(r)
-        if check:
-            check_rule(r)
+        check_rule(r)
     return tuple(rules)
 
 

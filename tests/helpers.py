@@ -1,6 +1,8 @@
 """Shared test helpers (tests/ is on sys.path under pytest's default import mode)."""
 
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 from neptune_eq import dsl as ne
@@ -21,3 +23,9 @@ def small_softmax():
     x = P.input("x", i, j)
     P.output("y", softmax(x, j))
     return P.build()
+
+
+def run_cli(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`neptune-eq ARGS` in a fresh interpreter (text output captured)."""
+    return subprocess.run([sys.executable, "-m", "neptune_eq.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=600)

@@ -1,15 +1,8 @@
 """The command line, driven as a user would."""
 
 import json
-import subprocess
-import sys
 
-from helpers import EXAMPLES
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "neptune_eq.cli", *args], capture_output=True, text=True,
-                          timeout=600)
+from helpers import EXAMPLES, run_cli
 
 
 def test_compile_json_last_line():

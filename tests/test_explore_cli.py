@@ -1,19 +1,12 @@
 """`neptune-eq explore FILE`: the terminal session, driven by scripted stdin."""
 
 import io
-import subprocess
-import sys
 
-from helpers import EXAMPLES
+from helpers import EXAMPLES, run_cli
 
 from neptune_eq.cli import main
 from neptune_eq.explorer.core import explore
 from neptune_eq.explorer.session import Session, load_target
-
-
-def run_cli(*args, stdin: str):
-    return subprocess.run([sys.executable, "-m", "neptune_eq.cli", *args], input=stdin, capture_output=True,
-                          text=True, timeout=600)
 
 
 def test_session_through_the_cli(tmp_path):

@@ -6,17 +6,16 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import EXAMPLES
 from test_frontend import calls, nodes, rel_err
 
 from neptune_eq import ir, masks
 from neptune_eq.frontend import capture
 
-_PATH = Path(__file__).resolve().parent.parent / "examples" / "neptune_ops.py"
-_SPEC = importlib.util.spec_from_file_location("neptune_ops", _PATH)
+_SPEC = importlib.util.spec_from_file_location("neptune_ops", EXAMPLES / "neptune_ops.py")
 neptune_ops = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(neptune_ops)
 

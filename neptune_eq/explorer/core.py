@@ -21,10 +21,10 @@ from dataclasses import dataclass, fields, replace
 from .. import ir
 from ..ir import NeptuneError
 from ..pipeline import Alternative, Compilation, Options, compile_program
-from ..runtime import CompiledProgram
+from ..runtime import CompiledProgram, with_user_rules
 from ..verify import VerifyReport
 from . import bench, graph
-from .derivation import Derivation, MinimalRules, budget_warnings, derive, not_offered
+from .derivation import Derivation, MinimalRules, budget_warnings, derive, not_offered, phase_report, user_rule_names
 from .render import Shown, html_table, pre, sections_text, text_table, wrap
 
 
@@ -70,18 +70,18 @@ class Entry:
         return None if self.verification is None else self.verification.passed
 
     def cells(self) -> list[str]:
-        v = {None: "-", True: "yes", False: "FAILED"}[self.verified]
         return [f"#{self.id}", f"{self.predicted_us:.2f}", si(self.hbm_bytes, "B"), si(self.flops, "FLOP"),
-                str(self.kernels), v, self.structure]
+                str(self.kernels), _VERDICT[self.verified], self.structure]
 
     def __str__(self) -> str:
         return (f"#{self.id}: {self.structure} — predicted {self.predicted_us:.2f} µs, {si(self.hbm_bytes, 'B')} HBM, "
-                f"{si(self.flops, 'FLOP')}, verified: {self.cells()[5]}")
+                f"{si(self.flops, 'FLOP')}, verified: {_VERDICT[self.verified]}")
 
     __repr__ = __str__
 
 
 HEADERS = ["id", "predicted µs", "HBM", "FLOPs", "kernels", "verified", "structure"]
+_VERDICT = {None: "-", True: "yes", False: "FAILED"}  # Entry.verified as the table shows it
 
 
 def si(x: float, unit: str) -> str:
@@ -172,10 +172,7 @@ class Explorer:
         e = self._entries[i]
         c = alt.cost
         head = [str(e)]
-        head += [f"kernel {k.name}: {k.programs} programs, {k.iterations:.1f} loop tiles each, "
-                 f"{k.hbm_bytes / 1e6:.3f} MB HBM, predicted {k.time * 1e6:.2f} µs (mem {k.t_mem * 1e6:.2f}, "
-                 f"tensor {k.t_tc * 1e6:.2f}, alu {k.t_alu * 1e6:.2f}, sfu {k.t_sfu * 1e6:.2f} µs; "
-                 f"fill {k.efficiency:.0%})" for k in c.kernels]
+        head += [str(k) for k in c.kernels]
         sections = [(f"alternative #{alt.id} of {self.program.name}", "\n".join(head), "text"),
                     ("loop IR", alt.plan.show(), "text"),
                     ("derivation", str(self.derivation(i, minimal_rules=minimal_rules)), "text")]
@@ -263,16 +260,16 @@ class Explorer:
     def rules(self) -> str:
         """The rules this compile used (user rules first) with their matches in the algebra phase."""
         c = self.compilation
-        rep = next((r for r in c.saturator.reports if r.name == "algebra"), None)
+        rep = phase_report(c, "algebra")
         matches = rep.matches if rep else {}
         corr: dict[str, int] = {}
         for res in (c.fusion.corrections.values() if c.fusion else []):
             for name, k in res.matches.items():
                 corr[name] = corr.get(name, 0) + k
-        user = list(c.options.rules)
-        builtin = [r for r in (c.fusion.rules if c.fusion else []) if r.name not in {u.name for u in user}]
+        user = user_rule_names(c)
+        builtin = [r for r in (c.fusion.rules if c.fusion else []) if r.name not in user]
         rows = [[r.name, str(matches.get(r.name, 0)), str(corr.get(r.name, 0)), origin, r.math]
-                for r, origin in [*((u, u.origin) for u in user), *((b, "built-in") for b in builtin)]]
+                for r, origin in [*((u, u.origin) for u in user.values()), *((b, "built-in") for b in builtin)]]
         return (f"{len(user)} user rule(s), {len(builtin)} built-in; matches in the algebra phase and in the "
                 "correction searches\n"
                 + text_table(["rule", "algebra", "corrections", "origin", "math"], rows, {1, 2}))
@@ -326,7 +323,6 @@ def explore(fn, *example_inputs, rules=(), progress=None, options: Options | Non
     options / option_fields: pipeline Options, or any of its fields by name (budget=, split_factors=, ...).
     """
     from ..dsl import ProgramBuilder
-    from ..rules.user import user_rules
     from ..saturate import stderr_progress
 
     unknown = set(option_fields) - _OPTION_FIELDS
@@ -334,9 +330,7 @@ def explore(fn, *example_inputs, rules=(), progress=None, options: Options | Non
         raise NeptuneError(f"explore() got unknown option(s) {', '.join(sorted(unknown))}; "
                            f"Options fields are {', '.join(sorted(_OPTION_FIELDS))}")
     printer = stderr_progress if progress is True else (progress or None)
-    opts = replace(options or Options(), **option_fields)
-    extra = user_rules(rules)
-    opts = replace(opts, rules=(*opts.rules, *extra), progress=printer)
+    opts = with_user_rules(replace(options or Options(), **option_fields, progress=printer), rules)
     captured = None
     if isinstance(fn, ProgramBuilder):
         fn = fn.build()

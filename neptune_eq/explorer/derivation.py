@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from .. import ir
 from ..ops import OPS
 from ..pipeline import Alternative, Compilation
-from ..plan import Combine, KernelPlan, Pass
+from ..plan import Combine, CompPlan, KernelPlan, Pass, Plan
 from ..rules.base import Rule
 from ..rules.correction import CorrectionResult, minimal_rules
 from ..rules.fusion import CompCandidate, LoopCandidate
+from ..saturate import PhaseReport
 
 Progress = Callable[[str], None] | None
 
@@ -81,6 +82,11 @@ def user_rule_names(c: Compilation) -> dict[str, Rule]:
     return {r.name: r for r in c.options.rules}
 
 
+def phase_report(c: Compilation, name: str) -> PhaseReport | None:
+    """The saturator's report of phase `name` ("algebra", "split_k", ...), None if it did not run."""
+    return next((r for r in c.saturator.reports if r.name == name), None)
+
+
 def _counts(matches, known: dict[str, Rule], user: dict[str, Rule], limit: int | None = None) -> list[str]:
     fired = sorted(((n, k) for n, k in matches.items() if n in known), key=lambda nk: (-nk[1], nk[0]))
     text = [f"{n} ×{k}" + (f" [user rule, {user[n].origin}]" if n in user else "") for n, k in fired]
@@ -103,7 +109,7 @@ def _wrap(items: list[str], prefix: str, width: int = 100) -> list[str]:
 
 
 def algebra_step(c: Compilation) -> Step:
-    rep = next((r for r in c.saturator.reports if r.name == "algebra"), None)
+    rep = phase_report(c, "algebra")
     if rep is None:
         return Step("algebra", "no algebra phase ran")
     known = {r.name: r for r in c.fusion.rules} if c.fusion else {}
@@ -127,21 +133,16 @@ def represent_step(c: Compilation) -> Step:
                 lines)
 
 
-def _candidate(c: Compilation, axis: str, names: tuple[str, ...]) -> LoopCandidate | None:
+def loop_candidate(c: Compilation, axis: str, names: tuple[str, ...]) -> LoopCandidate | None:
+    """The validated loop candidate a plan group (axis, names) was built from."""
     if c.fusion is None:
         return None
     return next((lp for lp in c.fusion.candidates if lp.valid and lp.axis == axis and lp.names == names), None)
 
 
-def _comp_plans(alt: Alternative, names: tuple[str, ...]) -> dict:
-    out = {}
-    for k in alt.plan.kernels:
-        for ph in k.phases:
-            if isinstance(ph, Pass):
-                for cp in ph.comps:
-                    if cp.name in names:
-                        out[cp.name] = cp
-    return out
+def comp_plans(plan: Plan) -> dict[str, CompPlan]:
+    """The plan's carried reductions by name."""
+    return {cp.name: cp for k in plan.kernels for ph in k.phases if isinstance(ph, Pass) for cp in ph.comps}
 
 
 def rolling_step(c: Compilation, lp: LoopCandidate, comp: CompCandidate, alt: Alternative,
@@ -164,7 +165,7 @@ def rolling_step(c: Compilation, lp: LoopCandidate, comp: CompCandidate, alt: Al
         details.append("minimal rules that still derive h: " + (", ".join(tags) or "(none: the quotient was "
                                                                      "already free of the axis)"))
         details += [f"    {m.name}: {m.math}" for m in ms]
-    cp = _comp_plans(alt, (b.name,)).get(b.name)
+    cp = comp_plans(alt.plan).get(b.name)
     if cp is not None and cp.corr is not None:
         details.append(f"the plan repairs {b.name} {OPS[cp.dist].infix}= {ir.show(cp.corr)} whenever {prods} moves "
                        "(the cheapest term of h's e-class in the final e-graph)")
@@ -173,9 +174,9 @@ def rolling_step(c: Compilation, lp: LoopCandidate, comp: CompCandidate, alt: Al
 
 def fusion_steps(c: Compilation, alt: Alternative, minimal: MinimalRules | None) -> list[Step]:
     steps: list[Step] = []
-    sk = next((r for r in c.saturator.reports if r.name == "split_k"), None)
+    sk = phase_report(c, "split_k")
     for axis, names, split in alt.plan.groups:
-        lp = _candidate(c, axis, tuple(names))
+        lp = loop_candidate(c, axis, tuple(names))
         if lp is None:
             steps.append(Step("pass", f"{', '.join(names)} over {axis} (no recorded loop candidate)"))
             continue
@@ -239,9 +240,7 @@ def derive(c: Compilation, alt: Alternative, minimal: MinimalRules | None = None
 
 def not_offered(c: Compilation) -> list[str]:
     """Fusions the rules could not justify (their correction search found nothing), with the reason."""
-    if c.fusion is None:
-        return []
-    return [f"{', '.join(lp.names)} over {lp.axis}: {lp.reason}" for lp in c.fusion.rejected if lp.reason]
+    return c.rejected_notes
 
 
 def budget_warnings(c: Compilation) -> list[str]:

@@ -21,7 +21,7 @@ from ..extract.view import EGraphView, ENode, class_of
 from ..ir import NeptuneError
 from ..ops import OPS
 from ..pipeline import Alternative, Compilation
-from ..plan import Pass
+from .derivation import comp_plans, loop_candidate
 
 _SYMBOL = {name: op.infix for name, op in OPS.items() if op.infix}
 
@@ -86,10 +86,9 @@ def plan_highlight(c: Compilation, alt: Alternative) -> Highlight:
     cid = lambda t: class_of(c.egraph, view, t)  # noqa: E731
     for name in c.roots:
         hl.add_class(cid(c.roots[name]))
-    comp_plans = {cp.name: cp for k in alt.plan.kernels for ph in k.phases if isinstance(ph, Pass) for cp in ph.comps}
+    plans = comp_plans(alt.plan)
     for axis, names, split in alt.plan.groups:
-        lp = next((x for x in (c.fusion.candidates if c.fusion else [])
-                   if x.valid and x.axis == axis and x.names == tuple(names)), None)
+        lp = loop_candidate(c, axis, tuple(names))
         if lp is None:
             continue
         loop_cls = cid(lp.term)
@@ -107,7 +106,7 @@ def plan_highlight(c: Compilation, alt: Alternative) -> Highlight:
             hl.add_class(bcls)
             hl.nodes |= {(bcls, k) for k, n in enumerate(view.nodes(bcls))
                          if n.op == "get" and n.args[0] == source and n.args[1] == comp.binding.name}
-            cp = comp_plans.get(comp.binding.name)
+            cp = plans.get(comp.binding.name)
             pairs = [(comp.core_term, cp.core if cp else None), (comp.mask_term, cp.mask if cp else None),
                      (comp.quotient_term, cp.corr if cp else None)]
             for term, node in pairs:

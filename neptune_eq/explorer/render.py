@@ -77,7 +77,7 @@ def wrap(body: str) -> str:
 class Shown(str):
     """Text that prints as itself in a terminal and renders as HTML in Jupyter.
 
-    `sections` keeps (title, text, kind) so that the HTML form can colour source and embed pictures.
+    `sections` keeps (title, text, kind) so that the HTML form can colour source (kind "python").
     """
 
     sections: list[tuple[str, str, str]]
@@ -100,20 +100,13 @@ class Shown(str):
         for title, text, kind in self.sections:
             if title:
                 parts.append(f"<h4>{html.escape(title)}</h4>")
-            if kind == "python":
-                parts.append(highlight_python(text))
-            elif kind == "html":
-                parts.append(text)
-            else:
-                parts.append(pre(text))
+            parts.append(highlight_python(text) if kind == "python" else pre(text))
         return wrap("".join(parts))
 
 
 def sections_text(sections: list[tuple[str, str, str]]) -> str:
     out = []
-    for title, text, kind in sections:
-        if kind == "html":
-            continue
+    for title, text, _kind in sections:
         if title:
             out.append(f"== {title} ==")
         out.append(text.rstrip("\n"))

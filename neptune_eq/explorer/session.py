@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..ir import NeptuneError
-from .core import Explorer
+from .core import Explorer, explore
 
 HELP = __doc__.split("\n\n")[1]
 
@@ -95,14 +95,12 @@ class Session:
                 continue
             try:
                 handler(args)
-            except NeptuneError as e:
-                self.say(f"error: {e}")
-            except ValueError as e:
+            except ValueError as e:  # usage errors and NeptuneError (a ValueError)
                 self.say(f"error: {e}")
 
     # ---------------------------------------------------------------- commands
     def _ids(self, args: list[str], n: int | None, usage: str) -> list[int]:
-        if (n is not None and len(args) != n) or (n is None and not args):
+        if n is not None and len(args) != n:
             raise ValueError(f"usage: {usage}")
         try:
             ids = [int(a.lstrip("#")) for a in args]
@@ -129,7 +127,7 @@ class Session:
         self.say(f"#{i}: {self.ex.verify(i)}")
 
     def bench(self, args: list[str]) -> None:
-        ids = self._ids(args, None, "bench N [M ...]") if args else list(range(min(5, len(self.ex))))
+        ids = self._ids(args, None, "bench N [M ...]") if args else None  # None: the top 5
         self.say(str(self.ex.benchmark(ids)))
 
     def svg(self, args: list[str]) -> None:
@@ -150,11 +148,8 @@ class Session:
 def run_session(path: str, rules=(), *, inp: TextIO = sys.stdin, out: TextIO = sys.stdout,
                 progress: bool = True) -> int:
     """Load FILE, compile it with `rules`, and run the command loop."""
-    from ..saturate import stderr_progress
-    from .core import explore
-
     target, inputs = load_target(path)
-    ex = explore(target, *inputs, rules=rules, progress=stderr_progress if progress else None)
+    ex = explore(target, *inputs, rules=rules, progress=progress)  # True: saturation progress on stderr
     return Session(ex, inp, out).run()
 
 

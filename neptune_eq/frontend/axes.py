@@ -27,6 +27,7 @@ import string
 from dataclasses import dataclass, field
 
 from .. import ir
+from .exprs import const, mul
 from .source import CaptureError
 
 Dim = int | None  # an axis variable, or None for a dimension of size 1
@@ -340,7 +341,7 @@ class Resolution:
             out: ir.Node | None = None
             for k, p in enumerate(parts):
                 stride = math.prod(self.table.extent(q) for q in parts[k + 1:])
-                term = _mul(self.index(p, (*_stack, r)), stride)
+                term = mul(self.index(p, (*_stack, r)), const(stride))
                 out = term if out is None else ir.Call("add", (out, term))
             return out
         _, whole, k, ext = how
@@ -394,19 +395,8 @@ class Resolution:
         return out
 
     def _parts_of(self, whole: int, ext: tuple[int, ...]) -> tuple[int, ...]:
+        """The parts of the split of `whole` into extents `ext`, in order."""
         w = self.root(whole)
-        for r, how in self.derived.items():
-            if how[0] == "split" and self.root(how[1]) == w and how[3] == ext and how[2] == 0:
-                first = r
-                break
-        else:  # pragma: no cover - derived map is built from relations
-            raise CaptureError("internal: split relation not found")
-        parts = [first]
-        for r, how in self.derived.items():
-            if how[0] == "split" and self.root(how[1]) == w and how[3] == ext and how[2] > 0:
-                parts.append(r)
-        return tuple(sorted(parts, key=lambda r: self.derived[r][2]))
-
-
-def _mul(e: ir.Node, k: int) -> ir.Node:
-    return e if k == 1 else ir.Call("mul", (e, ir.Const(k)))
+        parts = sorted((how[2], r) for r, how in self.derived.items()
+                       if how[0] == "split" and self.root(how[1]) == w and how[3] == ext)
+        return tuple(r for _, r in parts)

@@ -32,7 +32,7 @@ from .. import ir
 from ..reference import evaluate
 from . import ops_index, ops_math, ops_reduce, ops_shape
 from .source import CaptureError, SourceLocator, describe, in_torch, is_internal
-from .translate import InputDecl, Translator
+from .translate import InputDecl, Translator, dtype_name
 
 HANDLERS = {**ops_shape.HANDLERS, **ops_math.HANDLERS, **ops_reduce.HANDLERS, **ops_index.HANDLERS}
 
@@ -42,8 +42,6 @@ _DECOMPOSITIONS = get_decompositions([
     _aten._scaled_dot_product_flash_attention_for_cpu.default, _aten.native_layer_norm.default,
     _aten._fused_rms_norm.default, _aten.silu.default, _aten.gelu.default,
 ])
-
-_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int64, torch.int32, torch.bool}
 
 
 @dataclass(frozen=True)
@@ -80,6 +78,8 @@ class Captured:
     output_dtypes: tuple[torch.dtype, ...]
     returns_tuple: bool
     graph: torch.fx.GraphModule = field(repr=False, default=None)
+    # str(device) -> `constants` there (see _constants_on)
+    _device_constants: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
     # ---------------------------------------------------------------- binding
     def inputs(self, *args) -> dict[str, torch.Tensor]:
@@ -111,11 +111,10 @@ class Captured:
     def _constants_on(self, device) -> dict[str, torch.Tensor]:
         """The closure constants on `device`, copied there once (a copy per call would synchronise)."""
         key = str(device)
-        cache = self.__dict__.setdefault("_device_constants", {})
-        if key not in cache:
-            cache[key] = {name: t.reshape(self.program.input_shape(name)).to(device or t.device)
-                          for name, t in self.constants.items()}
-        return cache[key]
+        if key not in self._device_constants:
+            self._device_constants[key] = {name: t.reshape(self.program.input_shape(name)).to(device or t.device)
+                                           for name, t in self.constants.items()}
+        return self._device_constants[key]
 
     def outputs(self, results: dict[str, torch.Tensor]):
         """fn's return structure from the program's output tensors (by output name)."""
@@ -140,14 +139,14 @@ class CompiledFunction:
 
     captured: Captured
     compiled: object  # neptune_eq.runtime.CompiledProgram
+    # the kernels store straight into outputs of fn's dtypes (no conversion pass afterwards)
+    _out_dtypes: dict[str, torch.dtype] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._out_dtypes = {o.name: dt for o, dt in zip(self.captured.program.outputs, self.captured.output_dtypes)}
 
     def __call__(self, *args):
-        # the kernels store straight into outputs of fn's dtypes (no conversion pass afterwards)
-        dtypes = self.__dict__.get("_out_dtypes")
-        if dtypes is None:
-            dtypes = self.__dict__["_out_dtypes"] = {
-                o.name: dt for o, dt in zip(self.captured.program.outputs, self.captured.output_dtypes)}
-        return self.captured.outputs(self.compiled.run(self.captured.inputs(*args), dtypes))
+        return self.captured.outputs(self.compiled.run(self.captured.inputs(*args), self._out_dtypes))
 
 
 # ---------------------------------------------------------------- capture
@@ -166,7 +165,7 @@ def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
     tensor_pos = [k for k in range(len(example_inputs)) if k not in static]
     tensors = _distinct([example_inputs[k] for k in tensor_pos])
     for k, t in zip(tensor_pos, tensors):
-        if t.dtype not in _DTYPES:
+        if dtype_name(t.dtype) not in ir.DTYPES:
             raise CaptureError(f"argument '{params[k]}' has unsupported dtype {t.dtype}")
 
     def traced(*ts):

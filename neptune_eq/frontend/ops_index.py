@@ -9,12 +9,9 @@ import torch
 
 from .exprs import add, const, mul
 from .source import CaptureError
+from .translate import norm_dim
 
 aten = torch.ops.aten
-
-
-def _dim(d: int, ndim: int) -> int:
-    return d + ndim if d < 0 else d
 
 
 def _need_integer(op) -> None:
@@ -33,13 +30,13 @@ def _substitute_axes(tx, expr, pairs):
 class Select:
     def infer(self, tx, c):
         x = c.args[0]
-        d = _dim(c.arg(1, "dim"), x.ndim)
+        d = norm_dim(c.arg(1, "dim"), x.ndim)
         tx.axes.mark_indexed(x.dims[d], by_tensor=False)
         return [v for k, v in enumerate(x.dims) if k != d]
 
     def build(self, tx, c):
         x = c.args[0]
-        d = _dim(c.arg(1, "dim"), x.ndim)
+        d = norm_dim(c.arg(1, "dim"), x.ndim)
         i = c.arg(2, "index")
         i = i + x.shape[d] if i < 0 else i
         return _substitute_axes(tx, x.expr, [(x.dims[d], const(i))])
@@ -48,7 +45,7 @@ class Select:
 class Slice:
     def _range(self, c):
         x = c.args[0]
-        d = _dim(c.arg(1, "dim", 0), x.ndim)
+        d = norm_dim(c.arg(1, "dim", 0), x.ndim)
         n = x.shape[d]
         start = c.arg(2, "start")
         start = 0 if start is None else (start + n if start < 0 else min(start, n))
@@ -114,7 +111,7 @@ class Gather:
     def infer(self, tx, c):
         x, idx = c.args[0], c.args[2]
         _need_integer(idx)
-        d = _dim(c.arg(1, "dim"), x.ndim)
+        d = norm_dim(c.arg(1, "dim"), x.ndim)
         tx.axes.mark_indexed(x.dims[d])
         x_slots = []
         for k in range(x.ndim):
@@ -131,7 +128,7 @@ class Gather:
 
     def build(self, tx, c):
         x, idx = c.args[0], c.args[2]
-        d = _dim(c.arg(1, "dim"), x.ndim)
+        d = norm_dim(c.arg(1, "dim"), x.ndim)
         pairs = [(x.dims[d], idx.expr)]
         pairs += [(x.dims[k], const(0)) for k in range(x.ndim) if k != d and idx.shape[k] == 1]
         return _substitute_axes(tx, x.expr, pairs)
@@ -147,7 +144,7 @@ class IndexSelect:
         if self.embedding:
             return c.args[0], 0, c.args[1]
         x = c.args[0]
-        return x, _dim(c.arg(1, "dim"), x.ndim), c.args[2]
+        return x, norm_dim(c.arg(1, "dim"), x.ndim), c.args[2]
 
     def infer(self, tx, c):
         x, d, idx = self._args(c)

@@ -7,6 +7,7 @@ import math
 import torch
 
 from .. import ir
+from ..ops import COMPARISONS
 from .exprs import add, call, const, is_const, mul
 from .source import CaptureError
 from .translate import Operand
@@ -51,6 +52,18 @@ def binary(op: str) -> Pointwise:
 def _alpha(c, b: ir.Node) -> ir.Node:
     alpha = c.kwargs.get("alpha", 1)
     return b if alpha == 1 else mul(b, const(alpha))
+
+
+def _add(tx, c, a, b):
+    return call("add", a, _alpha(c, b))
+
+
+def _sub(tx, c, a, b):
+    return call("sub", a, _alpha(c, b))
+
+
+def _rsub(tx, c, a, b):
+    return call("sub", b, _alpha(c, a))
 
 
 def _div_mode(tx, c, a, b):
@@ -145,7 +158,7 @@ class Cast:
     def build(self, tx, c):
         x = c.args[0]
         src, dst = x.dtype, c.out.dtype
-        if src == dst or dst is None:
+        if src == dst:
             return x.expr
         if src == torch.bool:
             return call("where", x.expr, const(1), const(0))
@@ -214,12 +227,12 @@ def _sigmoid(tx, c, x):
 
 
 HANDLERS = {
-    aten.add.Tensor: Pointwise(2, lambda tx, c, a, b: call("add", a, _alpha(c, b))),
-    aten.add.Scalar: Pointwise(2, lambda tx, c, a, b: call("add", a, _alpha(c, b))),
-    aten.sub.Tensor: Pointwise(2, lambda tx, c, a, b: call("sub", a, _alpha(c, b))),
-    aten.sub.Scalar: Pointwise(2, lambda tx, c, a, b: call("sub", a, _alpha(c, b))),
-    aten.rsub.Tensor: Pointwise(2, lambda tx, c, a, b: call("sub", b, _alpha(c, a))),
-    aten.rsub.Scalar: Pointwise(2, lambda tx, c, a, b: call("sub", b, _alpha(c, a))),
+    aten.add.Tensor: Pointwise(2, _add),
+    aten.add.Scalar: Pointwise(2, _add),
+    aten.sub.Tensor: Pointwise(2, _sub),
+    aten.sub.Scalar: Pointwise(2, _sub),
+    aten.rsub.Tensor: Pointwise(2, _rsub),
+    aten.rsub.Scalar: Pointwise(2, _rsub),
     aten.mul.Tensor: binary("mul"),
     aten.mul.Scalar: binary("mul"),
     aten.div.Tensor: binary("div"),
@@ -279,10 +292,10 @@ HANDLERS = {
     aten.scalar_tensor.default: Constant(0, name="s"),
     aten.tril.default: Triangle(lower=True),
     aten.triu.default: Triangle(lower=False),
-    aten.add_.Tensor: InPlace(Pointwise(2, lambda tx, c, a, b: call("add", a, _alpha(c, b)))),
-    aten.add_.Scalar: InPlace(Pointwise(2, lambda tx, c, a, b: call("add", a, _alpha(c, b)))),
+    aten.add_.Tensor: InPlace(Pointwise(2, _add)),
+    aten.add_.Scalar: InPlace(Pointwise(2, _add)),
     aten.mul_.Tensor: InPlace(binary("mul")),
     aten.mul_.Scalar: InPlace(binary("mul")),
     **{getattr(getattr(aten, op), overload): binary(op)
-       for op in ("lt", "le", "gt", "ge", "eq", "ne") for overload in ("Tensor", "Scalar")},
+       for op in COMPARISONS for overload in ("Tensor", "Scalar")},
 }

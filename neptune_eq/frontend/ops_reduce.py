@@ -16,18 +16,19 @@ from typing import ClassVar
 import torch
 
 from .. import ir, library
-from .exprs import call, const
+from .exprs import call, const, is_const
+from .exprs import reduce as reduce_expr
 from .source import CaptureError
-from .translate import Unavailable
+from .translate import Unavailable, norm_dim
 
 aten = torch.ops.aten
 
 
-def _positions(x, dims, *, empty_means_all: bool = True) -> list[int]:
-    if dims is None or (isinstance(dims, list | tuple) and len(dims) == 0 and empty_means_all):
+def _positions(x, dims) -> list[int]:
+    if dims is None or (isinstance(dims, list | tuple) and len(dims) == 0):
         return list(range(x.ndim))
     dims = [dims] if isinstance(dims, int) else list(dims)
-    return sorted({d + x.ndim if d < 0 else d for d in dims})
+    return sorted({norm_dim(d, x.ndim) for d in dims})
 
 
 class Reduction:
@@ -109,8 +110,7 @@ class Softmax:
 
     def _dim(self, c):
         x = c.args[0]
-        d = c.arg(1, "dim")
-        return x, d + x.ndim if d < 0 else d
+        return x, norm_dim(c.arg(1, "dim"), x.ndim)
 
     def infer(self, tx, c):
         x, d = self._dim(c)
@@ -145,27 +145,18 @@ def contract(tx, a: ir.Node, b: ir.Node, k) -> ir.Node:
 
 
 def _delay_normalisation(tx, p_side: ir.Node, other: ir.Node, axes: list[str], left: bool):
-    def summed(p):
-        body = call("mul", p, other) if left else call("mul", other, p)
-        for ax in reversed(axes):
-            body = ir.Reduce("sum", ax, body)
-        return body
-
     n = p_side
-    if isinstance(n, ir.Call) and n.op == "where":
+    if isinstance(n, ir.Call) and n.op == "where":  # where(l == 0, 0, p / l)
         cond, zero, frac = n.args
-        if (isinstance(cond, ir.Call) and cond.op == "eq" and _is_zero(cond.args[1]) and _is_zero(zero)
-                and isinstance(frac, ir.Call) and frac.op == "div" and frac.args[1] == cond.args[0]
-                and not (set(axes) & frac.args[1].axes) and set(axes) <= frac.args[0].axes):
-            l = frac.args[1]
-            return call("where", cond, zero, call("div", summed(frac.args[0]), l))
+        if (isinstance(cond, ir.Call) and cond.op == "eq" and is_const(cond.args[1], 0.0) and is_const(zero, 0.0)
+                and isinstance(frac, ir.Call) and frac.op == "div" and frac.args[1] == cond.args[0]):
+            delayed = _delay_normalisation(tx, frac, other, axes, left)
+            return None if delayed is None else call("where", cond, zero, delayed)
     if isinstance(n, ir.Call) and n.op == "div" and not (set(axes) & n.args[1].axes) and set(axes) <= n.args[0].axes:
-        return call("div", summed(n.args[0]), n.args[1])
+        p = n.args[0]
+        body = call("mul", p, other) if left else call("mul", other, p)
+        return call("div", reduce_expr("sum", body, axes, tx.res.extents), n.args[1])
     return None
-
-
-def _is_zero(n: ir.Node) -> bool:
-    return isinstance(n, ir.Const) and n.value == 0.0
 
 
 class Contraction:

@@ -6,12 +6,9 @@ from __future__ import annotations
 import torch
 
 from .source import CaptureError
+from .translate import norm_dim
 
 aten = torch.ops.aten
-
-
-def _dim(d: int, ndim: int) -> int:
-    return d + ndim if d < 0 else d
 
 
 class ViewOp:
@@ -52,7 +49,7 @@ class Expand(ViewOp):
 class Permute(ViewOp):
     def infer(self, tx, c):
         x = c.args[0]
-        perm = [_dim(d, x.ndim) for d in c.arg(1, "dims")]
+        perm = [norm_dim(d, x.ndim) for d in c.arg(1, "dims")]
         return [x.dims[d] for d in perm]
 
 
@@ -62,7 +59,7 @@ class Transpose(ViewOp):
         dims = list(x.dims)
         if x.ndim < 2:
             return dims
-        a, b = _dim(c.arg(1, "dim0", 0), x.ndim), _dim(c.arg(2, "dim1", 1), x.ndim)
+        a, b = norm_dim(c.arg(1, "dim0", 0), x.ndim), norm_dim(c.arg(2, "dim1", 1), x.ndim)
         dims[a], dims[b] = dims[b], dims[a]
         return dims
 
@@ -70,7 +67,7 @@ class Transpose(ViewOp):
 class Unsqueeze(ViewOp):
     def infer(self, tx, c):
         x = c.args[0]
-        d = _dim(c.arg(1, "dim"), x.ndim + 1)
+        d = norm_dim(c.arg(1, "dim"), x.ndim + 1)
         return [*x.dims[:d], None, *x.dims[d:]]
 
 
@@ -82,7 +79,7 @@ class Squeeze(ViewOp):
             drop = {k for k, n in enumerate(x.shape) if n == 1}
         else:
             ds = [ds] if isinstance(ds, int) else ds
-            drop = {_dim(d, x.ndim) for d in ds if x.shape[_dim(d, x.ndim)] == 1}
+            drop = {norm_dim(d, x.ndim) for d in ds if x.shape[norm_dim(d, x.ndim)] == 1}
         return [v for k, v in enumerate(x.dims) if k not in drop]
 
 

@@ -15,6 +15,7 @@ reshape are named after them: the kv head of grouped-query attention split off q
 
 from __future__ import annotations
 
+import itertools
 import operator
 from dataclasses import dataclass, field
 
@@ -32,6 +33,11 @@ TEMPLATES = {1: "i", 2: "id", 3: "bid", 4: "bhid", 5: "bhgid"}
 
 def dtype_name(dt: torch.dtype) -> str:
     return str(dt).removeprefix("torch.")
+
+
+def norm_dim(d: int, ndim: int) -> int:
+    """A dimension argument with negative values counted from the end."""
+    return d + ndim if d < 0 else d
 
 
 @dataclass
@@ -212,7 +218,7 @@ class Translator:
         return [n for n in self.graph.nodes if n.op == "placeholder"].index(node)
 
     def _call(self, node: fx.Node, *, pass2: bool) -> OpCall:
-        counter = iter(range(1 << 30))
+        counter = itertools.count()
         renames = self.renames.get(node, {})
 
         def conv(a):
@@ -257,11 +263,10 @@ class Translator:
         """Some value seen so far varies along both classes (unifying them would make it a diagonal)."""
         find = self.axes.find
         for info in self.infos.values():
-            for part in info if isinstance(info, tuple) else (info,):
-                if isinstance(part, Info):
-                    roots = {find(v) for v in part.dims if v is not None}
-                    if a in roots and b in roots:
-                        return True
+            for part in _tensor_parts(info):
+                roots = {find(v) for v in part.dims if v is not None}
+                if a in roots and b in roots:
+                    return True
         return False
 
     def broadcast(self, call: OpCall, operands: list[Operand], rank: int | None = None) -> list[Dim]:
@@ -273,15 +278,13 @@ class Translator:
     # ---------------------------------------------------------------- resolution and naming
     def _check_distinct(self, nodes: list[fx.Node]) -> None:
         for node in nodes:
-            info = self.infos.get(node)
-            for part in info if isinstance(info, tuple) else (info,):
-                if isinstance(part, Info):
-                    roots = [self.axes.find(v) for v in part.dims if v is not None]
-                    if len(set(roots)) != len(roots):
-                        raise located(
-                            CaptureError("the dimensions of a value could not be kept apart as distinct axes"),
-                            location(node),
-                        )
+            for part in _tensor_parts(self.infos.get(node)):
+                roots = [self.axes.find(v) for v in part.dims if v is not None]
+                if len(set(roots)) != len(roots):
+                    raise located(
+                        CaptureError("the dimensions of a value could not be kept apart as distinct axes"),
+                        location(node),
+                    )
 
     def _name_axes(self, nodes: list[fx.Node], outs: list[fx.Node]) -> None:
         """Inputs' dimensions that are iterated, then outputs', then indexed dimensions, then the rest."""
@@ -306,10 +309,8 @@ class Translator:
         for info in placeholders + [self.infos[n] for n in nodes if n.op == "get_attr"]:
             claim(info)
         for n in nodes:
-            info = self.infos[n]
-            for part in info if isinstance(info, tuple) else (info,):
-                if isinstance(part, Info):
-                    claim(part)
+            for part in _tensor_parts(self.infos[n]):
+                claim(part)
 
     # ---------------------------------------------------------------- pass 2
     def _build(self, node: fx.Node) -> None:
@@ -410,6 +411,11 @@ class Translator:
         axes = {a: n for a, n in self.res.extents.items() if a in used}
         program = ir.Program(self.name, axes, specs, outputs).validate()
         return Translation(program, [self.infos[n].shape for n in outs], [self.infos[n].dtype for n in outs])
+
+
+def _tensor_parts(info) -> list[Info]:
+    """The tensor values of one node's info (the translatable parts of a multi-output operation)."""
+    return [part for part in (info if isinstance(info, tuple) else (info,)) if isinstance(part, Info)]
 
 
 def _flat_outputs(out_node: fx.Node) -> list[fx.Node]:

@@ -128,6 +128,13 @@ class KernelWriter:
                 return sc.memo[key]
         return None
 
+    def memoised(self, key, make) -> Val:
+        """The value bound for `key` in a visible scope, else `make()` bound in the current one."""
+        hit = self.lookup(key)
+        if hit is None:
+            hit = self.scopes[-1].memo[key] = make()
+        return hit
+
     def is_variant(self, n: ir.Node) -> bool:
         """Does n change from one iteration of the innermost loop to the next?"""
         sc = self.scopes[-1]
@@ -250,15 +257,12 @@ class KernelWriter:
         """An index entry with one value for all valid rows of the program's padded tile: the row
         index itself when a tile holds a single row (step 1), or a // G when the tile advances by a
         divisor of G (grouped-query heads). Tensors read in a loop are then loaded once per tile."""
-        if isinstance(e, ir.Index):
-            a, g = e.axis, 1
-        elif (isinstance(e, ir.Call) and e.op == "floordiv" and isinstance(e.args[0], ir.Index)
-              and _int_const(e.args[1]) is not None):
-            a, g = e.args[0].axis, _int_const(e.args[1])
-        else:
+        got = ir.grouped_index(e)
+        if got is None:
             return None
+        a, g = got
         step = self.sched.steps.get(a)
-        if step is None or a not in self.vector or a not in self.k.grid or g <= 0 or g % step:
+        if step is None or a not in self.vector or a not in self.k.grid or g % step:
             return None
         return Val(f"((t_{_ident(a)} * {step}) // {g})" if g > 1 else f"t_{_ident(a)}", (), "i")
 
@@ -650,13 +654,11 @@ class _PassWriter:
             w.emit(f"{self.state_names(c)} = {new[c.name].code}")
 
     def _and(self, a: Val, b: Val) -> Val:
-        key = ("and", a.code, b.code)
-        hit = self.w.lookup(key)
-        if hit is None:
+        def make():
             codes, dims = self.w.align([a, b])
-            hit = self.w.bind(f"({codes[0]} & {codes[1]})", dims, "b", "m")
-            self.w.scopes[-1].memo[key] = hit
-        return hit
+            return self.w.bind(f"({codes[0]} & {codes[1]})", dims, "b", "m")
+
+        return self.w.memoised(("and", a.code, b.code), make)
 
 
 def _is_true(n: ir.Node) -> bool:
@@ -726,14 +728,12 @@ def _guarded(w: KernelWriter, ps: Pass, c: CompPlan, h: Val, ref: dict[str, Val]
         return h
     for p in c.producers:
         pc = next(x for x in ps.comps if x.name == p)
-        key = ("guard", ref[p].code, h.code, c.annihilator)
-        hit = w.lookup(key)
-        if hit is None:
-            codes, dims = w.align([ref[p], h])
-            hit = w.bind(f"tl.where({codes[0]} == {_fmt_float(pc.identity)}, {_fmt_float(c.annihilator)}, "
-                         f"{codes[1]})", dims, "f", "h")
-            w.scopes[-1].memo[key] = hit
-        h = hit
+        def make(r=ref[p], h=h, pc=pc):
+            codes, dims = w.align([r, h])
+            return w.bind(f"tl.where({codes[0]} == {_fmt_float(pc.identity)}, {_fmt_float(c.annihilator)}, "
+                          f"{codes[1]})", dims, "f", "h")
+
+        h = w.memoised(("guard", ref[p].code, h.code, c.annihilator), make)
     return h
 
 
