@@ -50,6 +50,27 @@ def timer(dry: bool):
     return do_bench_median
 
 
+def host_and_gpu_times(thunk, calls: int = 200) -> dict:
+    """Where the time goes: `host_ms`, the host's time to issue one call (calls issued back to back,
+    no synchronisation, so the GPU's own time only shows when it is the slower side), and `gpu_ms`,
+    the call replayed as a CUDA graph (no host work at all). A measured time near host_ms and well
+    above gpu_ms means the call is bound by its launch path, not by its kernels."""
+    import triton.testing
+
+    out = {}
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        thunk()
+    out["host_ms"] = (time.perf_counter() - t0) * 1e3 / calls
+    torch.cuda.synchronize()
+    try:
+        out["gpu_ms"] = triton.testing.do_bench_cudagraph(thunk, return_mode="median")
+    except Exception as e:  # not capturable (e.g. a host synchronisation inside)
+        out["gpu_ms_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return out
+
+
 def pick_alternatives(compiled, limit: int = 4) -> list:
     """The chosen plan plus the best of each other kind: split-K, unfused (several kernels), two-pass."""
 
@@ -98,6 +119,8 @@ def run_case(case: Case, args, measure) -> dict:
                 return entry
             ms = measure(thunk)
             entry["ms"] = ms
+            if args.host and device == "cuda":
+                entry.update(host_and_gpu_times(thunk))
             entry["tflops"] = row["useful_flops"] / (ms * 1e-3) / 1e12
             entry["gbps"] = row["io_bytes"] / (ms * 1e-3) / 1e9
         except Exception as e:
@@ -250,6 +273,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-tune", action="store_true")
     ap.add_argument("--dry", action="store_true", help="CPU smoke test of this script (numbers mean nothing)")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--host", action="store_true",
+                    help="also record each call's host time and its time replayed as a CUDA graph")
     ap.add_argument("--tuning", default=str(HERE / "tuning.json"),
                     help="tuning cache (JSON) to start from; the updated one is written next to the results")
     args = ap.parse_args(argv)
@@ -281,7 +306,9 @@ def main(argv=None) -> int:
                    "alternatives": []}
         rows.append(row)
         ours = row["impls"].get("neptune_eq", {})
-        times = {name: f"{e['ms'] * 1e3:.0f}µs" for name, e in row["impls"].items() if "ms" in e}
+        times = {name: f"{e['ms'] * 1e3:.0f}µs" + (f" (host {e['host_ms'] * 1e3:.0f}, graph {e['gpu_ms'] * 1e3:.0f})"
+                                                    if "gpu_ms" in e else "")
+                 for name, e in row["impls"].items() if "ms" in e}
         log(f"[{n + 1}/{len(cases)}] {case.label}: {times} "
             f"{'err ' + ours['error'] if 'error' in ours else ''} ({time.perf_counter() - t0:.0f}s, "
             f"total {time.perf_counter() - t_start:.0f}s)")

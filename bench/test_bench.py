@@ -57,3 +57,21 @@ def test_attention(benchmark, op, impl):
 
     benchmark.extra_info.update(op=op, L=case.L, useful_flops=case.useful_flops(), io_bytes=case.io_bytes())
     benchmark.pedantic(run, warmup_rounds=5, rounds=30, iterations=1)
+
+
+@pytest.mark.parametrize("op,L", [("causal_pf", 2048), ("gqa_dc", 8192)])
+def test_compiled_tune(tmp_path, op, L):
+    """The public tuning step: the tuned function still matches float64, and a second compile in
+    the same cache directory takes the tuned schedules (padded rows and TMA included) from disk."""
+    import neptune_eq
+    from neptune_eq.frontend import capture
+
+    case = Case(op, L)
+    q, k, v = case.inputs("cuda")
+    prog = neptune_eq.compile(case.fn, q, k, v, cache_dir=tmp_path).tune(q, k, v, progress=False)
+    ref, rows = reference(case, capture(case.fn, q, k, v), "cuda")
+    assert rel_err_rows(prog(q, k, v), ref, rows) < TOLERANCE["neptune_eq"]
+    again = neptune_eq.compile(case.fn, q, k, v, cache_dir=tmp_path).tune(q, k, v, progress=False)
+    first, second = (p.variants[p.first].prog for p in (prog, again))
+    assert first.schedules["cuda"] == second.schedules["cuda"]
+    assert rel_err_rows(again(q, k, v), ref, rows) < TOLERANCE["neptune_eq"]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from . import ir
 from .ir import NeptuneError
-from .lower.launch import Launcher, check_inputs, load_module
+from .lower.launch import Launcher, check_inputs, input_specs, load_module
 from .lower.triton import KernelSource, write_module
 from .pipeline import Alternative, Compilation, Options, compile_program
 from .schedule import KernelSchedule
@@ -63,11 +63,14 @@ class CompiledProgram:
         """The tuned schedules for `target` if any, else the plan's defaults."""
         return self.schedules.get(target) or list(self.alternative.schedules)
 
+    @property
+    def _prefix(self) -> str:
+        return "nq_" + "".join(ch if ch.isalnum() else "_" for ch in self.program.name)
+
     def lowered(self, target: str = "cuda") -> tuple[str, list[KernelSource]]:
         key = ("src", target)
         if key not in self._modules:
-            prefix = "nq_" + "".join(ch if ch.isalnum() else "_" for ch in self.program.name)
-            self._modules[key] = write_module(self.plan, self.program, self._schedules(target), target, prefix)
+            self._modules[key] = write_module(self.plan, self.program, self._schedules(target), target, self._prefix)
         return self._modules[key]
 
     @property
@@ -80,17 +83,27 @@ class CompiledProgram:
         _, ks = self.lowered("cuda")
         return [Kernel(k.name, k.source, pk, k.schedule) for k, pk in zip(ks, self.plan.kernels)]
 
-    def launcher(self, target: str) -> Launcher:
-        key = ("launch", target)
+    def launcher(self, target: str, tma: bool = True) -> Launcher:
+        """The launcher of this plan's kernels for `target`; with tma=False every kernel reads its
+        inputs through pointers (what a launcher falls back to for inputs a descriptor cannot read)."""
+        key = ("launch", target, tma)
         if key not in self._modules:
-            src, ks = self.lowered(target)
+            if tma:
+                src, ks = self.lowered(target)
+            else:
+                plain = [replace(s, tma=False) for s in self._schedules(target)]
+                src, ks = write_module(self.plan, self.program, plain, target, self._prefix + "_ptr")
             mod = load_module(src, self.compilation.options.cache_dir)
-            self._modules[key] = Launcher(self.program, self.plan, ks, mod)
+            fallback = (lambda: self.launcher(target, tma=False)) if tma and any(k.descriptors for k in ks) else None
+            self._modules[key] = Launcher(self.program, self.plan, ks, mod, fallback)
         return self._modules[key]
 
     # ---- running
     def run(self, inputs: dict[str, torch.Tensor], out_dtypes=None) -> dict[str, torch.Tensor]:
-        check_inputs(self.program, inputs)
+        specs = self._modules.get("specs")
+        if specs is None:
+            specs = self._modules["specs"] = input_specs(self.program)
+        check_inputs(self.program, inputs, specs)
         device = next(iter(inputs.values())).device
         target = "cuda" if device.type == "cuda" else "interpreter"
         return self.launcher(target)(inputs, out_dtypes)

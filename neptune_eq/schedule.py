@@ -31,6 +31,7 @@ class KernelSchedule:
     num_stages: int = 2
     input_precision: str = "ieee"  # for fp32 tl.dot: "ieee" | "tf32" | "tf32x3"
     fast_math: bool = False  # tanh.approx etc. on CUDA
+    tma: bool = False  # input tiles through tensor descriptors (Hopper's bulk tensor copies)
     steps: dict[str, int] = field(default_factory=dict)  # axis → rows per program when less than its tile
 
     def with_tiles(self, **tiles: int) -> KernelSchedule:
@@ -42,7 +43,7 @@ class KernelSchedule:
 
     def key(self) -> tuple:
         return (tuple(sorted(self.tiles.items())), self.num_warps, self.num_stages, self.input_precision,
-                self.fast_math, tuple(sorted(self.steps.items())))
+                self.fast_math, tuple(sorted(self.steps.items())), self.tma)
 
 
 def kernel_exprs(k: KernelPlan, plan: Plan) -> list[ir.Node]:

@@ -1,9 +1,10 @@
 """Autotuning: time schedule variants of each kernel of a plan on the GPU and keep the fastest.
 
 Candidates vary the row tile, the loop tile, warps and pipeline stages around the default
-schedule (and fast special functions where the kernel uses tanh; every such variant is verified
-against float64 before it may win). Results are cached on disk per (program, plan, kernel,
-device, triton version) so a shape is tuned once; the cache file is plain JSON, written atomically.
+schedule, fast special functions where the kernel uses tanh, and tensor-descriptor (TMA) loads for
+the three fastest; every fast-math or TMA variant is verified against float64 before it may win.
+Results are cached on disk per (program, plan, kernel, device, triton version) so a shape is tuned
+once; the cache file is plain JSON, written atomically.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def cache_path(cache_dir: Path | None) -> Path:
 def _key(program: ir.Program, alt_structure: str, k_index: int, device: str) -> str:
     import triton
 
-    text = f"{program}|{alt_structure}|{k_index}|{device}|{triton.__version__}"
+    text = f"v2|{program}|{alt_structure}|{k_index}|{device}|{triton.__version__}"  # v2: steps and tma kept
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -89,12 +90,65 @@ def _median_ms(launcher, inputs: dict, rep_ms: int) -> float:
 
 def _schedule_from(d: dict) -> KernelSchedule:
     return KernelSchedule(dict(d["tiles"]), d["num_warps"], d["num_stages"], d.get("input_precision", "ieee"),
-                          d.get("fast_math", False))
+                          fast_math=d.get("fast_math", False), tma=d.get("tma", False),
+                          steps={a: int(n) for a, n in d.get("steps", {}).items()})
 
 
 def _schedule_to(s: KernelSchedule) -> dict:
     return {"tiles": s.tiles, "num_warps": s.num_warps, "num_stages": s.num_stages,
-            "input_precision": s.input_precision, "fast_math": s.fast_math}
+            "input_precision": s.input_precision, "fast_math": s.fast_math, "steps": s.steps, "tma": s.tma}
+
+
+@dataclass
+class _Tuner:
+    """Times one schedule variant of one kernel of a plan (the other kernels as they stand)."""
+
+    program: ir.Program
+    plan: object
+    inputs: dict
+    cache_dir: Path | None
+    rep_ms: int
+    tolerance: float
+    log: object
+    ref: dict | None = None
+
+    def reference(self) -> dict:
+        if self.ref is None:
+            from .reference import evaluate
+
+            self.ref = evaluate(self.program, {a: t.double() if t.is_floating_point() else t
+                                               for a, t in self.inputs.items()})
+        return self.ref
+
+    def trial(self, current: list[KernelSchedule], ki: int, cand: KernelSchedule, label: str) -> Trial | None:
+        """Time `cand` for kernel ki (None: it reads nothing through descriptors though asked to)."""
+        from .lower.launch import Launcher, load_module
+        from .lower.triton import write_module
+        from .verify import rel_err
+
+        name = self.plan.kernels[ki].name
+        scheds = list(current)
+        scheds[ki] = cand
+        try:
+            prefix = "tune_" + "".join(ch if ch.isalnum() else "_" for ch in f"{ki}_{label}")
+            src, ks = write_module(self.plan, self.program, scheds, "cuda", prefix)
+            if cand.tma and not ks[ki].descriptors:
+                return None
+            launcher = Launcher(self.program, self.plan, ks, load_module(src, self.cache_dir))
+            out = launcher(self.inputs)
+            if cand.fast_math or cand.tma:  # checked against float64 before it may win
+                ref = self.reference()
+                err = max(rel_err(out[o.name], ref[o.name])[0] for o in self.program.outputs)
+                if not err < self.tolerance:
+                    self.log(f"  tune {name} [{label}] rejected: rel err {err:.2e}")
+                    return Trial(cand, None, f"rel err {err:.2e}")
+            ms = _median_ms(launcher, self.inputs, self.rep_ms)
+            self.log(f"  tune {name} [{label}] {cand.tiles} w{cand.num_warps} s{cand.num_stages}"
+                     f"{' fast' if cand.fast_math else ''}{' tma' if cand.tma else ''}: {ms * 1e3:.1f} µs")
+            return Trial(cand, ms)
+        except Exception as e:  # a variant that does not compile (e.g. out of shared memory) just loses
+            self.log(f"  tune {name} [{label}] failed: {repr(e)[:120]}")
+            return Trial(cand, None, repr(e)[:200])
 
 
 def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=True, rep_ms: int = 60,
@@ -102,9 +156,6 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
     """Tune every kernel of `compiled`'s plan on CUDA `inputs`; installs and returns the schedules."""
     import torch
 
-    from .lower.launch import Launcher, load_module
-    from .lower.triton import write_module
-    from .verify import rel_err
 
     log = _logger(progress)
     program, plan = compiled.program, compiled.plan
@@ -112,43 +163,25 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
     path = cache_file or cache_path(cache_dir)
     cache = _load(path)
     current = list(compiled._schedules("cuda"))
-    ref = None
+    tuner = _Tuner(program, plan, inputs, cache_dir, rep_ms, tolerance, log)
     uses_tanh = any(isinstance(n, ir.Call) and n.op == "tanh"
                     for k in plan.kernels for e in kernel_exprs(k, plan) for n in ir.walk(e))
     for ki, k in enumerate(plan.kernels):
         key = _key(program, compiled.alternative.structure, ki, device)
         if key in cache:
             current[ki] = _schedule_from(cache[key])
-            log(f"  tune {k.name}: cached {current[ki].tiles} w{current[ki].num_warps} s{current[ki].num_stages}")
+            log(f"  tune {k.name}: cached {current[ki].tiles} w{current[ki].num_warps} s{current[ki].num_stages}"
+                f"{' tma' if current[ki].tma else ''}")
             continue
         cands = _candidates(k, program, plan, current[ki])[:max_candidates]
         if uses_tanh:
             cands += [replace(c, fast_math=True) for c in cands[:6]]
-        trials: list[Trial] = []
-        for n, cand in enumerate(cands):
-            scheds = list(current)
-            scheds[ki] = cand
-            try:
-                src, ks = write_module(plan, program, scheds, "cuda", f"tune_{ki}_{n}")
-                launcher = Launcher(program, plan, ks, load_module(src, cache_dir))
-                out = launcher(inputs)
-                if cand.fast_math:
-                    if ref is None:
-                        from .reference import evaluate
-
-                        ref = evaluate(program, {a: t.double() if t.is_floating_point() else t
-                                                 for a, t in inputs.items()})
-                    err = max(rel_err(out[o.name], ref[o.name])[0] for o in program.outputs)
-                    if not err < tolerance:
-                        trials.append(Trial(cand, None, f"rel err {err:.2e} with fast math"))
-                        continue
-                ms = _median_ms(launcher, inputs, rep_ms)
-                trials.append(Trial(cand, ms))
-                log(f"  tune {k.name} [{n + 1}/{len(cands)}] {cand.tiles} w{cand.num_warps} s{cand.num_stages}"
-                    f"{' fast' if cand.fast_math else ''}: {ms * 1e3:.1f} µs")
-            except Exception as e:  # a variant that does not compile (e.g. out of shared memory) just loses
-                trials.append(Trial(cand, None, repr(e)[:200]))
-                log(f"  tune {k.name} [{n + 1}/{len(cands)}] failed: {repr(e)[:120]}")
+        trials = [tuner.trial(current, ki, c, f"{n + 1}/{len(cands)}") for n, c in enumerate(cands)]
+        # tensor descriptors (TMA) for the three fastest, where the kernel's tiles allow them
+        top = sorted((t for t in trials if t.ms is not None), key=lambda t: t.ms)[:3]
+        trials += [tuner.trial(current, ki, replace(t.schedule, tma=True), f"tma {n + 1}/{len(top)}")
+                   for n, t in enumerate(top)]
+        trials = [t for t in trials if t is not None]
         ok = [t for t in trials if t.ms is not None]
         if ok:
             best = min(ok, key=lambda t: t.ms)

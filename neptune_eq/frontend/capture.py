@@ -97,13 +97,14 @@ class Captured:
                 continue
             if not isinstance(a, torch.Tensor):
                 raise CaptureError(f"argument '{b.parameter}' must be a tensor, got {type(a).__name__}")
-            if tuple(a.shape) != b.shape:
+            if a.shape != b.shape:
                 raise CaptureError(
                     f"argument '{b.parameter}' has shape {tuple(a.shape)}; the function was captured for "
                     f"{b.shape} (capture again for other shapes)"
                 )
             if b.input is not None:
-                out[b.input] = a.reshape(self.program.input_shape(b.input))
+                want = self.program.input_shape(b.input)
+                out[b.input] = a if a.shape == want else a.reshape(want)  # reshape costs µs per call
         device = next((t.device for t in out.values()), None)
         out.update(self._constants_on(device))
         return out
@@ -118,7 +119,8 @@ class Captured:
 
     def outputs(self, results: dict[str, torch.Tensor]):
         """fn's return structure from the program's output tensors (by output name)."""
-        outs = [results[o.name].reshape(shape) for o, shape in zip(self.program.outputs, self.output_shapes)]
+        outs = [results[o.name] for o in self.program.outputs]
+        outs = [r if r.shape == shape else r.reshape(shape) for r, shape in zip(outs, self.output_shapes)]
         return tuple(outs) if self.returns_tuple else outs[0]
 
     # ---------------------------------------------------------------- running

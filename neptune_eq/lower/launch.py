@@ -58,8 +58,12 @@ class Launcher:
     precomputed grids and argument layouts (decode kernels run for tens of microseconds, so the
     host work per call must stay small)."""
 
-    def __init__(self, program: ir.Program, plan: Plan, kernels: list[KernelSource], module):
+    def __init__(self, program: ir.Program, plan: Plan, kernels: list[KernelSource], module, fallback=None):
         self.program, self.plan, self.kernels, self.module = program, plan, kernels, module
+        # kernels that read inputs through tensor descriptors need 16-byte aligned rows and a unit
+        # innermost stride; `fallback()` gives a launcher of pointer loads for inputs that lack them
+        self._descriptors = [(name, dims) for ks in kernels for name, dims in ks.descriptors.items()]
+        self._fallback, self._fallback_launcher = fallback, None
         self._buffers: dict = {}  # (device, name) → tensor, reused across calls
         self._out_shapes = [(o.name, self.program.output_shape(o), _TORCH_DTYPES[o.dtype or "float32"])
                             for o in program.outputs]
@@ -69,9 +73,10 @@ class Launcher:
             for a, step in ks.grid:
                 n_prog *= math.ceil(program.axes[a] / step)
             extents = [program.axes[a] for a in ks.extents]
+            consts = dict(ks.constexprs)
             opts = {"num_warps": ks.schedule.num_warps, "num_stages": ks.schedule.num_stages}
             self._calls.append((getattr(module, ks.name), [t.name for t in ks.tensors], extents, (n_prog,),
-                                dict(ks.constexprs), opts))
+                                consts, {**consts, **opts}))
 
     def buffer_shape(self, name: str) -> tuple[int, ...]:
         buf = self.plan.buffers[name]
@@ -88,33 +93,79 @@ class Launcher:
                                                  device=device)
         return t
 
-    def __call__(self, inputs: dict[str, torch.Tensor], out_dtypes: dict[str, torch.dtype] | None = None
-                 ) -> dict[str, torch.Tensor]:
+    def __call__(self, inputs: dict[str, torch.Tensor], out_dtypes: dict[str, torch.dtype] | None = None,
+                 compiled: list | None = None) -> dict[str, torch.Tensor]:
+        """Run the plan's kernels; `compiled`, if given, receives Triton's compiled kernel of each
+        launch (its .asm holds the TTGIR, PTX and SASS)."""
         device = next(iter(inputs.values())).device
+        if self._descriptors:
+            bad = next((n for n, dims in self._descriptors if not descriptor_ok(inputs[n], dims)), None)
+            if bad is not None:
+                if self._fallback is None:
+                    raise NeptuneError(f"input '{bad}' cannot be read through a tensor descriptor (it needs a "
+                                       "16-byte aligned start and row strides, innermost stride 1)")
+                if self._fallback_launcher is None:
+                    self._fallback_launcher = self._fallback()
+                return self._fallback_launcher(inputs, out_dtypes, compiled)
+            if device.type == "cuda":
+                _ensure_allocator()
         tensors: dict[str, torch.Tensor] = dict(inputs)
         outs = {}
         for name, shape, dt in self._out_shapes:
             outs[name] = tensors[name] = torch.empty(shape, dtype=(out_dtypes or {}).get(name) or dt, device=device)
         for name in self.plan.buffers:
             tensors[name] = self._buffer(device, name)
-        interpret = device.type != "cuda"
-        if interpret:
+        cuda = device.type == "cuda"
+        if not cuda:
             require_interpreter()
-        for fn, names, extents, grid, consts, opts in self._calls:
+        for fn, names, extents, grid, interp_kw, cuda_kw in self._calls:
             args = []
             for n in names:
                 x = tensors[n]
                 args.append(x)
                 args.extend(x.stride())
             args.extend(extents)
-            if interpret:
-                fn[grid](*args, **consts)
-            else:
-                fn[grid](*args, **consts, **opts)
+            ck = fn[grid](*args, **(cuda_kw if cuda else interp_kw))  # the interpreter takes no num_warps
+            if compiled is not None:
+                compiled.append(ck)
         return outs
 
 
-def check_inputs(program: ir.Program, inputs: dict[str, torch.Tensor]) -> None:
+def descriptor_ok(t: torch.Tensor, dims: tuple[int, ...]) -> bool:
+    """Can tiles of `t` spanning `dims` (the last one innermost) be read through a tensor
+    descriptor? Its start, and every stride but the innermost (which must be 1), must be multiples
+    of 16 bytes; dimensions of extent 1 are never stepped along and do not count."""
+    size = t.element_size()
+    if t.data_ptr() % 16 or t.stride(dims[-1]) != 1:
+        return False
+    return all((st * size) % 16 == 0 for k, (st, n) in enumerate(zip(t.stride(), t.shape))
+               if k != dims[-1] and n > 1)
+
+
+def _ensure_allocator() -> None:
+    """Descriptors made inside a kernel live in global scratch memory that Triton asks its
+    allocator for; give it torch's CUDA allocator unless the user has set one."""
+    import triton
+
+    try:
+        from triton.runtime import _allocation
+
+        unset = isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
+    except (ImportError, AttributeError):  # another triton layout: set ours
+        unset = True
+    if unset:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
+def check_inputs(program: ir.Program, inputs: dict[str, torch.Tensor], specs: tuple | None = None) -> None:
+    """Raise NeptuneError naming the first input that is missing, extra, or of the wrong type,
+    dtype or shape. With `specs` (input_specs(program), computed once) the common case, all fine,
+    is a few comparisons: it runs on every call."""
+    specs = specs if specs is not None else input_specs(program)
+    ts = [inputs.get(name) for name, _, _ in specs]
+    if len(inputs) == len(specs) and all(isinstance(t, torch.Tensor) and t.dtype == dt and t.shape == shape
+                                         for t, (_, dt, shape) in zip(ts, specs)):
+        return
     for name, spec in program.inputs.items():
         if name not in inputs:
             raise NeptuneError(f"missing input '{name}' (expected axes {spec.axes})")
@@ -131,6 +182,11 @@ def check_inputs(program: ir.Program, inputs: dict[str, torch.Tensor]) -> None:
     extra = set(inputs) - set(program.inputs)
     if extra:
         raise NeptuneError(f"unexpected inputs {sorted(extra)} (program inputs: {sorted(program.inputs)})")
+
+
+def input_specs(program: ir.Program) -> tuple:
+    """(name, torch dtype, shape) of each program input."""
+    return tuple((name, _TORCH_DTYPES[spec.dtype], program.input_shape(name)) for name, spec in program.inputs.items())
 
 
 _ = _ident

@@ -53,6 +53,8 @@ class KernelSource:
     chunks: int
     constexprs: dict[str, int]
     schedule: KernelSchedule
+    # tensors read through tensor descriptors → the dimensions (index positions) each descriptor spans
+    descriptors: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def _int_const(n: ir.Node) -> int | None:
@@ -99,6 +101,8 @@ class KernelWriter:
         self.scalar: dict[str, str] = {}  # axis → scalar index name
         self.tail_masks: dict[str, bool] = {}  # axis → whether loads along it need a bounds mask now
         self.row_masks: dict[str, str] = {}  # axis → its validity mask when the tile is padded past its step
+        self.starts: dict[str, str] = {}  # axis → first index of its offsets vector (offs = start + arange)
+        self.descriptors: dict[str, tuple[int, ...]] = {}  # tensor → dimensions its descriptor spans
         order = [a for a in kernel.grid if self.tiles.get(a, 1) > 1]
         loop_axes = list(dict.fromkeys(p.axis for p in kernel.passes()))
         self.canon = order + [a for a in loop_axes if a not in order] + sorted(self.inner - set(order) - set(loop_axes))
@@ -346,10 +350,14 @@ class KernelWriter:
             finally:
                 self.scopes, self.lines, self.depth, self.tail_masks = saved
             return v
-        ptr, mask, dims = self.pointer(n.tensor, n.index, order, uniform_rows=self._uniform_here(n))
         dtype = (self.program.inputs[n.tensor].dtype if n.tensor in self.program.inputs
                  else self.plan.buffers[n.tensor].dtype)
-        code = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
+        tma = self.descriptor_load(n) if self.sched.tma else None
+        if tma is not None:
+            code, dims = tma
+        else:
+            ptr, mask, dims = self.pointer(n.tensor, n.index, order, uniform_rows=self._uniform_here(n))
+            code = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
         kind = dtype if dtype in ("float16", "bfloat16") else ("f" if dtype.startswith("float") else
                                                                 ("b" if dtype == "bool" else "i"))
         v = self.bind(code, dims, kind, "x")
@@ -357,6 +365,61 @@ class KernelWriter:
             v = self.bind(f"{v.code}.to(tl.float32)", dims, "f", "x")
         self.scopes[-1].memo[key] = v
         return v
+
+    def descriptor_load(self, n: ir.Load) -> tuple[str, tuple[str, ...]] | None:
+        """(code, dims) of a tile of input `n.tensor` read through a tensor descriptor, or None where
+        one cannot be used. The descriptor spans the index positions that are tile vectors (their
+        order kept, the last one innermost); the others are one value per program (a grid index,
+        or a // G) and go into its base pointer. Out-of-bounds rows and columns read as zero, so no
+        masks; the launcher checks the strides and alignment a descriptor needs at run time."""
+        spec = self.program.inputs.get(n.tensor)
+        if spec is None or not 1 <= len(n.index) <= 5:
+            return None
+        uniform = self._uniform_here(n)
+        base, span, seen = [], [], set()
+        for k, e in enumerate(n.index):
+            u = self.uniform_index(e) if uniform else None
+            if u is not None:
+                base.append((k, u.code))
+            elif isinstance(e, ir.Index) and e.axis in self.vector and e.axis in self.starts and e.axis not in seen:
+                span.append((k, e.axis))
+                seen.add(e.axis)
+            elif not self.eff_dims(e) and not self.is_variant(e) and (v := self.value(e)).kind == "i":
+                base.append((k, v.code))  # one index per program, e.g. the kv head h // G
+            else:
+                return None
+        itemsize = {"float16": 2, "bfloat16": 2, "float32": 4}.get(spec.dtype)
+        last = len(n.index) - 1
+        if (itemsize is None or not span or span[-1][0] != last or self.tiles[span[-1][1]] * itemsize < 16
+                or any(self.tiles[a] > 256 for _, a in span)):
+            return None
+        t = _ident(n.tensor)
+        dims_at = tuple(k for k, _ in span)
+        if self.descriptors.setdefault(n.tensor, dims_at) != dims_at:
+            return None  # one descriptor layout per tensor (the launcher checks that one)
+        self.tensor(n.tensor, spec.axes, spec.dtype, "input")
+        bkey = ("desc", n.tensor, tuple(base), tuple(a for _, a in span))
+
+        def make() -> Val:
+            saved = self.lines, self.depth
+            self.lines, self.depth = (self.hoist_lines, self.hoist_depth) if len(self.scopes) > 1 else saved
+            try:
+                ptr = f"{t}_ptr" + "".join(f" + {code} * {t}_s{k}" for k, code in base)
+                shape = ", ".join(self.extent(a) for _, a in span)
+                strides = ", ".join([f"{t}_s{k}" for k, _ in span[:-1]] + ["1"])
+                block = ", ".join(f"BLOCK_{_ident(a)}" for _, a in span)
+                name = self.tmp(f"{t}_desc")
+                self.emit(f"{name} = tl.make_tensor_descriptor({ptr}, shape=[{shape}], strides=[{strides}], "
+                          f"block_shape=[{block}])")
+                return Val(name, (), "desc")
+            finally:
+                self.lines, self.depth = saved
+
+        desc = self.scopes[0].memo.get(bkey)
+        if desc is None:
+            desc = self.scopes[0].memo[bkey] = make()
+        offsets = ", ".join(self.starts[a] for _, a in span)
+        return f"{desc.code}.load([{offsets}])", tuple(a for _, a in span)
 
     def store(self, st: StorePlan) -> None:
         is_buffer = st.target in self.plan.buffers
@@ -607,6 +670,7 @@ class _PassWriter:
                        | {f"old:{c.name}" for c in self.ps.comps})
         w.scopes.append(scope)
         w.vector[self.axis] = f"offs_{j}"
+        w.starts[self.axis] = f"start_{j}"
         w.tail_masks[self.axis] = masked
         w.emit(f"offs_{j} = start_{j} + tl.arange(0, BLOCK_{j})")
         valid = Val(f"(offs_{j} < {w.extent(self.axis)})", (self.axis,), "b") if masked else None
@@ -615,6 +679,7 @@ class _PassWriter:
             w.store(st)
         w.scopes.pop()
         del w.vector[self.axis]
+        del w.starts[self.axis]
         w.tail_masks.pop(self.axis, None)
         w.lines, w.depth = outer_lines, outer_depth
         w.emit(f"for start_{j} in range({lo}, {hi}, BLOCK_{j}):")
@@ -791,6 +856,7 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
         if tile > 1:
             w.emit(f"offs_{ia} = t_{ia} * {step} + tl.arange(0, BLOCK_{ia})")
             w.vector[a] = f"offs_{ia}"
+            w.starts[a] = f"t_{ia} * {step}"
             if step < tile:  # a padded tile: rows past the step belong to the next program
                 w.row_masks[a] = f"((tl.arange(0, BLOCK_{ia}) < {step}) & (offs_{ia} < {n}))"
             w.tail_masks[a] = program.axes[a] % tile != 0 or step < tile  # specialised shapes: no mask if tiles divide
@@ -801,6 +867,7 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
             ia = _ident(a)
             w.emit(f"offs_{ia} = tl.arange(0, BLOCK_{ia})")
             w.vector[a] = f"offs_{ia}"
+            w.starts[a] = "0"
             w.tail_masks[a] = program.axes[a] != sched.tiles.get(a)
     w.hoist_lines, w.hoist_depth = w.lines, w.depth
     for ph in k.phases:
@@ -828,7 +895,7 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     header = f"@triton.jit\ndef {fn_name}({', '.join(params)}):\n"
     src = header + "\n".join(w.lines) + "\n"
     return KernelSource(fn_name, src, list(w.tensors.values()), list(w.extents),
-                        [(a, sched.step(a)) for a, _ in grid], k.chunks, consts, sched)
+                        [(a, sched.step(a)) for a, _ in grid], k.chunks, consts, sched, dict(w.descriptors))
 
 
 PRELUDE = '''import triton

@@ -1,0 +1,109 @@
+"""What the GPU runs: instruction counts of a benchmark kernel's SASS, per schedule variant.
+
+    python bench/sass.py global_pf 8192                  # default schedule, then with TMA loads
+    python bench/sass.py causal_pf 8192 --tiles j=128 --warps 8 --stages 3
+
+For each variant it prints the kernel time (do_bench median), whether the TTGIR uses tensor-memory
+copies (TMA) and warp-group MMA, and counts of the instruction classes that bound an attention
+kernel: tensor-core MMAs, special-function ops (exp2, rcp, tanh), FP32 ALU ops, global and
+shared-memory traffic and barriers. Static counts over the whole kernel (three loops for a causal
+kernel), not executed counts: they show what one tile costs, not how often it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+from cases import Case  # noqa: E402
+
+import neptune_eq  # noqa: E402, F401
+
+CLASSES = {  # SASS opcode (before the first '.') → class
+    "HGMMA": "mma", "HMMA": "mma", "MUFU": "sfu", "FFMA": "fp32", "FMUL": "fp32", "FADD": "fp32",
+    "FMNMX": "fp32", "FSEL": "fp32", "FSETP": "fp32", "F2F": "cvt", "F2FP": "cvt", "LDG": "global",
+    "LDGSTS": "global", "UTMALDG": "tma", "UBLKCP": "tma", "STG": "global", "LDS": "shared", "LDSM": "shared",
+    "STS": "shared", "BAR": "sync", "SYNCS": "sync", "WARPGROUP": "sync",
+}
+
+
+def sass_counts(sass: str) -> Counter:
+    ops = Counter()
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)(\.[A-Z0-9_.]+)?", line)
+        if not m:
+            continue
+        op = m.group(1)
+        ops[op] += 1
+        if op == "MUFU":
+            ops["MUFU" + (m.group(2) or "")] += 1
+    return ops
+
+
+def summary(ops: Counter) -> str:
+    by_class = Counter()
+    for op, n in ops.items():
+        if op in CLASSES:
+            by_class[CLASSES[op]] += n
+    detail = ", ".join(f"{op} {n}" for op, n in sorted(ops.items()) if op.startswith("MUFU.") or op in
+                       ("HGMMA", "FFMA", "FMUL", "FADD", "FMNMX", "UTMALDG", "LDGSTS", "LDG"))
+    return f"{dict(sorted(by_class.items()))}  [{detail}]"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("op")
+    ap.add_argument("L", type=int)
+    ap.add_argument("--tiles", nargs="*", default=[], help="axis=size, e.g. j=128")
+    ap.add_argument("--warps", type=int)
+    ap.add_argument("--stages", type=int)
+    ap.add_argument("--out", help="folder to write each variant's SASS to")
+    args = ap.parse_args(argv)
+    import triton.testing
+
+    from neptune_eq.frontend import capture
+    from neptune_eq.runtime import compile_ir
+
+    case = Case(args.op, args.L)
+    q, k, v = case.inputs("cuda")
+    captured = capture(case.fn, q, k, v)
+    compiled = compile_ir(captured.program)
+    inputs = captured.inputs(q, k, v)
+    base = compiled._schedules("cuda")
+    tiles = {a: int(n) for a, n in (t.split("=") for t in args.tiles)}
+    base = [replace(s.with_tiles(**{a: n for a, n in tiles.items() if a in s.tiles}),
+                    num_warps=args.warps or s.num_warps, num_stages=args.stages or s.num_stages) for s in base]
+    print(f"{case.label}: {compiled.alternative.structure}")
+    for tma in (False, True):
+        compiled.schedules["cuda"] = [replace(s, tma=tma) for s in base]
+        compiled._modules.clear()
+        launcher = compiled.launcher("cuda")
+        kernels: list = []
+        launcher(inputs, compiled=kernels)
+        ms = triton.testing.do_bench(lambda launcher=launcher: launcher(inputs), return_mode="median")
+        for ks, ck in zip(launcher.kernels, kernels):
+            ttgir = ck.asm.get("ttgir", "")
+            sass = ck.asm.get("sass", "")
+            flags = [f for f, pat in (("tma", "async_tma_copy"), ("wgmma", "warp_group_dot"),
+                                      ("ws", "warp_specialize")) if pat in ttgir]
+            s = ks.schedule
+            print(f"  {ks.name} tma={tma} {s.tiles} w{s.num_warps} s{s.num_stages}: plan {ms * 1e3:.1f} µs, "
+                  f"ttgir {flags}, regs {getattr(ck, 'n_regs', '?')}, spills {getattr(ck, 'n_spills', '?')}")
+            print(f"    sass: {summary(sass_counts(sass))}")
+            if args.out:
+                Path(args.out).mkdir(parents=True, exist_ok=True)
+                (Path(args.out) / f"{args.op}_{args.L}_{ks.name}_tma{int(tma)}.sass").write_text(sass)
+    torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

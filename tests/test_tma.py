@@ -1,0 +1,71 @@
+"""Tensor-descriptor (TMA) loads: the kernels of a schedule with tma=True read their input tiles
+through tl.make_tensor_descriptor (out-of-bounds rows read as zero, no masks), give the same
+results as pointer loads, and fall back to pointer loads for inputs a descriptor cannot read."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from test_frontend import rel_err
+from test_frontend_ops import small
+
+from neptune_eq.frontend import capture
+from neptune_eq.ir import NeptuneError
+from neptune_eq.lower.launch import Launcher, descriptor_ok, load_module
+from neptune_eq.tune import _schedule_from, _schedule_to
+
+
+def with_tma(run):
+    """The compiled function `run` with every kernel's schedule switched to descriptor loads."""
+    prog = run.compiled
+    prog.schedules["interpreter"] = [replace(s, tma=True) for s in prog._schedules("interpreter")]
+    prog._modules.clear()
+    return run
+
+
+@pytest.mark.parametrize("name", ["causal_pf", "gqa_pf", "window_pf", "gqa_dc", "softcap_dc"])
+def test_descriptor_loads_match_float64(name):
+    # 37 keys / queries: not a multiple of any tile, so the last tiles reach past the tensor
+    fn, args = small(name, L=37, dtype=torch.float32)
+    run = with_tma(capture(fn, *args, name=name).compile())
+    _, kernels = run.compiled.lowered("interpreter")
+    first = kernels[0]
+    assert set(first.descriptors) == {"q", "k", "v"}, first.descriptors
+    assert "tl.make_tensor_descriptor(" in first.source and ".load([start_j" in first.source
+    out = run(*args)
+    assert rel_err(out, fn(*(a.double() for a in args))) < 1e-4
+
+
+def test_inputs_a_descriptor_cannot_read_fall_back_to_pointers():
+    fn, (q, k, v) = small("causal_pf", L=33, dtype=torch.float32)
+    run = with_tma(capture(fn, q, k, v, name="causal_pf").compile())
+    k_cols = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # innermost stride is not 1
+    assert not descriptor_ok(k_cols, (2, 3))
+    out = run(q, k_cols, v)
+    assert rel_err(out, fn(q.double(), k.double(), v.double())) < 1e-4
+    # without a fallback the launcher says which input and why
+    prog = run.compiled
+    src, kernels = prog.lowered("interpreter")
+    bare = Launcher(prog.program, prog.plan, kernels, load_module(src))
+    with pytest.raises(NeptuneError, match="input 'k' cannot be read through a tensor descriptor"):
+        bare(run.captured.inputs(q, k_cols, v))
+
+
+def test_descriptor_requirements():
+    buf = torch.zeros(2 * 4 * 32 * 16 + 8, dtype=torch.float16)
+    x = buf[: 2 * 4 * 32 * 16].view(2, 4, 32, 16)
+    assert descriptor_ok(x, (2, 3))
+    assert not descriptor_ok(buf[1 : 1 + x.numel()].view(2, 4, 32, 16), (2, 3))  # start 2 bytes off
+    assert not descriptor_ok(torch.zeros(2, 4, 32, 15, dtype=torch.float16), (2, 3))  # 30-byte rows
+    assert not descriptor_ok(x.transpose(2, 3), (2, 3))  # innermost stride 32
+    assert descriptor_ok(torch.zeros(1, 3, 32, 16, dtype=torch.float16)[:, 1:], (2, 3))  # extent-1 dims
+
+
+def test_tuned_schedule_round_trips_through_the_cache_format():
+    fn, args = small("gqa_dc", L=16, dtype=torch.float32)
+    prog = capture(fn, *args).compile().compiled
+    for s in prog._schedules("cuda"):
+        t = replace(s, tma=True, fast_math=True)
+        assert _schedule_from(_schedule_to(t)) == t
