@@ -90,8 +90,12 @@ def main(argv=None) -> int:
         launcher(inputs, compiled=kernels)
         ms = triton.testing.do_bench(lambda launcher=launcher: launcher(inputs), return_mode="median")
         for ks, ck in zip(launcher.kernels, kernels):
-            ttgir = ck.asm.get("ttgir", "")
-            sass = ck.asm.get("sass", "")
+            ttgir = ck.asm["ttgir"]
+            try:
+                sass = ck.asm["sass"]  # disassembled on first access (cuobjdump / nvdisasm)
+            except Exception as e:
+                sass = ""
+                print(f"    no SASS: {type(e).__name__}: {e}")
             flags = [f for f, pat in (("tma", "async_tma_copy"), ("wgmma", "warp_group_dot"),
                                       ("ws", "warp_specialize")) if pat in ttgir]
             s = ks.schedule

@@ -1,8 +1,9 @@
 """Autotuning: time schedule variants of each kernel of a plan on the GPU and keep the fastest.
 
 Candidates vary the row tile, the loop tile, warps and pipeline stages around the default
-schedule, fast special functions where the kernel uses tanh, and tensor-descriptor (TMA) loads for
-the three fastest; every fast-math or TMA variant is verified against float64 before it may win.
+schedule, fast special functions where the kernel uses tanh, and (asked for) tensor-descriptor
+(TMA) loads for the three fastest; every fast-math or TMA variant is verified against float64
+before it may win.
 Results are cached on disk per (program, plan, kernel, device, triton version) so a shape is tuned
 once; the cache file is plain JSON, written atomically.
 """
@@ -28,7 +29,7 @@ class Trial:
     error: str | None = None
 
 
-def _candidates(k, program: ir.Program, plan, base: KernelSchedule) -> list[KernelSchedule]:
+def _candidates(k, program: ir.Program, plan, base: KernelSchedule, limit: int = 8) -> list[KernelSchedule]:
     # vary the query-like row tile only (not the value dimension, not a padded single/grouped row)
     loads = loop_loads(k, plan)
     rows = [a for a in row_axes(k, program, plan) if base.tiles.get(a, 1) > 1 and a not in base.steps
@@ -51,6 +52,12 @@ def _candidates(k, program: ir.Program, plan, base: KernelSchedule) -> list[Kern
         cand = replace(base, tiles=tiles, num_warps=w, num_stages=s)
         if cand.key() not in {c.key() for c in out}:
             out.append(cand)
+    out = out[:limit]
+    if has_dot and rows and loops and program.axes[rows[0]] >= 256:
+        # 256 rows over 8 warps: each warp group owns 128 rows (a full-height wgmma on Hopper)
+        for s in (3, 2):
+            tiles = {**base.tiles, rows[0]: 256, **{a: 64 for a in loops if program.axes[a] >= 32}}
+            out.append(replace(base, tiles=tiles, num_warps=8, num_stages=s))
     return out
 
 
@@ -152,8 +159,11 @@ class _Tuner:
 
 
 def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=True, rep_ms: int = 60,
-             max_candidates: int = 8, tolerance: float = 2e-3, cache_file: Path | None = None) -> list[KernelSchedule]:
-    """Tune every kernel of `compiled`'s plan on CUDA `inputs`; installs and returns the schedules."""
+             max_candidates: int = 8, tolerance: float = 2e-3, cache_file: Path | None = None,
+             tma: bool = False) -> list[KernelSchedule]:
+    """Tune every kernel of `compiled`'s plan on CUDA `inputs`; installs and returns the schedules.
+    With tma=True the three fastest are also tried with tensor-descriptor loads (off by default: on
+    an H100 with triton 3.6 they were slower for every benchmark kernel, see bench/README.md)."""
     import torch
 
 
@@ -173,12 +183,12 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
             log(f"  tune {k.name}: cached {current[ki].tiles} w{current[ki].num_warps} s{current[ki].num_stages}"
                 f"{' tma' if current[ki].tma else ''}")
             continue
-        cands = _candidates(k, program, plan, current[ki])[:max_candidates]
-        if uses_tanh:
-            cands += [replace(c, fast_math=True) for c in cands[:6]]
+        cands = _candidates(k, program, plan, current[ki], max_candidates)
+        if uses_tanh:  # fast tanh first (verified against float64), the plain default as a fallback
+            cands = [replace(c, fast_math=True) for c in cands] + [cands[0]]
         trials = [tuner.trial(current, ki, c, f"{n + 1}/{len(cands)}") for n, c in enumerate(cands)]
         # tensor descriptors (TMA) for the three fastest, where the kernel's tiles allow them
-        top = sorted((t for t in trials if t.ms is not None), key=lambda t: t.ms)[:3]
+        top = sorted((t for t in trials if t.ms is not None), key=lambda t: t.ms)[:3] if tma else []
         trials += [tuner.trial(current, ki, replace(t.schedule, tma=True), f"tma {n + 1}/{len(top)}")
                    for n, t in enumerate(top)]
         trials = [t for t in trials if t is not None]

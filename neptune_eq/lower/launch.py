@@ -65,6 +65,7 @@ class Launcher:
         self._descriptors = [(name, dims) for ks in kernels for name, dims in ks.descriptors.items()]
         self._fallback, self._fallback_launcher = fallback, None
         self._buffers: dict = {}  # (device, name) → tensor, reused across calls
+        self._runners: dict = {}  # specialisation key → Triton's launcher of the compiled kernel
         self._out_shapes = [(o.name, self.program.output_shape(o), _TORCH_DTYPES[o.dtype or "float32"])
                             for o in program.outputs]
         self._calls = []
@@ -118,16 +119,29 @@ class Launcher:
         cuda = device.type == "cuda"
         if not cuda:
             require_interpreter()
-        for fn, names, extents, grid, interp_kw, cuda_kw in self._calls:
+        for ki, (fn, names, extents, grid, interp_kw, cuda_kw) in enumerate(self._calls):
             args = []
             for n in names:
                 x = tensors[n]
                 args.append(x)
                 args.extend(x.stride())
             args.extend(extents)
-            ck = fn[grid](*args, **(cuda_kw if cuda else interp_kw))  # the interpreter takes no num_warps
-            if compiled is not None:
-                compiled.append(ck)
+            if not cuda:
+                fn[grid](*args, **interp_kw)  # the interpreter takes no num_warps / num_stages
+                continue
+            # Triton specialises a kernel on its constexprs (here strides and extents) and on each
+            # pointer's dtype and 16-byte alignment; a kernel compiled for the same key is launched
+            # directly, without the JIT's per-call argument binding (tens of µs on a slow host)
+            key = (ki, device.index, *((x.dtype, x.data_ptr() % 16 == 0, x.stride()) for x in
+                                        (tensors[n] for n in names)))
+            runner = self._runners.get(key)
+            if runner is None or compiled is not None:
+                ck = fn[grid](*args, **cuda_kw)
+                self._runners[key] = ck[grid]
+                if compiled is not None:
+                    compiled.append(ck)
+            else:
+                runner(*args, *interp_kw.values())
         return outs
 
 

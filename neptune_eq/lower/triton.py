@@ -456,6 +456,14 @@ class KernelWriter:
     def contract(self, op: str, axis: str, body: ir.Node, mask: Val | None) -> Val:
         """op-reduce `body` over the block axis `axis` (masked-out elements contribute the identity)."""
         ident = MONOIDS[op].identity
+        scale = _positive_scale(body) if op in ("max", "min") else None
+        if scale is not None:
+            # max_j(c·x) = c·max_j(x) for c > 0 (exactly, in floating point too: rounding is monotone;
+            # c·±inf = ±inf keeps masked-out identities). The tile then needs no c·x of its own, so
+            # where c·x feeds a subtraction (softmax's c·s − m) the two fuse into one FMA.
+            c, rest = scale
+            r = self.contract(op, axis, rest, mask)
+            return self.bind(f"{r.code} * {_fmt_float(c)}", r.dims, "f", "r")
         if op == "sum" and axis in self.vector:
             dot = self.try_dot(axis, body, mask)
             if dot is not None:
@@ -537,6 +545,15 @@ class KernelWriter:
             shape = ", ".join(f"BLOCK_{_ident(a)}" for a in order)
             code = f"tl.broadcast_to({code}, ({shape},))"
         return Val(code, order, "f")
+
+
+def _positive_scale(n: ir.Node) -> tuple[float, ir.Node] | None:
+    """(c, x) when n is c·x (or x·c) with c a finite constant > 0."""
+    if isinstance(n, ir.Call) and n.op == "mul":
+        for a, b in (n.args, n.args[::-1]):
+            if isinstance(a, ir.Const) and math.isfinite(a.value) and a.value > 0:
+                return a.value, b
+    return None
 
 
 def _state_dims(w: KernelWriter, c: CompPlan) -> tuple[str, ...]:
@@ -878,11 +895,13 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     for st in k.epilogue:
         w.store(st)
     # signature
+    # strides and extents are compile-time constants: a program is compiled per shape anyway, the
+    # compiler folds the index arithmetic, and a launch passes only pointers (see lower/launch.py)
     params = []
     for t in w.tensors.values():
         params.append(f"{_ident(t.name)}_ptr")
-        params += [f"{_ident(t.name)}_s{i}" for i in range(len(t.axes))]
-    params += [f"n_{_ident(a)}" for a in w.extents]
+        params += [f"{_ident(t.name)}_s{i}: tl.constexpr" for i in range(len(t.axes))]
+    params += [f"n_{_ident(a)}: tl.constexpr" for a in w.extents]
     consts = {}
     for a, tile in sched.tiles.items():
         consts[f"BLOCK_{_ident(a)}"] = tile
