@@ -137,7 +137,7 @@ class Launcher:
             runner = self._runners.get(key)
             if runner is None or compiled is not None:
                 ck = fn[grid](*args, **cuda_kw)
-                self._runners[key] = ck[grid]
+                self._runners[key] = ck[(grid[0], 1, 1)]  # Triton's runner takes a full 3-d grid
                 if compiled is not None:
                     compiled.append(ck)
             else:
