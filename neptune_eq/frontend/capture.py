@@ -55,6 +55,7 @@ class ArgBinding:
     input: str | None
     shape: tuple[int, ...] | None = None  # the example's shape (tensors)
     static: object = None  # the example's value (non-tensors)
+    program_shape: tuple[int, ...] | None = None  # the shape of input `input` (where it differs from `shape`)
 
     @property
     def is_tensor(self) -> bool:
@@ -103,8 +104,7 @@ class Captured:
                     f"{b.shape} (capture again for other shapes)"
                 )
             if b.input is not None:
-                want = self.program.input_shape(b.input)
-                out[b.input] = a if a.shape == want else a.reshape(want)  # reshape costs µs per call
+                out[b.input] = a if b.program_shape is None else a.reshape(b.program_shape)
         device = next((t.device for t in out.values()), None)
         out.update(self._constants_on(device))
         return out
@@ -154,6 +154,14 @@ class CompiledFunction:
 # ---------------------------------------------------------------- capture
 
 
+def _reshaped(program: ir.Program, name: str, shape) -> tuple[int, ...] | None:
+    """The program's shape of input `name` where it differs from the argument's `shape`, else None."""
+    if name not in program.inputs:
+        return None
+    want = program.input_shape(name)
+    return None if tuple(shape) == want else want
+
+
 def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
     """Trace `fn(*example_inputs)` once and translate it to an ir.Program.
 
@@ -186,7 +194,8 @@ def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
     used = set(tr.program.inputs)
     bindings = tuple(
         ArgBinding(k, params[k], None, static=example_inputs[k]) if k in static
-        else ArgBinding(k, params[k], params[k] if params[k] in used else None, tuple(example_inputs[k].shape))
+        else ArgBinding(k, params[k], params[k] if params[k] in used else None, tuple(example_inputs[k].shape),
+                        program_shape=_reshaped(tr.program, params[k], example_inputs[k].shape))
         for k in range(len(example_inputs))
     )
     return Captured(

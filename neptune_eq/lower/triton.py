@@ -453,8 +453,10 @@ class KernelWriter:
             return self.factors(n.args[0]) + self.factors(n.args[1])
         return [n]
 
-    def contract(self, op: str, axis: str, body: ir.Node, mask: Val | None) -> Val:
-        """op-reduce `body` over the block axis `axis` (masked-out elements contribute the identity)."""
+    def contract(self, op: str, axis: str, body: ir.Node, mask: Val | None, acc: Val | None = None) -> Val:
+        """op-reduce `body` over the block axis `axis` (masked-out elements contribute the identity).
+        With `acc` (a sum only) the result is acc + the reduction when it becomes a tl.dot that can
+        accumulate into acc in place, else the reduction alone: callers check `Val.kind == "acc"`."""
         ident = MONOIDS[op].identity
         scale = _positive_scale(body) if op in ("max", "min") else None
         if scale is not None:
@@ -465,7 +467,7 @@ class KernelWriter:
             r = self.contract(op, axis, rest, mask)
             return self.bind(f"{r.code} * {_fmt_float(c)}", r.dims, "f", "r")
         if op == "sum" and axis in self.vector:
-            dot = self.try_dot(axis, body, mask)
+            dot = self.try_dot(axis, body, mask, acc)
             if dot is not None:
                 return dot
         v = self.f32(self.value(body))
@@ -480,7 +482,7 @@ class KernelWriter:
         out_dims = tuple(d for d in dims if d != axis)
         return self.bind(f"{MONOIDS[op].triton_reduce}({code}, axis={dims.index(axis)})", out_dims, "f", "r")
 
-    def try_dot(self, k: str, body: ir.Node, mask: Val | None) -> Val | None:
+    def try_dot(self, k: str, body: ir.Node, mask: Val | None, acc: Val | None = None) -> Val | None:
         out = [a for a in self.canon if a in self.eff_dims(body) and a != k]
         if len(out) != 2 or any(self.tiles.get(a, 1) < 16 for a in [*out, k]):
             return None
@@ -518,6 +520,9 @@ class KernelWriter:
         if self.target != "cuda" and "bfloat16" in (a.kind, b.kind):
             a, b = self.f32(a), self.f32(b)  # Triton's interpreter multiplies bf16 as raw integers
         prec = "" if a.native else f", input_precision=\"{self.sched.input_precision}\""
+        if acc is not None and not post and set(acc.dims) == {m, n}:
+            # the tensor cores add into the running state: no second [m, n] tile, no separate add
+            return self.bind(f"tl.dot({a.code}, {b.code}, {self.arrange(acc, (m, n))}{prec})", (m, n), "acc", "d")
         r = self.bind(f"tl.dot({a.code}, {b.code}{prec})", (m, n), "f", "d")
         for f in post:
             r = self._mul(r, self.f32(self.value(f)))
@@ -713,7 +718,6 @@ class _PassWriter:
             if c.mask is not None and not _is_true(c.mask) and (masked or affine(c.mask) is None):
                 m = w.value(c.mask)
                 mask = m if mask is None else self._and(mask, m)
-            part = w.contract(c.op, self.axis, c.core, mask)
             combine = MONOIDS[c.op].combine
             if c.producers and c.corr is not None:
                 h = w.f32(w.value(c.corr))
@@ -724,8 +728,13 @@ class _PassWriter:
                 carried = w.bind(OPS[c.dist].triton.format(*codes), dims, "f", "c")
             else:
                 carried = old
-            codes, dims = w.align([carried, part])
             sdims = _state_dims(w, c)
+            part = w.contract(c.op, self.axis, c.core, mask, acc=carried if combine == "add" else None)
+            if part.kind == "acc":  # the dot already added the carried state
+                new[c.name] = nv = Val(part.code, part.dims, "f")
+                sc.memo[ir.Sym(f"cur:{c.name}", c.free)] = nv
+                continue
+            codes, dims = w.align([carried, part])
             code = OPS[combine].triton.format(*codes)
             if dims != sdims:
                 code = f"tl.broadcast_to({code}, {_shape(w, sdims)})" if set(dims) <= set(sdims) else code
