@@ -69,3 +69,32 @@ def test_tuned_schedule_round_trips_through_the_cache_format():
     for s in prog._schedules("cuda"):
         t = replace(s, tma=True, fast_math=True)
         assert _schedule_from(_schedule_to(t)) == t
+
+
+def test_tuning_checks_large_programs_on_sampled_rows(monkeypatch):
+    """The float64 check a fast-math or TMA variant must pass before it may win: on a long attention
+    it evaluates 256 sampled query rows (the whole float64 reference at 16K tokens needs 64 GiB),
+    and it still catches a wrong row."""
+    from test_e2e_shapes import attention_program
+
+    from neptune_eq.runtime import compile_ir
+    from neptune_eq.tune import _Tuner, sample_rows
+
+    big = attention_program(16384, 16384, 128, 128, heads=32)
+    restrict = sample_rows(big)
+    assert list(restrict) == ["i"] and len(restrict["i"]) == 256
+    small_prog = attention_program(40, 40, 16, 16, mask="causal")
+    assert sample_rows(small_prog) == {}
+    # a program just over the limit: rows sampled, the check passes, then fails on a corrupted row
+    prog = attention_program(600, 600, 16, 16, mask="causal")
+    compiled = compile_ir(prog)
+    inputs = {n: torch.randn(*prog.input_shape(n)) for n in prog.inputs}
+    tuner = _Tuner(prog, compiled.plan, inputs, None, 1, 2e-3, print)
+    out = compiled.run(inputs)
+    restrict = sample_rows(prog, limit=10**6)
+    assert list(restrict) == ["i"]
+    monkeypatch.setattr("neptune_eq.tune.sample_rows", lambda p: restrict)
+    assert tuner.rel_err(out) < 1e-5
+    bad = {k: v.clone() for k, v in out.items()}
+    bad["o"][:, :, restrict["i"][3]] += 1.0
+    assert tuner.rel_err(bad) > 1e-2
