@@ -1,7 +1,7 @@
-"""Merge the per-op rows of several runs into one report (each op's rows come from a single run, so
-every operator was measured beside its peers in one process).
+"""Merge rows of several runs into one report. Every row (one operator at one size) comes whole from
+one run, so each implementation in it was measured beside its peers in one process.
 
-    python bench/merge.py OUT_DIR OP=RUN.json [OP=RUN.json ...]
+    python bench/merge.py OUT_DIR OP=RUN.json [OP:L,L=RUN.json ...]   # OP: all its sizes; OP:L,L: those
 """
 
 from __future__ import annotations
@@ -22,12 +22,16 @@ def main(argv):
     out.mkdir(parents=True, exist_ok=True)
     rows, metas, sources = [], [], {}
     for spec in argv[1:]:
-        op, path = spec.split("=", 1)
+        sel, path = spec.split("=", 1)
+        op, _, sizes = sel.partition(":")
+        want = {int(x) for x in sizes.split(",")} if sizes else None
         data = json.loads(Path(path).read_text())
         metas.append(data["meta"])
-        picked = [r for r in data["rows"] if r["op"] == op]
+        picked = [r for r in data["rows"] if r["op"] == op and (want is None or r["L"] in want)]
+        if want is not None and {r["L"] for r in picked} != want:
+            raise SystemExit(f"{path} lacks {op} at {sorted(want - {r['L'] for r in picked})}")
         rows += picked
-        sources[op] = Path(path).name
+        sources[sel] = Path(path).name
     meta = dict(metas[0])
     assert all(m["device"] == meta["device"] and m["torch"] == meta["torch"] for m in metas), "mixed devices"
     meta["sources"] = sources

@@ -1,4 +1,5 @@
-"""What the GPU runs: instruction counts of a benchmark kernel's SASS, per schedule variant.
+"""What the GPU runs: instruction counts of a benchmark kernel's SASS (PTX where the machine has no
+disassembler), per schedule variant.
 
     python bench/sass.py global_pf 8192                  # default schedule, then with TMA loads
     python bench/sass.py causal_pf 8192 --tiles j=128 --warps 8 --stages 3
@@ -46,6 +47,29 @@ def sass_counts(sass: str) -> Counter:
         if op == "MUFU":
             ops["MUFU" + (m.group(2) or "")] += 1
     return ops
+
+
+def ptx_counts(ptx: str) -> Counter:
+    """Opcode counts of PTX (before ptxas: a mul and an add it may still fuse count as two)."""
+    ops = Counter()
+    for line in ptx.splitlines():
+        m = re.match(r"\s*(?:@%p\d+\s+)?([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*)\s", line)
+        if m and not line.lstrip().startswith(("//", ".")):
+            ops[m.group(1)] += 1
+    return ops
+
+
+PTX_SHOWN = ("wgmma.mma_async", "ex2.approx", "tanh.approx", "fma.rn", "mul", "add", "sub", "max", "cp.async",
+             "cp.async.bulk.tensor", "ld.global", "st.global", "bar.sync")
+
+
+def ptx_summary(ops: Counter) -> str:
+    shown = Counter()
+    for op, n in ops.items():
+        for p in PTX_SHOWN:
+            if op.startswith(p):
+                shown[p] += n
+    return ", ".join(f"{p} {shown[p]}" for p in PTX_SHOWN if shown[p])
 
 
 def summary(ops: Counter) -> str:
@@ -101,7 +125,10 @@ def main(argv=None) -> int:
             s = ks.schedule
             print(f"  {ks.name} tma={tma} {s.tiles} w{s.num_warps} s{s.num_stages}: plan {ms * 1e3:.1f} µs, "
                   f"ttgir {flags}, regs {getattr(ck, 'n_regs', '?')}, spills {getattr(ck, 'n_spills', '?')}")
-            print(f"    sass: {summary(sass_counts(sass))}")
+            if sass:
+                print(f"    sass: {summary(sass_counts(sass))}")
+            else:  # no disassembler on the machine: the PTX mix instead
+                print(f"    ptx: {ptx_summary(ptx_counts(ck.asm['ptx']))}")
             if args.out:
                 Path(args.out).mkdir(parents=True, exist_ok=True)
                 (Path(args.out) / f"{args.op}_{args.L}_{ks.name}_tma{int(tma)}.sass").write_text(sass)

@@ -3,9 +3,8 @@
 Candidates vary the row tile, the loop tile, warps and pipeline stages around the default
 schedule, fast special functions where the kernel uses tanh, and (asked for) tensor-descriptor
 (TMA) loads for the three fastest; every fast-math or TMA variant is verified against float64
-before it may win.
-Results are cached on disk per (program, plan, kernel, device, triton version) so a shape is tuned
-once; the cache file is plain JSON, written atomically.
+before it may win. Results are cached on disk per (program, plan, kernel, device, triton version)
+so a shape is tuned once; the cache file is plain JSON, written atomically.
 """
 
 from __future__ import annotations
@@ -188,9 +187,8 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
              tma: bool = False) -> list[KernelSchedule]:
     """Tune every kernel of `compiled`'s plan on CUDA `inputs`; installs and returns the schedules.
     With tma=True the three fastest are also tried with tensor-descriptor loads (off by default: on
-    an H100 with triton 3.6 they were slower for every benchmark kernel, see bench/README.md)."""
+    an H100 with triton 3.6 they were slower for every benchmark kernel, see README.md)."""
     import torch
-
 
     log = _logger(progress)
     program, plan = compiled.program, compiled.plan

@@ -520,9 +520,9 @@ class KernelWriter:
         if self.target != "cuda" and "bfloat16" in (a.kind, b.kind):
             a, b = self.f32(a), self.f32(b)  # Triton's interpreter multiplies bf16 as raw integers
         prec = "" if a.native else f", input_precision=\"{self.sched.input_precision}\""
-        if acc is not None and not post and set(acc.dims) == {m, n}:
+        if acc is not None and not post and acc.dims == (m, n):
             # the tensor cores add into the running state: no second [m, n] tile, no separate add
-            return self.bind(f"tl.dot({a.code}, {b.code}, {self.arrange(acc, (m, n))}{prec})", (m, n), "acc", "d")
+            return self.bind(f"tl.dot({a.code}, {b.code}, {acc.code}{prec})", (m, n), "acc", "d")
         r = self.bind(f"tl.dot({a.code}, {b.code}{prec})", (m, n), "f", "d")
         for f in post:
             r = self._mul(r, self.f32(self.value(f)))
