@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import torch
 
@@ -63,6 +64,10 @@ class CompiledProgram:
         """The tuned schedules for `target` if any, else the plan's defaults."""
         return self.schedules.get(target) or list(self.alternative.schedules)
 
+    @cached_property
+    def _input_specs(self) -> tuple:
+        return input_specs(self.program)
+
     @property
     def _prefix(self) -> str:
         return "nq_" + "".join(ch if ch.isalnum() else "_" for ch in self.program.name)
@@ -100,10 +105,7 @@ class CompiledProgram:
 
     # ---- running
     def run(self, inputs: dict[str, torch.Tensor], out_dtypes=None) -> dict[str, torch.Tensor]:
-        specs = self._modules.get("specs")
-        if specs is None:
-            specs = self._modules["specs"] = input_specs(self.program)
-        check_inputs(self.program, inputs, specs)
+        check_inputs(self.program, inputs, self._input_specs)
         device = next(iter(inputs.values())).device
         target = "cuda" if device.type == "cuda" else "interpreter"
         return self.launcher(target)(inputs, out_dtypes)

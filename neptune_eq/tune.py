@@ -156,14 +156,13 @@ class _Tuner:
     def trial(self, current: list[KernelSchedule], ki: int, cand: KernelSchedule, label: str) -> Trial | None:
         """Time `cand` for kernel ki (None: it reads nothing through descriptors though asked to)."""
         from .lower.launch import Launcher, load_module
-        from .lower.triton import write_module
+        from .lower.triton import _ident, write_module
 
         name = self.plan.kernels[ki].name
         scheds = list(current)
         scheds[ki] = cand
         try:
-            prefix = "tune_" + "".join(ch if ch.isalnum() else "_" for ch in f"{ki}_{label}")
-            src, ks = write_module(self.plan, self.program, scheds, "cuda", prefix)
+            src, ks = write_module(self.plan, self.program, scheds, "cuda", "tune_" + _ident(f"{ki}_{label}"))
             if cand.tma and not ks[ki].descriptors:
                 return None
             launcher = Launcher(self.program, self.plan, ks, load_module(src, self.cache_dir))
@@ -230,8 +229,8 @@ def choose_plan(compiled, inputs: dict, *, candidates: int = 3, progress=True, r
                 margin: float = 0.05):
     """Time the cost model's `candidates` best alternatives (default schedules) on the GPU and return
     the compiled program pinned to the fastest. The model ranks; a lower-ranked plan replaces a
-    higher-ranked one only when it measures faster by more than `margin` (repeated timings of one
-    kernel on an H100 differ by up to ~5%, so a closer call is noise, and the tuning that follows
+    higher-ranked one only when it measures faster by more than `margin` (timings within one process
+    on an H100 moved by several per cent, so a closer call is noise, and the tuning that follows
     the choice moves times by more than that)."""
     log = _logger(progress)
     best = None

@@ -64,6 +64,7 @@ class Launcher:
         # innermost stride; `fallback()` gives a launcher of pointer loads for inputs that lack them
         self._descriptors = [(name, dims) for ks in kernels for name, dims in ks.descriptors.items()]
         self._fallback, self._fallback_launcher = fallback, None
+        self._allocator_checked = False  # Triton's scratch allocator set (once, on the first CUDA call)
         self._buffers: dict = {}  # (device, name) → tensor, reused across calls
         self._runners: dict = {}  # specialisation key → Triton's launcher of the compiled kernel
         self._out_shapes = [(o.name, self.program.output_shape(o), _TORCH_DTYPES[o.dtype or "float32"])
@@ -108,8 +109,9 @@ class Launcher:
                 if self._fallback_launcher is None:
                     self._fallback_launcher = self._fallback()
                 return self._fallback_launcher(inputs, out_dtypes, compiled)
-            if device.type == "cuda":
+            if device.type == "cuda" and not self._allocator_checked:
                 _ensure_allocator()
+                self._allocator_checked = True
         tensors: dict[str, torch.Tensor] = dict(inputs)
         outs = {}
         for name, shape, dt in self._out_shapes:
