@@ -89,6 +89,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", nargs="*", default=[], help="axis=size, e.g. j=128")
     ap.add_argument("--warps", type=int)
     ap.add_argument("--stages", type=int)
+    ap.add_argument("--tma", choices=("off", "on", "both"), default="both", help="tensor-descriptor loads")
+    ap.add_argument("--ws", choices=("off", "on", "both"), default="off",
+                    help="warp-specialised unmasked loops (tl.range(..., warp_specialize=True))")
     ap.add_argument("--out", help="folder to write each variant's SASS to")
     args = ap.parse_args(argv)
     import triton.testing
@@ -106,34 +109,49 @@ def main(argv=None) -> int:
     base = [replace(s.with_tiles(**{a: n for a, n in tiles.items() if a in s.tiles}),
                     num_warps=args.warps or s.num_warps, num_stages=args.stages or s.num_stages) for s in base]
     print(f"{case.label}: {compiled.alternative.structure}")
-    for tma in (False, True):
-        compiled.schedules["cuda"] = [replace(s, tma=tma) for s in base]
-        compiled._modules.clear()
-        launcher = compiled.launcher("cuda")
-        kernels: list = []
-        launcher(inputs, compiled=kernels)
-        ms = triton.testing.do_bench(lambda launcher=launcher: launcher(inputs), return_mode="median")
-        for ks, ck in zip(launcher.kernels, kernels):
-            ttgir = ck.asm["ttgir"]
+    modes = {"off": (False,), "on": (True,), "both": (False, True)}
+    ref = None
+    for tma in modes[args.tma]:
+        for ws in modes[args.ws]:
+            compiled.schedules["cuda"] = [replace(s, tma=tma, warp_specialize=ws) for s in base]
+            compiled._modules.clear()
+            launcher = compiled.launcher("cuda")
+            kernels: list = []
             try:
-                sass = ck.asm["sass"]  # disassembled on first access (cuobjdump / nvdisasm)
+                out = launcher(inputs, compiled=kernels)
             except Exception as e:
-                sass = ""
-                print(f"    no SASS: {type(e).__name__}: {e}")
-            flags = [f for f, pat in (("tma", "async_tma_copy"), ("wgmma", "warp_group_dot"),
-                                      ("ws", "warp_specialize")) if pat in ttgir]
-            s = ks.schedule
-            print(f"  {ks.name} tma={tma} {s.tiles} w{s.num_warps} s{s.num_stages}: plan {ms * 1e3:.1f} µs, "
-                  f"ttgir {flags}, regs {getattr(ck, 'n_regs', '?')}, spills {getattr(ck, 'n_spills', '?')}")
-            if sass:
-                print(f"    sass: {summary(sass_counts(sass))}")
-            else:  # no disassembler on the machine: the PTX mix instead
-                print(f"    ptx: {ptx_summary(ptx_counts(ck.asm['ptx']))}")
-            if args.out:
-                Path(args.out).mkdir(parents=True, exist_ok=True)
-                (Path(args.out) / f"{args.op}_{args.L}_{ks.name}_tma{int(tma)}.sass").write_text(sass)
+                print(f"  tma={tma} ws={ws}: failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                continue
+            ref = ref if ref is not None else out  # variants must agree with the first one
+            diff = max(float((out[n].float() - ref[n].float()).abs().max()) for n in out)
+            ms = triton.testing.do_bench(lambda launcher=launcher: launcher(inputs), return_mode="median")
+            print(f"  tma={tma} ws={ws}: {ms * 1e3:.1f} µs, max |diff| to the first variant {diff:.2e}")
+            report(args, launcher, kernels, ms, tma, ws)
     torch.cuda.synchronize()
     return 0
+
+
+def report(args, launcher, kernels, ms, tma, ws) -> None:
+    """Per kernel: TTGIR features, registers, spills and the SASS (or PTX) instruction mix."""
+    for ks, ck in zip(launcher.kernels, kernels):
+        ttgir = ck.asm["ttgir"]
+        try:
+            sass = ck.asm["sass"]  # disassembled on first access (cuobjdump / nvdisasm)
+        except Exception as e:
+            sass = ""
+            print(f"    no SASS: {type(e).__name__}: {e}")
+        flags = [f for f, pat in (("tma", "async_tma_copy"), ("wgmma", "warp_group_dot"),
+                                  ("ws", "warp_specialize")) if pat in ttgir]
+        s = ks.schedule
+        print(f"  {ks.name} tma={tma} {s.tiles} w{s.num_warps} s{s.num_stages}: plan {ms * 1e3:.1f} µs, "
+              f"ttgir {flags}, regs {getattr(ck, 'n_regs', '?')}, spills {getattr(ck, 'n_spills', '?')}")
+        if sass:
+            print(f"    sass: {summary(sass_counts(sass))}")
+        else:  # no disassembler on the machine: the PTX mix instead
+            print(f"    ptx: {ptx_summary(ptx_counts(ck.asm['ptx']))}")
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / f"{args.op}_{args.L}_{ks.name}_tma{int(tma)}_ws{int(ws)}.sass").write_text(sass)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ class KernelSchedule:
     input_precision: str = "ieee"  # for fp32 tl.dot: "ieee" | "tf32" | "tf32x3"
     fast_math: bool = False  # tanh.approx etc. on CUDA
     tma: bool = False  # input tiles through tensor descriptors (Hopper's bulk tensor copies)
+    warp_specialize: bool = False  # unmasked loops as tl.range(..., warp_specialize=True) (CUDA)
     steps: dict[str, int] = field(default_factory=dict)  # axis → rows per program when less than its tile
 
     def with_tiles(self, **tiles: int) -> KernelSchedule:
@@ -43,7 +44,7 @@ class KernelSchedule:
 
     def key(self) -> tuple:
         return (tuple(sorted(self.tiles.items())), self.num_warps, self.num_stages, self.input_precision,
-                self.fast_math, tuple(sorted(self.steps.items())), self.tma)
+                self.fast_math, tuple(sorted(self.steps.items())), self.tma, self.warp_specialize)
 
 
 def kernel_exprs(k: KernelPlan, plan: Plan) -> list[ir.Node]:

@@ -98,12 +98,14 @@ def _median_ms(launcher, inputs: dict, rep_ms: int) -> float:
 def _schedule_from(d: dict) -> KernelSchedule:
     return KernelSchedule(dict(d["tiles"]), d["num_warps"], d["num_stages"], d.get("input_precision", "ieee"),
                           fast_math=d.get("fast_math", False), tma=d.get("tma", False),
+                          warp_specialize=d.get("warp_specialize", False),
                           steps={a: int(n) for a, n in d.get("steps", {}).items()})
 
 
 def _schedule_to(s: KernelSchedule) -> dict:
     return {"tiles": s.tiles, "num_warps": s.num_warps, "num_stages": s.num_stages,
-            "input_precision": s.input_precision, "fast_math": s.fast_math, "steps": s.steps, "tma": s.tma}
+            "input_precision": s.input_precision, "fast_math": s.fast_math, "steps": s.steps, "tma": s.tma,
+            "warp_specialize": s.warp_specialize}
 
 
 def sample_rows(program: ir.Program, limit: int = 2**27, rows: int = 256) -> dict:

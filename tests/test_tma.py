@@ -67,8 +67,22 @@ def test_tuned_schedule_round_trips_through_the_cache_format():
     fn, args = small("gqa_dc", L=16, dtype=torch.float32)
     prog = capture(fn, *args).compile().compiled
     for s in prog._schedules("cuda"):
-        t = replace(s, tma=True, fast_math=True)
+        t = replace(s, tma=True, fast_math=True, warp_specialize=True)
         assert _schedule_from(_schedule_to(t)) == t
+
+
+def test_warp_specialize_marks_only_the_unmasked_cuda_loop():
+    """causal: masked loops before and after the diagonal's interior; only the interior loop is
+    handed to Triton's warp specialisation, and only for CUDA (the interpreter has no warps)."""
+    from neptune_eq.lower.triton import write_module
+
+    fn, args = small("causal_pf", L=37, dtype=torch.float32)
+    prog = capture(fn, *args, name="causal_pf").compile().compiled
+    for target, want in (("cuda", 1), ("interpreter", 0)):
+        scheds = [replace(s, warp_specialize=True) for s in prog._schedules(target)]
+        src, _ = write_module(prog.plan, prog.program, scheds, target, "ws")
+        assert src.count("warp_specialize=True") == want
+        assert src.count("for start_j in range(") == 3 - want
 
 
 def test_tuning_checks_large_programs_on_sampled_rows(monkeypatch):

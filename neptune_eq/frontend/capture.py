@@ -143,12 +143,54 @@ class CompiledFunction:
     compiled: object  # neptune_eq.runtime.CompiledProgram
     # the kernels store straight into outputs of fn's dtypes (no conversion pass afterwards)
     _out_dtypes: dict[str, torch.dtype] = field(init=False, repr=False)
+    # layout key of the arguments (see _layout) → (launcher, BoundCall or None): the fast path
+    _bound: dict = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self._out_dtypes = {o.name: dt for o, dt in zip(self.captured.program.outputs, self.captured.output_dtypes)}
+        self._order = [b.input for b in self.captured.args if b.input is not None]
 
     def __call__(self, *args):
-        return self.captured.outputs(self.compiled.run(self.captured.inputs(*args), self._out_dtypes))
+        layout = self._layout(args)
+        fresh = False
+        if layout is not None:
+            key, ptrs = layout
+            launcher = self.compiled.launcher("cuda")  # replaced when the schedules change
+            hit = self._bound.get(key)
+            if hit is not None and hit[0] is launcher:
+                if hit[1] is not None:
+                    outs = hit[1](ptrs, self.captured.output_shapes)
+                    return tuple(outs) if self.captured.returns_tuple else outs[0]
+            else:
+                fresh = True
+        inputs = self.captured.inputs(*args)
+        result = self.captured.outputs(self.compiled.run(inputs, self._out_dtypes))
+        if fresh:
+            # checked and launched once for this layout: later calls go straight to the kernels
+            # (unless an input had to be copied to reach the program's shape)
+            views = all(inputs[name].data_ptr() == p for name, p in zip(self._order, ptrs))
+            self._bound[key] = (launcher, launcher.bind(inputs, self._order, self._out_dtypes) if views else None)
+        return result
+
+    def _layout(self, args) -> tuple[tuple, list[int]] | None:
+        """(key, input addresses) of a call on CUDA tensors: the key holds everything the checks and
+        the kernels' specialisation depend on (shape, dtype, device, strides, 16-byte alignment of
+        each tensor, the baked-in values); None for anything else (the checked path reports it)."""
+        if len(args) != len(self.captured.args):
+            return None
+        key, ptrs = [], []
+        for b, a in zip(self.captured.args, args):
+            if not b.is_tensor:
+                if isinstance(a, torch.Tensor) or a != b.static:
+                    return None
+                continue
+            if not isinstance(a, torch.Tensor) or not a.is_cuda:
+                return None
+            p = a.data_ptr()
+            key.append((a.shape, a.dtype, a.device, a.stride(), p % 16 == 0))
+            if b.input is not None:
+                ptrs.append(p)
+        return tuple(key), ptrs
 
 
 # ---------------------------------------------------------------- capture

@@ -147,6 +147,64 @@ class Launcher:
         return outs
 
 
+    def bind(self, inputs: dict[str, torch.Tensor], order: list[str], out_dtypes: dict[str, torch.dtype] | None = None
+             ) -> BoundCall | None:
+        """This plan's launches for inputs laid out like `inputs` (same dtypes, strides, 16-byte
+        alignment, CUDA device), with every argument fixed but the addresses of the inputs named in
+        `order` and of the outputs: a later call passes those addresses alone (see BoundCall). The
+        inputs not in `order` (closure constants) are fixed too. None where the kernels were not
+        launched for this layout yet, off CUDA, or with tensor descriptors (checked per call)."""
+        device = next(iter(inputs.values())).device
+        if device.type != "cuda" or self._descriptors:
+            return None
+        slot = {name: k for k, name in enumerate(order)}
+        outs = [(name, shape, (out_dtypes or {}).get(name) or dt) for name, shape, dt in self._out_shapes]
+        # stand-ins laid out as the call's outputs will be (fresh allocations: contiguous, aligned)
+        tensors = {**inputs, **{name: torch.empty(shape, dtype=dt, device=device) for name, shape, dt in outs}}
+        for k, (name, _, _) in enumerate(outs):
+            slot[name] = len(order) + k
+        for name in self.plan.buffers:
+            tensors[name] = self._buffer(device, name)
+        launches = []
+        for ki, (_, names, extents, _, interp_kw, _) in enumerate(self._calls):
+            xs = [tensors[n] for n in names]
+            runner = self._runners.get((ki, device.index, *((x.dtype, x.data_ptr() % 16 == 0, x.stride()) for x in xs)))
+            if runner is None:
+                return None
+            argv, slots = [], []
+            for n, x in zip(names, xs):
+                if n in slot:
+                    slots.append((len(argv), slot[n]))
+                argv.append(None if n in slot else x.data_ptr())
+                argv.extend(x.stride())
+            argv.extend(extents)
+            argv.extend(interp_kw.values())
+            launches.append((runner, argv, tuple(slots)))
+        keep = [t for n, t in tensors.items() if n not in slot]  # fixed addresses stay alive
+        return BoundCall(launches, [(dt, device) for _, _, dt in outs], keep)
+
+
+class BoundCall:
+    """A Launcher's launches for one input layout, every argument fixed but the tensors'
+    addresses (Triton takes a pointer argument as an int). Calling it allocates the outputs in the
+    given shapes (the element counts of the program's outputs; stored contiguously) and launches
+    the compiled kernels directly: no input dicts, reshapes, checks or specialisation keys, which
+    a decode step, tens of microseconds of GPU work, would otherwise wait on."""
+
+    def __init__(self, launches: list, outs: list[tuple[torch.dtype, torch.device]], keep: list):
+        self.launches, self.outs, self._keep = launches, outs, keep
+
+    def __call__(self, ptrs: list[int], out_shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        outs = [torch.empty(shape, dtype=dt, device=dev) for shape, (dt, dev) in zip(out_shapes, self.outs)]
+        addr = [*ptrs, *(o.data_ptr() for o in outs)]
+        for runner, argv, slots in self.launches:
+            args = list(argv)
+            for pos, k in slots:
+                args[pos] = addr[k]
+            runner(*args)
+        return outs
+
+
 def descriptor_ok(t: torch.Tensor, dims: tuple[int, ...]) -> bool:
     """Can tiles of `t` spanning `dims` (the last one innermost) be read through a tensor
     descriptor? Its start, and every stride but the innermost (which must be 1), must be multiples

@@ -704,7 +704,11 @@ class _PassWriter:
         del w.starts[self.axis]
         w.tail_masks.pop(self.axis, None)
         w.lines, w.depth = outer_lines, outer_depth
-        w.emit(f"for start_{j} in range({lo}, {hi}, BLOCK_{j}):")
+        if w.sched.warp_specialize and not masked and w.target == "cuda":
+            # Triton splits the loop's loads, MMAs and softmax across warp groups (Hopper, Blackwell)
+            w.emit(f"for start_{j} in tl.range({lo}, {hi}, BLOCK_{j}, warp_specialize=True):")
+        else:
+            w.emit(f"for start_{j} in range({lo}, {hi}, BLOCK_{j}):")
         w.lines.extend(body)
 
     def tile_update(self, valid: Val | None, masked: bool) -> None:

@@ -1,0 +1,74 @@
+"""Where a call's host time goes: per-call host time of the compiled function (fast path, and the
+checked path it takes on a new layout) beside SDPA, and a cProfile of the fast path.
+
+    python bench/host_profile.py gqa_dc 32768
+
+Host time is measured with calls issued back to back (the GPU only shows when it is the slower
+side); the profile lists the Python functions by their own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+from cases import Case  # noqa: E402
+from peers import PEERS  # noqa: E402
+
+
+def host_us(thunk, calls: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        thunk()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return dt / calls * 1e6
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("op")
+    ap.add_argument("L", type=int)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--top", type=int, default=20)
+    args = ap.parse_args(argv)
+    from neptune_eq.frontend import capture
+
+    case = Case(args.op, args.L)
+    q, k, v = case.inputs("cuda")
+    fn = capture(case.fn, q, k, v).compile()
+    fn(q, k, v)  # compiles, checks and binds this layout
+    checked = fn.compiled.run
+    captured = fn.captured
+    rows = {
+        "neptune_eq (bound)": lambda: fn(q, k, v),
+        "neptune_eq (checked path)": lambda: captured.outputs(checked(captured.inputs(q, k, v), fn._out_dtypes)),
+    }
+    for name in ("sdpa",):
+        thunk, _ = PEERS[name](case, q, k, v)
+        if thunk is not None:
+            rows[name] = thunk
+    for name, thunk in rows.items():
+        thunk()
+        print(f"{case.label} {name}: host {host_us(thunk, args.calls):.1f} µs/call")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(args.calls):
+        fn(q, k, v)
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

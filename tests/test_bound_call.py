@@ -1,0 +1,81 @@
+"""The launch fast path: a compiled function binds its kernels' launches to an argument layout on
+the first call and later calls with that layout pass only addresses. BoundCall's argument
+assembly is checked on the CPU with stand-in runners; the path itself needs CUDA (skipped here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from neptune_eq.frontend import CaptureError, capture
+from neptune_eq.lower.launch import BoundCall
+from neptune_eq.verify import rel_err
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import neptune_ops
+
+
+def test_bound_call_fills_addresses_and_allocates_outputs():
+    seen = []
+    a = torch.zeros(3)
+
+    def runner(*args):
+        seen.append(args)
+
+    # kernel 0 reads input 0 and writes output 0; kernel 1 reads input 1, a fixed buffer, output 0
+    launches = [(runner, [None, 1, None, 1, 7, "c"], ((0, 0), (2, 2))),
+                (runner, [None, 4, 999, 1, None, 1], ((0, 1), (4, 2)))]
+    call = BoundCall(launches, [(torch.float16, torch.device("cpu"))], keep=[a])
+    outs = call([111, 222], [(2, 3)])
+    assert len(outs) == 1 and outs[0].shape == (2, 3) and outs[0].dtype == torch.float16
+    o = outs[0].data_ptr()
+    assert seen == [(111, 1, o, 1, 7, "c"), (222, 4, 999, 1, o, 1)]
+    assert launches[0][1][0] is None  # the template is not modified
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU kernels need the interpreter, off on a GPU machine")
+def test_cpu_calls_take_the_checked_path():
+    q, k, v = neptune_ops.example_inputs("gqa_dc", 64, head_dim=16, heads=(4, 2))
+    fn = capture(neptune_ops.gqa_dc, q, k, v).compile()
+    fn(q, k, v)
+    assert fn._bound == {}
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the launch fast path runs on CUDA")
+
+
+@cuda
+@pytest.mark.parametrize("op", ["gqa_dc", "causal_pf"])
+def test_bound_calls_match_float64(op):
+    """Decode GQA reshapes q to the program's shape (the bound call must address the same memory);
+    fresh inputs of the same layout go through the bound launches and must still be right."""
+    shape = dict(head_dim=64, heads=(8, 2), dtype=torch.float16, device="cuda")
+    q, k, v = neptune_ops.example_inputs(op, 256, **shape)
+    fn = capture(getattr(neptune_ops, op), q, k, v).compile()
+    fn(q, k, v)
+    (_, bound), = fn._bound.values()
+    assert bound is not None
+    for seed in (1, 2):
+        q2, k2, v2 = neptune_ops.example_inputs(op, 256, seed=seed, **shape)
+        out = fn(q2, k2, v2)
+        assert len(fn._bound) == 1
+        ref = fn.captured.reference(q2.double().cpu(), k2.double().cpu(), v2.double().cpu())
+        assert rel_err(out.double().cpu(), ref)[0] < 2e-3
+
+
+@cuda
+def test_new_layouts_bind_again_and_wrong_shapes_still_fail():
+    shape = dict(head_dim=64, heads=(8, 2), dtype=torch.float16, device="cuda")
+    q, k, v = neptune_ops.example_inputs("gqa_dc", 256, **shape)
+    fn = capture(neptune_ops.gqa_dc, q, k, v).compile()
+    fn(q, k, v)
+    # the same values with k stored transposed: other strides, another binding, the same result
+    kt = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+    torch.testing.assert_close(fn(q, kt, v), fn(q, k, v))
+    torch.testing.assert_close(fn(q, kt, v), fn(q, k, v))
+    assert len(fn._bound) == 2
+    with pytest.raises(CaptureError, match="shape"):
+        fn(q, k[:, :, :128], v)
