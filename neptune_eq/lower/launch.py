@@ -134,8 +134,7 @@ class Launcher:
             # Triton specialises a kernel on its constexprs (here strides and extents) and on each
             # pointer's dtype and 16-byte alignment; a kernel compiled for the same key is launched
             # directly, without the JIT's per-call argument binding (tens of µs on a slow host)
-            key = (ki, device.index, *((x.dtype, x.data_ptr() % 16 == 0, x.stride()) for x in
-                                        (tensors[n] for n in names)))
+            key = _spec_key(ki, device, [tensors[n] for n in names])
             runner = self._runners.get(key)
             if runner is None or compiled is not None:
                 ck = fn[grid](*args, **cuda_kw)
@@ -145,7 +144,6 @@ class Launcher:
             else:
                 runner(*args, *interp_kw.values())
         return outs
-
 
     def bind(self, inputs: dict[str, torch.Tensor], order: list[str], out_dtypes: dict[str, torch.dtype] | None = None
              ) -> BoundCall | None:
@@ -168,7 +166,7 @@ class Launcher:
         launches = []
         for ki, (_, names, extents, _, interp_kw, _) in enumerate(self._calls):
             xs = [tensors[n] for n in names]
-            runner = self._runners.get((ki, device.index, *((x.dtype, x.data_ptr() % 16 == 0, x.stride()) for x in xs)))
+            runner = self._runners.get(_spec_key(ki, device, xs))
             if runner is None:
                 return None
             argv, slots = [], []
@@ -203,6 +201,12 @@ class BoundCall:
                 args[pos] = addr[k]
             runner(*args)
         return outs
+
+
+def _spec_key(ki: int, device: torch.device, tensors: list[torch.Tensor]) -> tuple:
+    """What Triton specialises kernel `ki` on, besides its constexprs: each pointer's dtype and
+    16-byte alignment (and, our strides being constexprs, each tensor's strides)."""
+    return (ki, device.index, *((x.dtype, x.data_ptr() % 16 == 0, x.stride()) for x in tensors))
 
 
 def descriptor_ok(t: torch.Tensor, dims: tuple[int, ...]) -> bool:
