@@ -77,6 +77,8 @@ class Launcher:
             extents = [program.axes[a] for a in ks.extents]
             consts = dict(ks.constexprs)
             opts = {"num_warps": ks.schedule.num_warps, "num_stages": ks.schedule.num_stages}
+            if ks.pdl:
+                opts["launch_pdl"] = True
             self._calls.append((getattr(module, ks.name), [t.name for t in ks.tensors], extents, (n_prog,),
                                 consts, {**consts, **opts}))
 

@@ -10,7 +10,7 @@ broadcast by axis name; a sum over an axis of a product whose factors split into
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import ir
 from ..masks import affine, conjunction
@@ -55,6 +55,11 @@ class KernelSource:
     schedule: KernelSchedule
     # tensors read through tensor descriptors → the dimensions (index positions) each descriptor spans
     descriptors: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    buffers_read: frozenset[str] = frozenset()  # intermediate buffers an earlier kernel wrote
+    buffers_written: frozenset[str] = frozenset()
+    # launched as a programmatic dependent launch (CUDA): starts while the kernel before it drains
+    # and waits (gdc_wait) for that kernel's results before its first instruction
+    pdl: bool = False
 
 
 def _int_const(n: ir.Node) -> int | None:
@@ -103,6 +108,8 @@ class KernelWriter:
         self.row_masks: dict[str, str] = {}  # axis → its validity mask when the tile is padded past its step
         self.starts: dict[str, str] = {}  # axis → first index of its offsets vector (offs = start + arange)
         self.descriptors: dict[str, tuple[int, ...]] = {}  # tensor → dimensions its descriptor spans
+        self.buffers_read: set[str] = set()
+        self.buffers_written: set[str] = set()
         order = [a for a in kernel.grid if self.tiles.get(a, 1) > 1]
         loop_axes = list(dict.fromkeys(p.axis for p in kernel.passes()))
         self.canon = order + [a for a in loop_axes if a not in order] + sorted(self.inner - set(order) - set(loop_axes))
@@ -352,6 +359,8 @@ class KernelWriter:
             return v
         dtype = (self.program.inputs[n.tensor].dtype if n.tensor in self.program.inputs
                  else self.plan.buffers[n.tensor].dtype)
+        if n.tensor in self.plan.buffers:
+            self.buffers_read.add(n.tensor)
         tma = self.descriptor_load(n) if self.sched.tma else None
         if tma is not None:
             code, dims = tma
@@ -423,6 +432,8 @@ class KernelWriter:
 
     def store(self, st: StorePlan) -> None:
         is_buffer = st.target in self.plan.buffers
+        if is_buffer:
+            self.buffers_written.add(st.target)
         spec_axes = st.axes
         dtype = st.dtype if not is_buffer else self.plan.buffers[st.target].dtype
         self.tensor(st.target, spec_axes, dtype, "buffer" if is_buffer else "output")
@@ -927,7 +938,45 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     header = f"@triton.jit\ndef {fn_name}({', '.join(params)}):\n"
     src = header + "\n".join(w.lines) + "\n"
     return KernelSource(fn_name, src, list(w.tensors.values()), list(w.extents),
-                        [(a, sched.step(a)) for a, _ in grid], k.chunks, consts, sched, dict(w.descriptors))
+                        [(a, sched.step(a)) for a, _ in grid], k.chunks, consts, sched, dict(w.descriptors),
+                        frozenset(w.buffers_read), frozenset(w.buffers_written))
+
+
+def _dependent_launches(kernels: list[KernelSource]) -> list[KernelSource]:
+    """A kernel that reads what the kernel just before it wrote (split-K's combine reading the chunk
+    states) is launched as a programmatic dependent launch: its programs are scheduled while the
+    writer's last programs finish, and its first instruction, gdc_wait, waits for the writer to
+    complete and its stores to be visible. The writer signals early (gdc_launch_dependents at its
+    start: every one of its programs is then already running, so the waiting ones take no place it
+    needs). A decode step saves the launch gap between its two kernels."""
+    out = list(kernels)
+    for i in range(1, len(out)):
+        prev, ks = out[i - 1], out[i]
+        if not ks.buffers_read & prev.buffers_written:
+            continue
+        out[i - 1] = replace(prev, source=_first_line(prev.source, "tl.extra.cuda.gdc_launch_dependents()"))
+        out[i] = replace(ks, source=_first_line(ks.source, "tl.extra.cuda.gdc_wait()"), pdl=True)
+    return out
+
+
+def pdl_supported() -> bool:
+    """Does this Triton launch kernels as programmatic dependent launches (launch_pdl) and have
+    the grid-dependency intrinsics?"""
+    try:
+        import dataclasses
+
+        import triton.language.extra.cuda as cuda
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    names = {f.name for f in dataclasses.fields(CUDAOptions)}
+    return "launch_pdl" in names and hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
+
+
+def _first_line(source: str, line: str) -> str:
+    """`source` (one @triton.jit function) with `line` as the first statement of its body."""
+    head, body = source.split("):\n", 1)
+    return f"{head}):\n    {line}\n{body}"
 
 
 PRELUDE = '''import triton
@@ -959,6 +1008,8 @@ def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule
                  prefix: str) -> tuple[str, list[KernelSource]]:
     kernels = [write_kernel(plan, k, program, s, target, f"{prefix}_{k.name}")
                for k, s in zip(plan.kernels, schedules)]
+    if target == "cuda" and pdl_supported():
+        kernels = _dependent_launches(kernels)
     fast = target == "cuda" and any(s.fast_math for s in schedules)
     src = PRELUDE + (TANH_CUDA if fast else TANH_PORTABLE)
     for ks in kernels:
