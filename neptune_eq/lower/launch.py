@@ -70,14 +70,17 @@ class Launcher:
         self._out_shapes = [(o.name, self.program.output_shape(o), _TORCH_DTYPES[o.dtype or "float32"])
                             for o in program.outputs]
         self._calls = []
+        pdl = any(ks.pdl for ks in kernels) and _has_grid_dependency_control()
         for ks in kernels:
             n_prog = ks.chunks
             for a, step in ks.grid:
                 n_prog *= math.ceil(program.axes[a] / step)
             extents = [program.axes[a] for a in ks.extents]
             consts = dict(ks.constexprs)
+            if "USE_PDL" in consts:  # see lower/triton.py: _dependent_launches
+                consts["USE_PDL"] = pdl
             opts = {"num_warps": ks.schedule.num_warps, "num_stages": ks.schedule.num_stages}
-            if ks.pdl:
+            if ks.pdl and pdl:
                 opts["launch_pdl"] = True
             self._calls.append((getattr(module, ks.name), [t.name for t in ks.tensors], extents, (n_prog,),
                                 consts, {**consts, **opts}))
@@ -203,6 +206,11 @@ class BoundCall:
                 args[pos] = addr[k]
             runner(*args)
         return outs
+
+
+def _has_grid_dependency_control() -> bool:
+    """Programmatic dependent launch needs compute capability 9.0 or later (Hopper)."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
 
 def _spec_key(ki: int, device: torch.device, tensors: list[torch.Tensor]) -> tuple:

@@ -948,14 +948,16 @@ def _dependent_launches(kernels: list[KernelSource]) -> list[KernelSource]:
     writer's last programs finish, and its first instruction, gdc_wait, waits for the writer to
     complete and its stores to be visible. The writer signals early (gdc_launch_dependents at its
     start: every one of its programs is then already running, so the waiting ones take no place it
-    needs). A decode step saves the launch gap between its two kernels."""
+    needs). A decode step saves the launch gap between its two kernels. Both calls sit under the
+    constexpr USE_PDL, which the launcher sets where the GPU has grid dependency control (Hopper
+    and later; elsewhere the kernels compile without them and launch plainly)."""
     out = list(kernels)
     for i in range(1, len(out)):
         prev, ks = out[i - 1], out[i]
         if not ks.buffers_read & prev.buffers_written:
             continue
-        out[i - 1] = replace(prev, source=_first_line(prev.source, "tl.extra.cuda.gdc_launch_dependents()"))
-        out[i] = replace(ks, source=_first_line(ks.source, "tl.extra.cuda.gdc_wait()"), pdl=True)
+        out[i - 1] = _with_first_line(prev, "tl.extra.cuda.gdc_launch_dependents()")
+        out[i] = replace(_with_first_line(ks, "tl.extra.cuda.gdc_wait()"), pdl=True)
     return out
 
 
@@ -973,10 +975,13 @@ def pdl_supported() -> bool:
     return "launch_pdl" in names and hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
 
 
-def _first_line(source: str, line: str) -> str:
-    """`source` (one @triton.jit function) with `line` as the first statement of its body."""
-    head, body = source.split("):\n", 1)
-    return f"{head}):\n    {line}\n{body}"
+def _with_first_line(ks: KernelSource, line: str) -> KernelSource:
+    """`ks` with `if USE_PDL: line` as the first statement of its body (and USE_PDL a parameter)."""
+    head, body = ks.source.split("):\n", 1)
+    if "USE_PDL" not in ks.constexprs:
+        head += ", USE_PDL: tl.constexpr"
+    return replace(ks, source=f"{head}):\n    if USE_PDL:\n        {line}\n{body}",
+                   constexprs={**ks.constexprs, "USE_PDL": True})
 
 
 PRELUDE = '''import triton
