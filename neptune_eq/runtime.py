@@ -162,8 +162,6 @@ def with_user_rules(options: Options, rules) -> Options:
     """`options` with the user `rules` (checked for soundness first: rules/user.py) added."""
     if not rules:
         return options
-    from dataclasses import replace
-
     from .rules.user import user_rules
 
     return replace(options, rules=(*options.rules, *user_rules(rules)))

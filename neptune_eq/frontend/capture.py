@@ -145,6 +145,7 @@ class CompiledFunction:
     _out_dtypes: dict[str, torch.dtype] = field(init=False, repr=False)
     # layout key of the arguments (see _layout) → (launcher, BoundCall or None): the fast path
     _bound: dict = field(init=False, repr=False, default_factory=dict)
+    _order: list[str] = field(init=False, repr=False)  # program inputs in argument order
 
     def __post_init__(self) -> None:
         self._out_dtypes = {o.name: dt for o, dt in zip(self.captured.program.outputs, self.captured.output_dtypes)}

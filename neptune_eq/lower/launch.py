@@ -127,12 +127,7 @@ class Launcher:
         if not cuda:
             require_interpreter()
         for ki, (fn, names, extents, grid, interp_kw, cuda_kw) in enumerate(self._calls):
-            args = []
-            for n in names:
-                x = tensors[n]
-                args.append(x)
-                args.extend(x.stride())
-            args.extend(extents)
+            args, _ = _launch_args([tensors[n] for n in names], extents)
             if not cuda:
                 fn[grid](*args, **interp_kw)  # the interpreter takes no num_warps / num_stages
                 continue
@@ -174,15 +169,11 @@ class Launcher:
             runner = self._runners.get(_spec_key(ki, device, xs))
             if runner is None:
                 return None
-            argv, slots = [], []
-            for n, x in zip(names, xs):
-                if n in slot:
-                    slots.append((len(argv), slot[n]))
-                argv.append(None if n in slot else x.data_ptr())
-                argv.extend(x.stride())
-            argv.extend(extents)
-            argv.extend(interp_kw.values())
-            launches.append((runner, argv, tuple(slots)))
+            argv, at = _launch_args(xs, extents)
+            slots = tuple((pos, slot[n]) for pos, n in zip(at, names) if n in slot)
+            for pos, n, x in zip(at, names, xs):
+                argv[pos] = None if n in slot else x.data_ptr()  # the call's own addresses go in the slots
+            launches.append((runner, [*argv, *interp_kw.values()], slots))
         keep = [t for n, t in tensors.items() if n not in slot]  # fixed addresses stay alive
         return BoundCall(launches, [(dt, device) for _, _, dt in outs], keep)
 
@@ -206,6 +197,18 @@ class BoundCall:
                 args[pos] = addr[k]
             runner(*args)
         return outs
+
+
+def _launch_args(tensors: list[torch.Tensor], extents: list[int]) -> tuple[list, list[int]]:
+    """A generated kernel's positional arguments (each tensor then its strides, then the extents)
+    and the position of each tensor among them."""
+    args, at = [], []
+    for x in tensors:
+        at.append(len(args))
+        args.append(x)
+        args.extend(x.stride())
+    args.extend(extents)
+    return args, at
 
 
 def _has_grid_dependency_control() -> bool:
