@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from neptune_eq.rules.fusion import Binding, LoopCandidate, direct_bindings
 
 from neptune_eq import ir
+from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 
 
@@ -46,6 +47,14 @@ class PlanSpace:
     @property
     def by_name(self) -> dict[str, Binding]:
         return {b.name: b for b in self.bindings}
+
+    def integer_bindings(self) -> set[str]:
+        """Reductions whose values are integers computed exactly (neptune_eq.numeric)."""
+        key = "integer_bindings"
+        if key not in self._cache:
+            leaf = input_leaf(self.program)
+            self._cache[key] = {b.name for b in self.bindings if integral(b.node, leaf)}
+        return self._cache[key]
 
     def inlinable(self) -> set[str]:
         """Reductions over small axes used only inside bodies of reductions over other axes."""
@@ -149,6 +158,7 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
         return None
     passes: list[tuple[Pass, LoopCandidate, int]] = []
     derivation: list[str] = []
+    ints = space.integer_bindings()
     for k in order:
         idx, lp = cover[k]
         comps = []
@@ -156,11 +166,14 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
             b = c.binding
             corr = space.terms.comp_corr(lp, ci) if c.producers else None
             guard = any(by_name[p].op in ("max", "min") for p in c.producers)
+            core = space.terms.comp_core(lp, ci)
+            if b.name in ints and (c.producers or not integral(core, input_leaf(program, int_syms=ints))):
+                return None  # an integer reduction is computed exactly and unfused, or not at all
             comps.append(CompPlan(
                 name=b.name, op=b.op, free=b.free, mask=space.terms.comp_mask(lp, ci),
-                core=space.terms.comp_core(lp, ci), producers=c.producers, corr=corr,
+                core=core, producers=c.producers, corr=corr,
                 dist=c.chosen.dist if c.chosen else None, guard=guard,
-                annihilator=c.chosen.annihilator if c.chosen else 0.0,
+                annihilator=c.chosen.annihilator if c.chosen else 0.0, integer=b.name in ints,
             ))
         ps = Pass(lp.axis, comps, split=splits[k], rules=tuple(a.rule for a in lp.applications))
         passes.append((ps, lp, idx))
@@ -225,10 +238,12 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
             k.epilogue.append(store)
     # ---- buffers between kernels
     buffers: dict[str, BufferSpec] = {}
+    floats = compute_dtype(program)
     for k in kernels:
         if k.chunks > 1:
             for st in k.epilogue:
-                buffers[st.target] = BufferSpec(st.target, st.axes)
+                name = st.target.removeprefix("part_")
+                buffers[st.target] = BufferSpec(st.target, st.axes, "int64" if name in ints else floats)
     computed = {ki: {c.name for ph in k.phases for c in (ph.source.comps if isinstance(ph, Combine) else ph.comps)}
                 for ki, k in enumerate(kernels)}
     for ki, k in enumerate(kernels):
@@ -242,7 +257,7 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
             b = by_name[name]
             buf = f"buf_{name}"
             if buf not in buffers:
-                buffers[buf] = BufferSpec(buf, b.free)
+                buffers[buf] = BufferSpec(buf, b.free, "int64" if name in ints else floats)
                 kernels[src].epilogue.append(StorePlan(buf, b.free, ir.Sym(f"fin:{name}", b.free)))
             _replace_syms(k, name, ir.Load(buf, tuple(ir.Index(a) for a in b.free)))
     inline_terms = {name: space.terms.inline_term(by_name[name]) for name in inline}

@@ -109,6 +109,14 @@ class Expr:
     def __ge__(self, o):
         return self._bin("ge", o)
 
+    def __eq__(self, o):  # elementwise, like torch and numpy (a Python bool here would build a wrong program)
+        return self._bin("eq", o)
+
+    def __ne__(self, o):
+        return self._bin("ne", o)
+
+    __hash__ = object.__hash__  # identity: an Expr stays usable as a dict key
+
     def __and__(self, o):
         return self._bin("and", o)
 

@@ -1,7 +1,8 @@
 """Composite operations written from primitives (no special IR nodes).
 
 Masked rows: softmax over a row whose entries are all -inf returns 0 (like torch's safe softmax
-used by SDPA and like FlexAttention), and logsumexp of such a row is -inf. The guards are part
+used by SDPA and like FlexAttention), and logsumexp of such a row is -inf; a row holding +inf has
+logsumexp +inf (torch.logsumexp), a row holding NaN gives NaN (max and min propagate NaN). The guards are part
 of the programs below, so the float64 reference and the generated kernels agree on them.
 """
 
@@ -22,13 +23,20 @@ def softmax(x: Expr, axis) -> Expr:
     return where(eq(l, 0.0), 0.0, p / l)
 
 
-def logsumexp(x: Expr, axis) -> Expr:
+def _shifted_lse(x: Expr, axis) -> Expr:
+    """m + log Σ exp(x − m): NaN for a row holding +inf (x − m = inf − inf), -inf for an all -inf row."""
     m = safe_max(x, axis)
     return m + log(sum(exp(x - m), axis))
 
 
+def logsumexp(x: Expr, axis) -> Expr:
+    """log Σ exp(x); a row holding +inf gives +inf (and one holding NaN, NaN), like torch.logsumexp."""
+    return where(eq(max(x, axis), inf), inf, _shifted_lse(x, axis))
+
+
 def log_softmax(x: Expr, axis) -> Expr:
-    return x - logsumexp(x, axis)
+    """x − log Σ exp(x); a row holding +inf is NaN throughout, like torch.log_softmax."""
+    return x - _shifted_lse(x, axis)
 
 
 def attention(q: Expr, k: Expr, v: Expr, *, key_axis, dim_axis, scale: float, mask: Expr | None = None,

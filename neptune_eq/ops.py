@@ -78,10 +78,10 @@ OPS: dict[str, Op] = {
         Op("sqrt", 1, _np_guard(np.sqrt), "tl.sqrt({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("rsqrt", 1, _np_rsqrt, "tl.rsqrt({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("abs", 1, _np_guard(np.abs), "tl.abs({0})"),
-        Op("max2", 2, _np_guard(np.maximum), "tl.maximum({0}, {1})", commutative=True, associative=True,
-           identity=-INF),
-        Op("min2", 2, _np_guard(np.minimum), "tl.minimum({0}, {1})", commutative=True, associative=True,
-           identity=INF),
+        Op("max2", 2, _np_guard(np.maximum), "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+           commutative=True, associative=True, identity=-INF),
+        Op("min2", 2, _np_guard(np.minimum), "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+           commutative=True, associative=True, identity=INF),
         Op("where", 3, _np_guard(np.where), "tl.where({0}, {1}, {2})", unit="cmp"),
         Op("lt", 2, _np_guard(np.less), "({0} < {1})", unit="cmp", infix="<", predicate=True),
         Op("le", 2, _np_guard(np.less_equal), "({0} <= {1})", unit="cmp", infix="<=", predicate=True),
@@ -115,15 +115,17 @@ class Monoid:
     name: str
     combine: str  # the binary Op of the monoid
     identity: float
-    triton_reduce: str  # tl.sum / tl.max / tl.min
+    triton_reduce: str  # format string over (block, axis); max/min propagate NaN like torch's amax/amin
     dist: tuple[tuple[str, str, str, float], ...] = field(default_factory=tuple)
     # each: (⊗', ⊘, side condition on h: "any" | "nonneg", annihilator of ⊗')
 
 
 MONOIDS: dict[str, Monoid] = {
-    "sum": Monoid("sum", "add", 0.0, "tl.sum", dist=(("mul", "div", "any", 0.0),)),
-    "max": Monoid("max", "max2", -INF, "tl.max", dist=(("add", "sub", "any", -INF), ("mul", "div", "nonneg", 0.0))),
-    "min": Monoid("min", "min2", INF, "tl.min", dist=(("add", "sub", "any", INF), ("mul", "div", "nonneg", 0.0))),
+    "sum": Monoid("sum", "add", 0.0, "tl.sum({0}, axis={1})", dist=(("mul", "div", "any", 0.0),)),
+    "max": Monoid("max", "max2", -INF, "tl.reduce({0}, {1}, _nan_max)",
+                  dist=(("add", "sub", "any", -INF), ("mul", "div", "nonneg", 0.0))),
+    "min": Monoid("min", "min2", INF, "tl.reduce({0}, {1}, _nan_min)",
+                  dist=(("add", "sub", "any", INF), ("mul", "div", "nonneg", 0.0))),
 }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import ir
+from .numeric import INT_IDENTITY
 from .ops import MONOIDS, OPS
 
 
@@ -35,10 +36,11 @@ class CompPlan:
     dist: str | None = None  # the op applying corr: "mul" (sum) or "add" (max/min)
     guard: bool = False  # corr is replaced by the annihilator while a max/min producer is still its identity
     annihilator: float = 0.0
+    integer: bool = False  # an integer reduction: exact, accumulated in int64 (neptune_eq.numeric)
 
     @property
-    def identity(self) -> float:
-        return MONOIDS[self.op].identity
+    def identity(self) -> float | int:
+        return INT_IDENTITY[self.op] if self.integer else MONOIDS[self.op].identity
 
 
 @dataclass

@@ -11,6 +11,7 @@ shares the other tensors' loads, like queries sharing keys); otherwise it is a b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from . import ir
@@ -36,6 +37,9 @@ class KernelSchedule:
     # on an H100 with triton 3.6 it measured 2-4 % slower for attention, and NaN with 4 warps
     warp_specialize: bool = False
     steps: dict[str, int] = field(default_factory=dict)  # axis → rows per program when less than its tile
+    # element offsets in 64 bits: a tensor spans more than 2^31 elements (its extents, or the strides
+    # of a view); int32 offsets would wrap (see wide_index_needed)
+    wide_index: bool = False
 
     def with_tiles(self, **tiles: int) -> KernelSchedule:
         return replace(self, tiles={**self.tiles, **tiles})
@@ -46,7 +50,7 @@ class KernelSchedule:
 
     def key(self) -> tuple:
         return (tuple(sorted(self.tiles.items())), self.num_warps, self.num_stages, self.input_precision,
-                self.fast_math, tuple(sorted(self.steps.items())), self.tma, self.warp_specialize)
+                self.fast_math, tuple(sorted(self.steps.items())), self.tma, self.warp_specialize, self.wide_index)
 
 
 def kernel_exprs(k: KernelPlan, plan: Plan) -> list[ir.Node]:
@@ -157,12 +161,26 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     return KernelSchedule(tiles, num_warps=warps, num_stages=3 if has_dot else 2, steps=steps)
 
 
+INT32_MAX = 2**31 - 1
+
+
+def wide_index_needed(program: ir.Program, plan: Plan) -> bool:
+    """Do contiguous tensors of this program's extents need 64-bit element offsets (or loop
+    counters: the last tile of an axis near 2^31 steps past int32)? Strided views are checked again
+    at launch (lower/launch.py)."""
+    sizes = [math.prod(program.axes[a] for a in t.axes) for t in program.inputs.values()]
+    sizes += [math.prod(program.axes[a] for a in o.axes) for o in program.outputs]
+    sizes += [math.prod(program.axes.get(a, 64) for a in b.axes) for b in plan.buffers.values()]
+    return max(sizes, default=0) > INT32_MAX or max(program.axes.values(), default=0) + 1024 > INT32_MAX
+
+
 def plan_schedules(plan: Plan, program: ir.Program) -> list[KernelSchedule]:
     """Default schedules for every kernel of a plan. A split-K combine kernel tiles its grid like the
     partial kernel whose states it folds (it has no loads of its own to infer row axes from)."""
     out: list[KernelSchedule] = []
+    wide = wide_index_needed(program, plan)
     for k in plan.kernels:
-        s = default_schedule(k, program, plan)
+        s = replace(default_schedule(k, program, plan), wide_index=wide)
         if out and any(isinstance(ph, Combine) for ph in k.phases):
             prev = out[-1]
             s = replace(s.with_tiles(**{a: prev.tiles[a] for a in k.grid if a in prev.tiles}),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import ir
 from ..masks import affine, conjunction
+from ..numeric import INT_IDENTITY, compute_dtype, index_within
 from ..ops import MONOIDS, OPS
 from ..plan import Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 from ..schedule import KernelSchedule, inner_axes
@@ -63,9 +64,34 @@ class KernelSource:
 
 
 def _int_const(n: ir.Node) -> int | None:
-    if isinstance(n, ir.Const) and math.isfinite(n.value) and float(n.value).is_integer() and abs(n.value) < 2**31:
+    if isinstance(n, ir.Const) and math.isfinite(n.value) and float(n.value).is_integer() and abs(n.value) < 2**63:
         return int(n.value)
     return None
+
+
+_LITERALS = {"NAN": math.nan, "POS_INF": math.inf, "NEG_INF": -math.inf, "True": 1.0, "False": 0.0}
+
+
+def _literal(code: str) -> float | None:
+    """The value of `code` where it is a number written into the source (not a tensor), else None."""
+    if code in _LITERALS:
+        return _LITERALS[code]
+    try:
+        return float(code)
+    except ValueError:
+        return None
+
+
+def _folded(n: ir.Call) -> ir.Const:
+    """A call on constants, evaluated at code generation (float64, like the reference)."""
+    import numpy as np
+
+    return ir.Const(float(np.asarray(OPS[n.op].numpy(*(np.float64(a.value) for a in n.args)), dtype=float)))
+
+
+def _fmt_num(v: float | int) -> str:
+    """A float literal, or an integer one for integer values (int64 identities)."""
+    return str(v) if isinstance(v, int) else _fmt_float(v)
 
 
 def _fmt_float(v: float) -> str:
@@ -94,6 +120,8 @@ class KernelWriter:
     def __init__(self, plan: Plan, kernel: KernelPlan, program: ir.Program, schedule: KernelSchedule,
                  target: str):
         self.plan, self.k, self.program, self.sched, self.target = plan, kernel, program, schedule, target
+        self.floats = compute_dtype(program)  # the precision of "f" values
+        self.fdt = _TL_DTYPE[self.floats]
         self.lines: list[str] = []
         self.depth = 1
         self.scopes: list[_Scope] = [_Scope()]
@@ -186,11 +214,21 @@ class KernelWriter:
         return [self.arrange(v, dims) for v in vals], dims
 
     def f32(self, v: Val) -> Val:
+        """v as a float of the kernel's compute precision (float32, or float64 for float64 programs)."""
         if v.kind == "f":
             return v
         if v.kind in ("i", "b"):
-            return Val(f"({v.code}).to(tl.float32)", v.dims, "f")
-        return Val(f"{v.code}.to(tl.float32)", v.dims, "f")
+            return Val(f"({v.code}).to({self.fdt})", v.dims, "f")
+        return Val(f"{v.code}.to({self.fdt})", v.dims, "f")
+
+    def as_bool(self, v: Val) -> Val:
+        """v as a predicate (a mask or condition that came out of the algebra as a number: ≠ 0)."""
+        if v.kind == "b":
+            return v
+        lit = None if v.dims else _literal(v.code)
+        if lit is not None:
+            return Val("True" if lit != 0 else "False", (), "b")
+        return self.bind(f"({v.code} != 0)", v.dims, "b", "m")
 
     def bind(self, code: str, dims, kind: str, stem: str = "t") -> Val:
         name = self.tmp(stem)
@@ -220,8 +258,7 @@ class KernelWriter:
 
     def _value(self, n: ir.Node) -> Val:
         if isinstance(n, ir.Const):
-            kind = "i" if float(n.value).is_integer() and abs(n.value) < 2**31 and False else "f"
-            return Val(_fmt_float(n.value), (), kind)
+            return Val(_fmt_float(n.value), (), "f")
         if isinstance(n, ir.Index):
             if n.axis in self.vector:
                 return Val(self.vector[n.axis], (n.axis,), "i")
@@ -239,26 +276,34 @@ class KernelWriter:
             return self.contract(n.op, n.axis, n.body, None)
         assert isinstance(n, ir.Call)
         op = OPS[n.op]
+        if all(isinstance(a, ir.Const) for a in n.args):
+            return self._value(_folded(n))  # Triton's math functions take tensors, not literals
         args = [self.value(a) for a in n.args]
-        if op.integer_ok and any(a.kind == "i" for a in args) and all(
-                a.kind == "i" or _int_const(x) is not None for a, x in zip(args, n.args)):
-            # index arithmetic (e.g. the kv head h // group): keep it in integers
-            args = [Val(str(_int_const(x)), (), "i") if a.kind != "i" else a for a, x in zip(args, n.args)]
+        data = args[1:] if n.op == "where" else args
+        nodes = n.args[1:] if n.op == "where" else n.args
+        if (op.integer_ok or n.op == "where") and any(a.kind in ("i", "b") for a in data) and all(
+                a.kind in ("i", "b") or _int_const(x) is not None for a, x in zip(data, nodes)):
+            # integer arithmetic (the kv head h // group, integer data): exact, in integers
+            data = [Val(str(_int_const(x)), (), "i") if a.kind not in ("i", "b") else a for a, x in zip(data, nodes)]
+            args = [args[0], *data] if n.op == "where" else data
+            if n.op == "where":
+                codes, dims = self.align([self.as_bool(args[0]), *data])
+                return self.bind(op.triton.format(*codes), dims, "i")
         if n.op in ("and", "or", "not"):
-            codes, dims = self.align(args)
+            codes, dims = self.align([self.as_bool(a) for a in args])
             return self.bind(op.triton.format(*codes), dims, "b", "m")
         if op.predicate:
-            if all(a.kind == "i" for a in args):
+            if all(a.kind in ("i", "b") for a in args):
                 codes, dims = self.align(args)
             else:
                 codes, dims = self.align([self.f32(a) for a in args])
             return self.bind(op.triton.format(*codes), dims, "b", "m")
         if n.op == "where":
-            cond = args[0]
+            cond = self.as_bool(args[0])
             rest = [self.f32(a) for a in args[1:]]
             codes, dims = self.align([cond, *rest])
             return self.bind(op.triton.format(*codes), dims, "f")
-        if all(a.kind == "i" for a in args) and op.integer_ok:
+        if all(a.kind in ("i", "b") for a in args) and op.integer_ok:
             codes, dims = self.align(args)
             return self.bind(op.triton.format(*codes), dims, "i")
         codes, dims = self.align([self.f32(a) for a in args])
@@ -317,7 +362,9 @@ class KernelWriter:
                 self.tensor(tensor, buf.axes, buf.dtype, "buffer")
         entries = []
         masks = []
+        in_range = []  # validity of computed (gathered) indices that may fall outside the tensor
         uniform = uniform_rows
+        axes = self.tensors[tensor].axes
         for k, e in enumerate(index):
             stride = f"{_ident(tensor)}_s{k}"
             u = self.uniform_index(e) if uniform else None
@@ -331,17 +378,30 @@ class KernelWriter:
             elif isinstance(e, ir.Index) and e.axis == "chunk":
                 entries.append((Val("pid_chunk", (), "i"), stride))
             else:
-                entries.append((self.value(e), stride))
+                v = self.value(e)
+                if v.kind not in ("i", "b"):  # an integer-valued index the algebra wrote with float ops
+                    v = self.bind(f"({v.code}).to(tl.int64)", v.dims, "i")
+                entries.append((v, stride))
+                n = self.program.axes[axes[k]]
+                if not index_within(e, self.program.axes, n):
+                    # a data-dependent (or possibly out-of-bounds) index: lanes outside [0, n) read
+                    # nothing (never memory past the tensor) and give NaN, not a plausible number
+                    in_range.append(self.bind(f"({v.code} >= 0) & ({v.code} < {n})", v.dims, "b", "m"))
         dims = order or tuple(a for a in self.canon if any(a in v.dims for v, _ in entries))
         parts = []
         for v, stride in entries:
-            parts.append(f"{self.arrange(v, dims)} * {stride}" if v.dims else f"{v.code} * {stride}")
-        ptr = f"{_ident(tensor)}_ptr + " + " + ".join(parts)
+            code = self.arrange(v, dims) if v.dims else v.code
+            if self.sched.wide_index and _literal(code) is None:
+                code = f"({code}).to(tl.int64)"  # offsets past 2^31 elements (huge tensors, strides)
+            parts.append(f"{code} * {stride}")
+        ptr = " + ".join([f"{_ident(tensor)}_ptr", *parts])
         mask = None
-        if masks:
-            mcodes = [self.arrange(m, dims) for m in masks]
-            mask = " & ".join(mcodes)
-        return ptr, mask, dims
+        if masks or in_range:
+            mask = " & ".join(self.arrange(m, dims) for m in [*masks, *in_range])
+        valid = None
+        if in_range:
+            valid = " & ".join(self.arrange(m, dims) for m in in_range)
+        return ptr, mask, dims, valid
 
     def load(self, n: ir.Load, order: tuple[str, ...] | None = None) -> Val:
         key = ("load", n, order)
@@ -365,13 +425,15 @@ class KernelWriter:
         if tma is not None:
             code, dims = tma
         else:
-            ptr, mask, dims = self.pointer(n.tensor, n.index, order, uniform_rows=self._uniform_here(n))
+            ptr, mask, dims, valid = self.pointer(n.tensor, n.index, order, uniform_rows=self._uniform_here(n))
             code = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
+            if valid is not None and dtype.startswith("float"):
+                code = f"tl.where({valid}, {code}, NAN)"
         kind = dtype if dtype in ("float16", "bfloat16") else ("f" if dtype.startswith("float") else
                                                                 ("b" if dtype == "bool" else "i"))
         v = self.bind(code, dims, kind, "x")
-        if kind == "f" and dtype != "float32":
-            v = self.bind(f"{v.code}.to(tl.float32)", dims, "f", "x")
+        if kind == "f" and dtype != self.floats:
+            v = self.bind(f"{v.code}.to({self.fdt})", dims, "f", "x")
         self.scopes[-1].memo[key] = v
         return v
 
@@ -437,9 +499,13 @@ class KernelWriter:
         spec_axes = st.axes
         dtype = st.dtype if not is_buffer else self.plan.buffers[st.target].dtype
         self.tensor(st.target, spec_axes, dtype, "buffer" if is_buffer else "output")
-        v = self.f32(self.value(st.expr))
+        v = self.value(st.expr)
+        if v.kind not in ("i", "b"):
+            v = self.f32(v)  # integers are stored as they are (exactly), floats in the compute precision
         index = tuple(ir.Index(a) for a in spec_axes)
-        ptr, mask, dims = self.pointer(st.target, index, None)
+        ptr, mask, dims, _ = self.pointer(st.target, index, None)
+        if _literal(v.code) is not None:  # a constant output (x·0 summed): a tile of it, not a literal
+            v = Val(f"tl.full({_shape(self, dims)}, {v.code}, {self.fdt})", dims, "f")
         dims_all = tuple(a for a in self.canon if a in set(dims) | set(v.dims))
         if set(v.dims) - set(dims):
             raise ValueError(f"store of {st.target} over {spec_axes} from a value over {v.dims}")
@@ -481,17 +547,25 @@ class KernelWriter:
             dot = self.try_dot(axis, body, mask, acc)
             if dot is not None:
                 return dot
-        v = self.f32(self.value(body))
+        v = self.value(body)
+        if v.kind in ("i", "b"):  # an integer reduction: exact, in int64 (like torch's integer sums)
+            v, kind, ident = Val(f"({v.code}).to(tl.int64)", v.dims, "i"), "i", INT_IDENTITY[op]
+        else:
+            v, kind = self.f32(v), "f"
         dims = tuple(a for a in self.canon if a in set(v.dims) | {axis})
         code = self.arrange(v, dims)
         if axis not in v.dims:
-            shape = ", ".join(f"BLOCK_{_ident(a)}" for a in dims)
-            code = f"tl.broadcast_to({code}, ({shape},))" if dims else code
+            code = f"tl.full({_shape(self, dims)}, {code}, {self.dtype_of(kind)})" if _literal(v.code) is not None \
+                else f"tl.broadcast_to({code}, {_shape(self, dims)})"
         if mask is not None:
             mcode = self.arrange(mask, dims)
-            code = f"tl.where({mcode}, {code}, {_fmt_float(ident)})"
+            code = f"tl.where({mcode}, {code}, {_fmt_num(ident)})"
         out_dims = tuple(d for d in dims if d != axis)
-        return self.bind(f"{MONOIDS[op].triton_reduce}({code}, axis={dims.index(axis)})", out_dims, "f", "r")
+        return self.bind(MONOIDS[op].triton_reduce.format(code, dims.index(axis)), out_dims, kind, "r")
+
+    def dtype_of(self, kind: str) -> str:
+        """The Triton dtype of a computed value of `kind` ("f" compute float, "i" int64)."""
+        return "tl.int64" if kind == "i" else self.fdt
 
     def try_dot(self, k: str, body: ir.Node, mask: Val | None, acc: Val | None = None) -> Val | None:
         out = [a for a in self.canon if a in self.eff_dims(body) and a != k]
@@ -580,6 +654,17 @@ def _shape(w: KernelWriter, dims) -> str:
     return "[" + ", ".join(f"BLOCK_{_ident(a)}" for a in dims) + "]"
 
 
+def _state(w: KernelWriter, c: CompPlan, name: str) -> Val:
+    """The carried state of component c, held in variable `name`."""
+    return Val(name, _state_dims(w, c), "i" if c.integer else "f")
+
+
+def _state_init(w: KernelWriter, c: CompPlan) -> str:
+    """A state tile holding the monoid's identity (int64 for an integer reduction)."""
+    dtype = w.dtype_of("i" if c.integer else "f")
+    return f"tl.full({_shape(w, _state_dims(w, c))}, {_fmt_num(c.identity)}, {dtype})"
+
+
 # ---------------------------------------------------------------- passes
 
 
@@ -601,11 +686,7 @@ class _PassWriter:
     def run(self) -> None:
         w, ps = self.w, self.ps
         for c in ps.comps:
-            dims = _state_dims(w, c)
-            init = _fmt_float(c.identity)
-            shape = _shape(w, dims)
-            w.emit(f"{self.state_names(c)} = tl.full({shape}, {init}, tl.float32)" if dims else
-                   f"{self.state_names(c)} = tl.full([], {init}, tl.float32)")
+            w.emit(f"{self.state_names(c)} = {_state_init(w, c)}")
         lo, hi, full_lo, full_hi = self.bounds()
         j = _ident(self.axis)
         n_j = w.extent(self.axis)
@@ -629,7 +710,7 @@ class _PassWriter:
             self.loop(f"flo_{j}", f"fhi_{j}", masked=False)
             self.loop(f"fhi_{j}", f"hi_{j}", masked=True)
         for c in ps.comps:
-            w.scopes[0].memo[ir.Sym(f"fin:{c.name}", c.free)] = Val(self.state_names(c), _state_dims(w, c), "f")
+            w.scopes[0].memo[ir.Sym(f"fin:{c.name}", c.free)] = _state(w, c, self.state_names(c))
         _ = n_j
 
     # ---- bounds from affine predicates
@@ -650,10 +731,15 @@ class _PassWriter:
             for a in cons:
                 cj = a.coefficient(j)
                 others = [(x, v) for x, v in a.coef if x != j]
-                if cj == 0 or abs(cj) != 1 or any(x not in w.vector and x not in w.scalar for x, _ in others):
-                    all_affine = False if cj != 0 else all_affine
+                if abs(cj) > 1 or any(x not in w.scalar and x not in w.k.grid for x, _ in others):
+                    all_affine = False  # evaluated per element in every tile
                     continue
                 mn, mx = self.box(others)
+                if cj == 0:  # a condition on the program's rows alone (q_idx >= 5, h > 0): the loop
+                    # runs only if some row of the tile meets it, unmasked only if every row does
+                    c_high.append(f"tl.where(({a.const}) + ({mn}) <= 0, {n_j}, 0)")
+                    c_fhigh.append(f"tl.where(({a.const}) + ({mx}) <= 0, {n_j}, 0)")
+                    continue
                 if cj > 0:  # j <= -(const + Σ) : upper bound
                     c_high.append(f"(-({a.const}) - ({mn}) + 1)")
                     c_fhigh.append(f"(-({a.const}) - ({mx}) + 1)")
@@ -715,6 +801,8 @@ class _PassWriter:
         del w.starts[self.axis]
         w.tail_masks.pop(self.axis, None)
         w.lines, w.depth = outer_lines, outer_depth
+        if w.sched.wide_index:  # an int32 loop counter would wrap on its last step past 2^31
+            lo = f"tl.cast({lo}, tl.int64)"
         if w.sched.warp_specialize and not masked and w.target == "cuda":
             # Triton splits the loop's loads, MMAs and softmax across warp groups (Hopper, Blackwell)
             w.emit(f"for start_{j} in tl.range({lo}, {hi}, BLOCK_{j}, warp_specialize=True):")
@@ -727,11 +815,11 @@ class _PassWriter:
         sc = w.scopes[-1]
         new: dict[str, Val] = {}
         for c in self.ps.comps:
-            old = Val(self.state_names(c), _state_dims(w, c), "f")
+            old = _state(w, c, self.state_names(c))
             sc.memo[ir.Sym(f"old:{c.name}", c.free)] = old
             mask = valid
             if c.mask is not None and not _is_true(c.mask) and (masked or affine(c.mask) is None):
-                m = w.value(c.mask)
+                m = w.as_bool(w.value(c.mask))
                 mask = m if mask is None else self._and(mask, m)
             combine = MONOIDS[c.op].combine
             if c.producers and c.corr is not None:
@@ -753,7 +841,7 @@ class _PassWriter:
             code = OPS[combine].triton.format(*codes)
             if dims != sdims:
                 code = f"tl.broadcast_to({code}, {_shape(w, sdims)})" if set(dims) <= set(sdims) else code
-            nv = w.bind(code, sdims if set(dims) <= set(sdims) else dims, "f", "n")
+            nv = w.bind(code, sdims if set(dims) <= set(sdims) else dims, old.kind, "n")
             new[c.name] = nv
             sc.memo[ir.Sym(f"cur:{c.name}", c.free)] = nv
         for c in self.ps.comps:
@@ -790,9 +878,7 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     ps = cb.source
     names = {c.name: f"st_{_ident(c.name)}" for c in ps.comps}
     for c in ps.comps:
-        dims = _state_dims(w, c)
-        w.emit(f"{names[c.name]} = tl.full({_shape(w, dims)}, {_fmt_float(c.identity)}, tl.float32)" if dims
-               else f"{names[c.name]} = tl.full([], {_fmt_float(c.identity)}, tl.float32)")
+        w.emit(f"{names[c.name]} = {_state_init(w, c)}")
     outer_lines, outer_depth = w.lines, w.depth
     body: list[str] = []
     w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
@@ -803,10 +889,10 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     for c in ps.comps:
         ld = ir.Load(f"part_{c.name}", (ir.Index("chunk"), *(ir.Index(a) for a in c.free)))
         v = w.load(ld)
-        parts[c.name] = w.f32(v)
+        parts[c.name] = v if c.integer else w.f32(v)
     new: dict[str, Val] = {}
     for c in ps.comps:
-        old = Val(names[c.name], _state_dims(w, c), "f")
+        old = _state(w, c, names[c.name])
         comb = MONOIDS[c.op].combine
         if c.producers and c.corr is not None:
             olds = {p: Val(names[p], _state_dims(w, next(x for x in ps.comps if x.name == p)), "f")
@@ -825,7 +911,7 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     w.emit("for pid_chunk in range(0, CHUNKS):")
     w.lines.extend(body)
     for c in ps.comps:
-        w.scopes[0].memo[ir.Sym(f"fin:{c.name}", c.free)] = Val(names[c.name], _state_dims(w, c), "f")
+        w.scopes[0].memo[ir.Sym(f"fin:{c.name}", c.free)] = _state(w, c, names[c.name])
 
 
 def _guarded(w: KernelWriter, ps: Pass, c: CompPlan, h: Val, ref: dict[str, Val]) -> Val:
@@ -893,6 +979,8 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
             w.emit(f"t_{ia} = {ntiles} - 1 - pid % {ntiles}")
         else:
             w.emit(f"t_{ia} = pid % {ntiles}")
+        if sched.wide_index:  # t·step + tile may pass 2^31 on an axis that long
+            w.emit(f"t_{ia} = t_{ia}.to(tl.int64)")
         w.emit(f"pid = pid // {ntiles}")
         if tile > 1:
             w.emit(f"offs_{ia} = t_{ia} * {step} + tl.arange(0, BLOCK_{ia})")
@@ -990,6 +1078,17 @@ import triton.language as tl
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
 NAN = tl.constexpr(float("nan"))
+
+
+@triton.jit
+def _nan_max(a, b):
+    # max/min reductions propagate NaN, like torch's amax/amin (tl.max drops it)
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _nan_min(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 '''
 
 TANH_CUDA = '''

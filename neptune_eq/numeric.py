@@ -1,0 +1,105 @@
+"""What kind of number a value is: an integer computed exactly, or a float in the program's precision.
+
+The IR is untyped (every value is a real number); the kernels are not. Integers read from integer
+tensors, indices, predicates (0/1) and the integer-closed operations on them (+, −, ·, //, %, neg,
+abs, max, min, where) are computed in integer arithmetic, and their sum/max/min reductions
+accumulate in int64 like torch's: an int64 row sum of values near 2^44 is exact, not rounded
+through float32. Everything else is a float in the program's compute precision: float64 when the
+program reads or writes float64 tensors (torch computes those in float64), else float32.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from . import ir
+
+INTEGER_DTYPES = ("int32", "int64", "bool")
+# operations that map integers to integers (exactly, up to int64 wrap-around like torch's)
+INTEGER_CLOSED = frozenset({"add", "sub", "mul", "floordiv", "mod", "neg", "abs", "max2", "min2"})
+PREDICATES = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not"})
+# the identities of integer reductions (int64): max over nothing is the smallest int64
+INT_IDENTITY = {"sum": 0, "max": -(2**63), "min": 2**63 - 1}
+
+
+def compute_dtype(program: ir.Program) -> str:
+    """float64 when any input or output of the program is float64, else float32."""
+    dts = [s.dtype for s in program.inputs.values()] + [o.dtype or "float32" for o in program.outputs]
+    return "float64" if "float64" in dts else "float32"
+
+
+def integral(node: ir.Node, int_leaf: Callable[[ir.Node], bool]) -> bool:
+    """Is `node` an integer computed exactly by integer arithmetic? `int_leaf(n)` answers for the
+    leaves that are loads and symbols (an integer tensor, the state of an integer reduction)."""
+    memo: dict[int, bool] = {}
+    for n in ir.walk(node):
+        memo[id(n)] = _integral_here(n, memo, int_leaf)
+    return memo[id(node)]
+
+
+def _integral_here(n: ir.Node, memo: dict[int, bool], int_leaf) -> bool:
+    if isinstance(n, ir.Const):
+        return math.isfinite(n.value) and float(n.value).is_integer() and abs(n.value) < 2**63
+    if isinstance(n, ir.Index):
+        return True
+    if isinstance(n, ir.Load | ir.Sym):
+        return int_leaf(n)
+    if isinstance(n, ir.Reduce):
+        return memo[id(n.body)]
+    assert isinstance(n, ir.Call)
+    if n.op in PREDICATES:
+        return True
+    if n.op == "where":
+        return memo[id(n.args[1])] and memo[id(n.args[2])]
+    return n.op in INTEGER_CLOSED and all(memo[id(a)] for a in n.args)
+
+
+def input_leaf(program: ir.Program, buffers: dict | None = None, int_syms: set[str] = frozenset()):
+    """`int_leaf` for integral(): integer input tensors, int64 buffers, states named in `int_syms`."""
+    buffers = buffers or {}
+
+    def leaf(n: ir.Node) -> bool:
+        if isinstance(n, ir.Load):
+            spec = program.inputs.get(n.tensor) or buffers.get(n.tensor)
+            return spec is not None and spec.dtype in INTEGER_DTYPES
+        return isinstance(n, ir.Sym) and n.name.split(":", 1)[-1] in int_syms
+
+    return leaf
+
+
+def index_range(e: ir.Node, extents: dict[str, int]) -> tuple[float, float] | None:
+    """[lo, hi] of an integer index expression over the axes' ranges, or None where it depends on
+    data (a gather) or on operations this interval arithmetic does not follow."""
+    if isinstance(e, ir.Index):
+        return (0, extents[e.axis] - 1) if e.axis in extents else None
+    if isinstance(e, ir.Const):
+        return (e.value, e.value) if math.isfinite(e.value) else None
+    if not isinstance(e, ir.Call):
+        return None
+    rs = [index_range(a, extents) for a in e.args]
+    if any(r is None for r in rs):
+        return None
+    if e.op == "add":
+        return rs[0][0] + rs[1][0], rs[0][1] + rs[1][1]
+    if e.op == "sub":
+        return rs[0][0] - rs[1][1], rs[0][1] - rs[1][0]
+    if e.op == "neg":
+        return -rs[0][1], -rs[0][0]
+    if e.op == "mul":
+        ends = [a * b for a in rs[0] for b in rs[1]]
+        return min(ends), max(ends)
+    if e.op == "floordiv" and rs[1][0] == rs[1][1] and rs[1][0] > 0:
+        return rs[0][0] // rs[1][0], rs[0][1] // rs[1][0]
+    if e.op == "mod" and rs[1][0] == rs[1][1] and rs[1][0] > 0:
+        return 0, rs[1][0] - 1
+    if e.op in ("max2", "min2"):
+        f = max if e.op == "max2" else min
+        return f(rs[0][0], rs[1][0]), f(rs[0][1], rs[1][1])
+    return None
+
+
+def index_within(e: ir.Node, extents: dict[str, int], n: int) -> bool:
+    """Does index expression `e` stay within [0, n) for every index of the axes it uses?"""
+    r = index_range(e, extents)
+    return r is not None and r[0] >= 0 and r[1] <= n - 1
