@@ -8,6 +8,7 @@ score scale, and keep work out of inner loops. Shared subterms are counted per u
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,9 +86,12 @@ class TermExtractor:
     def costs(self, *, leaves: dict[int, ir.Node] | None = None,
               allow: Callable[[int, ENode], bool] | None = None,
               shared: dict[int, ENode] | None = None) -> dict[int, tuple[float, ENode | None]]:
-        """Best (cost, node) per class (worklist fixpoint); leaves get cost 0 and node None.
+        """Best (cost, node) per class; leaves get cost 0 and node None.
 
         `shared` classes are already computed elsewhere in the plan: reusing them costs nothing.
+        Knuth's generalisation of Dijkstra's algorithm (a node's cost is its own plus its children's,
+        so a class is final once popped in cost order): O(E log V), deterministic, where relaxing
+        in any order can redo work exponentially often.
         """
         leaves = leaves or {}
         shared = shared or {}
@@ -95,28 +99,25 @@ class TermExtractor:
         best: dict[int, tuple[float, ENode | None]] = {c: (0.0, None) for c in leaves}
         for c, n in shared.items():
             best.setdefault(c, (0.0, n))
-        fixed = set(best)
-        ok = [c not in fixed and (allow is None or allow(c, n)) for c, n, _, _ in entries]
-        work = [k for k, (_, _, _, kids) in enumerate(entries) if ok[k] and all(a in best for a in kids)]
-        work += [k for c in fixed for k in parents.get(c, ())]
-        while work:
-            k = work.pop()
-            if not ok[k]:
+        final: set[int] = set()
+        waiting = [len(kids) for _, _, _, kids in entries]  # children not final yet, per entry
+        ok = [c not in best and (allow is None or allow(c, n)) and own < math.inf
+              for c, n, own, _ in entries]
+        heap = [(0.0, c, -1) for c in best]
+        heap += [(own, c, k) for k, (c, _, own, kids) in enumerate(entries) if ok[k] and not kids]
+        heapq.heapify(heap)
+        while heap:
+            total, c, k = heapq.heappop(heap)
+            if c in final:
                 continue
-            c, n, own, kids = entries[k]
-            total = own
-            for a in kids:
-                got = best.get(a)
-                if got is None:
-                    total = math.inf
-                    break
-                total += got[0]
-            if total == math.inf:
-                continue
-            old = best.get(c)
-            if old is None or total < old[0] - 1e-9 * max(1.0, abs(old[0])):
-                best[c] = (total, n)
-                work.extend(parents.get(c, ()))
+            final.add(c)
+            if k >= 0:
+                best[c] = (total, entries[k][1])
+            for p in parents.get(c, ()):
+                waiting[p] -= 1
+                if waiting[p] == 0 and ok[p] and entries[p][0] not in final:
+                    pc, _, own, kids = entries[p]
+                    heapq.heappush(heap, (own + sum(best[a][0] for a in kids), pc, p))
         return best
 
     @staticmethod
