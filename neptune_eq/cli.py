@@ -1,8 +1,9 @@
 """Command line: `neptune-eq compile FILE [--json]`, `neptune-eq explore FILE`, `neptune-eq rules check FILE`.
 
-FILE is a Python file defining `program` (a DSL program) — or any ir.Program at top level; for
-explore also a file defining `fn` and `example_inputs` (PyTorch frontend). Rules files are data
-(docs/RULES.md): `rules check` parses and fuzzes them without executing anything.
+FILE, for both compile and explore, is a Python file defining `program` (a DSL program) — or any
+ir.Program or program builder at top level — or `fn` and `example_inputs` (a plain PyTorch
+function, captured by the frontend at those inputs). Rules files are data (docs/RULES.md):
+`rules check` parses and fuzzes them without executing anything.
 """
 
 from __future__ import annotations
@@ -12,21 +13,70 @@ import json
 import runpy
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from . import ir
 from .ir import NeptuneError
 
+STRESS = ("normal", "offset", "wide")  # the input sets `compile --stress` verifies on (verify.STRESS_SETS)
 
-def load_program(path: str) -> ir.Program:
+
+def load_target(path: str) -> tuple[object, tuple]:
+    """(ir.Program, ()) or (fn, example inputs): what a program file defines (see the module docstring).
+
+    The file is a program the user runs (like `python FILE`); an exception while running it is
+    reported as a NeptuneError naming the file's line. `example_inputs` may be a tuple, a single
+    tensor, or a callable returning either.
+    """
     p = Path(path)
-    if not p.exists():
+    if not p.is_file():
         raise NeptuneError(f"no such file: {path}")
-    env = runpy.run_path(str(p), run_name="__neptune_example__")
+    env = _run_file(p)
+    fn = env.get("fn")
+    if fn is not None and "example_inputs" in env:
+        if not callable(fn):
+            raise NeptuneError(f"{path}: `fn` must be a callable (a PyTorch function or module)")
+        inputs = env["example_inputs"]
+        if callable(inputs):
+            try:
+                inputs = inputs()
+            except Exception as e:  # the user's code: say where it failed, without our frames
+                raise NeptuneError(f"{path}: example_inputs() raised {_where(e, p)}") from None
+        if not isinstance(inputs, tuple | list):
+            inputs = (inputs,)
+        return fn, tuple(inputs)
     prog = program_in(env)
     if prog is None:
-        raise NeptuneError(f"{path} defines no program (expected a top-level `program = P.build()`)")
-    return prog
+        raise NeptuneError(f"{path} defines neither a program (a top-level `program = P.build()`, any ir.Program "
+                           "or program builder) nor `fn` with `example_inputs`")
+    return prog, ()
+
+
+def _run_file(p: Path) -> dict:
+    try:
+        return runpy.run_path(str(p), run_name="__neptune_example__")
+    except NeptuneError:
+        raise
+    except SyntaxError as e:
+        raise NeptuneError(f"{p}:{e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:
+        raise NeptuneError(f"running {p} raised {_where(e, p)}") from None
+
+
+def _where(e: BaseException, p: Path) -> str:
+    """'ZeroDivisionError: division by zero (at FILE:3: x = 1 / 0)': the last frame in the user's file."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == p.resolve()]
+    at = f" (at {p}:{frames[-1].lineno}: {frames[-1].line})" if frames else ""
+    return f"{type(e).__name__}: {e}{at}"
+
+
+def load_program(path: str) -> ir.Program:
+    """The ir.Program a DSL program file defines (a PyTorch file is refused: use load_target)."""
+    target, _ = load_target(path)
+    if not isinstance(target, ir.Program):
+        raise NeptuneError(f"{path} defines a PyTorch function, not a program; capture it (load_target)")
+    return target
 
 
 def program_in(env: dict) -> ir.Program | None:
@@ -45,16 +95,29 @@ def program_in(env: dict) -> ir.Program | None:
     return None
 
 
+def target_program(path: str, *, say=None) -> ir.Program:
+    """The program to compile for FILE: a DSL program as is, a PyTorch `fn` captured at its example inputs."""
+    target, inputs = load_target(path)
+    if isinstance(target, ir.Program):
+        return target
+    from .frontend import capture
+
+    if say:
+        say(f"capturing {getattr(target, '__name__', type(target).__name__)} at the example inputs ...")
+    return capture(target, *inputs).program
+
+
 def cmd_compile(args) -> int:
     from .pipeline import Options
     from .runtime import compile_ir
+    from .verify import json_number
 
-    program = load_program(args.file)
+    out = print if not args.json else (lambda *a, **k: print(*a, **k, file=sys.stderr))
+    program = target_program(args.file, say=out if args.progress else None)
     t0 = time.perf_counter()
     prog = compile_ir(program, Options(progress=True if args.progress else None), rules=args.rules)
     t_compile = time.perf_counter() - t0
     c = prog.compilation
-    out = print if not args.json else (lambda *a, **k: print(*a, **k, file=sys.stderr))
     out(str(program))
     out("")
     out(f"e-graph: {c.nodes} nodes; " + "; ".join(str(r) for r in c.saturator.reports))
@@ -77,7 +140,7 @@ def cmd_compile(args) -> int:
         out(src)
     report = None
     if not args.no_verify:
-        report = prog.verify(sets=("normal", "offset", "wide") if args.stress else ("normal",), seed=args.seed)
+        report = prog.verify(sets=STRESS if args.stress else ("normal",), seed=args.seed)
         out("")
         out(str(report))
     if args.json:
@@ -88,8 +151,10 @@ def cmd_compile(args) -> int:
             "alternatives": [{"id": a.id, "structure": a.structure, "predicted_time_us": a.cost.time * 1e6,
                               "hbm_bytes": a.cost.hbm_bytes, "kernels": len(a.plan.kernels)}
                              for a in prog.alternatives],
-            "max_rel_err": report.max_rel_err if report else None,
+            # worst over every set verified (with --stress: normal, offset, wide); per set in "verify"
+            "max_rel_err": json_number(report.worst) if report else None,
             "verified": report.passed if report else None,
+            "verify": report.as_dict() if report else None,
             "egraph_nodes": c.nodes,
             "timings_s": {**c.timings, "lower": t_lower},
             "derivation": prog.alternative.plan.derivation,
@@ -140,11 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="neptune-eq", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="compile a program file, show the plan and verify it")
-    c.add_argument("file")
+    c.add_argument("file", help="a DSL program file, or a file defining `fn` and `example_inputs`")
     c.add_argument("--json", action="store_true", help="end with one JSON line")
     c.add_argument("--source", action="store_true", help="print the generated Triton source")
     c.add_argument("--no-verify", action="store_true")
-    c.add_argument("--stress", action="store_true", help="also verify on shifted / wide-range inputs")
+    c.add_argument("--stress", action="store_true",
+                   help="also verify on shifted / wide-range inputs (they count in the verdict and exit code)")
     c.add_argument("--alternatives", type=int, default=8, help="how many alternatives to list")
     c.add_argument("--seed", type=int, default=None)
     c.add_argument("--progress", action="store_true", help="print saturation progress")

@@ -123,8 +123,17 @@ class CompiledProgram:
         vals = [outs[o.name] for o in self.program.outputs]
         return vals[0] if len(vals) == 1 else tuple(vals)
 
-    def verify(self, *, device: str = "cpu", sets=("normal",), seed: int | None = None, tolerance: float = 1e-3,
-               dtypes: dict[str, str] | None = None) -> VerifyReport:
+    def verify(self, *, device: str = "cpu", sets=("normal",), seed: int | None = None,
+               tolerance: float | None = None, dtypes: dict[str, str] | None = None) -> VerifyReport:
+        """Run on fresh random inputs of each set in `sets` against float64 (see neptune_eq.verify):
+        tolerance None holds each output to its dtype-aware default; every set counts in `passed`."""
+        other = {k: v for k, v in (dtypes or {}).items() if k in self.program.inputs
+                 and v != self.program.inputs[k].dtype}
+        if other:  # the kernels take only the dtypes they were compiled for
+            raise NeptuneError("verify(dtypes=...): this program was compiled for "
+                               + ", ".join(f"{k}: {self.program.inputs[k].dtype}" for k in other)
+                               + "; compile program.with_dtypes(...) to verify at "
+                               + ", ".join(f"{k}: {v}" for k, v in other.items()))
         return verify(self.run, self.program, device=device, sets=sets, seed=seed, tolerance=tolerance,
                       dtypes=dtypes)
 

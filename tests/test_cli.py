@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
 from helpers import EXAMPLES, run_cli
+
+from neptune_eq.cli import main
 
 
 def test_compile_json_last_line():
@@ -26,3 +29,63 @@ def test_compile_human_output_shows_plan_and_verification():
 def test_missing_file_is_a_clear_error():
     r = run_cli("compile", "no_such_example.py")
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def _main(capsys, *args) -> tuple[int, str, str]:
+    code = main(list(args))
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_compile_accepts_the_pytorch_file_that_explore_takes(capsys):
+    """`compile` used to refuse a file defining `fn` and `example_inputs` ("defines no program")."""
+    code, out, err = _main(capsys, "compile", str(EXAMPLES / "sqrt_sum_torch.py"), "--json")
+    assert code == 0, err
+    data = json.loads(out.strip().splitlines()[-1])
+    assert data["program"] == "fn" and data["kernels"] >= 1 and data["verified"] is True
+    assert set(data["verify"]) == {"normal"} and data["verify"]["normal"]["max_rel_err"] == data["max_rel_err"] < 1e-3
+    assert "verification PASS" in err and "alternatives (predicted on" in err
+
+
+NAIVE_LSE = '''
+from neptune_eq import dsl as ne
+
+P = ne.program("naive_lse")
+i, j = P.axes(i=4, j=256)
+x = P.input("x", i, j)
+P.output("y", ne.log(ne.sum(ne.exp(x), j)))  # no max subtracted: exp overflows in fp32 on wide inputs
+program = P.build()
+'''
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_stress_failure_fails_the_verdict_and_the_exit_code(tmp_path, capsys):
+    path = tmp_path / "naive_lse.py"
+    path.write_text(NAIVE_LSE)
+    code, out, err = _main(capsys, "compile", str(path), "--seed", "0")
+    assert code == 0 and "verification PASS" in out, err
+    code, out, err = _main(capsys, "compile", str(path), "--stress", "--json", "--seed", "0")
+    assert code == 1, err  # was 0: the stress sets were printed but did not count
+    data = json.loads(out.strip().splitlines()[-1])
+    assert data["verified"] is False and set(data["verify"]) == {"normal", "offset", "wide"}
+    assert data["verify"]["normal"]["passed"] is True and data["verify"]["offset"]["passed"] is True
+    wide = data["verify"]["wide"]
+    assert wide["passed"] is False and wide["nonfinite"] > 0 and wide["outputs"]["y"]["tolerance"] == 1e-3
+    assert data["max_rel_err"] == wide["max_rel_err"] > 1e-3
+    assert "verification FAIL" in err and "wide: max rel err" in err
+
+
+def test_file_errors_are_clear(tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nx = 1 / 0\n")
+    code, _, err = _main(capsys, "compile", str(bad))
+    assert code == 2 and "ZeroDivisionError" in err and f"{bad}:2: x = 1 / 0" in err
+    assert "Traceback" not in err
+    syntax = tmp_path / "syntax.py"
+    syntax.write_text("def f(:\n")
+    code, _, err = _main(capsys, "explore", str(syntax))
+    assert code == 2 and f"{syntax}:1: syntax error" in err
+    empty = tmp_path / "empty.py"
+    empty.write_text("y = 3\n")
+    code, _, err = _main(capsys, "compile", str(empty))
+    assert code == 2 and "defines neither a program" in err and "`fn` with `example_inputs`" in err

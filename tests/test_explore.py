@@ -1,11 +1,13 @@
 """The explorer API on small DSL programs, the attention example and a small PyTorch function."""
 
+import re
+
 import pytest
 import torch
 from helpers import load_example, small_softmax
 
 import neptune_eq
-from neptune_eq.explorer import Explorer
+from neptune_eq.explorer import Explorer, graph
 from neptune_eq.explorer.bench import measure
 from neptune_eq.ir import NeptuneError
 from neptune_eq.runtime import CompiledProgram
@@ -102,15 +104,86 @@ def test_measure_table_with_an_injected_timer(ex):
     assert "measured on test device" in str(report) and "Spearman" in str(report)
 
 
-def test_egraph_svg_highlights_the_plan(ex):
+needs_dot = pytest.mark.skipif(not graph.have_dot(), reason="graphviz `dot` is not installed")
+
+
+def test_egraph_dot_highlights_the_plan(ex):
     dot = ex.egraph_dot(0)
     assert dot.startswith("digraph egraph") and "fillcolor=\"#fff4cc\"" in dot and "loop over j" in dot
-    assert "highlighted: alternative #0" in dot
+    assert "highlighted: alternative #0" in dot and "get sum_j" in dot
+
+
+@needs_dot
+def test_egraph_svg_highlights_the_plan(ex):
     svg = ex.egraph_svg(0, max_classes=25)
     assert svg.lstrip().startswith("<?xml") or "<svg" in svg[:500]
     assert "get sum_j" in svg
     html = ex._repr_html_()
     assert "<table>" in html and "<svg" in html
+
+
+def test_without_dot_the_svg_is_a_clear_error(ex, monkeypatch):
+    monkeypatch.setattr(graph.shutil, "which", lambda name: None)
+    with pytest.raises(NeptuneError, match="graphviz `dot` is not on PATH"):
+        ex.egraph_svg(0)
+    html = ex._repr_html_()  # Jupyter still gets the table, and says why there is no picture
+    assert "<table>" in html and "no e-graph picture" in html
+
+
+def _clusters(dot: str) -> set[int]:
+    return {int(m) for m in re.findall(r"subgraph cluster_(\d+) ", dot)}
+
+
+def test_egraph_dot_shows_the_plans_neighbourhood(attention):
+    """The issue: a 5,000 pt wide picture, a third of it constant e-classes. By default only the plan's
+    e-classes and their direct neighbours are drawn, constants only where the plan uses them."""
+    c = attention.compilation
+    view, alt = c.view, c.alternatives[0]
+    hl = graph.plan_highlight(c, alt)
+    consts = graph.constant_classes(view)
+    assert consts and consts - hl.classes  # log2(e) and friends: constants the plan does not use
+    near = _clusters(attention.egraph_dot(0, max_classes=1000))
+    whole = _clusters(attention.egraph_dot(0, whole=True))
+    assert whole == set(view.classes)  # whole=True: every e-class, constants included
+    assert hl.classes <= near < whole
+    assert not near & (consts - hl.classes)
+    for cid in near - hl.classes:  # every other class is one edge from a plan class
+        kids = {ch for n in view.nodes(cid) for ch in graph._children(n)}
+        users = {p for p, ns in view.classes.items() if p in hl.classes
+                 for n in ns for ch in graph._children(n) if ch == cid}
+        assert kids & hl.classes or users, cid
+    assert len(_clusters(attention.egraph_dot(0))) == 60  # the default limit
+    assert len(_clusters(attention.egraph_dot(0, max_classes=len(hl.classes)))) == len(hl.classes)
+
+
+def test_egraph_dot_grows_down_not_wide(attention):
+    """What drives a dot picture's width: e-nodes side by side in a cluster and a one-line title."""
+    dot = attention.egraph_dot(0)
+    title = re.search(r'  label="(.*?)";', dot).group(1)
+    assert all(len(part) <= 100 for part in title.split("\\n"))
+    for cid in _clusters(dot):
+        body = dot.split(f"subgraph cluster_{cid} ")[1].split("\n  }")[0]
+        drawn = re.findall(r"^    ([nm]\d+(?:_\d+)?) \[label", body, re.M)
+        stacked = re.findall(r"^    \S+ -> \S+ \[style=invis\];", body, re.M)
+        assert len(stacked) == len(drawn) - 1, cid  # one under the other
+
+
+def test_tables_fit_the_width(ex):
+    for width in (60, 40):
+        for text in (ex.alternatives.text(width), ex.rules(width)):
+            assert all(len(line) <= width for line in text.splitlines()), (width, text)
+            assert text.count("\n") >= 3
+    narrow = ex.alternatives.text(60)
+    assert "…" in narrow and "predicted µs" in narrow  # the structure column is cut, not wrapped
+    assert narrow.count("\n#") == len(ex.alternatives)  # still one line per alternative
+    wide = ex.alternatives.text(200)
+    assert all(e.structure in wide for e in ex.alternatives) and "…" not in wide
+
+
+def test_tables_follow_the_terminal_width(ex, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")
+    assert max(len(line) for line in str(ex.alternatives).splitlines()) <= 60
+    assert max(len(line) for line in ex.rules().splitlines()) <= 60
 
 
 def test_rules_listing(ex):

@@ -1,12 +1,20 @@
 """`neptune-eq explore FILE`: the terminal session, driven by scripted stdin."""
 
 import io
+import os
+import re
+import select
+import signal
+import sys
+import time
 
-from helpers import EXAMPLES, run_cli
+import pytest
+from helpers import EXAMPLES, ROOT, run_cli
 
 from neptune_eq.cli import main
+from neptune_eq.explorer import graph
 from neptune_eq.explorer.core import explore
-from neptune_eq.explorer.session import Session, load_target
+from neptune_eq.explorer.session import Session, line_editing, load_target, run_session
 
 
 def test_session_through_the_cli(tmp_path):
@@ -22,7 +30,10 @@ def test_session_through_the_cli(tmp_path):
     assert "== #0 vs #1 ==" in out and "--- #0" in out
     assert "#0: verification PASS" in out
     assert "no CUDA GPU" in out or "measured on" in out
-    assert f"wrote {svg}" in out and svg.read_text().count("<svg") == 1
+    if graph.have_dot():
+        assert f"wrote {svg}" in out and svg.read_text().count("<svg") == 1
+    else:  # the session says why and goes on
+        assert "error: graphviz `dot` is not on PATH" in out and not svg.exists()
     assert "sqrt_div" in out.split("user rule(s)")[1]
     assert "error: unknown command 'bogus'" in out
     assert "error: no alternative 42; there are 3" in out
@@ -58,3 +69,106 @@ def test_split_k_derivation_in_a_session():
     d = ex.derivation(split, minimal_rules=False)
     assert "split_k" in d.rules() and "rolling_update" in d.rules()
     assert any(s.rule == "materialise" and "part_" in s.text for s in d.steps)
+
+
+@pytest.fixture(scope="module")
+def sqrt_ex():
+    prog, _ = load_target(str(EXAMPLES / "sqrt_sum.py"))
+    return explore(prog, rules="sqrt")
+
+
+def test_session_fits_a_narrow_terminal(sqrt_ex, monkeypatch):
+    """Tables wrapped at 80 columns: at COLUMNS=60 no line of the listing, the rules or the prose is longer."""
+    monkeypatch.setenv("COLUMNS", "60")
+    out = io.StringIO()
+    Session(sqrt_ex, io.StringIO("list\nrules\nverify 0\n"), out).run()
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 60, max(lines, key=len)
+    assert sum(bool(re.match(r"#\d+ ", line)) for line in lines) == 2 * 3  # a row per alternative, none wrapped
+    assert "…" in out.getvalue()
+    out = io.StringIO()
+    Session(sqrt_ex, io.StringIO("list\n"), out, width=40).run()
+    assert max(len(line) for line in out.getvalue().splitlines()) <= 40
+
+
+def test_piped_session_keeps_no_history(tmp_path):
+    history = tmp_path / "history"
+    out = io.StringIO()
+    assert run_session(str(EXAMPLES / "sqrt_sum.py"), "sqrt", inp=io.StringIO("list\n"), out=out,
+                       progress=False, history=history) == 0
+    assert "explore> " not in out.getvalue() and not history.exists()
+
+
+def test_line_editing_keeps_history(tmp_path):
+    readline = pytest.importorskip("readline")
+    history = tmp_path / "sub" / "history"
+    with line_editing(history):
+        readline.add_history("show 0")
+    assert "show 0" in history.read_text()
+    with line_editing(history):  # loaded again in the next session
+        assert readline.get_history_item(readline.get_current_history_length()) == "show 0"
+
+
+def test_line_editing_without_readline(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "readline", None)  # `import readline` raises ImportError
+    with line_editing(tmp_path / "history"):
+        pass
+    assert not (tmp_path / "history").exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+def test_arrow_keys_recall_history_at_a_terminal(tmp_path):
+    """At a terminal, ↑ brings back the last command (readline); the history file is written at the end."""
+    pytest.importorskip("readline")
+    import pty
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "COLUMNS": "100", "TERM": "xterm"}
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the CLI on the pseudo-terminal
+        os.chdir(ROOT)
+        os.execve(sys.executable, [sys.executable, "-m", "neptune_eq.cli", "explore", "examples/sqrt_sum.py",
+                                   "--rules", "sqrt", "--quiet"], env)
+    out = b""
+
+    def read_until(done, seconds: float = 120) -> None:
+        """Read the terminal until done(output) or the time is up (never blocks past it)."""
+        nonlocal out
+        end = time.monotonic() + seconds
+        while not done(out) and time.monotonic() < end:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:  # the child closed the terminal
+                    return
+                if not chunk:
+                    return
+                out += chunk
+
+    try:
+        read_until(lambda o: o.count(b"explore> ") >= 1)
+        os.write(fd, b"rules\r")
+        read_until(lambda o: o.count(b"explore> ") >= 2)
+        n_before = out.count(b"user rule(s)")
+        os.write(fd, b"\x1b[A\r")  # up arrow, enter: `rules` again
+        read_until(lambda o: o.count(b"explore> ") >= 3)
+        os.write(fd, b"quit\r")
+        read_until(lambda o: False, 10)  # to the end of output (the child exits)
+    finally:
+        os.close(fd)
+        status = _reap(pid)
+    assert out.count(b"user rule(s)") == n_before + 1, out[-2000:]
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert "rules" in (tmp_path / "neptune_eq" / "explore_history").read_text()
+
+
+def _reap(pid: int, seconds: float = 10) -> int:
+    """The child's wait status; killed (this test started it) if it has not exited in time."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]

@@ -5,7 +5,7 @@
     print(ex.show(0))        # loop IR, derivation (rules in order, with corrections), Triton source
     print(ex.diff(0, 1))     # what differs: structure, kernels, passes, cost terms, IR and source
     ex.verify(1)             # runs alternative 1 against float64 (cached in the table)
-    ex.egraph_svg()          # the e-graph, the chosen plan highlighted
+    ex.egraph_svg()          # the chosen plan's neighbourhood in the e-graph (whole=True: all of it)
     ex.benchmark([0, 1])     # measured on the GPU (a message, not numbers, without one)
     ex.pin(1)                # a compiled program (or function) that runs alternative 1
 """
@@ -25,7 +25,7 @@ from ..runtime import CompiledProgram, with_user_rules
 from ..verify import VerifyReport
 from . import bench, graph
 from .derivation import Derivation, MinimalRules, budget_warnings, derive, not_offered, phase_report, user_rule_names
-from .render import Shown, html_table, pre, sections_text, text_table, wrap
+from .render import Shown, fill, html_table, pre, sections_text, terminal_width, text_table, wrap
 
 
 @dataclass(repr=False)
@@ -104,9 +104,17 @@ class AlternativeTable(Sequence):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def text(self, width: int | None = None) -> str:
+        """The table as text no wider than `width` (None: the terminal's width, 80 when not a terminal).
+        A long structure is cut with an ellipsis (`show N` has it whole); when even that is not
+        enough the FLOPs, then the HBM column are left out."""
+        width = terminal_width() if width is None else width
+        head = fill(f"{len(self)} alternatives, predicted on {self.device}, best first:", width)
+        return head + "\n" + text_table(HEADERS, [e.cells() for e in self._entries], {1, 2, 3, 4}, width=width,
+                                        shrink={6}, drop=(3, 2))
+
     def __str__(self) -> str:
-        return (f"{len(self)} alternatives, predicted on {self.device}, best first:\n"
-                + text_table(HEADERS, [e.cells() for e in self._entries], {1, 2, 3, 4}))
+        return self.text()
 
     __repr__ = __str__
 
@@ -249,16 +257,22 @@ class Explorer:
         return len(self._entries)
 
     # ---------------------------------------------------------------- the e-graph
-    def egraph_dot(self, i: int = 0, *, max_classes: int = 60, max_nodes: int = 4) -> str:
-        return graph.egraph_dot(self.compilation, self._alt(i), max_classes=max_classes, max_nodes=max_nodes)
+    def egraph_dot(self, i: int = 0, *, whole: bool = False, max_classes: int | None = None,
+                   max_nodes: int = 4) -> str:
+        """Graphviz dot text of the e-graph, alternative i highlighted: its neighbourhood (at most
+        max_classes e-classes, default 60), or every e-class with whole=True (see explorer/graph.py)."""
+        return graph.egraph_dot(self.compilation, self._alt(i), whole=whole, max_classes=max_classes,
+                                max_nodes=max_nodes)
 
-    def egraph_svg(self, i: int = 0, *, max_classes: int = 60, max_nodes: int = 4) -> str:
-        """SVG of the e-graph (graphviz `dot`), alternative i's e-classes and e-nodes highlighted."""
-        return graph.svg_of_dot(self.egraph_dot(i, max_classes=max_classes, max_nodes=max_nodes))
+    def egraph_svg(self, i: int = 0, *, whole: bool = False, max_classes: int | None = None,
+                   max_nodes: int = 4) -> str:
+        """SVG of egraph_dot(...) through graphviz `dot` (a NeptuneError saying so when it is not installed)."""
+        return graph.svg_of_dot(self.egraph_dot(i, whole=whole, max_classes=max_classes, max_nodes=max_nodes))
 
     # ---------------------------------------------------------------- rules and reports
-    def rules(self) -> str:
-        """The rules this compile used (user rules first) with their matches in the algebra phase."""
+    def rules(self, width: int | None = None) -> str:
+        """The rules this compile used (user rules first) with their matches in the algebra phase
+        (a table no wider than `width`; None: the terminal's width)."""
         c = self.compilation
         rep = phase_report(c, "algebra")
         matches = rep.matches if rep else {}
@@ -270,9 +284,11 @@ class Explorer:
         builtin = [r for r in (c.fusion.rules if c.fusion else []) if r.name not in user]
         rows = [[r.name, str(matches.get(r.name, 0)), str(corr.get(r.name, 0)), origin, r.math]
                 for r, origin in [*((u, u.origin) for u in user.values()), *((b, "built-in") for b in builtin)]]
-        return (f"{len(user)} user rule(s), {len(builtin)} built-in; matches in the algebra phase and in the "
-                "correction searches\n"
-                + text_table(["rule", "algebra", "corrections", "origin", "math"], rows, {1, 2}))
+        width = terminal_width() if width is None else width
+        return (fill(f"{len(user)} user rule(s), {len(builtin)} built-in; matches in the algebra phase and in the "
+                     "correction searches", width) + "\n"
+                + text_table(["rule", "algebra", "corrections", "origin", "math"], rows, {1, 2},
+                             width=width, shrink={0, 3, 4}))
 
     def summary(self) -> str:
         c = self.compilation

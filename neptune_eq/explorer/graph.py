@@ -1,16 +1,23 @@
 """A readable picture of the e-graph: graphviz dot text built from extract/view.py's EGraphView.
 
 Each e-class is a cluster (labelled with its id and the axes it varies over) holding its e-nodes;
-an edge goes from an e-node to each child e-class. The e-graph of a real program has hundreds of
-classes, so the picture keeps the classes nearest the outputs and the chosen plan's classes first
-(`max_classes`), and at most `max_nodes` e-nodes per class (plan nodes first; the rest summed up as
-"+k more"). The plan's e-classes are shaded and the e-nodes its terms were extracted from are drawn
-bold in colour: the loop, the `get` of each reduction from it, and the nodes of every component's
-mask, body and correction as they occur in the e-graph.
+an edge goes from an e-node to each child e-class. The plan's e-classes are shaded and the e-nodes
+its terms were extracted from are drawn bold in colour: the loop, the `get` of each reduction from
+it, and the nodes of every component's mask, body and correction as they occur in the e-graph.
+
+By default the picture is the chosen plan's neighbourhood (`neighbourhood_classes`): the plan's
+e-classes, the outputs, and the e-classes one edge away from them (the children and the users of
+the e-nodes drawn), up to `max_classes`; e-classes that are only a constant (0, 1, log2 e, ...) are
+left out unless the plan uses them — every sub-term uses them, and drawn once each they pull edges
+across the whole picture. `whole=True` draws every e-class (constants included). Within a cluster
+the e-nodes are stacked (at most `max_nodes`, plan nodes first, the rest summed up as "+k more")
+and the title is broken over lines, so that the width grows with the plan's depth, not with the
+number of alternatives an e-class holds.
 """
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import subprocess
 from collections import deque
@@ -176,53 +183,102 @@ def _q(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def select_classes(view: EGraphView, hl: Highlight, roots: list[int], max_classes: int) -> list[int]:
-    """Plan classes first, then breadth-first from the roots, up to max_classes."""
+def constant_classes(view: EGraphView) -> set[int]:
+    """E-classes that are only a constant: holding a `const` e-node, or axis-free with every e-node
+    built from constants (e.g. 0.5 * 1.4427 not folded)."""
+    const = {cid for cid, ns in view.classes.items() if any(n.op == "const" for n in ns)}
+    changed = True
+    while changed:
+        changed = False
+        for cid, ns in view.classes.items():
+            if cid in const or view.deps.get(cid) != 0 or view.sort.get(cid) != "Term":
+                continue
+            if any(n.op not in ("load", "sym", "index", "red") and _children(n) and
+                   all(ch in const for ch in _children(n)) for n in ns):
+                const.add(cid)
+                changed = True
+    return const
+
+
+def _drawn(view: EGraphView, hl: Highlight, cid: int, max_nodes: int) -> list[tuple[int, ENode]]:
+    """The e-nodes drawn for class `cid`: plan nodes first, at most max_nodes."""
+    nodes = list(enumerate(view.nodes(cid)))
+    nodes.sort(key=lambda kn: (cid, kn[0]) not in hl.nodes)
+    return nodes[:max_nodes]
+
+
+def neighbourhood_classes(view: EGraphView, hl: Highlight, roots: list[int], max_classes: int,
+                          max_nodes: int) -> list[int]:
+    """The plan's e-classes and the outputs, then the classes one edge from them (children of their
+    drawn e-nodes, then classes whose drawn e-nodes use them), constants only where the plan has them."""
+    consts = constant_classes(view) - hl.classes
+    chosen = list(dict.fromkeys([*hl.order, *roots]))
+    core = set(chosen)
+    for cid in list(chosen):
+        chosen += [ch for _, n in _drawn(view, hl, cid, max_nodes) for ch in _children(n)]
+    chosen += [cid for cid in sorted(view.classes) if cid not in core and
+               any(ch in core for _, n in _drawn(view, hl, cid, max_nodes) for ch in _children(n))]
+    return [c for c in dict.fromkeys(chosen) if c not in consts][:max_classes]
+
+
+def select_classes(view: EGraphView, hl: Highlight, roots: list[int], max_classes: int | None) -> list[int]:
+    """Plan classes first, then breadth-first from the roots, then any unreachable rest, up to max_classes."""
+    limit = len(view.classes) if max_classes is None else max_classes
     chosen: list[int] = []
     seen: set[int] = set()
     for c in [*hl.order, *roots]:
-        if c not in seen and len(chosen) < max_classes:
+        if c not in seen and len(chosen) < limit:
             seen.add(c)
             chosen.append(c)
     queue = deque(chosen)
-    while queue and len(chosen) < max_classes:
+    while queue and len(chosen) < limit:
         for n in view.nodes(queue.popleft()):
             for ch in _children(n):
-                if ch not in seen and len(chosen) < max_classes:
+                if ch not in seen and len(chosen) < limit:
                     seen.add(ch)
                     chosen.append(ch)
                     queue.append(ch)
+    chosen += [c for c in sorted(view.classes) if c not in seen][: limit - len(chosen)]
     return chosen
 
 
-def egraph_dot(c: Compilation, alt: Alternative, *, max_classes: int = 60, max_nodes: int = 4) -> str:
-    """Graphviz dot text of (part of) the final e-graph with alternative `alt` highlighted."""
+def egraph_dot(c: Compilation, alt: Alternative, *, whole: bool = False, max_classes: int | None = None,
+               max_nodes: int = 4) -> str:
+    """Graphviz dot text of the final e-graph with alternative `alt` highlighted: the plan's
+    neighbourhood (at most max_classes e-classes, default 60), or with whole=True every e-class
+    (max_classes: no limit unless given). See the module docstring."""
     view = c.view
     if view is None:
         raise NeptuneError("the compilation has no final e-graph view (plans were not extracted)")
     hl = plan_highlight(c, alt)
     roots = [class_of(c.egraph, view, t) for t in c.roots.values()]
-    shown = select_classes(view, hl, roots, max_classes)
+    if whole:
+        shown = select_classes(view, hl, roots, max_classes)
+    else:
+        shown = neighbourhood_classes(view, hl, roots, 60 if max_classes is None else max_classes, max_nodes)
     visible = set(shown)
     anchor: dict[int, str] = {}
-    title = (f"e-graph of {c.program.name}: {len(shown)} of {len(view.classes)} e-classes shown, "
-             f"{view.n_nodes} e-nodes in all; highlighted: alternative #{alt.id} ({alt.structure})")
+    scope = "the whole e-graph" if whole else "the plan's neighbourhood"
+    title = (f"e-graph of {c.program.name}: {scope}, {len(shown)} of {len(view.classes)} e-classes shown, "
+             f"{view.n_nodes} e-nodes in all\nhighlighted: alternative #{alt.id}\n{alt.structure}")
     lines = ["digraph egraph {", "  compound=true; rankdir=TB; newrank=true;",
              '  node [shape=box, style="rounded", fontname="Helvetica", fontsize=10, height=0.25];',
              '  edge [arrowsize=0.5, color="#777777"];',
              f"  label={_q(title)};", "  labelloc=t; fontname=Helvetica; fontsize=11;"]
     edges: list[tuple[str, int, bool]] = []
     for cid in shown:
-        nodes = list(enumerate(view.nodes(cid)))
-        nodes.sort(key=lambda kn: (cid, kn[0]) not in hl.nodes)
+        nodes = _drawn(view, hl, cid, max_nodes)
+        total = len(view.nodes(cid))
         in_plan = cid in hl.classes
         style = 'style="filled,rounded"; fillcolor="#fff4cc"; color="#d4a017"' if in_plan else \
             'style="rounded"; color="#bbbbbb"'
         root = " (output)" if cid in roots else ""
         lines.append(f"  subgraph cluster_{cid} {{ {style}; fontsize=8; "
                      f"label={_q(f'e{cid}{_axes(c, view, cid)}{root}')};")
-        for k, n in nodes[:max_nodes]:
+        ids = []
+        for k, n in nodes:
             nid = f"n{cid}_{k}"
+            ids.append(nid)
             anchor.setdefault(cid, nid)
             attrs = 'color="#b8860b", penwidth=2, fontcolor="#7a4f00", style="rounded,bold"' \
                 if (cid, k) in hl.nodes else ""
@@ -230,12 +286,15 @@ def egraph_dot(c: Compilation, alt: Alternative, *, max_classes: int = 60, max_n
             for ch in _children(n):
                 if ch in visible:
                     edges.append((nid, ch, (cid, k) in hl.nodes and ch in hl.classes))
-        if len(nodes) > max_nodes:
-            lines.append(f'    m{cid} [label="+{len(nodes) - max_nodes} more", shape=plaintext, fontsize=8];')
+        if total > len(nodes):
+            lines.append(f'    m{cid} [label="+{total - len(nodes)} more", shape=plaintext, fontsize=8];')
+            ids.append(f"m{cid}")
             anchor.setdefault(cid, f"m{cid}")
-        if not nodes:
+        if not total:
             lines.append(f'    m{cid} [label="(no e-nodes)", shape=plaintext, fontsize=8];')
             anchor.setdefault(cid, f"m{cid}")
+        # the e-nodes of a class one under the other, not side by side: the picture grows down, not wide
+        lines += [f"    {a} -> {b} [style=invis];" for a, b in itertools.pairwise(ids)]
         lines.append("  }")
     for src, ch, hot in edges:
         color = ', color="#b8860b", penwidth=1.5' if hot else ""
@@ -243,6 +302,11 @@ def egraph_dot(c: Compilation, alt: Alternative, *, max_classes: int = 60, max_n
         lines.append(f"  {src} -> {anchor[ch]} [{', '.join(x for x in (head, color.lstrip(', ')) if x)}];")
     lines.append("}")
     return "\n".join(lines)
+
+
+def have_dot() -> bool:
+    """Whether graphviz `dot` is on PATH (svg_of_dot needs it; egraph_dot does not)."""
+    return shutil.which("dot") is not None
 
 
 def svg_of_dot(dot: str, timeout: float = 60.0) -> str:
@@ -267,4 +331,5 @@ def inline_svg(svg: str) -> str:
     return svg[start:] if start >= 0 else svg
 
 
-__all__ = ["Highlight", "egraph_dot", "inline_svg", "plan_highlight", "svg_of_dot"]
+__all__ = ["Highlight", "constant_classes", "egraph_dot", "have_dot", "inline_svg", "neighbourhood_classes",
+           "plan_highlight", "svg_of_dot"]

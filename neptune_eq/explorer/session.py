@@ -5,61 +5,88 @@
     diff N M             what differs between alternatives N and M
     verify N             run N against float64 on fresh random inputs
     bench N [M ...]      measured GPU times (a message without a GPU)
-    svg PATH [N]         write the e-graph picture (N highlighted, default 0)
+    svg PATH [N] [--all] write the e-graph around alternative N (default 0), highlighted;
+                         --all: the whole e-graph
     rules                the rules in use and how often they matched
     help, quit
 
-FILE is a DSL example (a top-level ir.Program or program builder, see cli.load_program) or a
-Python file defining `fn` and `example_inputs` (a tuple, or a callable returning one) for the
-PyTorch frontend. The file is a program the user runs (like `python FILE`); rules files, by
-contrast, are never executed.
+FILE is what `neptune-eq compile` takes (cli.load_target): a DSL program file (a top-level
+ir.Program or program builder) or a Python file defining `fn` and `example_inputs` (a tuple, or a
+callable returning one) for the PyTorch frontend. The file is a program the user runs (like
+`python FILE`); rules files, by contrast, are never executed.
+
+At a terminal the prompt has line editing through readline where Python has it (arrow keys, and
+the history of earlier sessions, kept in the cache directory); tables fit the terminal's width.
+Read from a pipe or a file, the session prints no prompt and keeps no history.
 """
 
 from __future__ import annotations
 
-import runpy
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from ..ir import NeptuneError
+from ..cli import load_target
 from .core import Explorer, explore
+from .render import fill, terminal_width
 
 HELP = __doc__.split("\n\n")[1]
+PROMPT = "explore> "
+HISTORY_LENGTH = 1000
 
 
-def load_target(path: str) -> tuple[object, tuple]:
-    """(fn or program, example inputs) defined by a Python file."""
-    p = Path(path)
-    if not p.is_file():
-        raise NeptuneError(f"no such file: {path}")
-    env = runpy.run_path(str(p), run_name="__neptune_example__")
-    fn = env.get("fn")
-    if fn is not None and "example_inputs" in env:
-        inputs = env["example_inputs"]
-        if callable(inputs):
-            inputs = inputs()
-        if not isinstance(inputs, tuple | list):
-            inputs = (inputs,)
-        if not callable(fn):
-            raise NeptuneError(f"{path}: `fn` must be a callable (a PyTorch function or module)")
-        return fn, tuple(inputs)
-    from ..cli import program_in
+def default_history() -> Path:
+    """Where interactive sessions keep their command history: the cache directory."""
+    from ..lower.launch import default_cache_dir
 
-    prog = program_in(env)
-    if prog is None:
-        raise NeptuneError(f"{path} defines neither a program (a top-level ir.Program or program builder) nor "
-                           "`fn` with `example_inputs`")
-    return prog, ()
+    return default_cache_dir() / "explore_history"
+
+
+@contextmanager
+def line_editing(history: Path | None) -> Iterator[None]:
+    """readline for input() while the block runs (arrow keys, in-session history), with `history`
+    loaded before and saved after; a no-op where Python has no readline. Never fails the session
+    over the history file (unreadable, unwritable: the session just keeps none)."""
+    try:
+        import readline
+    except ImportError:  # e.g. Windows without pyreadline: plain input() still works
+        yield
+        return
+    if history is not None:
+        try:
+            readline.clear_history()
+            if history.is_file():
+                readline.read_history_file(str(history))
+        except OSError:
+            history = None
+    try:
+        yield
+    finally:
+        if history is not None:
+            try:
+                history.parent.mkdir(parents=True, exist_ok=True)
+                readline.set_history_length(HISTORY_LENGTH)
+                readline.write_history_file(str(history))
+            except OSError:
+                pass
 
 
 class Session:
-    """A read-eval-print loop over an Explorer, reading commands from `inp` and writing to `out`."""
+    """A read-eval-print loop over an Explorer, reading commands from `inp` and writing to `out`.
 
-    def __init__(self, explorer: Explorer, inp: TextIO = sys.stdin, out: TextIO = sys.stdout):
+    width: the columns tables and prose are laid out in (None: the terminal's, 80 when not a
+    terminal). history: the file the command history is kept in at a terminal (None: none kept
+    beyond the session). Line editing (readline) is used only when `inp` is the terminal's stdin.
+    """
+
+    def __init__(self, explorer: Explorer, inp: TextIO = sys.stdin, out: TextIO = sys.stdout, *,
+                 width: int | None = None, history: Path | None = None):
         self.ex, self.inp, self.out = explorer, inp, out
+        self.width = terminal_width() if width is None else max(width, 20)
+        self.history = history
         self.commands: dict[str, Callable[[list[str]], None]] = {
             "list": self.list_, "ls": self.list_, "show": self.show, "diff": self.diff, "verify": self.verify,
             "bench": self.bench, "svg": self.svg, "rules": self.rules, "help": self.help, "?": self.help,
@@ -68,16 +95,41 @@ class Session:
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
+    def _terminal(self) -> bool:
+        """input() with readline needs the real stdin and stdout, both a terminal."""
+        return self.inp is sys.stdin and self.out is sys.stdout and _isatty(self.inp) and _isatty(self.out)
+
     def run(self) -> int:
-        interactive = self.inp.isatty()
-        self.say(self.ex.summary())
-        self.say(str(self.ex.alternatives))
-        self.say("commands: list, show N, diff N M, verify N, bench N [M ...], svg PATH [N], rules, help, quit")
+        self.say(fill(self.ex.summary(), self.width))
+        self.say(self.ex.alternatives.text(self.width))
+        self.say(fill("commands: list, show N, diff N M, verify N, bench N [M ...], svg PATH [N] [--all], rules, "
+                      "help, quit", self.width))
+        if self._terminal():
+            with line_editing(self.history):
+                return self._loop(self._read_terminal)
+        return self._loop(self._read_stream)
+
+    def _read_terminal(self) -> str | None:
+        """One line at the prompt, edited with readline where present; None at end of input (Ctrl-D)."""
         while True:
-            if interactive:
-                print("explore> ", end="", file=self.out, flush=True)
-            line = self.inp.readline()
-            if not line:
+            try:
+                return input(PROMPT)
+            except EOFError:
+                self.say("")
+                return None
+            except KeyboardInterrupt:  # Ctrl-C drops the line being typed, as in a shell
+                self.say("")
+
+    def _read_stream(self) -> str | None:
+        if _isatty(self.inp):  # a terminal that is not ours (no readline): still show a prompt
+            print(PROMPT, end="", file=self.out, flush=True)
+        line = self.inp.readline()
+        return line or None
+
+    def _loop(self, read: Callable[[], str | None]) -> int:
+        while True:
+            line = read()
+            if line is None:
                 return 0
             try:
                 words = shlex.split(line)
@@ -112,7 +164,7 @@ class Session:
         return ids
 
     def list_(self, args: list[str]) -> None:
-        self.say(str(self.ex.alternatives))
+        self.say(self.ex.alternatives.text(self.width))
 
     def show(self, args: list[str]) -> None:
         (i,) = self._ids(args, 1, "show N")
@@ -124,33 +176,46 @@ class Session:
 
     def verify(self, args: list[str]) -> None:
         (i,) = self._ids(args, 1, "verify N")
-        self.say(f"#{i}: {self.ex.verify(i)}")
+        self.say(fill(f"#{i}: {self.ex.verify(i)}", self.width))
 
     def bench(self, args: list[str]) -> None:
         ids = self._ids(args, None, "bench N [M ...]") if args else None  # None: the top 5
         self.say(str(self.ex.benchmark(ids)))
 
     def svg(self, args: list[str]) -> None:
+        usage = "svg PATH [N] [--all]"
+        whole = "--all" in args
+        args = [a for a in args if a != "--all"]
         if not 1 <= len(args) <= 2:
-            raise ValueError("usage: svg PATH [N]")
-        i = self._ids(args[1:], 1, "svg PATH [N]")[0] if len(args) == 2 else 0
-        svg = self.ex.egraph_svg(i)
+            raise ValueError(f"usage: {usage}")
+        i = self._ids(args[1:], 1, usage)[0] if len(args) == 2 else 0
+        svg = self.ex.egraph_svg(i, whole=whole)
         Path(args[0]).write_text(svg, encoding="utf-8")
-        self.say(f"wrote {args[0]} ({len(svg)} bytes): the e-graph with alternative #{i} highlighted")
+        what = f"the whole e-graph, alternative #{i} highlighted" if whole else \
+            f"alternative #{i} and its neighbourhood in the e-graph"
+        self.say(f"wrote {args[0]} ({len(svg)} bytes): {what}")
 
     def rules(self, args: list[str]) -> None:
-        self.say(self.ex.rules())
+        self.say(self.ex.rules(self.width))
 
     def help(self, args: list[str]) -> None:
         self.say(HELP)
 
 
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
 def run_session(path: str, rules=(), *, inp: TextIO = sys.stdin, out: TextIO = sys.stdout,
-                progress: bool = True) -> int:
-    """Load FILE, compile it with `rules`, and run the command loop."""
+                progress: bool = True, width: int | None = None, history: Path | None = None) -> int:
+    """Load FILE (cli.load_target), compile it with `rules`, and run the command loop.
+    history: the command-history file at a terminal (None: default_history())."""
     target, inputs = load_target(path)
     ex = explore(target, *inputs, rules=rules, progress=progress)  # True: saturation progress on stderr
-    return Session(ex, inp, out).run()
+    return Session(ex, inp, out, width=width, history=history or default_history()).run()
 
 
-__all__ = ["Session", "load_target", "run_session"]
+__all__ = ["Session", "default_history", "line_editing", "load_target", "run_session"]
