@@ -79,7 +79,7 @@ def test_byte_order_mark_is_accepted(tmp_path, capsys):
     (b"ok: exp(a) -> exp(a)\n\xef\xbb\xbfnext: exp(a) -> exp(a)\n", r"r\.rules:2: character U\+FEFF \(ZERO WIDTH "
                                                                     r"NO-BREAK SPACE\) at column 1"),
     ("neg: a \u2212 b -> a\n".encode(), r"r\.rules:1: character U\+2212 \(MINUS SIGN\) at column 8"),
-])
+], ids=["invalid_utf8", "utf16", "bom_mid_file", "unicode_minus"])
 def test_encoding_problems_are_clear(tmp_path, data, match):
     f = tmp_path / "r.rules"
     f.write_bytes(data)
