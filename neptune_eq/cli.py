@@ -173,7 +173,7 @@ def cmd_rules_check(args) -> int:
     from .rules.files import RuleFileError, load_rules_file
     from .rules.user import check_rules, resolve_rules_file
 
-    bad = 0
+    bad = refined = 0
     for path in args.files:
         try:
             rules = load_rules_file(resolve_rules_file(path))
@@ -181,12 +181,14 @@ def cmd_rules_check(args) -> int:
             print(f"error: {e}")
             bad += 1
             continue
-        checks = check_rules(rules)
+        checks = check_rules(rules, strict=args.strict)
         print(f"{path}: {len(rules)} rule(s)")
         for chk in checks:
             print(f"  {chk}")
         bad += sum(not chk.ok for chk in checks)
-    print("all rules ok" if not bad else f"{bad} problem(s)")
+        refined += sum(chk.ok and chk.refinement is not None for chk in checks)
+    note = f" ({refined} refinement(s), accepted; --strict rejects them)" if refined else ""
+    print(f"all rules ok{note}" if not bad else f"{bad} problem(s)")
     return 1 if bad else 0
 
 
@@ -227,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     rsub = r.add_subparsers(dest="rules_cmd", required=True)
     rc = rsub.add_parser("check", help="parse and fuzz rules files for soundness (exit 1 on a bad rule)")
     rc.add_argument("files", nargs="+", metavar="FILE")
+    rc.add_argument("--strict", action="store_true", help="also reject refinements (rules whose left side is NaN "
+                    "where the right side is a number), which are otherwise accepted and marked")
     rc.set_defaults(fn=cmd_rules_check)
     rl = rsub.add_parser("list", help="list the built-in algebra rules")
     rl.set_defaults(fn=cmd_rules_list)

@@ -47,6 +47,7 @@ class Options:
     inline_max: int = 256  # contractions over axes up to this extent are computed per tile
     max_plans: int = 200
     rules: tuple[Rule, ...] = ()  # extra (user) algebra rules, already checked for soundness
+    strict_rules: bool = False  # reject user rules that only refine (docs/RULES.md) instead of warning
     progress: Progress | bool = None
     cache_dir: Path | None = None
 

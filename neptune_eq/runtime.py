@@ -168,9 +168,10 @@ def compile_ir(program: ir.Program, options: Options | None = None, *, rules=())
 
 
 def with_user_rules(options: Options, rules) -> Options:
-    """`options` with the user `rules` (checked for soundness first: rules/user.py) added."""
+    """`options` with the user `rules` (checked for soundness first: rules/user.py) added; refinements
+    warn, or are rejected when options.strict_rules."""
     if not rules:
         return options
     from .rules.user import user_rules
 
-    return replace(options, rules=(*options.rules, *user_rules(rules)))
+    return replace(options, rules=(*options.rules, *user_rules(rules, strict=options.strict_rules)))

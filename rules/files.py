@@ -20,6 +20,10 @@ any term. Conditions after `if`, separated by commas:
     finite(x)        no syntactic ±inf can reach x
     not_zero(x)      x is not known to equal the constant 0
 
+Files are UTF-8 (a leading byte-order mark is accepted); outside comments a rule is ASCII. Numbers
+must be exact: an integer literal must fit a 64-bit integer and be exactly a float64 (|n| ≤ 2**53,
+or a multiple of a power of two that is), a float literal must not overflow to inf or underflow to 0.
+
 The expressions are parsed with Python's `ast` module in 'eval' mode and then walked with a strict
 whitelist of node types: names, numbers, + - * /, unary minus, single comparisons and calls of the
 functions above. Attribute access, subscripts, lambdas, keywords, strings and every other call are
@@ -31,6 +35,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +50,7 @@ from .base import Cond, Rule, free_of, is_finite, is_nonneg, nonzero, normal, no
 MAX_FILE_BYTES = 1_000_000
 MAX_LINE_CHARS = 2_000
 MAX_NODES = 200  # per side: keeps every later recursive walk shallow
+I64_MAX = 2**63 - 1
 
 FUNCTIONS = {name: OPS[name].arity for name in ("exp", "exp2", "log", "log2", "tanh", "sqrt", "rsqrt", "abs", "max2",
                                                  "min2", "where")}
@@ -80,7 +86,10 @@ class _Line:
     terms: set[str] = field(default_factory=set)  # term variables
 
     def error(self, msg: str) -> RuleFileError:
-        return RuleFileError(f"{self.source}:{self.lineno}: {msg}\n    {self.text.strip()}")
+        text = self.text.strip()
+        if len(text) > 160:  # a pathological line is named, not echoed whole
+            text = f"{text[:120]} … {text[-30:]}"
+        return RuleFileError(f"{self.source}:{self.lineno}: {msg}\n    {text}")
 
 
 def load_rules_file(path: str | Path) -> list[Rule]:
@@ -90,10 +99,16 @@ def load_rules_file(path: str | Path) -> list[Rule]:
         raise RuleFileError(f"no such rules file: {path}")
     if p.stat().st_size > MAX_FILE_BYTES:
         raise RuleFileError(f"{path}: rules file larger than {MAX_FILE_BYTES} bytes")
+    data = p.read_bytes()
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise RuleFileError(f"{path}: not a UTF-8 text file (it starts with a UTF-16 byte-order mark); "
+                            "save it as UTF-8")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = data.decode("utf-8-sig")  # a UTF-8 byte-order mark (as some editors write) is dropped
     except UnicodeDecodeError as e:
-        raise RuleFileError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+        line = data[:e.start].count(b"\n") + 1
+        raise RuleFileError(f"{path}:{line}: not a UTF-8 text file ({e.reason}: byte 0x{data[e.start]:02x} at "
+                            f"offset {e.start}); save it as UTF-8") from None
     return parse_rules(text, str(path))
 
 
@@ -101,6 +116,7 @@ def parse_rules(text: str, source: str = "<rules>") -> list[Rule]:
     """Rules from the text of a rules file; `source` names it in errors and in each rule's origin."""
     out: list[Rule] = []
     seen: dict[str, int] = {}
+    text = text.removeprefix("\ufeff")  # a byte-order mark before the first line
     for lineno, raw in enumerate(text.splitlines(), 1):
         stripped = raw.split("#", 1)[0].strip()
         if not stripped:
@@ -108,6 +124,11 @@ def parse_rules(text: str, source: str = "<rules>") -> list[Rule]:
         line = _Line(source, lineno, raw)
         if len(raw) > MAX_LINE_CHARS:
             raise line.error(f"line longer than {MAX_LINE_CHARS} characters")
+        odd = next((ch for ch in stripped if not ch.isascii()), None)
+        if odd is not None:  # say which character, rather than a puzzling syntax error (invisible ones above all)
+            what = unicodedata.name(odd, "unnamed character")
+            raise line.error(f"character U+{ord(odd):04X} ({what}) at column {raw.index(odd) + 1}: rules are "
+                             "ASCII outside comments")
         rule = _parse_line(line, stripped)
         if rule.name in seen:
             raise line.error(f"rule '{rule.name}' is already defined on line {seen[rule.name]}")
@@ -171,11 +192,11 @@ def _parse_expr(line: _Line, text: str, what: str) -> ast.expr:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         msg = getattr(e, "msg", None) or str(e) or type(e).__name__
         raise line.error(f"cannot read the {what} `{text}`: {msg}") from None
-    _check(line, tree.body, what)
+    _check(line, tree.body, what, text)
     return tree.body
 
 
-def _check(line: _Line, node: ast.AST, what: str) -> None:
+def _check(line: _Line, node: ast.AST, what: str, source: str) -> None:
     """Whitelist walk: only names, numbers, + - * /, unary ±, one comparison and allowed calls."""
     stack = [node]
     seen = 0
@@ -189,6 +210,7 @@ def _check(line: _Line, node: ast.AST, what: str) -> None:
         if isinstance(n, ast.Constant):
             if isinstance(n.value, bool) or not isinstance(n.value, int | float):
                 raise line.error(f"only numbers may appear as constants in the {what}, not {n.value!r}")
+            _check_number(line, n, ast.get_source_segment(source, n) or repr(n.value))
             continue
         if isinstance(n, ast.BinOp):
             if type(n.op) not in _ARITH:
@@ -219,6 +241,22 @@ def _check(line: _Line, node: ast.AST, what: str) -> None:
         else:
             kind = next((v for k, v in _FORBIDDEN.items() if isinstance(n, k)), type(n).__name__)
             raise line.error(f"not allowed in a rule: {kind}")
+
+
+def _check_number(line: _Line, n: ast.Constant, written: str) -> None:
+    """Refuse a literal that the rule could only use rounded: rules constants are float64."""
+    shown = written if len(written) <= 40 else f"{written[:20]}…{written[-8:]} ({len(written)} characters)"
+    v = n.value
+    if isinstance(v, int):
+        if v > I64_MAX:
+            raise line.error(f"integer literal {shown} does not fit a 64-bit integer (largest {I64_MAX})")
+        if float(v) != v:
+            raise line.error(f"integer literal {shown} is not exactly a float64 (it would be {float(v)!r}); write "
+                             "the float you mean")
+    elif math.isinf(v):
+        raise line.error(f"number {shown} overflows float64 (it would be inf); write inf if you mean infinity")
+    elif v == 0 and re.search(r"[1-9]", re.split(r"[eE]", written)[0]):
+        raise line.error(f"number {shown} underflows float64 (it would be 0); write 0 if you mean zero")
 
 
 def _op_text(op: ast.AST) -> str:

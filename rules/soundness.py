@@ -1,19 +1,36 @@
 """Soundness fuzzing: evaluate both sides of a rule in float64 on random values.
 
-Values mix ordinary numbers with ±inf, 0, ±1, huge (up to 1e300) and tiny (down to 1e-300)
-magnitudes and the domain edges of log and sqrt. A rule is sound when, for every sample where
-the left side is defined (not NaN), the right side equals it within a tolerance scaled by the
-largest intermediate value of either side (so catastrophic cancellation in a correct rule is not
-mistaken for an error). Samples where either side overflows or underflows from finite operands
-are not judged: the rules must be exact over the reals and keep IEEE's special values (±inf,
-signed zero, NaN for undefined) as inputs. A failure comes with its counterexample.
+What a user may rely on (docs/RULES.md says the same):
+
+Values. Every variable is sampled from a mix of ordinary numbers, ±inf, NaN, 0, ±1, huge (up to
+1e300) and tiny (down to 1e-300) magnitudes and the domain edges of log and sqrt. Conditions only
+restrict what they guarantee about *values*: positive/nonzero/normal constrain a constant, nonneg
+keeps a value ≥ 0 (or NaN, or −0, as sqrt gives), free_of keeps it constant along an axis.
+finite(x) and not_zero(x) are syntactic guards in the e-graph, not promises about the data, so
+their variables still see ±inf, NaN and 0.
+
+Axes. Every axis variable of the rule gets its own array dimension and is tried at the extents
+EXTENTS (1, 2, 3, 5, 8), rotated so that two axes of one rule get different extents; a variable
+bound by `extent_of(n, j)` is that extent. A rule with several axis variables is also tried with
+all of them the same axis (egglog may bind two axis variables to one axis). A reduction of a body
+that does not vary along its axis reduces `extent` copies, as the kernels do. Every monoid is tried
+for a monoid variable.
+
+Verdict. A rule is *sound* when, at every sample where the left side is defined (not NaN), the
+right side equals it within a tolerance scaled by the largest intermediate value of either side (so
+catastrophic cancellation in a correct rule is not mistaken for an error). It is a *refinement*
+when it is sound but the left side is NaN at some sample where the right side is not (a/a → 1 at
+a = 0): the rewritten program may then give a number where the original gave NaN. Samples where
+either side overflows or underflows from finite operands are not judged: rules must be exact over
+the reals and keep IEEE's special values as inputs. Each finding comes with its sample, preferring
+one whose inputs are finite.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,11 +39,13 @@ from neptune_eq.ops import MONOIDS, OPS, np_reduce
 
 from .patterns import PNode, pretty
 
-J = 5  # elements along a reduced axis
+EXTENTS = (1, 2, 3, 5, 8)  # extents tried along every reduced axis (programs require extents ≥ 1)
+NAN_RATE = 0.04  # share of sampled values that are NaN (kept low: one NaN poisons a whole reduction)
+_TINY = 2.2250738585072014e-308  # smallest normal double
 
 
 def special_values(rng: np.random.Generator, shape, *, finite: bool = False) -> np.ndarray:
-    """Random float64 values with many special cases."""
+    """Random float64 values with many special cases (±inf and NaN unless `finite`)."""
     n = int(np.prod(shape))
     kind = rng.integers(0, 12, n)
     out = rng.normal(0.0, 3.0, n)
@@ -42,6 +61,7 @@ def special_values(rng: np.random.Generator, shape, *, finite: bool = False) -> 
     out = np.where(kind == 7, rng.integers(-4, 5, n).astype(float), out)
     if not finite:
         out = np.where(kind == 8, sign * np.inf, out)
+        out = np.where(rng.random(n) < NAN_RATE, np.nan, out)
     return out.reshape(shape)
 
 
@@ -55,6 +75,12 @@ class _Ev:
 
 
 _CAN_UNDERFLOW = {"mul", "div", "exp", "exp2", "f_mul", "f_div"}
+_F64 = {"f_add": np.add, "f_sub": np.subtract, "f_mul": np.multiply, "f_div": np.divide, "f_neg": np.negative}
+
+
+def _leaf(v) -> _Ev:
+    v = np.asarray(v, dtype=float)
+    return _Ev(v, np.zeros(v.shape, bool), np.where(np.isfinite(v), np.abs(v), 0.0))
 
 
 def _apply(fn, args: list[_Ev], name: str = "") -> _Ev:
@@ -74,74 +100,127 @@ def _apply(fn, args: list[_Ev], name: str = "") -> _Ev:
         nonzero_in = np.ones(shape, bool)
         for a in args:
             nonzero_in &= np.broadcast_to(a.v != 0, shape)
-        tainted = tainted | (finite_in & nonzero_in & (np.abs(v) < 2.2250738585072014e-308))
+        tainted = tainted | (finite_in & nonzero_in & (np.abs(v) < _TINY))
     fin = np.where(np.isfinite(v), np.abs(v), 0.0)
     return _Ev(v, tainted, np.maximum(mag, fin))
 
 
-def _reduce(op: str, body: _Ev) -> _Ev:
-    """Reduce over the sampled axis (dimension 1), keeping it as size 1."""
-    v = np.broadcast_to(body.v if body.v.ndim == 2 else body.v[:, None], (body.v.shape[0], J))
-    red = np_reduce(op, v, 1)[:, None]
-    t = np.broadcast_to(body.tainted if body.tainted.ndim == 2 else body.tainted[:, None], v.shape).any(1)[:, None]
-    m = np.broadcast_to(body.mag if body.mag.ndim == 2 else body.mag[:, None], v.shape).max(1)[:, None]
-    finite_in = np.isfinite(v).all(1)[:, None]
+def _reduce(op: str, body: _Ev, axis: int, extent: int, rank: int) -> _Ev:
+    """Reduce along array axis `axis` (of `extent` elements), keeping it as size 1.
+
+    A body that does not vary along the axis (size 1 there) is reduced as `extent` copies."""
+    def full(x: np.ndarray) -> np.ndarray:
+        x = x.reshape((1,) * (rank - x.ndim) + x.shape)
+        shape = list(x.shape)
+        shape[axis] = extent
+        return np.broadcast_to(x, shape)
+
+    v = full(body.v)
+    red = np.expand_dims(np_reduce(op, v, axis), axis)
+    t = full(body.tainted).any(axis, keepdims=True)
+    m = full(body.mag).max(axis, keepdims=True)
+    finite_in = np.isfinite(v).all(axis, keepdims=True)
     t = t | (np.isinf(red) & finite_in)
     return _Ev(red, t, np.maximum(m, np.where(np.isfinite(red), np.abs(red), 0.0)))
 
 
-_F64 = {"f_add": np.add, "f_sub": np.subtract, "f_mul": np.multiply, "f_div": np.divide, "f_neg": np.negative}
+def _axis_key(p: PNode) -> str:
+    """The name of a reduction's axis: its variable, or the quoted literal."""
+    return p.name if p.kind == "var" else repr(p.value)
 
 
-def eval_pattern(p: PNode, env: dict[str, np.ndarray], ints: dict[str, float]) -> _Ev:
+@dataclass
+class _Context:
+    """Where each axis lives in the sampled arrays (axis 0 holds the samples) and its extent."""
+
+    dims: dict[str, int] = field(default_factory=dict)  # axis key → array axis ≥ 1
+    extents: dict[int, int] = field(default_factory=dict)  # array axis → extent
+
+    @property
+    def rank(self) -> int:
+        return 1 + len(self.extents)
+
+
+def eval_pattern(p: PNode, env: dict[str, np.ndarray], ints: dict[str, object], ctx: _Context | None = None) -> _Ev:
+    """Evaluate a rule side on sampled values; without `ctx` every reduction is over array axis 1."""
+    ctx = ctx or _Context({}, {1: env_extent(env)})
     if p.kind == "var":
-        if p.name in ints:
-            v = np.asarray(ints[p.name], float)
-            return _Ev(v, np.zeros(v.shape, bool), np.abs(v))
-        v = env[p.name]
-        return _Ev(v, np.zeros(v.shape, bool), np.where(np.isfinite(v), np.abs(v), 0.0))
+        return _leaf(ints[p.name]) if p.name in ints else _leaf(env[p.name])
     if p.kind == "lit":
-        v = np.asarray(float(p.value) if isinstance(p.value, int | float) else 0.0)
-        return _Ev(v, np.zeros((), bool), np.where(np.isfinite(v), np.abs(v), 0.0))
+        return _leaf(float(p.value) if isinstance(p.value, int | float) else 0.0)
     name = p.name
-    if name == "const":
-        return eval_pattern(p.args[0], env, ints)
+    if name in ("const", "f64.from_i64"):
+        return eval_pattern(p.args[0], env, ints, ctx)
     if name in _F64:
-        return _apply(_F64[name], [eval_pattern(a, env, ints) for a in p.args], name)
-    if name == "f64.from_i64":
-        return eval_pattern(p.args[0], env, ints)
+        return _apply(_F64[name], [eval_pattern(a, env, ints, ctx) for a in p.args], name)
     if name == "red":
         op = p.args[0].value if p.args[0].kind == "lit" else ints[p.args[0].name]
-        return _reduce(op, eval_pattern(p.args[2], env, ints))
+        axis = ctx.dims.get(_axis_key(p.args[1]), 1)
+        return _reduce(op, eval_pattern(p.args[2], env, ints, ctx), axis, ctx.extents.get(axis, 1), ctx.rank)
     if name in ("load", "index", "sym"):
         key = f"{name}:{p.args[0].value}"
         if key not in env:
             raise KeyError(key)
-        return eval_pattern(PNode("var", key), env, ints)
+        return _leaf(env[key])
     if name not in OPS:
         raise ValueError(f"cannot evaluate '{name}' in a rule")
-    return _apply(OPS[name].numpy, [eval_pattern(a, env, ints) for a in p.args], name)
+    return _apply(OPS[name].numpy, [eval_pattern(a, env, ints, ctx) for a in p.args], name)
+
+
+def env_extent(env: dict[str, np.ndarray]) -> int:
+    """The extent of array axis 1 among sampled values (1 when none has that axis)."""
+    return max((np.shape(v)[1] for v in env.values() if np.ndim(v) >= 2), default=1)
+
+
+# ---------------------------------------------------------------- findings
 
 
 @dataclass
 class Counterexample:
+    """A sample on which a rule fails (kind "unsound") or only refines (kind "refinement")."""
+
     rule: str
     values: dict[str, object]
     lhs: float
     rhs: float
+    kind: str = "unsound"
+
+    @property
+    def where(self) -> str:
+        return ", ".join(f"{k}={fmt_value(v)}" for k, v in self.values.items()) or "any input"
 
     def __str__(self) -> str:
-        vals = ", ".join(f"{k}={_fmt(v)}" for k, v in self.values.items())
-        return (f"rule '{self.rule}' is unsound: with {vals}: left side = {_fmt(self.lhs)}, "
-                f"right side = {_fmt(self.rhs)}")
+        if self.kind == "refinement":
+            return (f"rule '{self.rule}' is a refinement: at {self.where} the left side is undefined (nan) and "
+                    f"the right side = {fmt_value(self.rhs)}")
+        return (f"rule '{self.rule}' is unsound: with {self.where}: left side = {fmt_value(self.lhs)}, "
+                f"right side = {fmt_value(self.rhs)}")
 
 
-def _fmt(v) -> str:
+@dataclass
+class Verdict:
+    """What fuzzing found: `counterexample` (unsound) or `refinement` (sound but refining), or neither."""
+
+    counterexample: Counterexample | None = None
+    refinement: Counterexample | None = None
+
+    @property
+    def sound(self) -> bool:
+        return self.counterexample is None
+
+
+def fmt_value(v) -> str:
+    """A sampled value as the messages show it (floats by repr, NaN as nan, arrays as lists)."""
     if isinstance(v, np.ndarray):
-        return "[" + ", ".join(_fmt(x) for x in v.tolist()) + "]"
+        v = v.tolist()
+    if isinstance(v, list):
+        return "[" + ", ".join(fmt_value(x) for x in v) + "]"
     if isinstance(v, float):
         return "nan" if math.isnan(v) else repr(v)
     return repr(v)
+
+
+# ---------------------------------------------------------------- sampling and judging
 
 
 def _leaf_keys(p: PNode, out: set[str]) -> None:
@@ -151,61 +230,57 @@ def _leaf_keys(p: PNode, out: set[str]) -> None:
         _leaf_keys(a, out)
 
 
-def _squeeze(e: _Ev) -> _Ev:
-    """A value free of the reduced axis is sampled as (S, 1); compare it as (S,)."""
-    if e.v.ndim == 2 and e.v.shape[1] == 1:
-        return _Ev(e.v[:, 0], np.broadcast_to(e.tainted, e.v.shape)[:, 0], np.broadcast_to(e.mag, e.v.shape)[:, 0])
-    return e
-
-
-def _unsqueeze(e: _Ev) -> _Ev:
-    return _Ev(e.v[:, None], np.broadcast_to(e.tainted, e.v.shape)[:, None], np.broadcast_to(e.mag, e.v.shape)[:, None])
-
-
-def _monoid_vars(p: PNode, out: set[str]) -> None:
-    if p.kind == "op" and p.name == "red" and p.args[0].kind == "var":
-        out.add(p.args[0].name)
+def _reductions(p: PNode, monoids: set[str], axes: list[str]) -> None:
+    if p.kind == "op" and p.name == "red":
+        if p.args[0].kind == "var":
+            monoids.add(p.args[0].name)
+        key = _axis_key(p.args[1])
+        if key not in axes:
+            axes.append(key)
     for a in p.args:
-        _monoid_vars(a, out)
+        _reductions(a, monoids, axes)
 
 
-def fuzz(name: str, lhs: PNode, rhs: PNode, conds=(), **kw) -> Counterexample | None:
-    """None if no counterexample was found, else the first one. A monoid variable tries every monoid."""
-    mvars: set[str] = set()
-    _monoid_vars(lhs, mvars)
-    _monoid_vars(rhs, mvars)
-    for combo in itertools.product(sorted(MONOIDS), repeat=len(mvars)):
-        bad = _fuzz_once(name, lhs, rhs, conds, dict(zip(sorted(mvars), combo)), **kw)
-        if bad is not None:
-            return bad
-    return None
+def _layouts(axes: list[str], sorts: dict[str, str]) -> list[_Context]:
+    """Axis layouts × extents to try: distinct axes at rotated extents, then (≥ 2 axis variables) one axis."""
+    if not axes:
+        return [_Context()]
+    variables = [ax for ax in axes if sorts.get(ax) == "String"]
+    layouts = [{ax: k + 1 for k, ax in enumerate(axes)}]
+    if len(variables) > 1:  # egglog may bind two axis variables to the same axis
+        merged = {ax: 1 for ax in variables}
+        for ax in axes:
+            if ax not in merged:
+                merged[ax] = max(merged.values()) + 1
+        layouts.append(merged)
+    out = []
+    for dims in layouts:
+        arrays = sorted(set(dims.values()))
+        for t in range(len(EXTENTS)):
+            out.append(_Context(dims, {d: EXTENTS[(t + m) % len(EXTENTS)] for m, d in enumerate(arrays)}))
+    return out
 
 
-def _fuzz_once(name: str, lhs: PNode, rhs: PNode, conds, monoids: dict[str, str], *, samples: int = 2000,
-               seed: int = 0, rtol: float = 1e-9) -> Counterexample | None:
-    rng = np.random.default_rng(seed)
-    sorts = {**rhs.vars(), **lhs.vars()}
-    free_axis_vars = {c.var for c in conds if c.kind == "free_of"}
-    uses_red = "red" in lhs.ops() | rhs.ops()
+def _sample(rng, sorts: dict[str, str], keys: set[str], conds, ctx: _Context, monoids: dict[str, str],
+            samples: int) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    full = (samples, *(ctx.extents[d] for d in sorted(ctx.extents)))
     env: dict[str, np.ndarray] = {}
-    ints: dict[str, float] = {}
+    ints: dict[str, object] = {}
     for var, sort in sorts.items():
         if sort == "Term":
-            shape = (samples, J) if uses_red and var not in free_axis_vars else (samples,)
-            if uses_red and var in free_axis_vars:
-                shape = (samples, 1)
-            env[var] = special_values(rng, shape)
+            shape = list(full)
+            for c in conds:  # a term free of an axis is constant along it
+                if c.kind == "free_of" and c.var == var and c.axis in ctx.dims:
+                    shape[ctx.dims[c.axis]] = 1
+            env[var] = special_values(rng, tuple(shape))
         elif sort == "f64":
-            env[var] = special_values(rng, (samples, 1) if uses_red else (samples,))
+            env[var] = special_values(rng, (samples,) + (1,) * (len(full) - 1))
         elif sort == "String":
             ints[var] = monoids.get(var, 0.0)
         elif sort == "i64":
             ints[var] = 0.0
-    keys: set[str] = set()
-    _leaf_keys(lhs, keys)
-    _leaf_keys(rhs, keys)
     for k in keys:
-        env[k] = special_values(rng, (samples, J) if uses_red else (samples,))
+        env[k] = special_values(rng, full)
     for c in conds:
         v = env.get(c.var)
         if c.kind == "positive":
@@ -214,45 +289,111 @@ def _fuzz_once(name: str, lhs: PNode, rhs: PNode, conds, monoids: dict[str, str]
             env[c.var] = np.where(v != 0, v, 1.0)
         elif c.kind == "normal":
             env[c.var] = np.where((np.abs(v) > 1e-300) & (np.abs(v) < 1e300), v, 2.0)
-        elif c.kind == "nonneg":
+        elif c.kind == "nonneg":  # what the nonneg analysis proves: ≥ 0 or NaN
             env[c.var] = np.abs(v)
-        elif c.kind == "finite":
-            env[c.var] = np.where(np.isfinite(v), v, 1.5)
         elif c.kind == "extent":
-            ints[c.var] = float(J)
-    L = _squeeze(eval_pattern(lhs, env, ints))
-    R = _squeeze(eval_pattern(rhs, env, ints))
-    if L.v.ndim != R.v.ndim:  # one side still varies along the reduced axis: compare per element
-        L, R = (_unsqueeze(e) if e.v.ndim == 1 else e for e in (L, R))
+            ints[c.var] = float(ctx.extents[ctx.dims[c.axis]]) if c.axis in ctx.dims else 1.0
+        # finite / not_zero are syntactic guards (no ±inf literal, not the literal 0): data is unrestricted
+    return env, ints
+
+
+def _expand(e: _Ev, rank: int) -> _Ev:
+    def up(x):
+        x = np.asarray(x)
+        return x.reshape((1,) * (rank - x.ndim) + x.shape)
+    return _Ev(up(e.v), up(e.tainted), up(e.mag))
+
+
+def _judge(L: _Ev, R: _Ev, rtol: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample row: unsound?, refining?; and per element the masks they came from."""
+    rank = max(L.v.ndim, R.v.ndim, 1)
+    L, R = _expand(L, rank), _expand(R, rank)
     shape = np.broadcast_shapes(L.v.shape, R.v.shape)
     lv, rv = np.broadcast_to(L.v, shape), np.broadcast_to(R.v, shape)
-    lt = np.broadcast_to(L.tainted, shape) | np.broadcast_to(R.tainted, shape)
+    tainted = np.broadcast_to(L.tainted, shape) | np.broadcast_to(R.tainted, shape)
     mag = np.maximum(np.broadcast_to(L.mag, shape), np.broadcast_to(R.mag, shape))
     with np.errstate(all="ignore"):
         close = np.abs(lv - rv) <= rtol * np.maximum(mag, np.maximum(np.abs(lv), np.abs(rv))) + 1e-300
     same = (lv == rv) | close
-    ok = np.isnan(lv) | lt | (np.isfinite(lv) & np.isfinite(rv) & same) | (np.isinf(lv) & (lv == rv))
-    if ok.all():
-        return None
-    k = np.unravel_index(int(np.argmin(ok)), shape)
-    row = k[0]
-    values = {}
+    ok = np.isnan(lv) | tainted | (np.isfinite(lv) & np.isfinite(rv) & same) | (np.isinf(lv) & (lv == rv))
+    refines = np.isnan(lv) & ~np.isnan(rv) & ~tainted
+    return ~ok, refines, lv, rv
+
+
+def _finding(kind: str, name: str, mask: np.ndarray, lv, rv, sorts, env, ints, ctx) -> Counterexample:
+    """The flagged element whose inputs are plainest (fewest NaN, then ±inf, then values that are not small
+    integers), first among equals: the message should show the simplest failing input."""
+    rows = mask.reshape(mask.shape[0], -1).any(1)
+    odd = np.zeros(mask.shape[0])
+    for v in env.values():
+        with np.errstate(invalid="ignore"):
+            small_int = (np.abs(v) <= 4) & (np.round(v) == v)
+        score = 1000.0 * np.isnan(v) + 100.0 * np.isinf(v) + ~small_int
+        odd += score.reshape(v.shape[0], -1).sum(1)
+    row = int(np.argmin(np.where(rows, odd, np.inf)))
+    k = (row, *np.unravel_index(int(np.argmax(mask[row].ravel())), mask.shape[1:]))
+    values: dict[str, object] = {}
+    for d in sorted(ctx.extents):  # extent(j)=3; axis variables bound to one axis: extent(j=k)=3
+        values[f"extent({'='.join(ax for ax, e in ctx.dims.items() if e == d)})"] = ctx.extents[d]
     for var in sorted(sorts):
         if var in env:
-            v = env[var][row]
+            v = np.squeeze(env[var][row])
             values[var] = v if np.ndim(v) else float(v)
-        elif var in ints:
+        elif var in ints and sorts[var] != "String":
             values[var] = ints[var]
-    return Counterexample(name, values, float(lv[k]), float(rv[k]))
+        elif isinstance(ints.get(var), str):
+            values[var] = ints[var]  # a monoid variable: the monoid tried
+    for key in sorted(k for k in env if ":" in k):
+        v = np.squeeze(env[key][row])
+        values[key] = v if np.ndim(v) else float(v)
+    return Counterexample(name, values, float(lv[k]), float(rv[k]), kind)
+
+
+def fuzz_verdict(name: str, lhs: PNode, rhs: PNode, conds=(), *, samples: int = 2000, seed: int = 0,
+                 rtol: float = 1e-9) -> Verdict:
+    """Fuzz `lhs → rhs` under `conds`: the first unsound sample, else the first refining one (see module doc)."""
+    sorts = {**rhs.vars(), **lhs.vars()}
+    mvars: set[str] = set()
+    axes: list[str] = []
+    _reductions(lhs, mvars, axes)
+    _reductions(rhs, mvars, axes)
+    axes += [c.axis for c in conds if c.kind in ("extent", "free_of") and c.axis not in axes]
+    keys: set[str] = set()
+    _leaf_keys(lhs, keys)
+    _leaf_keys(rhs, keys)
+    rng = np.random.default_rng(seed)
+    verdict = Verdict()
+    for combo in itertools.product(sorted(MONOIDS), repeat=len(mvars)):
+        monoids = dict(zip(sorted(mvars), combo))
+        for ctx in _layouts(axes, sorts):
+            env, ints = _sample(rng, sorts, keys, conds, ctx, monoids, samples)
+            L, R = eval_pattern(lhs, env, ints, ctx), eval_pattern(rhs, env, ints, ctx)
+            bad, refines, lv, rv = _judge(L, R, rtol)
+            if bad.any():
+                verdict.counterexample = _finding("unsound", name, bad, lv, rv, sorts, env, ints, ctx)
+                return verdict
+            if verdict.refinement is None and refines.any():
+                verdict.refinement = _finding("refinement", name, refines, lv, rv, sorts, env, ints, ctx)
+    return verdict
+
+
+def fuzz(name: str, lhs: PNode, rhs: PNode, conds=(), **kw) -> Counterexample | None:
+    """The first unsound sample of `lhs → rhs`, or None (refinements are not counterexamples)."""
+    return fuzz_verdict(name, lhs, rhs, conds, **kw).counterexample
+
+
+def rule_verdict(rule, **kw) -> Verdict:
+    """Fuzz a rules.base.Rule (both directions if bidirectional; a reverse refinement counts too)."""
+    out = fuzz_verdict(rule.name, rule.lhs_pattern, rule.rhs_pattern, rule.conds, **kw)
+    if out.sound and rule.bidirectional:
+        back = fuzz_verdict(rule.name + " (reverse)", rule.rhs_pattern, rule.lhs_pattern, rule.conds, **kw)
+        out = Verdict(back.counterexample, out.refinement or back.refinement)
+    return out
 
 
 def fuzz_rule(rule, **kw) -> Counterexample | None:
-    """Fuzz a rules.base.Rule (both directions if bidirectional)."""
-    lhs, rhs = rule.lhs_pattern, rule.rhs_pattern
-    bad = fuzz(rule.name, lhs, rhs, rule.conds, **kw)
-    if bad is None and rule.bidirectional:
-        bad = fuzz(rule.name + " (reverse)", rhs, lhs, rule.conds, **kw)
-    return bad
+    """The first unsound sample of a rules.base.Rule (both directions if bidirectional), or None."""
+    return rule_verdict(rule, **kw).counterexample
 
 
 def describe(rule) -> str:
@@ -286,4 +427,5 @@ def eval_ir_sampled(node: ir.Node, env: dict[str, np.ndarray]) -> np.ndarray:
     return go(node)
 
 
-__all__ = ["MONOIDS", "Counterexample", "eval_ir_sampled", "fuzz", "fuzz_rule", "special_values"]
+__all__ = ["EXTENTS", "MONOIDS", "Counterexample", "Verdict", "eval_ir_sampled", "fmt_value", "fuzz", "fuzz_rule",
+           "fuzz_verdict", "rule_verdict", "special_values"]

@@ -13,12 +13,18 @@ accepts, in any mix:
 
 Every rule is validated (a left side that is an operation, no variable on the right that the left
 does not bind, a name that is not taken) and fuzzed for soundness (rules/soundness.py: both sides in
-float64 on random values including ±inf, huge and tiny magnitudes and the domain edges of log and
-sqrt). An unsound rule is rejected with UnsoundRuleError showing the counterexample.
+float64 on random values including ±inf, NaN, huge and tiny magnitudes and the domain edges of log
+and sqrt, reductions over extents 1, 2, 3, 5 and 8). An unsound rule is rejected with
+UnsoundRuleError showing the counterexample. A refinement (sound, but its left side is NaN where its
+right side is a number, like a/a → 1 at a = 0) is accepted with a RuleRefinementWarning naming the
+sample, or rejected with RefinementRuleError under strict checking (`strict=True`; the compile
+option `strict_rules`; `neptune-eq rules check --strict`).
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +42,7 @@ from .algebra import ALGEBRA
 from .base import Cond, Rule, extent_of, free_of, is_finite, is_nonneg, nonzero, normal, not_zero, positive
 from .files import RuleFileError, load_rules_file
 from .patterns import PatternError, pattern_of
-from .soundness import Counterexample, fuzz_rule
+from .soundness import Counterexample, Verdict, fmt_value, rule_verdict
 
 RULES_DIR = Path(__file__).resolve().parent  # shipped *.rules files live next to this module
 RuleSpec = str | Path | Rule | RewriteOrRule | tuple
@@ -54,8 +60,25 @@ class UnsoundRuleError(RuleError):
         super().__init__(
             f"{_where(rule)}rule '{rule.name}' ({rule.math}) is unsound: {_cx_text(counterexample)}. A rule must "
             "give the same value as its left side wherever the left side is defined (not NaN), for all "
-            "float64 values including ±inf, 0, huge and tiny magnitudes; restrict it with a condition "
-            "(e.g. `if positive(c)`, `if b free of j`) or drop it")
+            "float64 values including ±inf, NaN, 0, huge and tiny magnitudes, and every extent of a reduced "
+            "axis; restrict it with a condition (e.g. `if positive(c)`, `if b free of j`) or drop it")
+
+
+class RefinementRuleError(RuleError):
+    """A refinement (sound, but its left side is undefined where its right side is not) under strict checking."""
+
+    def __init__(self, rule: Rule, refinement: Counterexample):
+        self.rule, self.refinement = rule, refinement
+        super().__init__(
+            f"{_where(rule)}rule '{rule.name}' ({rule.math}) is a refinement, rejected by strict rule checking: "
+            f"{_refinement_text(refinement)}. Without strict checking it would be accepted with a warning; add a "
+            "condition that excludes those values or drop the rule")
+
+
+class RuleRefinementWarning(UserWarning):
+    """A user rule was accepted although it is a refinement: a compiled program may give a number where the
+    original program gives NaN. Turn it into an error with strict rule checking, or with
+    warnings.simplefilter("error", RuleRefinementWarning)."""
 
 
 def _where(rule: Rule) -> str:
@@ -63,9 +86,30 @@ def _where(rule: Rule) -> str:
 
 
 def _cx_text(cx: Counterexample) -> str:
-    text = str(cx)
-    prefix = f"rule '{cx.rule}' is unsound: "
-    return text[len(prefix):] if text.startswith(prefix) else text
+    return f"with {cx.where}: left side = {fmt_value(cx.lhs)}, right side = {fmt_value(cx.rhs)}"
+
+
+def _refinement_text(cx: Counterexample) -> str:
+    return f"left side undefined (nan) at {cx.where}, right side {fmt_value(cx.rhs)}"
+
+
+def _refinement_warning(rule: Rule, cx: Counterexample) -> None:
+    warnings.warn(
+        f"{_where(rule)}rule '{rule.name}' ({rule.math}) is accepted as a refinement: {_refinement_text(cx)}; a "
+        "compiled program may give a number where the original gives NaN. Pass strict_rules=True (or run "
+        "`neptune-eq rules check --strict`) to reject refinements", RuleRefinementWarning,
+        stacklevel=_user_stacklevel())
+
+
+_PACKAGE_DIRS = (str(RULES_DIR), str(Path(sys.modules[NeptuneError.__module__].__file__).resolve().parent))
+
+
+def _user_stacklevel() -> int:
+    """The warnings.warn stacklevel of the first caller outside neptune_eq, so the warning names the user's line."""
+    frame, level = sys._getframe(2), 2  # 1 is _refinement_warning itself
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def shipped_rules_files() -> list[str]:
@@ -83,8 +127,11 @@ def resolve_rules_file(spec: str | Path) -> Path:
     raise RuleFileError(f"no rules file '{spec}' (not a file; shipped rules files: {shipped})")
 
 
-def user_rules(specs: RuleSpec | Iterable[RuleSpec] | None) -> tuple[Rule, ...]:
-    """Checked user rules from paths, shipped rules-file names, Rule objects and egglog rewrites."""
+def user_rules(specs: RuleSpec | Iterable[RuleSpec] | None, *, strict: bool = False) -> tuple[Rule, ...]:
+    """Checked user rules from paths, shipped rules-file names, Rule objects and egglog rewrites.
+
+    Raises UnsoundRuleError for an unsound rule; a refinement is accepted with a RuleRefinementWarning,
+    or raises RefinementRuleError when `strict`."""
     if specs is None:
         return ()
     if isinstance(specs, str | Path | Rule | RewriteOrRule) or _is_named_rewrite(specs):
@@ -108,7 +155,9 @@ def user_rules(specs: RuleSpec | Iterable[RuleSpec] | None) -> tuple[Rule, ...]:
             raise RuleError(f"{_where(r)}rule name '{r.name}' is used twice (also at {names[r.name].origin})")
         names[r.name] = r
         validate(r)
-        check_rule(r)
+        verdict = check_rule(r, strict=strict)
+        if verdict.refinement is not None:
+            _refinement_warning(r, verdict.refinement)
     return tuple(rules)
 
 
@@ -121,14 +170,18 @@ def _as_user(rule: Rule) -> Rule:
     return Rule(rule.name, rule.lhs, rule.rhs, rule.conds, rule.bidirectional, origin="python")
 
 
-def check_rule(rule: Rule) -> None:
-    """Raise UnsoundRuleError (with a counterexample) unless the fuzzer finds the rule sound."""
+def check_rule(rule: Rule, *, strict: bool = False) -> Verdict:
+    """The fuzzer's verdict on a sound rule; UnsoundRuleError (with a counterexample) if it is not sound,
+    RefinementRuleError if it is a refinement and `strict`."""
     try:
-        bad = fuzz_rule(rule)
+        verdict = rule_verdict(rule)
     except (KeyError, ValueError, TypeError, IndexError) as e:
         raise RuleError(f"{_where(rule)}cannot check rule '{rule.name}' ({rule.math}) for soundness: {e}") from None
-    if bad is not None:
-        raise UnsoundRuleError(rule, bad)
+    if verdict.counterexample is not None:
+        raise UnsoundRuleError(rule, verdict.counterexample)
+    if strict and verdict.refinement is not None:
+        raise RefinementRuleError(rule, verdict.refinement)
+    return verdict
 
 
 def validate(rule: Rule) -> None:
@@ -228,6 +281,7 @@ def _conds_of(name: str, conditions, decls, sorts: dict[str, str]) -> tuple[Cond
 class RuleCheck:
     rule: Rule
     problem: str | None = None  # None: valid and no counterexample found
+    refinement: Counterexample | None = None  # accepted, but the left side is undefined where the right is not
 
     @property
     def ok(self) -> bool:
@@ -235,25 +289,34 @@ class RuleCheck:
 
     def __str__(self) -> str:
         where = f"  [{self.rule.origin}]" if self.rule.origin not in ("builtin", "python") else ""
-        if self.ok:
-            return f"ok    {self.rule.name}: {self.rule.math}{where}"
-        return f"FAIL  {self.rule.name}: {self.rule.math}{where}\n      {self.problem}"
+        if not self.ok:
+            return f"FAIL  {self.rule.name}: {self.rule.math}{where}\n      {self.problem}"
+        if self.refinement is not None:
+            return (f"ok    {self.rule.name}: {self.rule.math}{where}\n      (refinement: "
+                    f"{_refinement_text(self.refinement)}; --strict rejects it)")
+        return f"ok    {self.rule.name}: {self.rule.math}{where}"
 
 
-def check_rules(rules: Iterable[Rule]) -> list[RuleCheck]:
-    """Validate and fuzz each rule on its own, collecting every problem instead of stopping at the first."""
+def check_rules(rules: Iterable[Rule], *, strict: bool = False) -> list[RuleCheck]:
+    """Validate and fuzz each rule on its own, collecting every problem instead of stopping at the first.
+
+    A refinement is ok (with its sample in RuleCheck.refinement) unless `strict`, where it is a problem."""
     out = []
     for r in rules:
         try:
             validate(r)
-            check_rule(r)
-            out.append(RuleCheck(r))
+            verdict = check_rule(r, strict=strict)
+            out.append(RuleCheck(r, refinement=verdict.refinement))
         except UnsoundRuleError as e:
             out.append(RuleCheck(r, f"unsound: {_cx_text(e.counterexample)}"))
+        except RefinementRuleError as e:
+            out.append(RuleCheck(r, f"refinement rejected (strict): {_refinement_text(e.refinement)}",
+                                 e.refinement))
         except RuleError as e:
             out.append(RuleCheck(r, str(e)))
     return out
 
 
-__all__ = ["RULES_DIR", "RuleCheck", "RuleError", "RuleFileError", "UnsoundRuleError", "check_rule", "check_rules",
-           "from_egglog", "resolve_rules_file", "shipped_rules_files", "user_rules", "validate"]
+__all__ = ["RULES_DIR", "RefinementRuleError", "RuleCheck", "RuleError", "RuleFileError", "RuleRefinementWarning",
+           "UnsoundRuleError", "check_rule", "check_rules", "from_egglog", "resolve_rules_file",
+           "shipped_rules_files", "user_rules", "validate"]

@@ -2,7 +2,7 @@
 
 import pytest
 from neptune_eq.rules.files import RuleFileError, load_rules_file, parse_rules
-from neptune_eq.rules.user import check_rules, user_rules
+from neptune_eq.rules.user import RuleRefinementWarning, check_rules, user_rules
 
 from neptune_eq.cli import main
 
@@ -14,24 +14,28 @@ exp_split:  exp(a + b) <-> exp(a) * exp(b)
 sum_scale:  sum_j(a * k) -> sum_j(a) * k              if k free of j, finite(k)
 max_scale2: max_j(a * c) -> max_j(a) * c              if positive(c)
 inf_absorb: a + -inf -> -inf                          if finite(a)
-min_sel:    where(a < b, a, b) -> min2(a, b)
+flip_sel:   where(a < b, c, d) -> where(b > a, c, d)
 """
 
 
 def test_rules_file_format():
     rules = parse_rules(GOOD, "good.rules")
-    assert [r.name for r in rules] == ["sqrt_div", "exp_split", "sum_scale", "max_scale2", "inf_absorb", "min_sel"]
+    assert [r.name for r in rules] == ["sqrt_div", "exp_split", "sum_scale", "max_scale2", "inf_absorb", "flip_sel"]
     assert [r.origin for r in rules][:2] == ["good.rules:3", "good.rules:4"]
     assert rules[1].bidirectional and not rules[0].bidirectional
     assert [str(c) for c in rules[2].conds] == ["k free of j", "finite(k)"]
     assert rules[3].conds[0].kind == "positive" and rules[3].rhs_pattern.vars()["c"] == "f64"  # a constant variable
     assert rules[2].math == "sum_j((a * k)) → (sum_j(a) * k)   if k free of j, finite(k)"
     assert all(chk.ok for chk in check_rules(rules)), [str(c) for c in check_rules(rules)]
-    assert len(user_rules(rules)) == 6
+    with pytest.warns(RuleRefinementWarning) as caught:
+        assert len(user_rules(rules)) == 6
+    assert sorted(str(w.message).split("rule '")[1].split("'")[0] for w in caught) == [
+        "inf_absorb", "sqrt_div", "sum_scale"]
 
 
 def test_shipped_rules_file_loads_by_name():
-    (r,) = user_rules("sqrt")
+    with pytest.warns(RuleRefinementWarning, match="sqrt_div"):  # sqrt(a)/sqrt(b) is NaN for a, b < 0
+        (r,) = user_rules("sqrt")
     assert r.name == "sqrt_div" and r.origin.endswith("sqrt.rules:6")
 
 
@@ -111,7 +115,8 @@ def test_rules_check_good_file(tmp_path, capsys):
     f.write_text(GOOD)
     assert main(["rules", "check", str(f)]) == 0
     out = capsys.readouterr().out
-    assert "6 rule(s)" in out and out.count("ok    ") == 6 and "all rules ok" in out
+    assert "6 rule(s)" in out and out.count("ok    ") == 6 and "all rules ok (3 refinement(s)" in out
+    assert out.count("(refinement: left side undefined (nan) at ") == 3  # sqrt_div, sum_scale, inf_absorb
 
 
 def test_rules_check_unsound_rule_exits_nonzero(tmp_path, capsys):
