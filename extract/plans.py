@@ -43,6 +43,8 @@ class PlanSpace:
     inline_max: int = 256
     max_plans: int = 200
     _cache: dict = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)  # loops whose terms could not be extracted, and why
+    truncated: bool = False  # stopped at max_plans (or after exploring 50·max_plans covers)
 
     @property
     def by_name(self) -> dict[str, Binding]:
@@ -93,16 +95,27 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
     seen: set = set()
     inlinable = space.inlinable()
     policies = [inlinable, set()] if inlinable else [set()]
+    explored = 0
     for inline in policies:
         scheduled = [b.name for b in space.bindings if b.name not in inline]
         loops = [(k, lp) for k, lp in enumerate(space.loops) if lp.valid and not set(lp.names) & inline]
         for cover in _covers(scheduled, loops):
+            explored += 1
+            if explored > 50 * space.max_plans:  # the covers of many overlapping groups grow exponentially
+                space.truncated = True
+                return plans
             split_choices = [[1, *space.splits.get(idx, [])] for idx, _ in cover]
             for splits in itertools.product(*split_choices):
                 if sum(s > 1 for s in splits) > 1:
                     continue  # at most one split pass per plan keeps the space small
                 for fused in (True, False):
-                    plan = build_plan(space, inline, cover, splits, fused)
+                    try:
+                        plan = build_plan(space, inline, cover, splits, fused)
+                    except LookupError as e:  # a correction or term the (budget-cut) e-graph cannot give
+                        note = f"{', '.join(n for _, lp in cover for n in lp.names)}: {e}"
+                        if note not in space.dropped:
+                            space.dropped.append(note)
+                        continue
                     if plan is None:
                         continue
                     sig = _signature(plan)
@@ -111,6 +124,7 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
                     seen.add(sig)
                     plans.append(plan)
                     if len(plans) >= space.max_plans:
+                        space.truncated = True
                         return plans
     return plans
 

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +29,8 @@ from .plan import Plan
 from .rules import analysis, splitk
 from .rules.algebra import ALGEBRA
 from .rules.base import Rule
-from .rules.fusion import Binding, FusionSearch
-from .saturate import Budget, Progress, Saturator, egraph_size, stderr_progress
+from .rules.fusion import MAX_GROUPS_PER_AXIS, Binding, FusionSearch
+from .saturate import Budget, BudgetError, Progress, Saturator, egraph_size, stderr_progress
 from .schedule import KernelSchedule, plan_schedules
 from .terms import Encoder, Term, split_factor
 
@@ -50,6 +49,21 @@ class Options:
     strict_rules: bool = False  # reject user rules that only refine (docs/RULES.md) instead of warning
     progress: Progress | bool = None
     cache_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        """Wrong types are named here, not met as AttributeErrors deep inside a compile."""
+        if not isinstance(self.budget, Budget):
+            raise BudgetError(f"budget must be a neptune_eq.Budget (e.g. Budget(max_seconds=2.0)), got "
+                              f"{type(self.budget).__name__} {self.budget!r}")
+        if self.device is not None and not isinstance(self.device, DeviceSpec):
+            raise NeptuneError(f"device must be a neptune_eq.device.DeviceSpec or None, got {self.device!r}")
+        if not isinstance(self.split_factors, tuple | list) or not all(
+                isinstance(f, int) and not isinstance(f, bool) and f >= 2 for f in self.split_factors):
+            raise NeptuneError(f"split_factors must be a tuple of ints >= 2, got {self.split_factors!r}")
+        for name in ("min_chunk", "inline_max", "max_plans"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise NeptuneError(f"{name} must be an int >= 1, got {v!r}")
 
 
 @dataclass
@@ -91,6 +105,8 @@ class Compilation:
     alternatives: list[Alternative] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     nodes: int = 0
+    budget_notes: list[str] = field(default_factory=list)  # what a budget cut short (explain() shows it)
+    plan_space: PlanSpace | None = None
 
     @property
     def best(self) -> Alternative:
@@ -114,20 +130,63 @@ def _rulesets(options: Options):
 
 def compile_program(program: ir.Program, options: Options | None = None) -> Compilation:
     options = options or Options()
+    if not isinstance(options, Options):
+        raise NeptuneError(f"options must be a neptune_eq.pipeline.Options, got {type(options).__name__}")
     program.validate()
     progress = stderr_progress if options.progress is True else (options.progress or None)
     c = _encode(program, options, progress)
     algebra, rules = _rulesets(options)
     c.saturator.rule_names = {r.egglog().decl: r.name for r in rules}
-    _timed(c, "saturate", lambda: c.saturator.phase("algebra", algebra))
+    _timed(c, "saturate", lambda: _algebra(c, algebra))
     _timed(c, "extract", lambda: _represent(c))
     _timed(c, "fuse", lambda: _fuse(c, rules))
     _timed(c, "saturate", lambda: _split_k(c))
     _timed(c, "extract", lambda: _plans(c))
     c.nodes = egraph_size(c.egraph)
+    c.budget_notes = _budget_notes(c)
     if not c.alternatives:
         raise NeptuneError(f"no executable plan found for program '{program.name}'")
     return c
+
+
+def _budget_notes(c: Compilation) -> list[str]:
+    """One line per thing a budget or limit cut short, for explain(), the CLI and the explorer."""
+    b = c.options.budget
+    out = []
+    for rep in c.saturator.reports:
+        if "budget" in rep.stop:
+            limit = f"max_nodes={b.max_nodes}" if "node" in rep.stop else f"max_seconds={b.max_seconds:g}"
+            out.append(f"saturation phase '{rep.name}' stopped by the {rep.stop} ({limit}); "
+                       f"{rep.iterations} iterations, {rep.nodes} e-nodes")
+    f = c.fusion
+    if f is not None:
+        if f.skipped:
+            out.append(f"time budget (max_seconds={b.max_seconds:g}) ran out before {f.skipped} fused group(s) "
+                       "were tried; their fusions are not among the alternatives")
+        if f.capped:
+            out.append(f"{f.capped} fused group(s) beyond the {MAX_GROUPS_PER_AXIS} nearest per axis were not tried")
+        cut = sum(1 for r in f.corrections.values() if not r.found and "budget" in r.reason)
+        if cut:
+            out.append(f"{cut} correction search(es) stopped by a budget before finding a correction")
+    space = c.plan_space
+    if space is not None:
+        out += [f"plans with {d} dropped" for d in space.dropped[:3]]
+        if space.truncated:
+            out.append(f"plan enumeration stopped at max_plans={c.options.max_plans}")
+    return out
+
+
+def _algebra(c: Compilation, algebra) -> None:
+    """Saturate the algebra. An iteration that took the e-graph past the node budget is undone (the
+    program is encoded again and the iterations before it are replayed: egglog cannot drop a
+    snapshot), so the budget holds exactly and the result does not depend on how far it overshot."""
+    rep = c.saturator.phase("algebra", algebra)
+    if rep.stop == "node budget" and rep.iterations > 1 and rep.nodes > c.options.budget.max_nodes:
+        fresh = _encode(c.program, c.options, c.saturator.progress, started=c.saturator.started)
+        fresh.saturator.rule_names = c.saturator.rule_names
+        again = fresh.saturator.phase("algebra", algebra, max_iterations=rep.iterations - 1)
+        again.stop = f"node budget (iteration {rep.iterations} undone: {rep.nodes} e-nodes)"
+        c.egraph, c.encoder, c.roots, c.saturator = fresh.egraph, fresh.encoder, fresh.roots, fresh.saturator
 
 
 def _timed(c: Compilation, key: str, fn) -> None:
@@ -136,7 +195,7 @@ def _timed(c: Compilation, key: str, fn) -> None:
     c.timings[key] = c.timings.get(key, 0.0) + time.perf_counter() - t0
 
 
-def _encode(program: ir.Program, options: Options, progress) -> Compilation:
+def _encode(program: ir.Program, options: Options, progress, started: float | None = None) -> Compilation:
     t0 = time.perf_counter()
     eg = EGraph()
     enc = Encoder(eg, tuple(program.axes), dict(program.axes))
@@ -144,7 +203,7 @@ def _encode(program: ir.Program, options: Options, progress) -> Compilation:
     enc.flush()
     eg.register(*roots.values())
     device = options.device or from_torch()
-    sat = Saturator(eg, options.budget, progress)
+    sat = Saturator(eg, options.budget, progress, started=started if started is not None else t0)
     c = Compilation(program, options, device, eg, enc, roots, sat)
     c.timings["encode"] = time.perf_counter() - t0
     return c
@@ -181,13 +240,15 @@ def _represent(c: Compilation) -> None:
 def _fuse(c: Compilation, rules: list[Rule]) -> None:
     assert c.fusion is not None
     c.fusion.rules = rules
-    c.fusion.run()
-    # deps of the new loop terms and corrections: plans cannot be extracted without them, so this
-    # phase is exempt from the node/time budgets an earlier phase may have spent (analysis rules add
-    # no terms, so it terminates on its own)
-    unbudgeted = Budget(max_nodes=2**62, max_seconds=math.inf, max_iterations=c.options.budget.max_iterations,
-                        match_limit=c.options.budget.match_limit)
-    sat = Saturator(c.egraph, unbudgeted, c.saturator.progress, c.saturator.rule_names)
+    c.fusion.run(c.saturator)
+    # deps of the new loop terms and corrections, which extracting a correction needs. Analysis
+    # rules add no terms (it ends on its own), so it is exempt from the node budget and the
+    # per-phase iteration limit, not from the time budget: a correction whose deps are missing then
+    # cannot be extracted and its fusion is dropped (the unfused plan needs none)
+    b = c.options.budget
+    analysis_budget = Budget(max_nodes=2**62, max_seconds=b.max_seconds, max_iterations=64,
+                             match_limit=b.match_limit)
+    sat = Saturator(c.egraph, analysis_budget, c.saturator.progress, c.saturator.rule_names, c.saturator.started)
     c.saturator.reports.append(sat.phase("analysis", analysis.ANALYSIS))
 
 
@@ -254,17 +315,20 @@ def _plans(c: Compilation) -> None:
             cache[key] = leaves[root] if root in leaves else tx.best_term(root, allow=no_red, leaves=leaves)
         return cache[key]
 
+    split_of: dict[int, set[int]] = {}
+    for ns in view.classes.values():
+        for n in ns:
+            if n.op == "split":
+                split_of.setdefault(n.args[0], set()).add(n.args[1])
     splits: dict[int, list[int]] = {}
     for k, lp in enumerate(c.fusion.candidates):
-        if not lp.valid:
-            continue
-        lcls = cid(lp.term)
-        splits[k] = sorted({n.args[1] for ns in view.classes.values() for n in ns
-                            if n.op == "split" and n.args[0] == lcls})
+        if lp.valid:
+            splits[k] = sorted(split_of.get(cid(lp.term), ()))
     terms = PlanTerms(comp_mask, comp_core, comp_corr, inline_term, output_expr)
     space = PlanSpace(c.program, c.bindings, c.fusion.candidates, splits, terms, c.representative,
                       c.options.inline_max, c.options.max_plans)
     plans = enumerate_plans(space)
+    c.plan_space = space
     alts = []
     for plan in plans:
         schedules = plan_schedules(plan, c.program)

@@ -15,15 +15,31 @@ from dataclasses import dataclass, field
 
 from egglog import EGraph, back_off, run
 
+from .ir import NeptuneError
+
 
 @dataclass(frozen=True)
 class Budget:
-    """Limits for one compile's saturation (all phases together share `max_seconds` and `max_nodes`)."""
+    """Limits for one compile. `max_seconds` bounds the whole search (saturation, correction searches,
+    fusion proposals); what it cuts short is reported, and the unfused plan always remains.
+    `max_nodes` bounds the e-graph's size in every saturation phase (an algebra iteration that
+    would pass it is undone), `max_iterations` each phase's iterations."""
 
     max_nodes: int = 4_000
     max_seconds: float = 20.0
     max_iterations: int = 10  # per phase
     match_limit: int = 20_000  # back-off scheduler: a rule matching more often in one iteration is banned
+
+    def __post_init__(self) -> None:
+        for name, kind, low in (("max_nodes", int, 0), ("max_seconds", (int, float), 0), ("max_iterations", int, 0),
+                                ("match_limit", int, 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, kind) or not v >= low:
+                raise BudgetError(f"Budget.{name} must be a number >= {low}, got {v!r}")
+
+
+class BudgetError(NeptuneError):
+    """A budget that cannot be used as given."""
 
 
 @dataclass
@@ -64,15 +80,20 @@ class Saturator:
     def phase(self, name: str, schedule, *, max_iterations: int | None = None, stop_when=None) -> PhaseReport:
         """Run `schedule` one iteration at a time until saturation, a budget, or `stop_when()`."""
         rep = PhaseReport(name)
-        limit = max_iterations or self.budget.max_iterations
+        limit = self.budget.max_iterations if max_iterations is None else min(max_iterations,
+                                                                              self.budget.max_iterations)
         t0 = time.perf_counter()
         step = run(schedule, scheduler=back_off(match_limit=self.budget.match_limit))
+        rep.nodes = egraph_size(self.egraph)
         while True:
             if rep.iterations >= limit:
                 rep.stop = "iteration limit"
                 break
-            if time.perf_counter() - self.started > self.budget.max_seconds:
+            if self.remaining() <= 0:
                 rep.stop = "time budget"
+                break
+            if rep.nodes > self.budget.max_nodes:
+                rep.stop = "node budget"
                 break
             result = self.egraph.run(step)
             rep.iterations += 1
@@ -95,6 +116,10 @@ class Saturator:
         rep.seconds = time.perf_counter() - t0
         self.reports.append(rep)
         return rep
+
+    def remaining(self) -> float:
+        """Seconds left of the budget's max_seconds."""
+        return self.budget.max_seconds - (time.perf_counter() - self.started)
 
     @property
     def budget_hit(self) -> bool:

@@ -26,11 +26,13 @@ from egglog import EGraph, union
 from neptune_eq import ir
 from neptune_eq.masks import conjunction, split_mask
 from neptune_eq.ops import OPS
+from neptune_eq.saturate import Budget, Saturator
 from neptune_eq.terms import Comp, Comps, Encoder, Loop, Term, get
 
-from .correction import CorrectionResult, CorrectionSearcher
+from .correction import CORRECTION_BUDGET, CorrectionResult, CorrectionSearcher
 
 MAX_GROUP_SIZE = 8
+MAX_GROUPS_PER_AXIS = 48  # fused groups tried per axis, nearest members first (each may need a search)
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,10 @@ class FusionSearch:
     rules: list = field(default_factory=list)  # algebra rules for correction searches
     candidates: list[LoopCandidate] = field(default_factory=list)
     corrections: dict[ir.Node, CorrectionResult] = field(default_factory=dict)  # by quotient core pair
+    skipped: int = 0  # groups not tried: the time budget ran out
+    capped: int = 0  # groups not tried: beyond MAX_GROUPS_PER_AXIS
     _searcher: CorrectionSearcher | None = None
+    _saturator: Saturator | None = None
 
     @property
     def by_name(self) -> dict[str, Binding]:
@@ -148,19 +153,45 @@ class FusionSearch:
                     changed = True
         return deps
 
-    def run(self, axis_limit: int = MAX_GROUP_SIZE) -> None:
-        """rolling_update + horizontal_fusion: every acyclic group of reductions over one axis."""
+    def run(self, saturator: Saturator | None = None, max_groups: int = MAX_GROUPS_PER_AXIS) -> None:
+        """rolling_update + horizontal_fusion: acyclic groups of reductions over one axis.
+
+        Every reduction alone comes first: it needs no correction, so the unfused plan always exists.
+        Then fused groups, smallest and nearest (in producer order) first, at most `max_groups` per
+        axis, while the saturator's time budget lasts; correction searches share that budget."""
+        self._saturator = saturator
         closure = self._closure()
         by_axis: dict[str, list[Binding]] = {}
         for b in self.bindings:
             by_axis.setdefault(b.axis, []).append(b)
         for axis, members in by_axis.items():
-            members = members[:axis_limit]
-            for size in range(1, len(members) + 1):
-                for group in itertools.combinations(members, size):
-                    if self._acyclic(group, closure):
-                        self.candidates.append(self._build(axis, list(group)))
+            for b in members:
+                self.candidates.append(self._build(axis, [b]))
+        for axis, members in by_axis.items():
+            tried = 0
+            for group in _nearest_groups(members, min(len(members), MAX_GROUP_SIZE)):
+                if not self._acyclic(group, closure):
+                    continue
+                if tried >= max_groups:
+                    self.capped += 1
+                    continue
+                if saturator is not None and saturator.remaining() <= 0:
+                    self.skipped += 1
+                    continue
+                tried += 1
+                self.candidates.append(self._build(axis, list(group)))
         self.encoder.flush()
+
+    def _search_budget(self) -> Budget:
+        """A correction search's budget: CORRECTION_BUDGET within what the compile's budget allows."""
+        sat = self._saturator
+        if sat is None:
+            return CORRECTION_BUDGET
+        b = sat.budget
+        return Budget(max_nodes=min(CORRECTION_BUDGET.max_nodes, 5 * b.max_nodes),
+                      max_seconds=max(0.0, min(CORRECTION_BUDGET.max_seconds, sat.remaining())),
+                      max_iterations=min(CORRECTION_BUDGET.max_iterations, b.max_iterations),
+                      match_limit=min(CORRECTION_BUDGET.match_limit, b.match_limit))
 
     def _acyclic(self, group, closure) -> bool:
         names = {b.name for b in group}
@@ -193,6 +224,7 @@ class FusionSearch:
                 if key not in self.corrections:
                     if self._searcher is None:
                         self._searcher = CorrectionSearcher(self.encoder.axis_order, self.encoder.extents, self.rules)
+                    self._searcher.budget = self._search_budget()
                     self.corrections[key] = self._searcher.correction_for(core, old, b.op, axis)
                 comp.correction = self.corrections[key]
                 comp.quotient_term = self.encoder.encode(comp.correction.quotient)
@@ -249,6 +281,19 @@ class FusionSearch:
     @property
     def rejected(self) -> list[LoopCandidate]:
         return [c for c in self.candidates if not c.valid]
+
+
+def _nearest_groups(members: list, largest: int):
+    """Groups of 2..largest members, smallest first, then by the span they cover in `members`
+    (producers before consumers): neighbours in a chain, which are the ones that can share a pass,
+    come before far-apart ones. Lazy: a chain of twenty reductions has 10^5 groups of up to 8."""
+    n = len(members)
+    for size in range(2, largest + 1):
+        for span in range(size - 1, n):
+            for lo in range(n - span):
+                hi = lo + span
+                for mid in itertools.combinations(range(lo + 1, hi), size - 2):
+                    yield (members[lo], *(members[k] for k in mid), members[hi])
 
 
 def numeric_correction_check(body: ir.Node, corr: ir.Node, dist: str, producers: list[Binding],
