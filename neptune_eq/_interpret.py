@@ -38,3 +38,13 @@ def require_interpreter() -> None:
             "kernels on CPU tensors run through Triton's interpreter, but triton was imported before "
             "neptune_eq without TRITON_INTERPRET=1; import neptune_eq first or set TRITON_INTERPRET=1"
         )
+
+
+def quiet_ieee():
+    """A context in which numpy does not warn about overflow, division by zero, invalid operations
+    or underflow. The interpreter evaluates kernels with numpy; there inf and NaN are the results
+    IEEE arithmetic gives (as on the GPU), not mistakes to report. Only numpy's floating-point
+    error handling changes, and only inside the context: warnings from other code still show."""
+    import numpy as np
+
+    return np.errstate(all="ignore")

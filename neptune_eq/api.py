@@ -58,7 +58,7 @@ def _options(rules, kw) -> Options:
 def compile_cached(program: ir.Program, options: Options, cache: CompileCache) -> CompiledProgram:
     """The ranked plans of `program`, from the cache or a fresh compile (which is then cached)."""
     device = options.device or from_torch()
-    options = replace(options, device=device)
+    options = replace(options, device=device, cache_dir=cache.directory)  # kernel modules and tuning go there too
     key = key_of(program, options, device)
     hit = cache.get(key)
     if hit is None:

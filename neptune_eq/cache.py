@@ -2,25 +2,34 @@
 
 The key is a hash of everything that decides the result: the program (axes, extents, dtypes,
 expressions), the options that steer the search, the user rules, the device model and the
-neptune_eq version. A disk entry holds every alternative's plan, cost and schedules (not the
-e-graph), written to a temporary file and renamed into place, so concurrent writers never leave a
-half-written entry; an entry that fails to load (corrupt, truncated, another version) is ignored and
-rewritten.
+neptune_eq version. A disk entry, `programs/<key>.json` under the cache directory, holds every
+alternative's plan, cost and schedules (not the e-graph) as typed JSON data (datafile.py: decoding
+builds only neptune_eq's plan types and IR nodes, never calls anything named by the file) after a
+header line with the format, the key and a SHA-256 of that data. It is written to a temporary file
+and renamed into place, so concurrent writers never leave a half-written entry. An entry is used
+only if this user owns it and no one else may write it (cachedir.py); one that is refused, corrupt,
+truncated or of another version is ignored with a CacheWarning and rewritten. A directory that
+cannot be written leaves the cache in memory only (one CacheWarning).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import pickle
-import tempfile
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import __version__, ir
+from . import __version__, ir, plan
+from .cachedir import CacheDir, cache_dir
+from .datafile import FormatError, decode, encode
 from .device import DeviceSpec
+from .extract.cost import Cost, KernelCost
+from .pipeline import Alternative, Options
+from .saturate import Budget
+from .schedule import KernelSchedule
 
-FORMAT = 1
+FORMAT = 2  # 1 was a pickle (never read: unpickling can run code)
+MAX_ENTRY_BYTES = 64 << 20
 
 
 @dataclass
@@ -28,18 +37,24 @@ class CachedCompilation:
     """What a compile decided, without the e-graph: enough to run, pin and explain alternatives."""
 
     program: ir.Program
-    options: object
+    options: Options
     device: DeviceSpec
-    alternatives: list
+    alternatives: list[Alternative]
     rejected_notes: list[str] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
     nodes: int = 0
-    timings: dict = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
     fusion: None = None  # the e-graph's fusion search is not kept
 
     @property
     def best(self):
         return self.alternatives[0]
+
+
+# the only classes a disk entry may hold (with IR nodes and plain data)
+STORED_CLASSES = (CachedCompilation, ir.Program, ir.TensorSpec, ir.Output, Options, Budget, DeviceSpec, Alternative,
+                  plan.Plan, plan.KernelPlan, plan.Pass, plan.Combine, plan.CompPlan, plan.StorePlan, plan.BufferSpec,
+                  KernelSchedule, Cost, KernelCost)
 
 
 def snapshot(c) -> CachedCompilation:
@@ -57,6 +72,39 @@ def key_of(program: ir.Program, options, device: DeviceSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def dumps(key: str, value: CachedCompilation) -> bytes:
+    """A disk entry: a header line (format, key, SHA-256 of the body) and the value's typed JSON data."""
+    stored = replace(value, options=replace(value.options, cache_dir=None))  # where it lives is not part of it
+    body = json.dumps(encode(stored, STORED_CLASSES), separators=(",", ":")).encode()
+    head = {"format": FORMAT, "key": key, "sha256": hashlib.sha256(body).hexdigest()}
+    return json.dumps(head).encode() + b"\n" + body
+
+
+def loads(key: str, data: bytes) -> CachedCompilation:
+    """The value of a disk entry written by dumps(key, ...); FormatError if it is anything else."""
+    head, _, body = data.partition(b"\n")
+    try:
+        head = json.loads(head)
+    except ValueError:
+        raise FormatError("not a neptune_eq cache entry (its first line is not JSON)") from None
+    if not (isinstance(head, dict) and set(head) == {"format", "key", "sha256"}):
+        raise FormatError("not a neptune_eq cache entry")
+    if head["format"] != FORMAT:
+        raise FormatError(f"format {str(head['format'])[:20]}, expected {FORMAT}")
+    if head["key"] != key:
+        raise FormatError("stored under another key")
+    if head["sha256"] != hashlib.sha256(body).hexdigest():
+        raise FormatError("checksum mismatch (truncated or altered)")
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise FormatError(f"body is not JSON ({e})") from None
+    value = decode(doc, STORED_CLASSES)
+    if not isinstance(value, CachedCompilation) or not value.alternatives:
+        raise FormatError("not a compilation")
+    return value
+
+
 @dataclass
 class CompileCache:
     """Memory cache in front of an on-disk directory (None: memory only)."""
@@ -67,44 +115,40 @@ class CompileCache:
     disk_hits: int = 0
     misses: int = 0
 
-    def _path(self, key: str) -> Path | None:
-        return None if self.directory is None else Path(self.directory) / "programs" / f"{key}.pkl"
+    @property
+    def disk(self) -> CacheDir | None:
+        return None if self.directory is None else cache_dir(self.directory)
+
+    @staticmethod
+    def entry_name(key: str) -> str:
+        return f"programs/{key}.json"
 
     def get(self, key: str) -> CachedCompilation | None:
         if key in self.memory:
             self.hits += 1
             return self.memory[key]
-        path = self._path(key)
-        if path is not None and path.exists():
+        disk = self.disk
+        data = disk.read(self.entry_name(key), MAX_ENTRY_BYTES) if disk is not None else None
+        if data is not None:
             try:
-                with open(path, "rb") as f:
-                    fmt, stored_key, value = pickle.load(f)
-                if fmt == FORMAT and stored_key == key and isinstance(value, CachedCompilation):
-                    self.memory[key] = value
-                    self.disk_hits += 1
-                    return value
-            except Exception:
-                pass
+                value = loads(key, data)
+            except FormatError as e:
+                disk.warn(f"ignoring cache file {disk.path / self.entry_name(key)}: {e}")
+            else:
+                value = replace(value, options=replace(value.options, cache_dir=self.directory))
+                self.memory[key] = value
+                self.disk_hits += 1
+                return value
         self.misses += 1
         return None
 
     def put(self, key: str, value: CachedCompilation) -> None:
         self.memory[key] = value
-        path = self._path(key)
-        if path is not None:
-            write_atomic(path, pickle.dumps((FORMAT, key, value)))
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path` and rename it into place: readers and
-    concurrent writers never see a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        disk = self.disk
+        if disk is not None and disk.write_error is None:
+            try:
+                data = dumps(key, value)
+            except TypeError as e:  # a value the format cannot hold: kept in memory only
+                disk.warn(f"cannot store compilation {key} on disk ({e})")
+                return
+            disk.write(self.entry_name(key), data)

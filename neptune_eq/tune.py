@@ -4,7 +4,8 @@ Candidates vary the row tile, the loop tile, warps and pipeline stages around th
 schedule, fast special functions where the kernel uses tanh, and (asked for) tensor-descriptor
 (TMA) loads for the three fastest; every fast-math or TMA variant is verified against float64
 before it may win. Results are cached on disk per (program, plan, kernel, device, triton version)
-so a shape is tuned once; the cache file is plain JSON, written atomically.
+so a shape is tuned once; the cache file is plain JSON, every entry checked when read (cachedir.py
+says which files are trusted), merged and written atomically under a file lock.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import ir
-from .cache import write_atomic
+from .cachedir import cache_dir as cache_dir_at
+from .cachedir import default_cache_dir
 from .schedule import KernelSchedule, inner_axes, kernel_exprs, loop_loads, row_axes
 
 
@@ -62,8 +64,6 @@ def _candidates(k, program: ir.Program, plan, base: KernelSchedule, limit: int =
 
 
 def cache_path(cache_dir: Path | None) -> Path:
-    from .lower.launch import default_cache_dir
-
     return (cache_dir or default_cache_dir()) / "tuning.json"
 
 
@@ -74,15 +74,46 @@ def _key(program: ir.Program, alt_structure: str, k_index: int, device: str) -> 
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def _load(path: Path) -> dict:
+MAX_TUNING_BYTES = 16 << 20
+
+
+def load_tuning(path: Path) -> dict[str, KernelSchedule]:
+    """The schedules stored in tuning file `path`, each checked (see _schedule_from). A file that is
+    missing, refused (see cachedir.py: not this user's, writable by others, a link) or corrupt gives
+    {}; an entry that does not check out is dropped. Both warn (CacheWarning), naming the file."""
+    disk = cache_dir_at(path.parent)
+    data = disk.read(path.name, MAX_TUNING_BYTES)
+    if data is None:
+        return {}
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}  # missing or corrupt cache: start again
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        disk.warn(f"ignoring tuning cache {path}: not JSON ({e})")
+        return {}
+    if not isinstance(doc, dict):
+        disk.warn(f"ignoring tuning cache {path}: not a JSON object")
+        return {}
+    out, bad = {}, []
+    for key, entry in doc.items():
+        try:
+            out[key] = _schedule_from(entry)
+        except ValueError as e:
+            bad.append(f"{key[:30]!r}: {e}")
+    if bad:
+        disk.warn(f"ignoring {len(bad)} entries of tuning cache {path}: {'; '.join(bad[:3])}")
+    return out
 
 
-def _store(path: Path, data: dict) -> None:
-    write_atomic(path, json.dumps(data, indent=1, sort_keys=True).encode())
+def store_tuning(path: Path, entries: dict[str, KernelSchedule]) -> None:
+    """Add `entries` to tuning file `path`: read, merge and write under a file lock, so concurrent
+    tuners do not drop each other's results (a directory that cannot be written: not stored)."""
+    disk = cache_dir_at(path.parent)
+    if not entries or disk.write_error is not None:
+        return
+    with disk.locked(path.name + ".lock"):
+        merged = {**load_tuning(path), **entries}
+        text = json.dumps({k: _schedule_to(s) for k, s in merged.items()}, indent=1, sort_keys=True)
+        disk.write(path.name, text.encode())
 
 
 def _logger(progress: bool):
@@ -95,11 +126,47 @@ def _median_ms(launcher, inputs: dict, rep_ms: int) -> float:
     return triton.testing.do_bench(lambda: launcher(inputs), warmup=20, rep=rep_ms, return_mode="median")
 
 
-def _schedule_from(d: dict) -> KernelSchedule:
-    return KernelSchedule(dict(d["tiles"]), d["num_warps"], d["num_stages"], d.get("input_precision", "ieee"),
-                          fast_math=d.get("fast_math", False), tma=d.get("tma", False),
-                          warp_specialize=d.get("warp_specialize", False),
-                          steps={a: int(n) for a, n in d.get("steps", {}).items()})
+_SCHEDULE_KEYS = {"tiles", "num_warps", "num_stages", "input_precision", "fast_math", "tma", "warp_specialize",
+                  "steps"}
+_PRECISIONS = ("ieee", "tf32", "tf32x3")
+_MAX_TILE = 1 << 20  # Triton's largest block (elements)
+
+
+def _schedule_from(d) -> KernelSchedule:
+    """The schedule a tuning-cache entry describes; ValueError unless every field has its type and a
+    value Triton accepts: tiles powers of two up to 2^20, warps a power of two up to 32, 1-16
+    stages, a known fp32 dot precision, steps between 1 and their axis's tile."""
+    if not isinstance(d, dict) or not {"tiles", "num_warps", "num_stages"} <= set(d) <= _SCHEDULE_KEYS:
+        raise ValueError("not a schedule")
+    tiles, steps = d["tiles"], d.get("steps", {})
+    if not (isinstance(tiles, dict) and all(isinstance(a, str) and _pow2(t, _MAX_TILE) for a, t in tiles.items())):
+        raise ValueError(f"bad tiles {str(tiles)[:60]}")
+    if not (isinstance(steps, dict) and all(a in tiles and _int(n) and 1 <= n <= tiles[a] for a, n in steps.items())):
+        raise ValueError(f"bad steps {str(steps)[:60]}")
+    if not _pow2(d["num_warps"], 32):
+        raise ValueError(f"bad num_warps {str(d['num_warps'])[:20]}")
+    if not (_int(d["num_stages"]) and 1 <= d["num_stages"] <= 16):
+        raise ValueError(f"bad num_stages {str(d['num_stages'])[:20]}")
+    precision = d.get("input_precision", "ieee")
+    if precision not in _PRECISIONS:
+        raise ValueError(f"bad input_precision {str(precision)[:20]}")
+    flags = {f: d.get(f, False) for f in ("fast_math", "tma", "warp_specialize")}
+    if not all(type(v) is bool for v in flags.values()):
+        raise ValueError("fast_math, tma and warp_specialize must be true or false")
+    return KernelSchedule(dict(tiles), d["num_warps"], d["num_stages"], precision, steps=dict(steps), **flags)
+
+
+def _int(v) -> bool:
+    return type(v) is int
+
+
+def _pow2(v, limit: int) -> bool:
+    return _int(v) and 1 <= v <= limit and v & (v - 1) == 0
+
+
+def _fits(s: KernelSchedule, base: KernelSchedule) -> bool:
+    """Does cached schedule `s` tile the axes the kernel's default schedule `base` tiles?"""
+    return set(s.tiles) == set(base.tiles)
 
 
 def _schedule_to(s: KernelSchedule) -> dict:
@@ -194,16 +261,18 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
     log = _logger(progress)
     program, plan = compiled.program, compiled.plan
     device = torch.cuda.get_device_name()
+    cache_dir = cache_dir or compiled.compilation.options.cache_dir  # kernel modules beside the compile's cache
     path = cache_file or cache_path(cache_dir)
-    cache = _load(path)
+    cache = load_tuning(path)
+    found = {}
     current = list(compiled._schedules("cuda"))
     tuner = _Tuner(program, plan, inputs, cache_dir, rep_ms, tolerance, log)
     uses_tanh = any(isinstance(n, ir.Call) and n.op == "tanh"
                     for k in plan.kernels for e in kernel_exprs(k, plan) for n in ir.walk(e))
     for ki, k in enumerate(plan.kernels):
         key = _key(program, compiled.alternative.structure, ki, device)
-        if key in cache:
-            current[ki] = _schedule_from(cache[key])
+        if key in cache and _fits(cache[key], current[ki]):
+            current[ki] = cache[key]
             log(f"  tune {k.name}: cached {current[ki].tiles} w{current[ki].num_warps} s{current[ki].num_stages}"
                 f"{' tma' if current[ki].tma else ''}")
             continue
@@ -219,9 +288,8 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
         ok = [t for t in trials if t.ms is not None]
         if ok:
             best = min(ok, key=lambda t: t.ms)
-            current[ki] = best.schedule
-            cache[key] = _schedule_to(best.schedule)
-    _store(path, {**_load(path), **cache})
+            current[ki] = found[key] = best.schedule
+    store_tuning(path, found)
     compiled.schedules["cuda"] = current
     compiled._modules.clear()
     return current

@@ -1,7 +1,7 @@
 """neptune_eq.compile / neptune_eq.attention: the public contract of issue 3."""
 
+import json
 import math
-import pickle
 import sys
 import threading
 
@@ -12,6 +12,7 @@ from helpers import EXAMPLES
 import neptune_eq
 import neptune_eq.frontend as frontend
 from neptune_eq.cache import CompileCache
+from neptune_eq.cachedir import CacheWarning
 
 sys.path.insert(0, str(EXAMPLES))
 import neptune_ops
@@ -105,11 +106,12 @@ def test_memory_and_disk_cache(tmp_path):
 def test_corrupt_cache_entry_is_a_miss_and_is_rewritten(tmp_path):
     args = inputs(22)
     neptune_eq.compile(causal, *args, cache_dir=tmp_path)
-    entry = next((tmp_path / "programs").glob("*.pkl"))
+    entry = next((tmp_path / "programs").glob("*.json"))
     key = entry.stem
-    entry.write_bytes(b"not a pickle")
+    entry.write_bytes(b"not a cache entry")
     cache = CompileCache(tmp_path)
-    assert cache.get(key) is None
+    with pytest.warns(CacheWarning, match="not a neptune_eq cache entry"):
+        assert cache.get(key) is None
     neptune_eq.api._CACHES.pop(str(tmp_path), None)
     neptune_eq.compile(causal, *args, cache_dir=tmp_path)
     assert CompileCache(tmp_path).get(key) is not None
@@ -129,7 +131,8 @@ def test_concurrent_writers_leave_a_loadable_entry(tmp_path):
         t.join()
     assert CompileCache(tmp_path).get("shared") is not None
     assert not list((tmp_path / "programs").glob("*.tmp"))
-    assert pickle.loads((tmp_path / "programs" / "shared.pkl").read_bytes())[1] == "shared"
+    head = (tmp_path / "programs" / "shared.json").read_bytes().split(b"\n", 1)[0]
+    assert json.loads(head)["key"] == "shared"
 
 
 def test_inside_torch_compile(tmp_path):

@@ -1,23 +1,26 @@
 """Loading generated modules and launching their kernels on torch tensors.
 
-The generated source is written to a file named by its hash (Triton reads kernel source from
-files) and imported from there; on a CPU the kernels run through Triton's interpreter.
+The generated source is executed from memory (a copy named by its hash is written under the cache
+directory for tools to read, never read back); on a CPU the kernels run through Triton's interpreter.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import linecache
 import math
 import os
+import stat
 import sys
-import tempfile
+import types
 from pathlib import Path
 
 import torch
 
 from .. import ir
-from .._interpret import require_interpreter
+from .._interpret import quiet_ieee, require_interpreter
+from ..cachedir import cache_dir as cache_dir_at
+from ..cachedir import default_cache_dir
 from ..ir import NeptuneError
 from ..plan import Plan
 from .triton import KernelSource, _ident
@@ -26,31 +29,64 @@ _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16":
                  "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool}
 
 
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "neptune_eq"
-
-
 def load_module(source: str, cache_dir: Path | None = None):
-    """Import generated source from `cache_dir/kernels/<hash>.py` (written atomically)."""
+    """The module of generated `source`, executed from this text in memory.
+
+    Nothing is imported from disk: a copy is written to `cache_dir/kernels/nq_<hash>.py` (for
+    profilers, tracebacks and people to read; a directory that cannot be written is skipped with
+    one CacheWarning) and that path is the module's file name, but the code run is compiled from
+    `source` itself, and `inspect` / Triton read the source from linecache, filled with the same
+    text. So a file planted or swapped in the cache directory is never executed."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-    d = (cache_dir or default_cache_dir()) / "kernels"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"nq_{digest}.py"
-    if not path.exists() or path.read_text() != source:
-        fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
     name = f"neptune_eq_kernels_{digest}"
     mod = sys.modules.get(name)
     if mod is not None:
         return mod
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
+    disk = cache_dir_at(cache_dir)
+    rel = f"kernels/nq_{digest}.py"
+    filename = str(disk.path.absolute() / rel)
+    if not _same_file(filename, source):
+        disk.write(rel, source.encode())
+    # an entry without a modification time is never re-read from disk by linecache.checkcache
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    mod = types.ModuleType(name)
+    mod.__file__ = filename
+    code = compile(source, filename, "exec")
     sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    try:
+        exec(code, mod.__dict__)
+        _rewrite_now(mod)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return mod
+
+
+def _same_file(filename: str, source: str) -> bool:
+    """Does `filename` already hold `source` (so the copy need not be rewritten)? Only compared:
+    a symbolic link or a FIFO planted there is neither followed nor waited on."""
+    data = source.encode()
+    try:
+        fd = os.open(filename, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        return stat.S_ISREG(st.st_mode) and st.st_size == len(data) and os.read(fd, len(data) + 1) == data
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _rewrite_now(mod) -> None:
+    """Triton's interpreter re-reads each kernel's source on its first launch to rewrite it; do that
+    now, while linecache holds our text, so a later linecache.clearcache() cannot send it to the
+    file on disk (GPU kernels read their source once, when the module runs @triton.jit)."""
+    for v in list(vars(mod).values()):
+        rewrite = getattr(v, "rewrite", None)
+        if type(v).__name__ == "InterpretedFunction" and callable(rewrite):
+            rewrite()
 
 
 class Launcher:
@@ -129,7 +165,8 @@ class Launcher:
         for ki, (fn, names, extents, grid, interp_kw, cuda_kw) in enumerate(self._calls):
             args, _ = _launch_args([tensors[n] for n in names], extents)
             if not cuda:
-                fn[grid](*args, **interp_kw)  # the interpreter takes no num_warps / num_stages
+                with quiet_ieee():  # inf and NaN are results here, as on the GPU, not warnings
+                    fn[grid](*args, **interp_kw)  # the interpreter takes no num_warps / num_stages
                 continue
             # Triton specialises a kernel on its constexprs (here strides and extents) and on each
             # pointer's dtype and 16-byte alignment; a kernel compiled for the same key is launched
@@ -280,4 +317,4 @@ def input_specs(program: ir.Program) -> tuple:
     return tuple((name, _TORCH_DTYPES[spec.dtype], program.input_shape(name)) for name, spec in program.inputs.items())
 
 
-_ = _ident
+_ = _ident, default_cache_dir  # re-exported

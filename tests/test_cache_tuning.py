@@ -1,0 +1,128 @@
+"""Issue 10: the tuning cache (tuning.json) is checked entry by entry, trusted only when this user
+wrote it, and updated under a file lock (concurrent tuners keep each other's results)."""
+
+import errno
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from neptune_eq import tune
+from neptune_eq.cachedir import CacheWarning, cache_dir
+from neptune_eq.schedule import KernelSchedule
+from neptune_eq.tune import _fits, _schedule_to, load_tuning, store_tuning
+
+GOOD = KernelSchedule({"i": 64, "j": 128}, num_warps=8, num_stages=3, steps={"i": 4}, fast_math=True)
+
+CRAFTED = {
+    "warps a string": {**_schedule_to(GOOD), "num_warps": "8; rm -rf ~"},
+    "warps a bool": {**_schedule_to(GOOD), "num_warps": True},
+    "warps not a power of two": {**_schedule_to(GOOD), "num_warps": 6},
+    "too many warps": {**_schedule_to(GOOD), "num_warps": 1024},
+    "tile not a power of two": {**_schedule_to(GOOD), "tiles": {"i": 48, "j": 128}},
+    "negative tile": {**_schedule_to(GOOD), "tiles": {"i": -64, "j": 128}},
+    "huge tile": {**_schedule_to(GOOD), "tiles": {"i": 1 << 40, "j": 128}},
+    "tiles a list": {**_schedule_to(GOOD), "tiles": [64, 128]},
+    "zero stages": {**_schedule_to(GOOD), "num_stages": 0},
+    "stages a float": {**_schedule_to(GOOD), "num_stages": 2.5},
+    "unknown precision": {**_schedule_to(GOOD), "input_precision": "__import__('os')"},
+    "step beyond its tile": {**_schedule_to(GOOD), "steps": {"i": 65}},
+    "step of an untiled axis": {**_schedule_to(GOOD), "steps": {"z": 1}},
+    "flag a string": {**_schedule_to(GOOD), "tma": "yes"},
+    "unknown field": {**_schedule_to(GOOD), "__class__": "Popen"},
+    "missing field": {"tiles": {"i": 64}},
+    "not an object": [1, 2, 3],
+}
+
+
+def test_crafted_tuning_entries_are_dropped_and_good_ones_kept(tmp_path):
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"good": _schedule_to(GOOD), **CRAFTED}))
+    with pytest.warns(CacheWarning, match=f"ignoring {len(CRAFTED)} entries of tuning cache {path}"):
+        got = load_tuning(path)
+    assert got == {"good": GOOD}
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", "[" * 100_000], ids=["corrupt", "a list", "deep"])
+def test_malformed_tuning_file_is_ignored(tmp_path, text):
+    path = tmp_path / "tuning.json"
+    path.write_text(text)
+    with pytest.warns(CacheWarning, match=f"ignoring tuning cache {path}"):
+        assert load_tuning(path) == {}
+
+
+def test_group_writable_tuning_file_is_refused(tmp_path):
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"good": _schedule_to(GOOD)}))
+    path.chmod(0o666)
+    with pytest.warns(CacheWarning, match="writable by group or others"):
+        assert load_tuning(path) == {}
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_tuning_file_of_another_user_is_refused(tmp_path):
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"good": _schedule_to(GOOD)}))
+    os.chown(path, 12345, -1)
+    with pytest.warns(CacheWarning, match="owned by uid 12345"):
+        assert load_tuning(path) == {}
+
+
+def test_cached_schedule_must_tile_the_kernels_axes():
+    assert _fits(GOOD, KernelSchedule({"i": 16, "j": 256}))
+    assert not _fits(GOOD, KernelSchedule({"i": 16, "j": 256, "d": 32}))
+    assert not _fits(KernelSchedule({"q": 64}), KernelSchedule({"i": 16}))
+
+
+def test_concurrent_tuners_keep_each_others_results(tmp_path, monkeypatch):
+    """Eight tuners each add their kernel's result; a slow read inside the read-modify-write makes
+    an unguarded merge lose updates."""
+    path = tmp_path / "tuning.json"
+    read = tune.load_tuning
+
+    def slow_read(p):
+        got = read(p)
+        time.sleep(0.05)
+        return got
+
+    monkeypatch.setattr(tune, "load_tuning", slow_read)
+    threads = [threading.Thread(target=store_tuning, args=(path, {f"k{n}": GOOD})) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkeypatch.undo()
+    assert load_tuning(path) == {f"k{n}": GOOD for n in range(8)}
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_lock_held_elsewhere_times_out_and_proceeds(tmp_path):
+    import fcntl
+
+    disk = cache_dir(tmp_path)
+    fd = os.open(tmp_path / "x.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        ran = []
+        with pytest.warns(CacheWarning, match="cannot lock .*x.lock .*held by another process"), \
+                disk.locked("x.lock", timeout_s=0.2):
+            ran.append(True)
+        assert ran
+    finally:
+        os.close(fd)
+
+
+def test_unsupported_locking_proceeds_unlocked(tmp_path, monkeypatch):
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    path = tmp_path / "tuning.json"
+    with pytest.warns(CacheWarning, match="No locks available"):
+        store_tuning(path, {"k": GOOD})
+    monkeypatch.undo()
+    assert load_tuning(path) == {"k": GOOD}
