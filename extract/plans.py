@@ -21,6 +21,14 @@ from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 
 
+class LoopTermError(LookupError):
+    """A loop's correction or body has no term in the e-graph (its analysis was cut by a budget)."""
+
+    def __init__(self, loop: int, why: str):
+        super().__init__(why)
+        self.loop, self.why = loop, why
+
+
 @dataclass
 class PlanTerms:
     """The extracted terms plans are assembled from (callables over the final e-graph)."""
@@ -44,6 +52,7 @@ class PlanSpace:
     max_plans: int = 200
     _cache: dict = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)  # loops whose terms could not be extracted, and why
+    bad_loops: set[int] = field(default_factory=set)
     truncated: bool = False  # stopped at max_plans (or after exploring 50·max_plans covers)
 
     @property
@@ -109,12 +118,13 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
                 if sum(s > 1 for s in splits) > 1:
                     continue  # at most one split pass per plan keeps the space small
                 for fused in (True, False):
+                    if any(idx in space.bad_loops for idx, _ in cover):
+                        continue
                     try:
                         plan = build_plan(space, inline, cover, splits, fused)
-                    except LookupError as e:  # a correction or term the (budget-cut) e-graph cannot give
-                        note = f"{', '.join(n for _, lp in cover for n in lp.names)}: {e}"
-                        if note not in space.dropped:
-                            space.dropped.append(note)
+                    except LoopTermError as e:  # a correction the (budget-cut) e-graph cannot give
+                        space.bad_loops.add(e.loop)
+                        space.dropped.append(e.why)
                         continue
                     if plan is None:
                         continue
@@ -178,9 +188,12 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
         comps = []
         for ci, c in enumerate(lp.comps):
             b = c.binding
-            corr = space.terms.comp_corr(lp, ci) if c.producers else None
+            try:
+                corr = space.terms.comp_corr(lp, ci) if c.producers else None
+                core = space.terms.comp_core(lp, ci)
+            except LookupError as e:
+                raise LoopTermError(idx, f"{', '.join(lp.names)} over {lp.axis}: {e}") from None
             guard = any(by_name[p].op in ("max", "min") for p in c.producers)
-            core = space.terms.comp_core(lp, ci)
             if b.name in ints and (c.producers or not integral(core, input_leaf(program, int_syms=ints))):
                 return None  # an integer reduction is computed exactly and unfused, or not at all
             comps.append(CompPlan(

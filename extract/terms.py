@@ -189,7 +189,9 @@ class TermExtractor:
                     if n.op == "get" or (allow is not None and not allow(c, n)):
                         continue
                     kids = self._child_classes(n)
-                    if not all(a in best for a in kids):
+                    # children strictly cheaper than the class keep the choice acyclic (a tie within
+                    # rounding would otherwise admit c = c − 0 once tree costs reach 1e9)
+                    if not all(a in best and best[a][0] < target for a in kids):
                         continue
                     tree = op_cost(n.op) * self.size(c) + sum(best[a][0] for a in kids)
                     if tree <= target + 1e-9 * max(1.0, abs(target)):
@@ -202,6 +204,20 @@ class TermExtractor:
                         changed = True
             if not changed:
                 return
+
+    def _reachable(self, roots: list[int], choice: dict[int, ENode], leaves) -> list[int]:
+        """Classes the current choice uses from `roots`, in a fixed order."""
+        seen: set[int] = set()
+        order: list[int] = []
+        stack = list(roots)
+        while stack:
+            c = stack.pop()
+            if c in seen or c in leaves or c not in choice:
+                continue
+            seen.add(c)
+            order.append(c)
+            stack.extend(self._child_classes(choice[c]))
+        return order
 
     def best_shared(self, roots: list[int], sweeps: int = 4, **kw) -> tuple[list[ir.Node], dict[ir.Node, int]]:
         """Best terms for several roots, costed as a DAG: a subterm used twice is computed once.
@@ -244,7 +260,7 @@ class TermExtractor:
         current = dag_cost()
         for _ in range(sweeps * 8):
             best_move, best_cost = None, current
-            for c in list(choice):
+            for c in self._reachable(roots, choice, leaves):  # switches elsewhere change nothing
                 for n in self.view.nodes(c):
                     if n.op == "get" or n is choice[c] or (allow is not None and not allow(c, n)):
                         continue

@@ -14,7 +14,9 @@ cannot be written leaves the cache in memory only (one CacheWarning).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,6 +46,7 @@ class CachedCompilation:
     reports: list[str] = field(default_factory=list)
     nodes: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    budget_notes: list[str] = field(default_factory=list)
     fusion: None = None  # the e-graph's fusion search is not kept
 
     @property
@@ -61,15 +64,29 @@ def snapshot(c) -> CachedCompilation:
     """The cacheable part of a pipeline.Compilation."""
     options = replace(c.options, rules=(), progress=None)  # user rules are in the key, not the payload
     return CachedCompilation(c.program, options, c.device, list(c.alternatives), c.rejected_notes,
-                             [str(r) for r in c.saturator.reports], c.nodes, dict(c.timings))
+                             [str(r) for r in c.saturator.reports], c.nodes, dict(c.timings), list(c.budget_notes))
 
 
 def key_of(program: ir.Program, options, device: DeviceSpec) -> str:
     rules = ";".join(f"{r.name}:{r.math}" for r in getattr(options, "rules", ()))
     relevant = {k: v for k, v in vars(options).items() if k not in ("rules", "progress", "cache_dir", "device")}
-    text = "|".join([__version__, str(FORMAT), str(program), repr(sorted(relevant.items(), key=str)), rules,
-                     repr(device)])
+    text = "|".join([__version__, compiler_fingerprint(), str(FORMAT), str(program),
+                     repr(sorted(relevant.items(), key=str)), rules, repr(device)])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@functools.cache
+def compiler_fingerprint() -> str:
+    """A hash of this installation's compiler sources (neptune_eq, its rules and extract packages):
+    an entry written by other code (an upgrade, a checkout of another commit) is a miss, not a
+    plan that code would not have made."""
+    h = hashlib.sha256()
+    for pkg in ("neptune_eq", "neptune_eq.rules", "neptune_eq.extract", "neptune_eq.lower", "neptune_eq.frontend"):
+        root = Path(importlib.import_module(pkg).__file__).parent
+        for f in sorted(root.glob("*.py")) + sorted(root.glob("*.rules")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def dumps(key: str, value: CachedCompilation) -> bytes:

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from egglog import EGraph, i64, ruleset
@@ -52,6 +52,12 @@ class Options:
 
     def __post_init__(self) -> None:
         """Wrong types are named here, not met as AttributeErrors deep inside a compile."""
+        if isinstance(self.budget, dict):  # budget={"max_seconds": 2.0}
+            unknown = set(self.budget) - {f.name for f in fields(Budget)}
+            if unknown:
+                raise BudgetError(f"unknown budget field(s) {sorted(unknown)}; Budget has "
+                                  f"{[f.name for f in fields(Budget)]}")
+            object.__setattr__(self, "budget", Budget(**self.budget))
         if not isinstance(self.budget, Budget):
             raise BudgetError(f"budget must be a neptune_eq.Budget (e.g. Budget(max_seconds=2.0)), got "
                               f"{type(self.budget).__name__} {self.budget!r}")
@@ -170,7 +176,7 @@ def _budget_notes(c: Compilation) -> list[str]:
             out.append(f"{cut} correction search(es) stopped by a budget before finding a correction")
     space = c.plan_space
     if space is not None:
-        out += [f"plans with {d} dropped" for d in space.dropped[:3]]
+        out += [f"fusion dropped, no extractable term: {d}" for d in space.dropped[:3]]
         if space.truncated:
             out.append(f"plan enumeration stopped at max_plans={c.options.max_plans}")
     return out

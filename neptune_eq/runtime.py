@@ -153,6 +153,10 @@ class CompiledProgram:
                          f"({ratio:.2f}× the chosen plan)")
         lines.append("derivation:")
         lines += [f"  {d}" for d in alt.plan.derivation] or ["  (no fusion rule applied)"]
+        notes = getattr(c, "budget_notes", [])
+        if notes:
+            lines.append("budget hit (the search was cut short; the plans below are what it found):")
+            lines += [f"  {n}" for n in notes]
         rejected = c.rejected_notes
         if rejected:
             lines.append("fusions not offered:")

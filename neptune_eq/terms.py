@@ -246,6 +246,9 @@ def op_of_callable(ref) -> str | None:
 # ---------------------------------------------------------------- encoding IR → terms
 
 
+LET_SIZE = 24  # expressions larger than this (counted below named subterms) get a name
+
+
 @dataclass
 class Encoder:
     """Turns IR nodes into Terms, registering leaf facts (deps of loads, syms and axes) in `egraph`.
@@ -262,6 +265,8 @@ class Encoder:
     syms: dict[str, ir.Sym] = field(default_factory=dict)
     _memo: dict[ir.Node, Term] = field(default_factory=dict)
     _pending: list = field(default_factory=list)
+    _size: dict[ir.Node, int] = field(default_factory=dict)  # expression size below the nearest lets
+    _lets: list = field(default_factory=lambda: [0])  # let names handed out (shared with fresh() encoders)
 
     def __post_init__(self) -> None:
         if len(self.axis_order) > 62:
@@ -277,7 +282,7 @@ class Encoder:
         """An encoder into the same e-graph that shares the axis facts but not the memo."""
         out = Encoder.__new__(Encoder)
         out.egraph, out.axis_order, out.extents = self.egraph, self.axis_order, self.extents
-        out.loads, out.syms, out._memo, out._pending = {}, {}, {}, []
+        out.loads, out.syms, out._memo, out._pending, out._size, out._lets = {}, {}, {}, [], {}, self._lets
         return out
 
     def mask(self, axes) -> int:
@@ -296,6 +301,14 @@ class Encoder:
         if hit is not None:
             return hit
         out = self._encode(node)
+        size = 1 + sum(self._size.get(c, 1) for c in node.children())
+        if size > LET_SIZE and isinstance(node, ir.Call | ir.Reduce):
+            # named in the e-graph: an expression refers to it by name, so a chain of softmaxes (each
+            # using its input twice) is not handed to egglog as a tree exponential in its depth
+            self._lets[0] += 1
+            out = self.egraph.let(f"nq_let{self._lets[0]}", out)
+            size = 1
+        self._size[node] = size
         self._memo[node] = out
         return out
 
