@@ -7,6 +7,7 @@ cross_entropy's reductions."""
 from __future__ import annotations
 
 import collections
+import subprocess
 import sys
 import types
 
@@ -335,3 +336,60 @@ def test_cross_entropy_mean_end_to_end(tmp_path):
     x, t = torch.randn(6, 9), torch.tensor([3, -100, 8, 2, 0, 5])
     prog = neptune_eq.compile(lambda x, t: F.cross_entropy(x, t), x, t, cache_dir=tmp_path)
     close(prog(x, t), F.cross_entropy(x.double(), t))
+
+
+# ---------------------------------------------------------------- CUDA: the bound-launch fast path does the same
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the launch fast path runs on CUDA")
+
+
+@cuda
+def test_cuda_fast_path_follows_guards_checks_and_writes(tmp_path, monkeypatch):
+    w = torch.randn(16)  # on the CPU: copied to the GPU once, refreshed in place when written
+
+    def fn(x, t):
+        x.mul_(SCALE)
+        return F.cross_entropy(x * w, t, reduction="none")
+
+    x, t = torch.randn(8, 16, device="cuda"), torch.randint(0, 16, (8,), device="cuda")
+    prog = neptune_eq.compile(fn, x.clone(), t, cache_dir=tmp_path)
+
+    def agree():
+        mine, theirs = x.clone(), x.double().cpu()
+        close(prog(mine, t).cpu(), fn(theirs, t.cpu()))
+        close(mine.cpu(), theirs)
+
+    for _ in range(3):  # the later calls take the bound launches
+        agree()
+    assert any(bound is not None for _, bound in run_of(prog)._bound.values())
+    w.mul_(3.0)
+    agree()
+    monkeypatch.setattr(THIS, "SCALE", 3.0)
+    agree()
+    assert run_of(prog).recaptures == 1
+
+
+@cuda
+def test_mixed_devices_are_refused(tmp_path):
+    x = torch.randn(3, 4, device="cuda")
+    prog = neptune_eq.compile(lambda x, y: (x + y).softmax(-1), x, x, cache_dir=tmp_path)
+    with pytest.raises(NeptuneError, match="argument 'y' is on device 'cpu' but argument 'x' is on 'cuda:0'"):
+        prog(x, x.cpu())
+
+
+@cuda
+def test_out_of_range_target_on_cuda_stops_with_a_device_assert(tmp_path):
+    code = f"""
+import torch, torch.nn.functional as F, neptune_eq
+x, t = torch.randn(4, 7, device="cuda"), torch.tensor([3, 0, 6, 2], device="cuda")
+prog = neptune_eq.compile(lambda x, t: F.cross_entropy(x, t, reduction="none"), x, t, cache_dir={str(tmp_path)!r})
+prog(x, t)
+torch.cuda.synchronize()
+print("valid ok", flush=True)
+prog(x, torch.tensor([3, 0, 7, 2], device="cuda"))
+torch.cuda.synchronize()
+print("no assert")
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert "valid ok" in run.stdout and "no assert" not in run.stdout
+    assert "device-side assert" in run.stderr

@@ -46,6 +46,7 @@ from ..reference import evaluate
 from . import ops_index, ops_math, ops_reduce, ops_shape
 from .checks import IndexCheck, run_checks
 from .guards import Guards, Held, TensorGuard, scan
+from .results import Mutation, OutputStructure, find_mutations
 from .source import CaptureError, SourceLocator, describe, is_internal, location
 from .translate import InputDecl, Translator, dtype_name
 
@@ -85,35 +86,6 @@ class ArgBinding:
     @property
     def is_tensor(self) -> bool:
         return self.shape is not None
-
-
-@dataclass(frozen=True)
-class Mutation:
-    """fn writes its argument `position` in place; program output number `output` is its new value."""
-
-    position: int
-    parameter: str
-    output: int
-
-
-@dataclass(frozen=True)
-class Static:
-    """A non-tensor value fn returns, returned as it was at capture."""
-
-    value: object
-
-
-@dataclass(frozen=True)
-class OutputStructure:
-    """fn's return structure: a pytree whose leaves are program output numbers or Static values."""
-
-    spec: pytree.TreeSpec
-    leaves: tuple[int | Static, ...]
-
-    def build(self, outs: list[torch.Tensor]):
-        if self.spec.is_leaf():
-            return outs[0]
-        return pytree.tree_unflatten([outs[x] if isinstance(x, int) else x.value for x in self.leaves], self.spec)
 
 
 @dataclass
@@ -313,7 +285,7 @@ def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
     gm = _trace(traced, tensors)
     _check_sizes(gm)
     spec, leaves = returned
-    mutations = _mutations(gm, [params[k] for k in tensor_pos], tensor_pos, example_inputs)
+    mutations = find_mutations(gm, [params[k] for k in tensor_pos], tensor_pos, example_inputs)
     constants = _constants(gm, env.names, taken=set(params))
     decls = [InputDecl(params[k], t.dtype) for k, t in zip(tensor_pos, tensors)]
     tx = Translator(gm.graph, decls, constants, HANDLERS, name=name or _function_name(fn))
@@ -325,8 +297,7 @@ def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
                         program_shape=_reshaped(tr.program, params[k], example_inputs[k].shape))
         for k in range(len(example_inputs))
     )
-    count = iter(range(len(leaves)))
-    structure = OutputStructure(spec, tuple(next(count) if isinstance(x, torch.Tensor) else Static(x) for x in leaves))
+    structure = OutputStructure.of(spec, leaves)
     kept = {target: name in used for target, (name, _) in constants.items()}
     guards = env.guards
     for g in guards.tensors:  # a closure tensor the program reads: written in place, refresh the copies
@@ -389,32 +360,6 @@ def _check_sizes(gm: torch.fx.GraphModule) -> None:
             if isinstance(v, torch.Tensor) and any(type(n) is int and n == 0 for n in v.shape):
                 raise ZeroSizeCapture(f"a value of shape {tuple(v.shape)} has a zero-size dimension: nothing to "
                                       "compute", location(node))
-
-
-def _mutations(gm: torch.fx.GraphModule, params: list[str], positions: list[int],
-               example_inputs) -> tuple[Mutation, ...]:
-    """The arguments fn writes in place: functionalize's copy_(placeholder, new value) nodes, whose
-    new values become extra outputs after fn's own."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    outs = list(out_node.args[0])
-    found = []
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not _aten.copy_.default or node.args[0] not in placeholders:
-            continue
-        k = placeholders.index(node.args[0])
-        a = example_inputs[positions[k]]
-        if any(b is a for j, b in enumerate(example_inputs) if j != positions[k]):
-            raise CaptureError(f"argument '{params[k]}' is written in place and also passed as another argument; "
-                               "pass separate tensors", location(node))
-        found.append(Mutation(positions[k], params[k], len(outs)))
-        outs.append(node.args[1])
-        gm.graph.erase_node(node)
-    if not outs:
-        raise CaptureError("the function returns no tensor and writes none of its arguments")
-    out_node.args = (outs,)
-    gm.recompile()
-    return tuple(found)
 
 
 def _failure_location(e: BaseException) -> str | None:

@@ -281,7 +281,8 @@ class Environment:
                 self.guard(Entry(namespace, n, f"attribute '{n}' of {owner}"), v, depth)
 
     def module(self, m: torch.nn.Module, depth: int) -> None:
-        """An nn.Module: every submodule's parameters, buffers and plain attributes, and its forward."""
+        """An nn.Module: every submodule's parameters, buffers, plain attributes and submodules, and
+        its forward."""
         for prefix, sub in m.named_modules():
             where = f"'{prefix}'" if prefix else type(m).__name__
             for kind, table in (("parameter", sub._parameters), ("buffer", sub._buffers)):
@@ -295,6 +296,8 @@ class Environment:
             for n, v in vars(sub).items():
                 if not n.startswith("_") and isinstance(v, _GUARDED):
                     self.guard(Entry(vars(sub), n, f"attribute '{n}' of {where}"), v, 0)
+            for n, child in sub._modules.items():  # a submodule replaced by another
+                self.guards.values.append(IdentityGuard(Entry(sub._modules, n, f"submodule '{n}' of {where}"), child))
         if depth > 0:
             self.function(m.forward, depth - 1)
 

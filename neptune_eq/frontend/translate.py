@@ -375,7 +375,7 @@ class Translator:
         check = IndexCheck(op, location(c.node), index, size, wraps, ignore)
         dtypes = {n: dtype_name(dt) for n, dt in self.input_dtypes.items()}
         at_run_time, negative = analyse(check, self.res.extents, dtypes)
-        if at_run_time:
+        if at_run_time and check not in self.checks:
             self.checks.append(check)
         if wraps and negative:
             # t in [-n, n) (checked): (t + n) mod n is t + n for t < 0, t otherwise; the dividend is
