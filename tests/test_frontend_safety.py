@@ -156,6 +156,17 @@ def test_argument_written_in_place_is_written(tmp_path):
         prog(mine, mine)
 
 
+def test_function_that_only_writes_returns_none(tmp_path):
+    def scale_(x):
+        x.mul_(2)
+
+    x = torch.randn(3, 4)
+    prog = neptune_eq.compile(scale_, x.clone(), cache_dir=tmp_path)
+    mine = x.clone()
+    assert prog(mine) is None
+    close(mine, x * 2)
+
+
 def test_written_argument_passed_twice_is_refused():
     x = randn(3, 4)
     with pytest.raises(CaptureError, match="'x' is written in place and also passed"):
@@ -285,6 +296,9 @@ def test_meta_tensors_are_refused_before_the_interpreter(tmp_path):
         prog(x, x.to("meta"))
     with pytest.raises(NeptuneError, match="input 'x' is on device 'meta'"):
         prog.program.run({"x": x.to("meta"), "y": x.to("meta")})
+    w = torch.randn(4, device="meta")
+    with pytest.raises(CaptureError, match=r"cpu and meta.* at test_frontend_safety\.py:\d+"):
+        capture(lambda x: x * w, x)
 
 
 # ---------------------------------------------------------------- diagonal

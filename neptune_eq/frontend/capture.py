@@ -425,6 +425,9 @@ def _constants(gm, names: dict[int, str], taken: set[str]) -> dict[str, tuple[st
             while f"const{counter}" in used:
                 counter += 1
             name = f"const{counter}"
+        if value.device.type not in _DEVICE_TYPES:
+            raise CaptureError(f"the function reads tensor '{name}' on device '{value.device}'; neptune_eq runs on "
+                               "CPU or CUDA tensors", location(next(iter(node.users), None)))
         used.add(name)
         out[node.target] = (name, value)
     return out

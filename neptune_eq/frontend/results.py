@@ -44,9 +44,8 @@ class OutputStructure:
         return cls(spec, tuple(next(count) if isinstance(x, torch.Tensor) else Static(x) for x in leaves))
 
     def build(self, outs: list[torch.Tensor]):
-        if self.spec.is_leaf():
-            return outs[0]
-        return pytree.tree_unflatten([outs[x] if isinstance(x, int) else x.value for x in self.leaves], self.spec)
+        values = [outs[x] if isinstance(x, int) else x.value for x in self.leaves]
+        return values[0] if self.spec.is_leaf() else pytree.tree_unflatten(values, self.spec)
 
 
 
