@@ -12,6 +12,9 @@
 
 Calls with the example shapes, dtypes and device reuse the captured program without tracing again;
 other shapes or dtypes are captured and compiled once more (each signature is compiled once).
+What fn reads besides its arguments (globals, closures, a score_mod's captured values, module
+attributes) is guarded: when it changes, the next call captures and compiles again. Shapes with a
+zero-size dimension run fn itself (nothing to fuse). See neptune_eq.frontend.capture for the rest.
 Inside torch.compile'd code the call becomes a torch.library custom op with a fake implementation,
 so dynamo keeps it as one node. Compiles are cached by the program and options, in memory and on
 disk (the cache directory: `cache_dir=` or ~/.cache/neptune_eq).

@@ -109,6 +109,32 @@ def test_score_mod_captured_cap_changed(tmp_path):
     close(neptune_eq.attention(q, k, v, score_mod=softcap, cache_dir=tmp_path), eager(*(a.double() for a in (q, k, v))))
 
 
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = torch.tanh
+
+    def helper(self, x):
+        return x * SCALE  # a global read one method down
+
+    def forward(self, x):
+        return self.act(self.helper(x))
+
+
+def test_guards_cover_module_methods_and_attributes(monkeypatch):
+    m, x = Scaled(), randn(3, 4)
+    c = capture(m, x)
+    monkeypatch.setattr(THIS, "SCALE", 3.0)
+    with pytest.raises(StaleCapture, match=r"global 'SCALE' of Scaled\.helper"):
+        c.reference(x)
+    c = capture(m, x)
+    m.act = torch.sigmoid
+    with pytest.raises(StaleCapture, match="attribute 'act' of Scaled was rebound"):
+        c.reference(x)
+    m.layer = torch.nn.Identity()
+    close(capture(m, x).reference(x), m(x))
+
+
 def test_guards_cover_defaults_module_attributes_and_config_objects():
     x = randn(3, 4)
 

@@ -294,8 +294,12 @@ class Environment:
                     self.names.setdefault(id(t), f"p{name}" if name[0].isdigit() else name)
                     self.guard(Entry(table, n, f"{kind} '{path}' of {type(m).__name__}"), t, 0)
             for n, v in vars(sub).items():
-                if not n.startswith("_") and isinstance(v, _GUARDED):
+                if n.startswith("_"):
+                    continue
+                if isinstance(v, _GUARDED):
                     self.guard(Entry(vars(sub), n, f"attribute '{n}' of {where}"), v, 0)
+                elif callable(v):  # self.act = torch.tanh
+                    self.guards.values.append(IdentityGuard(Entry(vars(sub), n, f"attribute '{n}' of {where}"), v))
             for n, child in sub._modules.items():  # a submodule replaced by another
                 self.guards.values.append(IdentityGuard(Entry(sub._modules, n, f"submodule '{n}' of {where}"), child))
         if depth > 0:
@@ -312,8 +316,15 @@ class Environment:
             owner = f.__self__
             f = f.__func__
             code = getattr(f, "__code__", None)
-            if code is not None and not isinstance(owner, torch.nn.Module) and hasattr(owner, "__dict__"):
-                self.attributes(vars(owner), type(owner).__name__, _names(code), depth)
+            if code is not None:
+                if not isinstance(owner, torch.nn.Module) and hasattr(owner, "__dict__"):
+                    self.attributes(vars(owner), type(owner).__name__, _names(code), depth)
+                if depth > 0:  # the methods it calls on self (self.helper(x)), one level down
+                    for n in sorted(_names(code) - {f.__name__}):
+                        m = inspect.getattr_static(type(owner), n, None)
+                        if isinstance(m, types.FunctionType) and id(m) not in self._seen:
+                            self._seen.add(id(m))
+                            self.function(m, depth - 1)
         f = inspect.unwrap(f) if callable(f) else f
         code = getattr(f, "__code__", None)
         if code is None or in_torch(code.co_filename):
