@@ -12,6 +12,9 @@
 
 Calls with the example shapes, dtypes and device reuse the captured program without tracing again;
 other shapes or dtypes are captured and compiled once more (each signature is compiled once).
+What fn reads besides its arguments (globals, closures, a score_mod's captured values, module
+attributes) is guarded: when it changes, the next call captures and compiles again. Shapes with a
+zero-size dimension run fn itself (nothing to fuse). See neptune_eq.frontend.capture for the rest.
 Inside torch.compile'd code the call becomes a torch.library custom op with a fake implementation,
 so dynamo keeps it as one node. Compiles are cached by the program and options, in memory and on
 disk (the cache directory: `cache_dir=` or ~/.cache/neptune_eq).
@@ -74,17 +77,24 @@ def _signature(args) -> tuple:
 
 @dataclass
 class _Variant:
-    """One signature of a compiled function: the capture running its program, and the custom op
-    running the same program for calls traced by dynamo."""
+    """One signature of a compiled function: the capture running its program (re-captured when fn's
+    environment changes), and the custom op running the same program for calls traced by dynamo."""
 
-    run: object  # frontend.capture.CompiledFunction
-    op: object
+    run: object  # frontend.compiled.CompiledFunction
+    op: object = None
+    _op_of: object = field(default=None, repr=False)  # the CompiledProgram `op` runs
 
     @classmethod
-    def of(cls, captured, prog: CompiledProgram) -> _Variant:
-        from .frontend.capture import CompiledFunction  # the frontend loads on first use, not at import
+    def of(cls, captured, prog: CompiledProgram, options: Options, cache: CompileCache) -> _Variant:
+        from .frontend.compiled import CompiledFunction  # the frontend loads on first use, not at import
 
-        return cls(CompiledFunction(captured, prog), _custom_op(captured, prog))
+        run = CompiledFunction(captured, prog, recompile=lambda program: compile_cached(program, options, cache))
+        return cls(run)._with_op()
+
+    def _with_op(self) -> _Variant:
+        if self._op_of is not self.run.compiled:  # (re)built outside dynamo: registering an op cannot be traced
+            self.op, self._op_of = _custom_op(self.captured, self.run.compiled), self.run.compiled
+        return self
 
     @property
     def captured(self):
@@ -96,8 +106,11 @@ class _Variant:
 
     def __call__(self, args):
         if torch.compiler.is_compiling():
-            return self.captured.outputs(self.op(self.captured.inputs(*args)))
-        return self.run(*args)
+            # the same checks as a plain call, the kernels as one custom op
+            return self.captured.call_with(self.op, args)
+        out = self.run(*args)
+        self._with_op()
+        return out
 
 
 @dataclass
@@ -113,23 +126,36 @@ class Compiled:
     # ---- the example signature's program (what the attributes describe)
     def _variant(self, args):
         from .frontend import capture
+        from .frontend.capture import ZeroSizeCapture
+        from .frontend.compiled import EagerFunction
 
         sig = _signature(args)
         got = self.variants.get(sig)
         if got is None:
-            captured = capture(self.fn, *args)
-            got = self.variants[sig] = _Variant.of(captured, compile_cached(captured.program, self.options, self.cache))
+            try:
+                captured = capture(self.fn, *args)
+            except ZeroSizeCapture:
+                got = self.variants[sig] = EagerFunction(self.fn)
+                return got
+            prog = compile_cached(captured.program, self.options, self.cache)
+            got = self.variants[sig] = _Variant.of(captured, prog, self.options, self.cache)
             if self.first is None:
                 self.first = sig
         return got
 
+    def _first(self) -> _Variant:
+        if self.first is None:
+            raise NeptuneError("nothing was compiled: every signature seen so far has a zero-size dimension "
+                               "(the function itself runs for those)")
+        return self.variants[self.first]
+
     @property
     def captured(self):
-        return self.variants[self.first].captured
+        return self._first().captured
 
     @property
     def program(self) -> CompiledProgram:
-        return self.variants[self.first].prog
+        return self._first().prog
 
     @property
     def kernels(self):
@@ -159,17 +185,19 @@ class Compiled:
             raise NeptuneError("tune() times kernels on the GPU: it needs CUDA tensors (this call has none, "
                                "or there is no CUDA device)")
         variant = self._variant(args)
+        if not isinstance(variant, _Variant):
+            raise NeptuneError("tune(): these shapes have a zero-size dimension; nothing is compiled for them")
         inputs = variant.captured.inputs(*args)
         best = choose_plan(variant.prog, inputs, candidates=candidates, progress=progress)
         autotune(best, inputs, progress=progress, cache_file=cache_path(self.cache.directory))
-        self.variants[_signature(args)] = _Variant.of(variant.captured, best)
+        self.variants[_signature(args)] = _Variant.of(variant.captured, best, self.options, self.cache)
         return self
 
     # ---- calling
     def __call__(self, *args):
         if torch.compiler.is_compiling():
             # traced by dynamo: only tensor reshapes and one custom op (the example signature's)
-            return self.variants[self.first](args)
+            return self._first()(args)
         return self._variant(args)(args)
 
 
@@ -230,6 +258,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod=None,
     scaled score, `mask_mod(b, h, q_idx, kv_idx)` keeps a pair when True. q is [B, Hq, L, D], k and v
     [B, Hkv, S, D] (Hkv may divide Hq with enable_gqa=True). A query row with no kept key gives 0."""
     from .frontend import attention_capture
+    from .frontend.capture import ZeroSizeCapture
+    from .frontend.compiled import EagerFunction
+    from .frontend.flex import attention_function
 
     key = (score_mod, mask_mod, enable_gqa, scale, _signature((q, k, v)), repr(sorted(options.items())),
            str(cache_dir))
@@ -238,9 +269,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod=None,
         if torch.compiler.is_compiling():
             raise NeptuneError("neptune_eq.attention: call it once outside torch.compile with these shapes, "
                                "dtypes and modifiers first (capturing cannot run while dynamo traces)")
-        captured = attention_capture(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=enable_gqa,
-                                     scale=scale)
-        prog = compile_cached(captured.program, _options((), options),
-                              _cache_for(Path(cache_dir) if cache_dir else None))
-        got = _ATTENTION[key] = _Variant.of(captured, prog)
+        try:
+            captured = attention_capture(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=enable_gqa,
+                                         scale=scale)
+        except ZeroSizeCapture:
+            got = _ATTENTION[key] = EagerFunction(attention_function(q, k, v, score_mod, mask_mod, enable_gqa,
+                                                                     scale))
+            return got((q, k, v))
+        opts, cache = _options((), options), _cache_for(Path(cache_dir) if cache_dir else None)
+        got = _ATTENTION[key] = _Variant.of(captured, compile_cached(captured.program, opts, cache), opts, cache)
     return got((q, k, v))

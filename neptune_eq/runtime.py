@@ -105,8 +105,10 @@ class CompiledProgram:
 
     # ---- running
     def run(self, inputs: dict[str, torch.Tensor], out_dtypes=None) -> dict[str, torch.Tensor]:
+        """The outputs for `inputs` (all on one device: CUDA runs the compiled kernels, CPU Triton's
+        interpreter). Raises NeptuneError naming the first input of the wrong dtype, shape or device."""
         check_inputs(self.program, inputs, self._input_specs)
-        device = next(iter(inputs.values())).device
+        device = _one_device(inputs)
         target = "cuda" if device.type == "cuda" else "interpreter"
         return self.launcher(target)(inputs, out_dtypes)
 
@@ -163,6 +165,20 @@ class CompiledProgram:
             lines += [f"  {r}" for r in rejected[:6]]
         lines += [str(k) for k in alt.cost.kernels]
         return "\n".join(lines)
+
+
+def _one_device(inputs: dict[str, torch.Tensor]) -> torch.device:
+    """The device every input is on: CPU or CUDA (a meta tensor has no data to run on)."""
+    names = iter(inputs)
+    first = next(names)
+    device = inputs[first].device
+    if device.type not in ("cpu", "cuda"):
+        raise NeptuneError(f"input '{first}' is on device '{device}'; programs run on CPU or CUDA tensors")
+    for name in names:
+        if inputs[name].device != device:
+            raise NeptuneError(f"input '{name}' is on device '{inputs[name].device}' but input '{first}' is on "
+                               f"'{device}'; pass every input on one device")
+    return device
 
 
 def compile_ir(program: ir.Program, options: Options | None = None, *, rules=()) -> CompiledProgram:

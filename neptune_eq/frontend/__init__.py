@@ -6,9 +6,11 @@ translated to the reduction IR.
     captured.program                            # ir.Program: inputs q, k, v; outputs out0, ...
 """
 
-from .capture import ArgBinding, Captured, CompiledFunction, capture
+from .capture import ArgBinding, Captured, CompiledFunction, StaleCapture, ZeroSizeCapture, capture
+from .checks import IndexOutOfRange
+from .compiled import ZeroSizeError
 from .flex import attention_capture, attention_program
 from .source import CaptureError
 
-__all__ = ["ArgBinding", "CaptureError", "Captured", "CompiledFunction", "attention_capture",
-           "attention_program", "capture"]
+__all__ = ["ArgBinding", "CaptureError", "Captured", "CompiledFunction", "IndexOutOfRange", "StaleCapture",
+           "ZeroSizeCapture", "ZeroSizeError", "attention_capture", "attention_program", "capture"]

@@ -4,15 +4,27 @@ ir.Program.
     captured = capture(attn, q, k, v)
     captured.program                  # inputs q, k, v (fn's parameter names), outputs out0, out1, ...
     captured.reference(q, k, v)       # float64 result, same structure as attn(q, k, v)
-    run = captured.compile()          # neptune_eq.runtime.compile_ir(captured.program)
+    run = captured.compile()          # a CompiledFunction over neptune_eq.runtime.compile_ir
     run(q, k, v)
 
-Tracing (torch.fx make_fx on fake tensors) specialises to the example shapes and dtypes: calling
-with the example shapes does not trace again, other shapes need a new capture. Non-tensor
-positional arguments (ints, floats, ...) are baked into the program and must be passed with the
-same value. Tensors the function reads from its closure or module globals become extra program
-inputs, named after the variable when it can be found (else const0, const1, ...); their values
-are kept on the Captured and passed automatically.
+What a user may rely on:
+- Tracing (torch.fx make_fx on fake tensors) specialises to the example shapes, dtypes and device
+  kind; other shapes need a new capture. Non-tensor positional arguments are baked into the
+  program and must be passed with the same value.
+- Tensors fn reads from its closure, module globals or nn.Module become extra program inputs,
+  named after the variable when it can be found (else const0, const1, ...); their values are kept
+  on the Captured and passed automatically. Every value fn reads from its environment is guarded
+  (guards.py): a compiled function re-captures when one changed (a closure tensor written in
+  place only has its copies refreshed); `reference` raises StaleCapture.
+- fn may return any structure of tensors (tuple, list, dict, namedtuple, nested): the same
+  structure comes back; non-tensor leaves (ints, None, ...) come back as they were at capture.
+- fn may write its tensor arguments in place (x.add_(1), x.copy_(y)): the compiled function
+  computes their new values and copies them into the arguments after the kernels run.
+- Index tensors (cross-entropy targets, gather / embedding indices, x[t]) are range-checked on
+  every call as eager does (checks.py); x[t] counts negative t from the end.
+- Arguments must all live on one device, CPU or CUDA. An argument or intermediate value with a
+  zero-size dimension is refused (ZeroSizeCapture): there is no work to fuse; neptune_eq.compile
+  evaluates fn itself for such shapes.
 """
 
 from __future__ import annotations
@@ -27,11 +39,15 @@ from torch._decomp import get_decompositions
 from torch.func import functionalize
 from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
 
 from .. import ir
 from ..reference import evaluate
 from . import ops_index, ops_math, ops_reduce, ops_shape
-from .source import CaptureError, SourceLocator, describe, in_torch, is_internal
+from .checks import IndexCheck, run_checks
+from .guards import Guards, Held, TensorGuard, scan
+from .results import Mutation, OutputStructure, find_mutations
+from .source import CaptureError, SourceLocator, describe, is_internal, location
 from .translate import InputDecl, Translator, dtype_name
 
 HANDLERS = {**ops_shape.HANDLERS, **ops_math.HANDLERS, **ops_reduce.HANDLERS, **ops_index.HANDLERS}
@@ -42,6 +58,16 @@ _DECOMPOSITIONS = get_decompositions([
     _aten._scaled_dot_product_flash_attention_for_cpu.default, _aten.native_layer_norm.default,
     _aten._fused_rms_norm.default, _aten.silu.default, _aten.gelu.default,
 ])
+_DEVICE_TYPES = ("cpu", "cuda")
+
+
+class StaleCapture(ir.NeptuneError):
+    """A value the function read from its environment changed since it was captured. (No
+    constructor of its own: dynamo traces raising it.)"""
+
+
+class ZeroSizeCapture(CaptureError):
+    """An argument or intermediate value has a zero-size dimension: nothing to compile."""
 
 
 @dataclass(frozen=True)
@@ -67,9 +93,10 @@ class Captured:
     """A traced function: its program and how to call it like the function.
 
     `args` says where each positional argument of fn goes (`inputs(*args)` builds the program's
-    input dict), `constants` holds the values of extra inputs fn read from its environment, and
-    `outputs(results)` turns the program's outputs (out0, out1, ...) back into fn's return value: a
-    tensor, or a tuple when fn returned a tuple or list. Valid for the example shapes only.
+    input dict), `constants` holds the values of extra inputs fn read from its environment,
+    `structure` rebuilds fn's return value from the program's outputs (out0, out1, ...; the
+    `mutations`' new argument values come after fn's own outputs), `index_checks` are run on every
+    call, `guards` say whether the environment still holds. Valid for the example shapes only.
     """
 
     program: ir.Program
@@ -77,17 +104,23 @@ class Captured:
     constants: dict[str, torch.Tensor]  # extra program inputs: tensors read from fn's closure
     output_shapes: tuple[tuple[int, ...], ...]
     output_dtypes: tuple[torch.dtype, ...]
-    returns_tuple: bool
+    structure: OutputStructure
     graph: torch.fx.GraphModule = field(repr=False, default=None)
+    fn: Callable | None = field(repr=False, default=None)
+    guards: Guards = field(repr=False, default_factory=Guards)
+    index_checks: tuple[IndexCheck, ...] = ()
+    mutations: tuple[Mutation, ...] = ()
     # str(device) -> `constants` there (see _constants_on)
     _device_constants: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
     # ---------------------------------------------------------------- binding
-    def inputs(self, *args) -> dict[str, torch.Tensor]:
-        """The program's inputs for a call fn(*args) (checked against the example shapes)."""
+    def inputs(self, *args, cached: bool = True) -> dict[str, torch.Tensor]:
+        """The program's inputs for a call fn(*args) (checked against the example shapes; all on one
+        device, CPU or CUDA); closure tensors come from copies kept per device unless not `cached`."""
         if len(args) != len(self.args):
             raise CaptureError(f"captured function takes {len(self.args)} positional arguments, got {len(args)}")
         out: dict[str, torch.Tensor] = {}
+        first = None
         for b, a in zip(self.args, args):
             if not b.is_tensor:
                 if isinstance(a, torch.Tensor) or a != b.static:
@@ -103,10 +136,15 @@ class Captured:
                     f"argument '{b.parameter}' has shape {tuple(a.shape)}; the function was captured for "
                     f"{b.shape} (capture again for other shapes)"
                 )
+            first = _same_device(first, b.parameter, a)
             if b.input is not None:
                 out[b.input] = a if b.program_shape is None else a.reshape(b.program_shape)
         device = next((t.device for t in out.values()), None)
-        out.update(self._constants_on(device))
+        if cached:
+            out.update(self._constants_on(device))
+        else:
+            out.update((name, t.reshape(self.program.input_shape(name)).to(device or t.device))
+                       for name, t in self.constants.items())
         return out
 
     def _constants_on(self, device) -> dict[str, torch.Tensor]:
@@ -117,120 +155,138 @@ class Captured:
                                            for name, t in self.constants.items()}
         return self._device_constants[key]
 
+    def follow_environment(self) -> None:
+        """Raise StaleCapture if a value fn read from its environment changed since capture; where
+        only closure tensors the program reads were written in place, refresh their copies."""
+        changed = self.guards.check()
+        if changed is None:
+            return
+        if changed.stale:
+            raise StaleCapture(f"{changed.describe()} since the function was captured (capture it again)")
+        for copies in self._device_constants.values():
+            for name, dst in copies.items():
+                src = self.constants[name].reshape(dst.shape)
+                if dst.data_ptr() != src.data_ptr():  # a view of the tensor itself needs nothing
+                    dst.copy_(src)  # in place: bound launches keep the address
+        self.guards.accept()
+
+    def check_aliases(self, args) -> None:
+        """A written argument must not share memory with another argument: eager would see the write."""
+        for m in self.mutations:
+            mem = args[m.position].untyped_storage().data_ptr()
+            for b, a in zip(self.args, args):
+                if b.position != m.position and b.is_tensor and a.untyped_storage().data_ptr() == mem:
+                    raise CaptureError(f"argument '{m.parameter}' is written in place and shares memory with "
+                                       f"argument '{b.parameter}'; pass separate tensors")
+
+    def finish(self, args, outs: list[torch.Tensor]):
+        """fn's return value from the program's outputs (in fn's shapes), after writing the new
+        values of the arguments fn writes in place into them."""
+        for m in self.mutations:
+            args[m.position].copy_(outs[m.output])
+        return self.structure.build(outs)
+
     def outputs(self, results: dict[str, torch.Tensor]):
-        """fn's return structure from the program's output tensors (by output name)."""
+        """fn's return structure from the program's output tensors (by output name); the new values
+        of written arguments are not applied."""
         outs = [results[o.name] for o in self.program.outputs]
         outs = [r if r.shape == shape else r.reshape(shape) for r, shape in zip(outs, self.output_shapes)]
-        return tuple(outs) if self.returns_tuple else outs[0]
+        return self.structure.build(outs)
 
     # ---------------------------------------------------------------- running
+    def call_with(self, run_program: Callable, args):
+        """fn(*args) with the program run by `run_program(inputs) -> {output name: tensor}` (the
+        custom op of a call dynamo traces): the same checks as a compiled call. A changed
+        environment cannot be captured again while dynamo traces: it raises StaleCapture; closure
+        tensors are read afresh (a traced graph keeps no copy to refresh)."""
+        changed = self.guards.check()
+        if changed is not None and changed.stale:  # (a constant message: dynamo traces this)
+            raise StaleCapture("a value the function reads from its environment changed since it was captured; "
+                               "call the compiled function once outside torch.compile to capture it again")
+        inputs = self.inputs(*args, cached=False)
+        run_checks(self.index_checks, inputs)
+        self.check_aliases(args)
+        results = run_program(inputs)
+        outs = [results[o.name].reshape(shape) for o, shape in zip(self.program.outputs, self.output_shapes)]
+        return self.finish(args, outs)
+
     def reference(self, *args):
-        """fn(*args) computed by the float64 reference evaluator of the program (float64 results)."""
-        return self.outputs(evaluate(self.program, self.inputs(*args)))
+        """fn(*args) computed by the float64 reference evaluator of the program (float64 results).
+        Raises StaleCapture if fn's environment changed, IndexOutOfRange for bad indices."""
+        self.follow_environment()
+        inputs = self.inputs(*args)
+        run_checks(self.index_checks, inputs)
+        return self.outputs(evaluate(self.program, inputs))
+
+    def again(self, *args) -> Captured:
+        """fn captured anew at `args` (after its environment changed)."""
+        if self.fn is None:
+            raise StaleCapture("the captured function is not known: capture it again")
+        return capture(self.fn, *args, name=self.program.name)
 
     def compile(self, options=None) -> CompiledFunction:
-        """Compile the program with neptune_eq.runtime.compile_ir; the result is called like fn."""
+        """Compile the program with neptune_eq.runtime.compile_ir; the result is called like fn and
+        re-captures (and compiles again) when fn's environment changes."""
         from ..runtime import compile_ir
 
-        return CompiledFunction(self, compile_ir(self.program, options))
+        return CompiledFunction(self, compile_ir(self.program, options),
+                                recompile=lambda program: compile_ir(program, options))
 
 
-@dataclass
-class CompiledFunction:
-    """A compiled capture: call it with fn's arguments; outputs come back in fn's dtypes."""
-
-    captured: Captured
-    compiled: object  # neptune_eq.runtime.CompiledProgram
-    # the kernels store straight into outputs of fn's dtypes (no conversion pass afterwards)
-    _out_dtypes: dict[str, torch.dtype] = field(init=False, repr=False)
-    # layout key of the arguments (see _layout) → (launcher, BoundCall or None): the fast path
-    _bound: dict = field(init=False, repr=False, default_factory=dict)
-    _order: list[str] = field(init=False, repr=False)  # program inputs in argument order
-
-    def __post_init__(self) -> None:
-        self._out_dtypes = {o.name: dt for o, dt in zip(self.captured.program.outputs, self.captured.output_dtypes)}
-        self._order = [b.input for b in self.captured.args if b.input is not None]
-
-    def __call__(self, *args):
-        layout = self._layout(args)
-        fresh = False
-        if layout is not None:
-            key, ptrs = layout
-            launcher = self.compiled.launcher("cuda")  # replaced when the schedules change
-            hit = self._bound.get(key)
-            if hit is not None and hit[0] is launcher:
-                if hit[1] is not None:
-                    outs = hit[1](ptrs, self.captured.output_shapes)
-                    return tuple(outs) if self.captured.returns_tuple else outs[0]
-            else:
-                fresh = True
-        inputs = self.captured.inputs(*args)
-        result = self.captured.outputs(self.compiled.run(inputs, self._out_dtypes))
-        if fresh:
-            # checked and launched once for this layout: later calls go straight to the kernels
-            # (unless an input had to be copied to reach the program's shape)
-            views = all(inputs[name].data_ptr() == p for name, p in zip(self._order, ptrs))
-            self._bound[key] = (launcher, launcher.bind(inputs, self._order, self._out_dtypes) if views else None)
-        return result
-
-    def _layout(self, args) -> tuple[tuple, list[int]] | None:
-        """(key, input addresses) of a call on CUDA tensors: the key holds everything the checks and
-        the kernels' specialisation depend on (shape, dtype, device, strides, 16-byte alignment of
-        each tensor, the baked-in values); None for anything else (the checked path reports it)."""
-        if len(args) != len(self.captured.args):
-            return None
-        key, ptrs = [], []
-        for b, a in zip(self.captured.args, args):
-            if not b.is_tensor:
-                if isinstance(a, torch.Tensor) or a != b.static:
-                    return None
-                continue
-            if not isinstance(a, torch.Tensor) or not a.is_cuda:
-                return None
-            p = a.data_ptr()
-            key.append((a.shape, a.dtype, a.device, a.stride(), p % 16 == 0))
-            if b.input is not None:
-                ptrs.append(p)
-        return tuple(key), ptrs
+def _same_device(first, name: str, t: torch.Tensor):
+    """(name, device) of the first tensor argument; raises for a device other than CPU/CUDA or mixed."""
+    if t.device.type not in _DEVICE_TYPES:
+        raise CaptureError(f"argument '{name}' is on device '{t.device}'; neptune_eq runs on CPU or CUDA tensors")
+    if first is None:
+        return name, t.device
+    if t.device != first[1]:
+        raise CaptureError(f"argument '{name}' is on device '{t.device}' but argument '{first[0]}' is on "
+                           f"'{first[1]}'; pass every tensor on one device")
+    return first
 
 
 # ---------------------------------------------------------------- capture
-
-
-def _reshaped(program: ir.Program, name: str, shape) -> tuple[int, ...] | None:
-    """The program's shape of input `name` where it differs from the argument's `shape`, else None."""
-    if name not in program.inputs:
-        return None
-    want = program.input_shape(name)
-    return None if tuple(shape) == want else want
 
 
 def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
     """Trace `fn(*example_inputs)` once and translate it to an ir.Program.
 
     Program inputs are named after fn's parameters (positional ones; *args get `name0`, `name1`);
-    outputs are out0, out1, ... in the order fn returns them (a tensor or a tuple/list of tensors).
-    Raises CaptureError (a NeptuneError) naming the unsupported operation and the user's
-    `file.py:line: code`.
+    outputs are out0, out1, ... for the tensors fn returns (in pytree order), then the new values of
+    the arguments fn writes in place. Raises CaptureError (a NeptuneError) naming the unsupported
+    operation and the user's `file.py:line: code`.
     """
     params = _parameter_names(fn, len(example_inputs))
     static = {k: a for k, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)}
     tensor_pos = [k for k in range(len(example_inputs)) if k not in static]
-    tensors = _distinct([example_inputs[k] for k in tensor_pos])
-    for k, t in zip(tensor_pos, tensors):
+    first = None
+    for k in tensor_pos:
+        t = example_inputs[k]
         if dtype_name(t.dtype) not in ir.DTYPES:
             raise CaptureError(f"argument '{params[k]}' has unsupported dtype {t.dtype}")
+        first = _same_device(first, params[k], t)
+        if 0 in t.shape:
+            raise ZeroSizeCapture(f"argument '{params[k]}' has shape {tuple(t.shape)}: a zero-size dimension "
+                                  "leaves nothing to compute")
+    env = scan(fn)  # before tracing: what fn reads now is what the trace bakes in
+    tensors = _distinct([example_inputs[k] for k in tensor_pos])
+    returned: list = []  # fn's return structure, recorded while tracing
 
     def traced(*ts):
         args = list(example_inputs)
         for k, t in zip(tensor_pos, ts):
             args[k] = t
         with SourceLocator():
-            return fn(*args)
+            out = fn(*args)
+        leaves, spec = pytree.tree_flatten(out)
+        returned[:] = [spec, leaves]
+        return [x for x in leaves if isinstance(x, torch.Tensor)]
 
     gm = _trace(traced, tensors)
-    out_val = _output_value(gm)
-    constants = _constants(gm, fn, taken=set(params))
+    _check_sizes(gm)
+    spec, leaves = returned
+    mutations = find_mutations(gm, [params[k] for k in tensor_pos], tensor_pos, example_inputs)
+    constants = _constants(gm, env.names, taken=set(params))
     decls = [InputDecl(params[k], t.dtype) for k, t in zip(tensor_pos, tensors)]
     tx = Translator(gm.graph, decls, constants, HANDLERS, name=name or _function_name(fn))
     tr = tx.run()
@@ -241,21 +297,44 @@ def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
                         program_shape=_reshaped(tr.program, params[k], example_inputs[k].shape))
         for k in range(len(example_inputs))
     )
+    structure = OutputStructure.of(spec, leaves)
+    kept = {target: name in used for target, (name, _) in constants.items()}
+    guards = env.guards
+    for g in guards.tensors:  # a closure tensor the program reads: written in place, refresh the copies
+        g.refresh = any(kept[target] and value is g.tensor for target, (_, value) in constants.items())
+    seen = {id(g.tensor) for g in guards.tensors}
+    for target, (cname, value) in constants.items():  # every other lifted tensor: its version
+        if id(value) not in seen:
+            guards.tensors.append(TensorGuard(Held(value, f"captured tensor '{cname}'"), value, value._version,
+                                              refresh=kept[target]))
     return Captured(
         program=tr.program,
         args=bindings,
         constants={name: value for name, value in constants.values() if name in used},
         output_shapes=tuple(tr.output_shapes),
         output_dtypes=tuple(tr.output_dtypes),
-        returns_tuple=isinstance(out_val, tuple | list),
+        structure=structure,
         graph=gm,
+        fn=fn,
+        guards=guards,
+        index_checks=tr.checks,
+        mutations=mutations,
     )
+
+
+def _reshaped(program: ir.Program, name: str, shape) -> tuple[int, ...] | None:
+    """The program's shape of input `name` where it differs from the argument's `shape`, else None."""
+    if name not in program.inputs:
+        return None
+    want = program.input_shape(name)
+    return None if tuple(shape) == want else want
 
 
 def _trace(traced, tensors) -> torch.fx.GraphModule:
     try:
         with fx_traceback.preserve_node_meta():
-            # functionalize: in-place updates (s.masked_fill_(...), s += b) become value semantics
+            # functionalize: in-place updates (s.masked_fill_(...), s += b) become value semantics;
+            # writes into arguments are replayed as copy_(argument, new value) at the end
             return make_fx(functionalize(traced, remove="mutations"), tracing_mode="fake",
                            decomposition_table=_DECOMPOSITIONS, _allow_non_fake_inputs=True)(*tensors)
     except CaptureError:
@@ -266,7 +345,21 @@ def _trace(traced, tensors) -> torch.fx.GraphModule:
         if "data-dependent" in str(e) or "DataDependent" in type(e).__name__:
             raise CaptureError("control flow or shapes that depend on tensor values are not supported (the "
                                f"function is traced once, on fake tensors): {first}", where) from e
+        if "mutating a non-functional tensor" in str(e):
+            raise CaptureError("writing in place into a tensor the function does not take as an argument (a "
+                               "global, closure or module tensor) is not supported; pass it as an argument",
+                               where) from e
         raise CaptureError(f"tracing failed: {type(e).__name__}: {first}", where) from e
+
+
+def _check_sizes(gm: torch.fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        for v in val if isinstance(val, tuple | list) else (val,):
+            # (a data-dependent size is a symbol: the translator reports that operation)
+            if isinstance(v, torch.Tensor) and any(type(n) is int and n == 0 for n in v.shape):
+                raise ZeroSizeCapture(f"a value of shape {tuple(v.shape)} has a zero-size dimension: nothing to "
+                                      "compute", location(node))
 
 
 def _failure_location(e: BaseException) -> str | None:
@@ -284,11 +377,6 @@ def _function_name(fn) -> str:
         return type(fn).__name__
     name = getattr(inspect.unwrap(fn), "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None)
     return re.sub(r"\W", "_", name) if name else "captured"
-
-
-def _output_value(gm):
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    return out.args[0]
 
 
 def _parameter_names(fn, n: int) -> list[str]:
@@ -320,9 +408,9 @@ def _distinct(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def _constants(gm, fn, taken: set[str]) -> dict[str, tuple[str, torch.Tensor]]:
-    """get_attr target -> (program input name, value) for tensors captured from fn's environment."""
-    names = _environment_names(fn)
+def _constants(gm, names: dict[int, str], taken: set[str]) -> dict[str, tuple[str, torch.Tensor]]:
+    """get_attr target -> (program input name, value) for tensors captured from fn's environment
+    (`names`: a variable name for each tensor found there, by id)."""
     out: dict[str, tuple[str, torch.Tensor]] = {}
     used = set(taken)
     counter = 0
@@ -337,46 +425,15 @@ def _constants(gm, fn, taken: set[str]) -> dict[str, tuple[str, torch.Tensor]]:
             while f"const{counter}" in used:
                 counter += 1
             name = f"const{counter}"
+        if value.device.type not in _DEVICE_TYPES:
+            raise CaptureError(f"the function reads tensor '{name}' on device '{value.device}'; neptune_eq runs on "
+                               "CPU or CUDA tensors", location(next(iter(node.users), None)))
         used.add(name)
         out[node.target] = (name, value)
     return out
 
 
-def _environment_names(fn) -> dict[int, str]:
-    """id(tensor) -> variable name for tensors in fn's closure and referenced globals (and those of
-    the callables found there, one level deep: FlexAttention's score_mod/mask_mod)."""
-    found: dict[int, str] = {}
+from .compiled import CompiledFunction  # noqa: E402  (it calls back into Captured)
 
-    def scan(f, depth: int) -> None:
-        f = inspect.unwrap(f) if callable(f) else f
-        while hasattr(f, "func"):  # functools.partial
-            f = f.func
-        code = getattr(f, "__code__", None)
-        if code is None or in_torch(code.co_filename):
-            return
-        env = {k: c.cell_contents for k, c in zip(code.co_freevars, f.__closure__ or ()) if _has(c)}
-        env.update({k: f.__globals__[k] for k in code.co_names if k in getattr(f, "__globals__", {})})
-        for k, v in env.items():
-            if isinstance(v, torch.Tensor):
-                found.setdefault(id(v), k)
-            elif depth > 0 and callable(v) and not isinstance(v, type):
-                scan(v, depth - 1)
-
-    if isinstance(fn, torch.nn.Module):
-        for name, t in [*fn.named_parameters(), *fn.named_buffers()]:
-            name = re.sub(r"\W", "_", name)
-            found.setdefault(id(t), f"p{name}" if name[0].isdigit() else name)
-        fn = fn.forward
-    scan(fn, 2)
-    return found
-
-
-def _has(cell) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018
-    except ValueError:
-        return False
-    return True
-
-
-__all__ = ["ArgBinding", "Captured", "CompiledFunction", "capture"]
+__all__ = ["ArgBinding", "Captured", "CompiledFunction", "Mutation", "OutputStructure", "StaleCapture",
+           "ZeroSizeCapture", "capture"]

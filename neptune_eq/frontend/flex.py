@@ -38,12 +38,15 @@ from .capture import Captured, capture
 from .source import CaptureError
 
 
-def attention_capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod: Callable | None = None,
-                      mask_mod: Callable | None = None, enable_gqa: bool = False,
-                      scale: float | None = None) -> Captured:
-    """Trace flex attention with these modifiers at the shapes of q [B, Hq, Lq, D], k [B, Hkv, Lkv, D],
-    v [B, Hkv, Lkv, Dv]; call the result's `reference(q, k, v)` or `compile()` like flex_attention."""
+def attention_function(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod: Callable | None = None,
+                       mask_mod: Callable | None = None, enable_gqa: bool = False,
+                       scale: float | None = None) -> Callable:
+    """flex attention with these modifiers as a plain PyTorch function of (q, k, v) at these shapes:
+    what attention_capture traces, and what runs eagerly where there is nothing to compile (a
+    zero-size dimension)."""
     _check_shapes(q, k, v, enable_gqa)
+    if scale is None and q.shape[-1] == 0:
+        raise CaptureError("the default scale 1/sqrt(head_dim) needs head_dim > 0; pass scale=")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
     def flex_attention(q, k, v):
@@ -65,9 +68,21 @@ def attention_capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_m
             if not isinstance(keep, torch.Tensor):
                 keep = torch.tensor(bool(keep), device=q.device)
             score = torch.where(keep, score, -math.inf)
-        return torch.softmax(score, dim=-1) @ v  # the frontend's softmax gives 0 on fully masked rows
+        # a row with every key masked gives 0, as FlexAttention (torch.softmax would give nan)
+        return torch.ops.aten._safe_softmax(score, -1) @ v
 
-    return capture(flex_attention, q, k, v, name="flex_attention")
+    return flex_attention
+
+
+def attention_capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod: Callable | None = None,
+                      mask_mod: Callable | None = None, enable_gqa: bool = False,
+                      scale: float | None = None) -> Captured:
+    """Trace flex attention with these modifiers at the shapes of q [B, Hq, Lq, D], k [B, Hkv, Lkv, D],
+    v [B, Hkv, Lkv, Dv]; call the result's `reference(q, k, v)` or `compile()` like flex_attention.
+    What the modifiers read from their environment (a captured `cap`, a `slopes` tensor) is guarded:
+    a compiled call re-captures when it changes."""
+    fn = attention_function(q, k, v, score_mod, mask_mod, enable_gqa, scale)
+    return capture(fn, q, k, v, name="flex_attention")
 
 
 def attention_program(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod: Callable | None = None,

@@ -1,12 +1,14 @@
-"""Indexing: select, slice, advanced indexing (x[i, target[i]], slopes[h]), gather, index_select,
-embedding. An indexed dimension's axis is substituted by the index expression in the indexed
+"""Indexing: select, slice, diagonal, advanced indexing (x[i, target[i]], slopes[h]), gather,
+index_select, embedding. An indexed dimension's axis is substituted by the index expression in the indexed
 value's IR, so `x[arange(n)[:, None] - 1]`-style index arithmetic stays affine and `x[t]` with an
-integer tensor t becomes a gather Load."""
+integer tensor t becomes a gather Load. Index tensors are range-checked on every call where their
+range cannot be proved (Translator.check_index); x[t] counts negative t from the end, as eager does."""
 
 from __future__ import annotations
 
 import torch
 
+from .. import ir
 from .exprs import add, const, mul
 from .source import CaptureError
 from .translate import norm_dim
@@ -22,8 +24,17 @@ def _need_integer(op) -> None:
 
 
 def _substitute_axes(tx, expr, pairs):
-    """expr with each (variable, index expression) substituted; variables of size-1 dims are skipped."""
-    mapping = {tx.res.name(v): e for v, e in pairs if v is not None}
+    """expr with each (variable, index expression) substituted; variables of size-1 dims are skipped.
+    An axis read at another, shorter axis (x[:3], a diagonal) is written `k + 0`: ir.Program
+    takes a bare axis at a different extent for a shape mismatch, an expression for an index."""
+    mapping = {}
+    for v, e in pairs:
+        if v is None:
+            continue
+        name = tx.res.name(v)
+        if isinstance(e, ir.Index) and tx.res.extents[e.axis] != tx.res.extents[name]:
+            e = ir.Call("add", (e, ir.Const(0.0)))
+        mapping[name] = e
     return tx.substitute(expr, mapping) if mapping else expr
 
 
@@ -101,7 +112,9 @@ class Index:
 
     def build(self, tx, c):
         x, indices = c.args[0], list(c.args[1])
-        pairs = [(x.dims[p], t.expr) for p, t in enumerate(indices) if t is not None]
+        # x[t] counts negative t from the end, as eager does; beyond [-n, n) it raises
+        pairs = [(x.dims[p], tx.check_index(c, "indexing x[t]", t.expr, x.shape[p], wraps=True))
+                 for p, t in enumerate(indices) if t is not None]
         return _substitute_axes(tx, x.expr, pairs)
 
 
@@ -129,7 +142,7 @@ class Gather:
     def build(self, tx, c):
         x, idx = c.args[0], c.args[2]
         d = norm_dim(c.arg(1, "dim"), x.ndim)
-        pairs = [(x.dims[d], idx.expr)]
+        pairs = [(x.dims[d], tx.check_index(c, "gather", idx.expr, x.shape[d]))]
         pairs += [(x.dims[k], const(0)) for k in range(x.ndim) if k != d and idx.shape[k] == 1]
         return _substitute_axes(tx, x.expr, pairs)
 
@@ -162,7 +175,31 @@ class IndexSelect:
 
     def build(self, tx, c):
         x, d, idx = self._args(c)
-        return _substitute_axes(tx, x.expr, [(x.dims[d], idx.expr)])
+        index = tx.check_index(c, "embedding" if self.embedding else "index_select", idx.expr, x.shape[d])
+        return _substitute_axes(tx, x.expr, [(x.dims[d], index)])
+
+
+class Diagonal:
+    """x.diagonal(offset, dim1, dim2): dims dim1 and dim2 give way to a last dim k of length L that
+    reads x[.., k + max(0, -offset), .., k + max(0, offset), ..] (one axis indexes both dims)."""
+
+    def _args(self, c):
+        x = c.args[0]
+        d1, d2 = norm_dim(c.arg(2, "dim1", 0), x.ndim), norm_dim(c.arg(3, "dim2", 1), x.ndim)
+        return x, c.arg(1, "offset", 0), d1, d2
+
+    def infer(self, tx, c):
+        x, _, d1, d2 = self._args(c)
+        for d in (d1, d2):
+            tx.axes.mark_indexed(x.dims[d], by_tensor=False)
+        n = c.out.shape[-1]
+        return [v for k, v in enumerate(x.dims) if k not in (d1, d2)] + [tx.axes.new(n) if n > 1 else None]
+
+    def build(self, tx, c):
+        x, offset, d1, d2 = self._args(c)
+        k = tx.index(tx.dims(c)[-1])
+        pairs = [(x.dims[d1], add(k, const(max(0, -offset)))), (x.dims[d2], add(k, const(max(0, offset))))]
+        return _substitute_axes(tx, x.expr, pairs)
 
 
 HANDLERS = {
@@ -172,4 +209,6 @@ HANDLERS = {
     aten.gather.default: Gather(),
     aten.index_select.default: IndexSelect(),
     aten.embedding.default: IndexSelect(embedding=True),
+    aten.diagonal.default: Diagonal(),
+    aten.diagonal_copy.default: Diagonal(),
 }

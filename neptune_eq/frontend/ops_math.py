@@ -296,6 +296,7 @@ HANDLERS = {
     aten.add_.Scalar: InPlace(Pointwise(2, _add)),
     aten.mul_.Tensor: InPlace(binary("mul")),
     aten.mul_.Scalar: InPlace(binary("mul")),
+    aten.masked_fill_.Scalar: InPlace(MaskedFill()),  # cross_entropy's label smoothing
     **{getattr(getattr(aten, op), overload): binary(op)
        for op in COMPARISONS for overload in ("Tensor", "Scalar")},
 }

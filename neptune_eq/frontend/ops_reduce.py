@@ -198,29 +198,55 @@ class Contraction:
 
 
 class NllLoss:
-    """nll_loss_forward(logp, target, weight=None, reduction='none'): -logp[n, target[n]]
-    (0 where target == ignore_index)."""
+    """nll_loss_forward(logp, target, weight=None, reduction, ignore_index): the loss of row n is
+    -logp[n, target[n]], 0 where target[n] == ignore_index; reduction 'none' (0) keeps the rows,
+    'sum' (2) adds them, 'mean' (1) divides the sum by the number of rows not ignored (0/0 = nan
+    when every row is, as in eager). A target outside [0, C) other than ignore_index is checked on
+    every call (checks.py)."""
+
+    REDUCTIONS: ClassVar[dict[int, str]] = {0: "none", 1: "mean", 2: "sum"}
 
     def infer(self, tx, c):
         x, t = c.args[0], c.args[1]
         if c.arg(2, "weight") is not None:
             raise CaptureError("cross entropy / nll_loss with class weights is not supported")
-        if c.arg(3, "reduction") != 0:
-            raise CaptureError("cross entropy / nll_loss is supported with reduction='none' only")
+        reduction = c.arg(3, "reduction")
+        if reduction not in self.REDUCTIONS:
+            raise CaptureError(f"cross entropy / nll_loss with reduction code {reduction!r} is not supported")
         tx.axes.mark_indexed(x.dims[-1])
         rows = [0] if x.ndim == 2 else []
         slots = tx.combine(c, 1, [(x, [*rows, None]), (t, [0] * t.ndim)])
-        return [slots[0]] if x.ndim == 2 else [], Unavailable("the total weight of nll_loss")
+        if reduction != 0 and slots[0] is not None:
+            tx.axes.prefer.add(slots[0])
+        loss = [slots[0]] if x.ndim == 2 and reduction == 0 else []
+        return loss, Unavailable("the total weight of nll_loss")
 
     def build(self, tx, c):
         x, t = c.args[0], c.args[1]
         if t.dtype.is_floating_point:
             raise CaptureError("class-probability targets are not supported; pass integer class indices")
         cls = x.dims[-1]
-        picked = x.expr if cls is None else tx.substitute(x.expr, {tx.res.name(cls): t.expr})
         ignore = c.arg(4, "ignore_index", -100)
-        loss = call("neg", picked)
-        return call("where", call("eq", t.expr, const(ignore)), const(0), loss), None
+        n = x.shape[-1]
+        index = tx.check_index(c, "cross_entropy / nll_loss target", t.expr, n, ignore=ignore)
+        # rows whose target is ignore_index read class 0 or n - 1 instead (their loss is 0): every
+        # read stays inside the row (valid targets are checked)
+        if ignore < 0:
+            index = call("max2", index, const(0))
+        elif ignore >= n:
+            index = call("min2", index, const(n - 1))
+        picked = x.expr if cls is None else tx.substitute(x.expr, {tx.res.name(cls): index})
+        ignored = call("eq", t.expr, const(ignore))
+        loss = call("where", ignored, const(0), call("neg", picked))
+        reduction = self.REDUCTIONS[c.arg(3, "reduction")]
+        if reduction == "none":
+            return loss, None
+        rows = [x.dims[0]] if x.ndim == 2 else []
+        total = tx.reduce("sum", loss, rows)
+        if reduction == "sum":
+            return total, None
+        count = tx.reduce("sum", call("where", ignored, const(0), const(1)), rows)
+        return call("div", total, count), None
 
 
 HANDLERS = {

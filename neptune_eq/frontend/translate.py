@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import itertools
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import fx
 
 from .. import dsl, ir
 from .axes import AxisTable, Dim, Resolution
-from .exprs import call, negate, select, substitute
+from .checks import IndexCheck, analyse, index_program
+from .exprs import add, call, const, negate, select, substitute
 from .exprs import reduce as reduce_expr
 from .source import CaptureError, located, location
 
@@ -120,6 +121,7 @@ class Translation:
     program: ir.Program
     output_shapes: list[tuple[int, ...]]
     output_dtypes: list[torch.dtype]
+    checks: tuple[IndexCheck, ...] = ()  # index ranges to check on every call (checks.py)
 
 
 @dataclass
@@ -137,6 +139,7 @@ class Translator:
     renames: dict = field(default_factory=dict)
     exprs: dict = field(default_factory=dict)
     res: Resolution | None = None
+    checks: list[IndexCheck] = field(default_factory=list)
     _builder: dsl.ProgramBuilder | None = None
     _declared: set[str] = field(default_factory=set)
 
@@ -353,11 +356,32 @@ class Translator:
         return axes[0]
 
     @property
+    def input_dtypes(self) -> dict[str, torch.dtype]:
+        """The dtype of every program input (arguments and captured tensors)."""
+        decls = {d.name: d.dtype for d in self.inputs}
+        decls.update((name, value.dtype) for name, value in self.constants.values())
+        return decls
+
+    @property
     def int_tensors(self) -> set[str]:
         """Program inputs holding integers or booleans."""
-        decls = [(d.name, d.dtype) for d in self.inputs]
-        decls += [(name, value.dtype) for name, value in self.constants.values()]
-        return {name for name, dt in decls if not dt.is_floating_point}
+        return {name for name, dt in self.input_dtypes.items() if not dt.is_floating_point}
+
+    def check_index(self, c: OpCall, op: str, index: ir.Node, size: int, *, wraps: bool = False,
+                    ignore: int | None = None) -> ir.Node:
+        """`index` reads a dimension of `size` elements for `op`: where it may leave the valid range
+        [0, size) (or [-size, size) with `wraps`; `ignore` allowed too) a check runs on every call.
+        Returns the index to read at: with `wraps`, negative values count from the end."""
+        check = IndexCheck(op, location(c.node), index, size, wraps, ignore)
+        dtypes = {n: dtype_name(dt) for n, dt in self.input_dtypes.items()}
+        at_run_time, negative = analyse(check, self.res.extents, dtypes)
+        if at_run_time and check not in self.checks:
+            self.checks.append(check)
+        if wraps and negative:
+            # t in [-n, n) (checked): (t + n) mod n is t + n for t < 0, t otherwise; the dividend is
+            # never negative, so floor and truncating remainders (torch's, Triton's) agree
+            index = call("mod", add(index, const(size)), const(size))
+        return index
 
     def where(self, cond: ir.Node, a: ir.Node, b: ir.Node) -> ir.Node:
         return select(cond, a, b, self.int_tensors)
@@ -410,7 +434,8 @@ class Translator:
                     used.add(n.axis)
         axes = {a: n for a, n in self.res.extents.items() if a in used}
         program = ir.Program(self.name, axes, specs, outputs).validate()
-        return Translation(program, [self.infos[n].shape for n in outs], [self.infos[n].dtype for n in outs])
+        checks = tuple(replace(ch, program=index_program(ch.index, self.res.extents, specs)) for ch in self.checks)
+        return Translation(program, [self.infos[n].shape for n in outs], [self.infos[n].dtype for n in outs], checks)
 
 
 def _tensor_parts(info) -> list[Info]:

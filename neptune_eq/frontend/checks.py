@@ -1,0 +1,146 @@
+"""Range checks of the index tensors a program gathers with, run on every call.
+
+Eager PyTorch raises for an index out of range: `F.cross_entropy(logits, target)` with a target
+outside [0, C) other than ignore_index, gather / index_select / embedding with an index outside
+[0, n), advanced indexing `x[t]` with t outside [-n, n) (negative values count from the end).
+A fused kernel cannot raise, so the translator records an `IndexCheck` for every index expression
+it cannot prove in range (`interval` bounds it over the axes' extents and the inputs' dtypes) and
+the compiled function checks them before the kernels run:
+
+    CPU    the values are compared on the host; IndexOutOfRange names the op, the user's line and
+           the first offending value
+    CUDA   torch._assert_async: no host synchronisation per call; a bad index stops the process
+           with a device-side assertion, as eager's CUDA kernels do
+
+An index computed from axes alone (x[arange(n) - 1]) is checked once, at capture.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import ir
+from ..ir import NeptuneError
+from ..reference import evaluate
+from .source import CaptureError
+
+
+class IndexOutOfRange(NeptuneError, IndexError):
+    """An index tensor holds a value outside the indexed dimension (eager PyTorch raises there too)."""
+
+
+@dataclass(frozen=True)
+class IndexCheck:
+    """`index` (an integer expression over program inputs and axes) must lie in [0, size), or in
+    [-size, size) when negative values count from the end (`wraps`), or equal `ignore`."""
+
+    op: str  # what the user called: "gather", "cross_entropy / nll_loss target", ...
+    where: str | None  # the user's `file.py:12: code`
+    index: ir.Node
+    size: int
+    wraps: bool = False
+    ignore: int | None = None
+    program: ir.Program | None = None  # evaluates `index` where it is not a whole input tensor
+
+    @property
+    def valid(self) -> str:
+        lo = -self.size if self.wraps else 0
+        rng = f"[{lo}, {self.size})"
+        return rng if self.ignore is None else f"{rng} or ignore_index {self.ignore}"
+
+    def message(self, value: int | None = None, *, located: bool = True) -> str:
+        got = "" if value is None else f"index {value} is out of range: "
+        where = f" at {self.where}" if self.where and located else ""
+        return f"{self.op}: {got}valid indices are {self.valid}{where}"
+
+    def values(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The index values this call reads (all of them, in any order)."""
+        if self.program is None:
+            return inputs[self.index.tensor]
+        return evaluate(self.program, {n: inputs[n] for n in self.program.inputs}, nodes=[self.index])["0"]
+
+    def in_range(self, v: torch.Tensor) -> torch.Tensor:
+        ok = (v >= (-self.size if self.wraps else 0)) & (v < self.size)
+        return ok | (v == self.ignore) if self.ignore is not None else ok
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> None:
+        v = self.values(inputs)
+        ok = self.in_range(v)
+        if v.is_cuda:
+            torch._assert_async(ok.all(), self.message())
+        elif not bool(ok.all()):
+            raise IndexOutOfRange(self.message(int(v[~ok].flatten()[0])))
+
+
+def run_checks(checks: tuple[IndexCheck, ...], inputs: dict[str, torch.Tensor]) -> None:
+    """Raise IndexOutOfRange (CPU) or assert on the device (CUDA) for the first failing check."""
+    for c in checks:
+        c.run(inputs)
+
+
+def analyse(check: IndexCheck, extents: dict[str, int], dtypes: dict[str, str]) -> tuple[bool, bool]:
+    """(whether `check` must run on every call, whether its index may be negative). Interval
+    bounds decide where they can; an index that reads no tensor is otherwise evaluated now,
+    exactly: out of range, it is a CaptureError (eager raises on every call)."""
+    lo, hi = interval(check.index, extents, dtypes)
+    if lo >= (-check.size if check.wraps else 0) and hi < check.size:
+        return False, lo < 0
+    if any(isinstance(n, ir.Load) for n in ir.walk(check.index)):
+        return True, lo < 0
+    program = ir.Program("index", {a: extents[a] for a in check.index.axes}, {}, [])
+    v = evaluate(program, {}, nodes=[check.index])["0"]
+    ok = check.in_range(v)
+    if not bool(ok.all()):
+        raise CaptureError(check.message(int(v[~ok].flatten()[0]), located=False), check.where)
+    return False, bool((v < 0).any())
+
+
+def index_program(index: ir.Node, program_axes: dict[str, int], specs: dict[str, ir.TensorSpec]) -> ir.Program | None:
+    """None where `index` is a whole input tensor read at distinct axes (its values are the
+    tensor's); else a program holding the axes and inputs `index` reads, to evaluate it."""
+    if (isinstance(index, ir.Load) and all(isinstance(e, ir.Index) for e in index.index)
+            and len({e.axis for e in index.index}) == len(index.index)):
+        return None
+    loads = {n.tensor for n in ir.walk(index) if isinstance(n, ir.Load)}
+    return ir.Program("index", dict(program_axes), {n: specs[n] for n in loads}, [])
+
+
+def interval(n: ir.Node, extents: dict[str, int], dtypes: dict[str, str]) -> tuple[float, float]:
+    """Bounds [lo, hi] of an integer expression (±inf where unknown)."""
+    if isinstance(n, ir.Const):
+        return n.value, n.value
+    if isinstance(n, ir.Index):
+        return 0, extents[n.axis] - 1
+    if isinstance(n, ir.Load):
+        return (0, 1) if dtypes.get(n.tensor) == "bool" else (-math.inf, math.inf)
+    if not isinstance(n, ir.Call):
+        return -math.inf, math.inf
+    args = [interval(a, extents, dtypes) for a in n.args]
+    op = n.op
+    if op in ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not"):
+        return 0, 1
+    if op == "where":
+        return min(args[1][0], args[2][0]), max(args[1][1], args[2][1])
+    if op == "add":
+        return args[0][0] + args[1][0], args[0][1] + args[1][1]
+    if op == "sub":
+        return args[0][0] - args[1][1], args[0][1] - args[1][0]
+    if op == "neg":
+        return -args[0][1], -args[0][0]
+    if op in ("max2", "min2"):
+        f = max if op == "max2" else min
+        return f(args[0][0], args[1][0]), f(args[0][1], args[1][1])
+    if op == "mod" and args[1][0] == args[1][1] and args[1][0] > 0:
+        return 0, args[1][0] - 1  # Python / torch remainder: the sign of the divisor
+    if any(math.isinf(b) for a in args for b in a):
+        return -math.inf, math.inf
+    if op == "mul":
+        products = [a * b for a in args[0] for b in args[1]]
+        return min(products), max(products)
+    if op == "floordiv" and args[1][0] == args[1][1] and args[1][0] > 0:
+        d = args[1][0]
+        return math.floor(args[0][0] / d), math.floor(args[0][1] / d)
+    return -math.inf, math.inf

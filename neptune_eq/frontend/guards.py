@@ -1,0 +1,400 @@
+"""What a captured function read from its environment, and the checks that say whether it still holds.
+
+Tracing runs fn once: every value it reads besides its arguments — a global `scale`, a closure's
+`cap`, a default argument, a module's `eps` or its weights, a score_mod it calls — is baked into
+the program (numbers become constants, tensors extra inputs). `scan(fn)` records those values as
+guards, like torch.compile's; `Guards.check()` runs before every call and reports the first one
+that changed:
+
+    a number, string, dtype, ...      equality (identity first: an unchanged value is the same object)
+    a tuple/list/dict of such         equality of a snapshot (lists and dicts may change in place)
+    a tensor                          identity, and its version counter for in-place writes
+    a function, module, object        identity; then, one or two levels in, what *it* reads
+
+What is scanned: fn's closure cells, the globals its code (and the code nested in it) names, its
+default arguments; the same for the functions found there, two levels deep (FlexAttention's
+score_mod and the values it captures); for an nn.Module, every submodule's parameters, buffers and
+plain attributes; for a module or plain object found there, the attributes fn's code names
+(`cfg.scale`). Values reached other ways (through a function call's result, say) are not guarded.
+
+A tensor whose values the program reads at run time (an extra input) and that was written in
+place only needs its copies refreshed (`Changed.stale` is False); any other change means the
+capture is stale and must be traced again.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+import re
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+from .source import in_torch
+
+# values compared by equality: what a trace bakes into a program as a constant or a decision
+_ATOMS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.layout,
+          torch.memory_format, enum.Enum)
+_GUARDED = (torch.Tensor, *_ATOMS, tuple, list, dict)  # what a namespace entry is guarded for
+_MAX_ITEMS = 64  # larger containers are guarded by identity only
+_MISSING = object()  # a variable deleted, a key removed
+
+
+# ---------------------------------------------------------------- where a value is read from
+
+
+@dataclass(frozen=True, eq=False)
+class Cell:
+    """A closure variable."""
+
+    cell: types.CellType
+    name: str
+    owner: str
+
+    def read(self):
+        try:
+            return self.cell.cell_contents
+        except ValueError:  # the variable was deleted
+            return _MISSING
+
+    def __str__(self) -> str:
+        return f"closure variable '{self.name}' of {self.owner}"
+
+
+@dataclass(frozen=True, eq=False)
+class Entry:
+    """A key of a namespace: a module's globals, an object's __dict__, a module's parameters."""
+
+    mapping: dict
+    key: str
+    label: str
+
+    def read(self):
+        return self.mapping.get(self.key, _MISSING)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True, eq=False)
+class Attr:
+    """An attribute read with getattr (a function's defaults, a partial's arguments)."""
+
+    obj: object
+    name: str
+    label: str
+
+    def read(self):
+        return getattr(self.obj, self.name, _MISSING)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True, eq=False)
+class Held:
+    """A value the capture holds itself (a tensor the trace lifted as a constant)."""
+
+    value: object
+    label: str
+
+    def read(self):
+        return self.value
+
+    def __str__(self) -> str:
+        return self.label
+
+
+Source = Cell | Entry | Attr | Held
+
+
+# ---------------------------------------------------------------- guards
+
+
+@dataclass(eq=False)
+class ValueGuard:
+    """A number, string, ... compared by equality (of the same type: True is not 1)."""
+
+    source: Source
+    value: object
+
+    def holds(self) -> bool:
+        v = self.source.read()
+        return v is self.value or (type(v) is type(self.value) and v == self.value)
+
+    def describe(self) -> str:
+        return f"{self.source} was {self.value!r}, now {self.source.read()!r}"
+
+
+@dataclass(eq=False)
+class SnapshotGuard:
+    """A tuple, list or dict of numbers and tensors, compared by a snapshot of its contents (a tuple
+    of atoms alone cannot change: the same object is enough)."""
+
+    source: Source
+    value: object
+    snapshot: object
+    keep: list = field(default_factory=list, repr=False)  # its tensors, so their ids stay unique
+
+    def __post_init__(self) -> None:
+        self._frozen = isinstance(self.value, tuple) and not self.keep and _immutable(self.snapshot)
+
+    def holds(self) -> bool:
+        v = self.source.read()
+        if v is self.value and self._frozen:
+            return True
+        try:
+            return _snapshot(v, []) == self.snapshot
+        except _Opaque:
+            return False
+
+    def describe(self) -> str:
+        return f"{self.source} changed (now {self.source.read()!r})"
+
+
+@dataclass(eq=False)
+class IdentityGuard:
+    """A function, module or object: the same object (what it reads is guarded separately)."""
+
+    source: Source
+    value: object
+
+    def holds(self) -> bool:
+        return self.source.read() is self.value
+
+    def describe(self) -> str:
+        return f"{self.source} was rebound"
+
+
+@dataclass(eq=False)
+class TensorGuard:
+    """A tensor: the same object (shape, dtype and device are then fixed) at the same version.
+    `refresh`: the program reads its values at run time, so an in-place write needs only its
+    copies refreshed; otherwise (a 0-d tensor baked in as a number, a tensor whose shape decided
+    the trace) the capture is stale."""
+
+    source: Source
+    tensor: torch.Tensor
+    version: int
+    refresh: bool = False
+
+    def describe(self) -> str:
+        if self.source.read() is not self.tensor:
+            return f"{self.source} was rebound to another tensor"
+        return f"{self.source} was modified in place"
+
+
+Guard = ValueGuard | SnapshotGuard | IdentityGuard
+
+
+@dataclass(frozen=True)
+class Changed:
+    """The first guard that failed; `stale` unless only refreshable tensors were written in place."""
+
+    guard: Guard | TensorGuard
+    stale: bool
+
+    def describe(self) -> str:
+        return self.guard.describe()
+
+
+@dataclass
+class Guards:
+    """The guards of one capture; check() is on every call's path (a few comparisons each)."""
+
+    values: list[Guard] = field(default_factory=list)
+    tensors: list[TensorGuard] = field(default_factory=list)
+
+    def check(self) -> Changed | None:
+        for g in self.values:
+            if not g.holds():
+                return Changed(g, stale=True)
+        written = None
+        for g in self.tensors:
+            t = g.source.read()
+            if t is not g.tensor:
+                return Changed(g, stale=True)
+            if t._version != g.version:
+                if not g.refresh:
+                    return Changed(g, stale=True)
+                written = g
+        return None if written is None else Changed(written, stale=False)
+
+    def accept(self) -> None:
+        """The refreshable tensors' current versions are the ones the program now sees."""
+        for g in self.tensors:
+            g.version = g.tensor._version
+
+    def __len__(self) -> int:
+        return len(self.values) + len(self.tensors)
+
+
+# ---------------------------------------------------------------- scanning fn's environment
+
+
+@dataclass
+class Environment:
+    """The guards found by `scan`, and a variable name for each tensor found (by id)."""
+
+    guards: Guards = field(default_factory=Guards)
+    names: dict[int, str] = field(default_factory=dict)
+    _seen: set[int] = field(default_factory=set)  # ids of the functions, objects and values guarded
+
+    def guard(self, source: Source, value, depth: int, names: frozenset[str] = frozenset()) -> None:
+        """Guard `value` read from `source`; look `depth` levels into functions and modules."""
+        if isinstance(value, torch.Tensor):
+            self.guards.tensors.append(TensorGuard(source, value, value._version))
+            return
+        if isinstance(value, _ATOMS):
+            self.guards.values.append(ValueGuard(source, value))
+            return
+        if isinstance(value, types.ModuleType):
+            if not value.__name__.startswith("torch"):  # torch's attributes are not user settings
+                self.attributes(vars(value), f"module {value.__name__}", names, depth)
+            return
+        if isinstance(value, tuple | list | dict | set | frozenset):
+            keep: list = []
+            try:
+                self.guards.values.append(SnapshotGuard(source, value, _snapshot(value, keep), keep))
+                return
+            except _Opaque:
+                pass  # guarded by identity below
+        self.guards.values.append(IdentityGuard(source, value))
+        if id(value) in self._seen or isinstance(value, type):
+            return
+        self._seen.add(id(value))
+        if isinstance(value, torch.nn.Module):
+            self.module(value, depth)
+        elif callable(value) and depth > 0:
+            self.function(value, depth - 1)
+        elif hasattr(value, "__dict__") and not callable(value):
+            self.attributes(vars(value), type(value).__name__, names, depth)
+
+    def attributes(self, namespace: dict, owner: str, names: frozenset[str], depth: int) -> None:
+        """The entries of an object's or module's namespace that fn's code names (`cfg.scale`)."""
+        for n in sorted(names & namespace.keys()):
+            v = namespace[n]
+            if isinstance(v, _GUARDED):
+                self.guard(Entry(namespace, n, f"attribute '{n}' of {owner}"), v, depth)
+
+    def module(self, m: torch.nn.Module, depth: int) -> None:
+        """An nn.Module: every submodule's parameters, buffers, plain attributes and submodules, and
+        its forward."""
+        for prefix, sub in m.named_modules():
+            where = f"'{prefix}'" if prefix else type(m).__name__
+            for kind, table in (("parameter", sub._parameters), ("buffer", sub._buffers)):
+                for n, t in table.items():
+                    if t is None:
+                        continue
+                    path = f"{prefix}.{n}" if prefix else n
+                    name = re.sub(r"\W", "_", path)
+                    self.names.setdefault(id(t), f"p{name}" if name[0].isdigit() else name)
+                    self.guard(Entry(table, n, f"{kind} '{path}' of {type(m).__name__}"), t, 0)
+            for n, v in vars(sub).items():
+                if n.startswith("_"):
+                    continue
+                if isinstance(v, _GUARDED):
+                    self.guard(Entry(vars(sub), n, f"attribute '{n}' of {where}"), v, 0)
+                elif callable(v):  # self.act = torch.tanh
+                    self.guards.values.append(IdentityGuard(Entry(vars(sub), n, f"attribute '{n}' of {where}"), v))
+            for n, child in sub._modules.items():  # a submodule replaced by another
+                self.guards.values.append(IdentityGuard(Entry(sub._modules, n, f"submodule '{n}' of {where}"), child))
+        if depth > 0:
+            self.function(m.forward, depth - 1)
+
+    def function(self, f, depth: int) -> None:
+        """A Python function: closure cells, named globals, defaults; a partial's arguments."""
+        while isinstance(f, functools.partial):
+            label = getattr(f.func, "__qualname__", "partial")
+            self.guard(Attr(f, "args", f"arguments of partial({label})"), f.args, depth)
+            self.guard(Attr(f, "keywords", f"keywords of partial({label})"), f.keywords, depth)
+            f = f.func
+        if isinstance(f, types.MethodType):
+            owner = f.__self__
+            f = f.__func__
+            code = getattr(f, "__code__", None)
+            if code is not None:
+                if not isinstance(owner, torch.nn.Module) and hasattr(owner, "__dict__"):
+                    self.attributes(vars(owner), type(owner).__name__, _names(code), depth)
+                if depth > 0:  # the methods it calls on self (self.helper(x)), one level down
+                    for n in sorted(_names(code) - {f.__name__}):
+                        m = inspect.getattr_static(type(owner), n, None)
+                        if isinstance(m, types.FunctionType) and id(m) not in self._seen:
+                            self._seen.add(id(m))
+                            self.function(m, depth - 1)
+        f = inspect.unwrap(f) if callable(f) else f
+        code = getattr(f, "__code__", None)
+        if code is None or in_torch(code.co_filename):
+            return
+        owner = f"{getattr(f, '__qualname__', '?')} ({code.co_filename.rsplit('/', 1)[-1]})"
+        names = _names(code)
+        for n, cell in zip(code.co_freevars, f.__closure__ or ()):
+            v = Cell(cell, n, owner).read()
+            if v is not _MISSING:
+                self._named(v, n)
+                self.guard(Cell(cell, n, owner), v, depth, names)
+        g = getattr(f, "__globals__", {})
+        for n in sorted(names & g.keys()):
+            self._named(g[n], n)
+            self.guard(Entry(g, n, f"global '{n}' of {owner}"), g[n], depth, names)
+        for attr in ("__defaults__", "__kwdefaults__"):
+            v = getattr(f, attr, None)
+            if v:
+                self.guard(Attr(f, attr, f"default arguments of {owner}"), v, depth)
+
+    def _named(self, value, name: str) -> None:
+        if isinstance(value, torch.Tensor):
+            self.names.setdefault(id(value), name)
+
+
+def scan(fn, depth: int = 2) -> Environment:
+    """The guards of what `fn` reads from its environment (see the module docstring)."""
+    env = Environment()
+    if isinstance(fn, torch.nn.Module):
+        env._seen.add(id(fn))
+        env.module(fn, depth)
+    else:
+        env.function(fn, depth)
+    return env
+
+
+def _immutable(snapshot) -> bool:
+    """A snapshot of tuples and atoms only."""
+    if isinstance(snapshot, tuple) and len(snapshot) == 2 and isinstance(snapshot[0], type):
+        kind, content = snapshot
+        if kind is tuple:
+            return all(_immutable(x) for x in content)
+        return kind not in (list, dict, set)
+    return False
+
+
+def _names(code: types.CodeType) -> frozenset[str]:
+    """Global and attribute names the code (and code nested in it: lambdas, comprehensions) uses."""
+    out = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= _names(c)
+    return frozenset(out)
+
+
+class _Opaque(Exception):
+    """A value a snapshot cannot hold (too large, deep, or not made of atoms and tensors)."""
+
+
+def _snapshot(value, keep: list, depth: int = 0):
+    """A comparable copy of a small container of atoms and tensors (tensors as id and version;
+    `keep` collects them so their ids stay unique); raises _Opaque for anything else."""
+    if isinstance(value, torch.Tensor):
+        keep.append(value)
+        return ("tensor", id(value), value._version)
+    if isinstance(value, _ATOMS):
+        return (type(value), value)
+    if depth > 3 or not isinstance(value, tuple | list | dict | set | frozenset) or len(value) > _MAX_ITEMS:
+        raise _Opaque
+    if isinstance(value, dict):
+        return (dict, tuple((_snapshot(k, keep, depth + 1), _snapshot(v, keep, depth + 1)) for k, v in value.items()))
+    items = value if isinstance(value, tuple | list) else sorted(value, key=repr)
+    return (type(value), tuple(_snapshot(v, keep, depth + 1) for v in items))

@@ -1,0 +1,435 @@
+"""Issue 10 for the PyTorch frontend: never a silent wrong answer. Each test feeds the adversarial
+input as the issue writes it and compares with eager PyTorch in float64, or expects a clear
+NeptuneError naming the cause: changed globals and closures, arguments written in place, dict
+outputs, out-of-range targets and indices, zero-size axes, meta tensors, diagonal, and
+cross_entropy's reductions."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_frontend import check_capture, randn, rel_err
+
+import neptune_eq
+from neptune_eq.frontend import CaptureError, capture
+from neptune_eq.frontend.capture import StaleCapture, ZeroSizeCapture
+from neptune_eq.frontend.checks import IndexOutOfRange
+from neptune_eq.frontend.compiled import ZeroSizeError
+from neptune_eq.ir import NeptuneError
+
+THIS = sys.modules[__name__]
+F64 = torch.float64
+
+
+def close(got, want, tol: float = 1e-5) -> None:
+    assert rel_err(got, want) < tol
+
+
+def run_of(prog):
+    """The CompiledFunction behind a neptune_eq.compile result's (only) signature."""
+    (variant,) = prog.variants.values()
+    return variant.run
+
+
+# ---------------------------------------------------------------- guards: values fn reads from its environment
+
+SCALE = 0.5
+BIAS = torch.tensor([1.0, -2.0, 0.5, 3.0])
+
+
+def scaled(x):
+    return (x * SCALE + BIAS).softmax(-1)
+
+
+def test_global_float_changed_after_compile_gives_the_new_result(tmp_path, monkeypatch):
+    x = torch.randn(3, 4)
+    prog = neptune_eq.compile(scaled, x, cache_dir=tmp_path)
+    close(prog(x), scaled(x.double()))
+    monkeypatch.setattr(THIS, "SCALE", 2.0)
+    close(prog(x), scaled(x.double()))  # the new scale, not the one baked in at capture
+    close(prog(x), scaled(x.double()))
+    assert run_of(prog).recaptures == 1  # captured again once, then the guards hold
+
+
+def test_rebound_global_tensor_gives_the_new_result(tmp_path, monkeypatch):
+    x = torch.randn(3, 4)
+    prog = neptune_eq.compile(scaled, x, cache_dir=tmp_path)
+    prog(x)
+    monkeypatch.setattr(THIS, "BIAS", torch.tensor([0.0, 4.0, -1.0, 2.0]))
+    close(prog(x), scaled(x.double()))
+
+
+def test_closure_tensor_written_in_place_is_seen(tmp_path):
+    w = torch.randn(4)
+
+    def fn(x):
+        return (x * w).softmax(-1)
+
+    x = torch.randn(3, 4)
+    prog = neptune_eq.compile(fn, x, cache_dir=tmp_path)
+    prog(x)
+    w.mul_(3.0)  # same tensor, new values
+    close(prog(x), fn(x.double()))
+    assert run_of(prog).recaptures == 0  # its values are a program input: nothing to trace again
+
+
+def test_zero_dim_closure_tensor_written_in_place_recaptures(tmp_path):
+    t = torch.tensor(2.0)  # a 0-d tensor is baked into the program as a number
+
+    def fn(x):
+        return (x * t).softmax(-1)
+
+    x = torch.randn(3, 4)
+    prog = neptune_eq.compile(fn, x, cache_dir=tmp_path)
+    prog(x)
+    t.fill_(-5.0)
+    close(prog(x), fn(x.double()))
+    assert run_of(prog).recaptures == 1
+
+
+def test_score_mod_captured_cap_changed(tmp_path):
+    cap = 20.0
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+
+    def eager(q, k, v):
+        s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+        return torch.softmax(cap * torch.tanh(s / cap), -1) @ v
+
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    close(neptune_eq.attention(q, k, v, score_mod=softcap, cache_dir=tmp_path), eager(*(a.double() for a in (q, k, v))))
+    cap = 0.5  # the same score_mod object: neptune_eq.attention's cache must not reuse the old program
+    close(neptune_eq.attention(q, k, v, score_mod=softcap, cache_dir=tmp_path), eager(*(a.double() for a in (q, k, v))))
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = torch.tanh
+
+    def helper(self, x):
+        return x * SCALE  # a global read one method down
+
+    def forward(self, x):
+        return self.act(self.helper(x))
+
+
+def test_guards_cover_module_methods_and_attributes(monkeypatch):
+    m, x = Scaled(), randn(3, 4)
+    c = capture(m, x)
+    monkeypatch.setattr(THIS, "SCALE", 3.0)
+    with pytest.raises(StaleCapture, match=r"global 'SCALE' of Scaled\.helper"):
+        c.reference(x)
+    c = capture(m, x)
+    m.act = torch.sigmoid
+    with pytest.raises(StaleCapture, match="attribute 'act' of Scaled was rebound"):
+        c.reference(x)
+    m.layer = torch.nn.Identity()
+    close(capture(m, x).reference(x), m(x))
+
+
+def test_guards_cover_defaults_module_attributes_and_config_objects():
+    x = randn(3, 4)
+
+    def with_default(x, s=2.0):
+        return x * s
+
+    c = capture(with_default, x)
+    with_default.__defaults__ = (3.0,)
+    with pytest.raises(StaleCapture, match="default arguments"):
+        c.reference(x)
+
+    norm = torch.nn.LayerNorm(4).double()
+    c = capture(norm, x)
+    norm.eps = 0.5
+    with pytest.raises(StaleCapture, match="'eps'"):
+        c.reference(x)
+    assert capture(norm, x).reference(x).sub(norm(x)).abs().max() < 1e-12
+
+    cfg = types.SimpleNamespace(scale=0.5)
+
+    def configured(x):
+        return x * cfg.scale
+
+    c = capture(configured, x)
+    cfg.scale = 4.0
+    with pytest.raises(StaleCapture, match="'scale'"):
+        c.reference(x)
+
+
+# ---------------------------------------------------------------- arguments written in place
+
+
+def add_into(x, y):
+    x.add_(y)  # the write the issue says was dropped
+    return (x * 2).sum(-1)
+
+
+def test_argument_written_in_place_is_written(tmp_path):
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    prog = neptune_eq.compile(add_into, x.clone(), y, cache_dir=tmp_path)
+    mine, theirs = x.clone(), x.clone().double()
+    close(prog(mine, y), add_into(theirs, y.double()))
+    close(mine, theirs)  # the argument holds the new value, as after eager
+    with pytest.raises(CaptureError, match="'x' is written in place and shares memory with argument 'y'"):
+        prog(mine, mine)
+
+
+def test_function_that_only_writes_returns_none(tmp_path):
+    def scale_(x):
+        x.mul_(2)
+
+    x = torch.randn(3, 4)
+    prog = neptune_eq.compile(scale_, x.clone(), cache_dir=tmp_path)
+    mine = x.clone()
+    assert prog(mine) is None
+    close(mine, x * 2)
+
+
+def test_written_argument_passed_twice_is_refused():
+    x = randn(3, 4)
+    with pytest.raises(CaptureError, match="'x' is written in place and also passed"):
+        capture(add_into, x, x)
+
+
+def test_writing_into_a_global_tensor_is_refused():
+    def fn(x):
+        BIAS.add_(x)
+        return x
+
+    with pytest.raises(CaptureError, match=r"writing in place into a tensor .* at test_frontend_safety\.py:\d+"):
+        capture(fn, torch.randn(4))
+
+
+# ---------------------------------------------------------------- return structures
+
+Stats = collections.namedtuple("Stats", "total rows")
+
+
+def structured(x):
+    return {"probs": x.softmax(-1), "stats": Stats(x.sum(-1), x.shape[0]), "none": None}
+
+
+def test_dict_namedtuple_and_constant_leaves_come_back(tmp_path):
+    x = torch.randn(3, 4)
+    got = neptune_eq.compile(structured, x, cache_dir=tmp_path)(x)
+    want = structured(x.double())
+    assert isinstance(got, dict) and list(got) == ["probs", "stats", "none"]
+    assert type(got["stats"]) is Stats and got["stats"].rows == 3 and got["none"] is None
+    close(got["probs"], want["probs"])
+    close(got["stats"].total, want["stats"].total)
+
+
+# ---------------------------------------------------------------- out-of-range targets and indices
+
+
+def test_cross_entropy_target_out_of_range_raises(tmp_path):
+    x = torch.randn(4, 7)
+    prog = neptune_eq.compile(lambda x, t: F.cross_entropy(x, t, reduction="none"), x, torch.tensor([3, 0, 6, 2]),
+                              cache_dir=tmp_path)
+    t = torch.tensor([3, 0, 6, -100])
+    close(prog(x, t), F.cross_entropy(x.double(), t, reduction="none"))
+    for bad, value in ((torch.tensor([3, 7, 6, 2]), 7), (torch.tensor([3, 0, -1, 2]), -1)):
+        with pytest.raises(IndexOutOfRange, match=rf"cross_entropy.*index {value} is out of range: valid indices "
+                                                  rf"are \[0, 7\) or ignore_index -100 at test_frontend_safety\.py"):
+            prog(x, bad)
+        with pytest.raises(IndexError):  # what eager raises
+            F.cross_entropy(x, bad)
+
+
+def test_gather_index_out_of_range_raises(tmp_path):
+    def fn(x, t):
+        return x.gather(-1, t)
+
+    x = torch.randn(3, 5)
+    prog = neptune_eq.compile(fn, x, torch.zeros(3, 1, dtype=torch.long), cache_dir=tmp_path)
+    t = torch.tensor([[4], [0], [2]])
+    close(prog(x, t), fn(x.double(), t))
+    with pytest.raises(IndexOutOfRange, match=r"gather: index 5 is out of range: valid indices are \[0, 5\)"):
+        prog(x, torch.tensor([[4], [5], [2]]))
+
+
+def test_advanced_indexing_wraps_negative_indices_and_raises_beyond(tmp_path):
+    def fn(x, t):
+        return x[torch.arange(x.shape[0]), t]
+
+    x = torch.randn(4, 7)
+    prog = neptune_eq.compile(fn, x, torch.tensor([0, 1, 2, 3]), cache_dir=tmp_path)
+    t = torch.tensor([1, -1, 3, -7])  # eager counts negative indices from the end
+    close(prog(x, t), fn(x.double(), t))
+    with pytest.raises(IndexOutOfRange, match=r"index -8 is out of range: valid indices are \[-7, 7\)"):
+        prog(x, torch.tensor([1, -8, 3, 0]))
+
+
+def test_index_select_and_embedding_out_of_range_raise():
+    w = randn(5, 3)
+    c = capture(lambda w, t: F.embedding(t, w), w, torch.tensor([0, 4]))
+    with pytest.raises(IndexOutOfRange, match="embedding: index 5"):
+        c.reference(w, torch.tensor([0, 5]))
+    c = capture(lambda w, t: w.index_select(0, t), w, torch.tensor([0, 4]))
+    with pytest.raises(IndexOutOfRange, match="index_select: index -1"):
+        c.reference(w, torch.tensor([-1, 2]))
+
+
+def test_index_of_axes_alone_is_checked_once_and_wraps():
+    x = randn(6, 3)
+    check_capture(lambda x: x[torch.arange(6) - 1], x)  # x[-1] first, as eager
+    with pytest.raises(CaptureError, match=r"index 6 is out of range: valid indices are \[-6, 6\)"):
+        capture(lambda x: x[torch.arange(6) + 1], x)
+
+
+# ---------------------------------------------------------------- zero-size axes
+
+
+def test_zero_size_axes_return_what_torch_returns(tmp_path):
+    prog = neptune_eq.compile(lambda x: x.sum(-1), torch.randn(3, 0), cache_dir=tmp_path)
+    assert torch.equal(prog(torch.randn(3, 0)), torch.zeros(3))  # a sum over nothing is 0
+    assert prog(torch.randn(0, 4)).shape == (0,)
+    softmax = neptune_eq.compile(lambda x: x.softmax(-1), torch.randn(2, 4), cache_dir=tmp_path)
+    assert softmax(torch.randn(0, 4)).shape == (0, 4)  # a zero-size call after a compiled one
+    amax = neptune_eq.compile(lambda x: x.amax(-1), torch.randn(2, 0), cache_dir=tmp_path)
+    with pytest.raises(ZeroSizeError, match="amax") as info:
+        amax(torch.randn(2, 0))
+    assert isinstance(info.value, IndexError)  # the kind eager raises
+    with pytest.raises(ZeroSizeCapture, match="argument 'x' has shape \\(3, 0\\)"):
+        capture(lambda x: x.sum(-1), torch.randn(3, 0))
+
+
+def test_attention_with_no_keys_gives_zero_and_no_queries_empty(tmp_path):
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 0, 8)
+    assert torch.equal(neptune_eq.attention(q, k, k, cache_dir=tmp_path), torch.zeros(1, 2, 3, 8))
+    q = torch.randn(1, 2, 0, 8)
+    assert neptune_eq.attention(q, torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), cache_dir=tmp_path).shape == (
+        1, 2, 0, 8)
+
+
+# ---------------------------------------------------------------- devices
+
+
+def test_meta_tensors_are_refused_before_the_interpreter(tmp_path):
+    x = torch.randn(3, 4)
+    with pytest.raises(NeptuneError, match="argument 'x' is on device 'meta'"):
+        neptune_eq.compile(lambda x: x.softmax(-1), x.to("meta"), cache_dir=tmp_path)
+    prog = neptune_eq.compile(lambda x, y: (x + y).softmax(-1), x, x + 1, cache_dir=tmp_path)
+    with pytest.raises(NeptuneError, match="argument 'y' is on device 'meta'"):
+        prog(x, x.to("meta"))
+    with pytest.raises(NeptuneError, match="input 'x' is on device 'meta'"):
+        prog.program.run({"x": x.to("meta"), "y": x.to("meta")})
+    w = torch.randn(4, device="meta")
+    with pytest.raises(CaptureError, match=r"cpu and meta.* at test_frontend_safety\.py:\d+"):
+        capture(lambda x: x * w, x)
+
+
+# ---------------------------------------------------------------- diagonal
+
+
+def test_diagonal_with_offsets_and_dims():
+    x, y = randn(4, 6), randn(2, 5, 3, seed=1)
+
+    def fn(x, y):
+        return (x.diagonal(), x.diagonal(2), x.diagonal(-1), torch.diagonal(x, 1, 1, 0),
+                y.diagonal(0, 1, 2), y.diagonal(offset=-2, dim1=-1, dim2=1), x.diagonal(-3) + 1)
+
+    c = check_capture(fn, x, y)
+    assert "diagonal" not in str(c.program)
+
+
+def test_diagonal_and_prefix_slice_end_to_end(tmp_path):
+    def fn(y):  # both read an axis at a shorter one (was a ProgramError "shape mismatch")
+        return y.diagonal(1, 1, 2).softmax(-1), y[:, :3] * 2
+
+    y = torch.randn(2, 5, 4)
+    for got, want in zip(neptune_eq.compile(fn, y, cache_dir=tmp_path)(y), fn(y.double())):
+        close(got, want)
+
+
+# ---------------------------------------------------------------- cross_entropy and nll_loss reductions
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"reduction": "sum"}, {"reduction": "mean"}, {"label_smoothing": 0.1},
+                                    {"ignore_index": 2}, {"label_smoothing": 0.2, "reduction": "sum"}])
+def test_cross_entropy_reductions(kwargs):
+    x, t = randn(5, 7), torch.tensor([3, -100, 6, 2, 0] if "ignore_index" not in kwargs else [3, 2, 6, 2, 0])
+    check_capture(lambda x, t: F.cross_entropy(x, t, **kwargs), x, t)
+
+
+def test_nll_loss_reductions_and_edge_cases():
+    x, t = randn(5, 7).log_softmax(-1), torch.tensor([3, -100, 6, 2, 0])
+    for reduction in ("mean", "sum", "none"):
+        check_capture(lambda x, t, r=reduction: F.nll_loss(x, t, reduction=r), x, t)
+    everything_ignored = torch.full((5,), -100)
+    c = capture(lambda x, t: F.cross_entropy(x, t), x, everything_ignored)
+    assert torch.isnan(c.reference(x, everything_ignored))  # 0 / 0, as eager
+    check_capture(lambda x, t: F.cross_entropy(x, t), randn(7), torch.tensor(4))  # one row, no batch
+    with pytest.raises(CaptureError, match=r"class weights is not supported at test_frontend_safety\.py"):
+        capture(lambda x, t: F.cross_entropy(x, t, weight=torch.ones(7, dtype=F64)), x, t)
+
+
+def test_cross_entropy_mean_end_to_end(tmp_path):
+    x, t = torch.randn(6, 9), torch.tensor([3, -100, 8, 2, 0, 5])
+    prog = neptune_eq.compile(lambda x, t: F.cross_entropy(x, t), x, t, cache_dir=tmp_path)
+    close(prog(x, t), F.cross_entropy(x.double(), t))
+
+
+# ---------------------------------------------------------------- CUDA: the bound-launch fast path does the same
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the launch fast path runs on CUDA")
+
+
+@cuda
+def test_cuda_fast_path_follows_guards_checks_and_writes(tmp_path, monkeypatch):
+    w = torch.randn(16)  # on the CPU: copied to the GPU once, refreshed in place when written
+
+    def fn(x, t):
+        x.mul_(SCALE)
+        return F.cross_entropy(x * w, t, reduction="none")
+
+    x, t = torch.randn(8, 16, device="cuda"), torch.randint(0, 16, (8,), device="cuda")
+    prog = neptune_eq.compile(fn, x.clone(), t, cache_dir=tmp_path)
+
+    def agree():
+        mine, theirs = x.clone(), x.double().cpu()
+        close(prog(mine, t).cpu(), fn(theirs, t.cpu()))
+        close(mine.cpu(), theirs)
+
+    for _ in range(3):  # the later calls take the bound launches
+        agree()
+    assert any(bound is not None for _, bound in run_of(prog)._bound.values())
+    w.mul_(3.0)
+    agree()
+    monkeypatch.setattr(THIS, "SCALE", 3.0)
+    agree()
+    assert run_of(prog).recaptures == 1
+
+
+@cuda
+def test_mixed_devices_are_refused(tmp_path):
+    x = torch.randn(3, 4, device="cuda")
+    prog = neptune_eq.compile(lambda x, y: (x + y).softmax(-1), x, x, cache_dir=tmp_path)
+    with pytest.raises(NeptuneError, match="argument 'y' is on device 'cpu' but argument 'x' is on 'cuda:0'"):
+        prog(x, x.cpu())
+
+
+@cuda
+def test_out_of_range_target_on_cuda_stops_with_a_device_assert(tmp_path):
+    code = f"""
+import torch, torch.nn.functional as F, neptune_eq
+x, t = torch.randn(4, 7, device="cuda"), torch.tensor([3, 0, 6, 2], device="cuda")
+prog = neptune_eq.compile(lambda x, t: F.cross_entropy(x, t, reduction="none"), x, t, cache_dir={str(tmp_path)!r})
+prog(x, t)
+torch.cuda.synchronize()
+print("valid ok", flush=True)
+prog(x, torch.tensor([3, 0, 7, 2], device="cuda"))
+torch.cuda.synchronize()
+print("no assert")
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert "valid ok" in run.stdout and "no assert" not in run.stdout
+    assert "device-side assert" in run.stderr
