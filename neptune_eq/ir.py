@@ -8,8 +8,10 @@ Nodes are immutable, hash-consed by value, and carry their free axes.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from .ops import MONOIDS, OPS
 
@@ -22,8 +24,26 @@ class ProgramError(NeptuneError):
     """The program is malformed (unknown axis, shape mismatch, bad reduction, ...)."""
 
 
-class Node:
-    __slots__ = ("_axes", "_hash")
+class _HashConsed(type):
+    """Nodes are hash-consed: building a node equal to a live one returns that one. Equal subterms
+    are then the same object, so comparing two nodes costs what comparing their children's
+    identities does (without it, comparing two separately built chains of ten softmaxes walks the
+    DAG as a tree: exponential in its depth). The table holds nodes weakly: it is a cache of values,
+    not state anything depends on."""
+
+    _table: ClassVar[weakref.WeakValueDictionary] = weakref.WeakValueDictionary()
+
+    def __call__(cls, *args, **kwargs):
+        node = super().__call__(*args, **kwargs)
+        key = (cls, node._key())
+        found = _HashConsed._table.get(key)
+        if found is None:
+            _HashConsed._table[key] = found = node
+        return found
+
+
+class Node(metaclass=_HashConsed):
+    __slots__ = ("__weakref__", "_axes", "_hash")
 
     def _key(self) -> tuple:  # pragma: no cover - abstract
         raise NotImplementedError

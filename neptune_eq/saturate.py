@@ -123,4 +123,4 @@ class Saturator:
 
     @property
     def budget_hit(self) -> bool:
-        return any(r.stop in ("node budget", "time budget") for r in self.reports)
+        return any("budget" in r.stop for r in self.reports)

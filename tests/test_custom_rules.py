@@ -165,7 +165,7 @@ def test_blow_up_rule_is_stopped_by_the_node_budget(tmp_path):
     sat = ex.compilation.saturator
     assert sat.budget_hit
     algebra = next(r for r in sat.reports if r.name == "algebra")
-    assert algebra.stop == "node budget" and algebra.matches["rescale"] > 0
+    assert algebra.stop.startswith("node budget") and algebra.matches["rescale"] > 0
     warning = "\n".join(ex.summary().splitlines())
     assert "stopped by the node budget" in warning and "user rules that matched: rescale" in warning
     assert len(ex.alternatives) >= 1  # still a usable result, not a hang or a crash

@@ -119,7 +119,7 @@ def algebra_step(c: Compilation) -> Step:
     silent = [n for n in user if not rep.matches.get(n)]
     if silent:
         details.append(f"user rules that never matched here: {', '.join(silent)}")
-    if rep.stop in ("node budget", "time budget"):
+    if "budget" in rep.stop:
         details.append(f"STOPPED BY THE {rep.stop.upper()}: later rewrites are missing; the rules matching most "
                        "are the likely cause")
     return Step("algebra", f"{rep.iterations} iterations to {rep.nodes} e-nodes ({rep.stop}); {len(fired)} rules fired",
@@ -249,10 +249,10 @@ def budget_warnings(c: Compilation) -> list[str]:
     known = {r.name: r for r in c.fusion.rules} if c.fusion else {}
     user = user_rule_names(c)
     for rep in c.saturator.reports:
-        if rep.stop in ("node budget", "time budget"):
+        if "budget" in rep.stop:
             top = _counts(rep.matches, known, user, limit=4)
             b = c.options.budget
-            limit = f"{b.max_nodes} e-nodes" if rep.stop == "node budget" else f"{b.max_seconds:g}s"
+            limit = f"{b.max_nodes} e-nodes" if rep.stop.startswith("node") else f"{b.max_seconds:g}s"
             mine = [n for n in user if rep.matches.get(n)]
             blame = f"; user rules that matched: {', '.join(mine)}" if mine else ""
             out.append(f"saturation phase '{rep.name}' stopped by the {rep.stop} ({rep.nodes} e-nodes, limit {limit}); "
