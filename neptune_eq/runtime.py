@@ -11,6 +11,7 @@ from . import ir
 from .ir import NeptuneError
 from .lower.launch import Launcher, check_inputs, input_specs, load_module
 from .lower.triton import KernelSource, write_module
+from .numeric import compute_dtype
 from .pipeline import Alternative, Compilation, Options, compile_program
 from .schedule import KernelSchedule
 from .verify import VerifyReport, verify
@@ -88,19 +89,24 @@ class CompiledProgram:
         _, ks = self.lowered("cuda")
         return [Kernel(k.name, k.source, pk, k.schedule) for k, pk in zip(ks, self.plan.kernels)]
 
-    def launcher(self, target: str, tma: bool = True) -> Launcher:
+    def launcher(self, target: str, tma: bool = True, wide: bool = False) -> Launcher:
         """The launcher of this plan's kernels for `target`; with tma=False every kernel reads its
-        inputs through pointers (what a launcher falls back to for inputs a descriptor cannot read)."""
-        key = ("launch", target, tma)
+        inputs through pointers (what a launcher falls back to for inputs a descriptor cannot read);
+        with wide=True every offset is 64-bit (what it switches to for a view spanning more than 2^31
+        elements: its strides are only known at the call)."""
+        key = ("launch", target, tma, wide)
         if key not in self._modules:
-            if tma:
+            if tma and not wide:
                 src, ks = self.lowered(target)
             else:
-                plain = [replace(s, tma=False) for s in self._schedules(target)]
-                src, ks = write_module(self.plan, self.program, plain, target, self._prefix + "_ptr")
+                scheds = [replace(s, tma=tma and s.tma, wide_index=wide or s.wide_index)
+                          for s in self._schedules(target)]
+                suffix = ("" if tma else "_ptr") + ("_wide" if wide else "")
+                src, ks = write_module(self.plan, self.program, scheds, target, self._prefix + suffix)
             mod = load_module(src, self.compilation.options.cache_dir)
-            fallback = (lambda: self.launcher(target, tma=False)) if tma and any(k.descriptors for k in ks) else None
-            self._modules[key] = Launcher(self.program, self.plan, ks, mod, fallback)
+            fallback = (lambda: self.launcher(target, False, wide)) if tma and any(k.descriptors for k in ks) else None
+            widened = None if all(k.schedule.wide_index for k in ks) else (lambda: self.launcher(target, tma, True))
+            self._modules[key] = Launcher(self.program, self.plan, ks, mod, fallback, widened)
         return self._modules[key]
 
     # ---- running
@@ -137,7 +143,7 @@ class CompiledProgram:
                                + "; compile program.with_dtypes(...) to verify at "
                                + ", ".join(f"{k}: {v}" for k, v in other.items()))
         return verify(self.run, self.program, device=device, sets=sets, seed=seed, tolerance=tolerance,
-                      dtypes=dtypes)
+                      dtypes=dtypes, compute=compute_dtype(self.program))
 
     # ---- explaining
     def explain(self) -> str:

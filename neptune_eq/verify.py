@@ -21,14 +21,16 @@ e.g. as tl.dot operands). For each floating dtype d with unit roundoff u_d the b
 ROUNDING_SAFETY · u_d (ROUNDING_SAFETY = 4: a value may be rounded to d a few times on its way to
 the output — a low-precision dot operand, the output store — and the normwise error of one such
 rounding is at most u_d). The generated kernels compute in float32 (loads are widened, reductions
-accumulate in float32), so a float output is never held tighter than COMPUTE_FLOOR["float32"] = 1e-3
+accumulate in float32) unless the program reads or writes float64, which is computed in float64
+(neptune_eq.numeric.compute_dtype); a float output of a float32-computed program is never held
+tighter than COMPUTE_FLOOR["float32"] = 1e-3
 ≈ 2^14 · 2^-24: the worst-case error bound n·u of float32 accumulation over n = 2^14 terms, and
 twice the relative error of the GPU's tanh.approx.f32 (2^-11). The reduction length is not used:
 worst-case bounds n·u become uselessly loose for long axes while the observed errors grow like √n·u
 and stay far below the floor. The tolerance is the largest of these bounds:
 
     dtype      unit roundoff u       default tolerance (normwise relative)
-    float64    2^-53 ≈ 1.1e-16       1e-3   (computed in float32; 1.8e-12 = 2^14·u for compute="float64")
+    float64    2^-53 ≈ 1.1e-16       1.8e-12 = 2^14·u (float64 programs are computed in float64)
     float32    2^-24 ≈ 6.0e-8        1e-3   (the float32 compute floor)
     float16    2^-11 ≈ 4.9e-4        1.95e-3 (4u)
     bfloat16   2^-8  ≈ 3.9e-3        1.56e-2 (4u)

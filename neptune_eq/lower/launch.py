@@ -94,8 +94,12 @@ class Launcher:
     precomputed grids and argument layouts (decode kernels run for tens of microseconds, so the
     host work per call must stay small)."""
 
-    def __init__(self, program: ir.Program, plan: Plan, kernels: list[KernelSource], module, fallback=None):
+    def __init__(self, program: ir.Program, plan: Plan, kernels: list[KernelSource], module, fallback=None,
+                 widened=None):
         self.program, self.plan, self.kernels, self.module = program, plan, kernels, module
+        # kernels with 32-bit offsets: `widened()` gives the same kernels with 64-bit offsets, for
+        # inputs whose strides reach past 2^31 elements (a view of a huge tensor)
+        self._widened, self._wide_launcher = widened, None
         # kernels that read inputs through tensor descriptors need 16-byte aligned rows and a unit
         # innermost stride; `fallback()` gives a launcher of pointer loads for inputs that lack them
         self._descriptors = [(name, dims) for ks in kernels for name, dims in ks.descriptors.items()]
@@ -121,6 +125,14 @@ class Launcher:
             self._calls.append((getattr(module, ks.name), [t.name for t in ks.tensors], extents, (n_prog,),
                                 consts, {**consts, **opts}))
 
+    def _wide_for(self, inputs: dict[str, torch.Tensor]) -> Launcher | None:
+        """The 64-bit-offset launcher where some input's element offsets pass int32, else None."""
+        if self._widened is None or not any(span_past_int32(t) for t in inputs.values()):
+            return None
+        if self._wide_launcher is None:
+            self._wide_launcher = self._widened()
+        return self._wide_launcher
+
     def buffer_shape(self, name: str) -> tuple[int, ...]:
         buf = self.plan.buffers[name]
         chunks = next((k.chunks for k in self.plan.kernels if k.chunks > 1
@@ -140,6 +152,9 @@ class Launcher:
                  compiled: list | None = None) -> dict[str, torch.Tensor]:
         """Run the plan's kernels; `compiled`, if given, receives Triton's compiled kernel of each
         launch (its .asm holds the TTGIR, PTX and SASS)."""
+        wide = self._wide_for(inputs)
+        if wide is not None:
+            return wide(inputs, out_dtypes, compiled)
         device = next(iter(inputs.values())).device
         if self._descriptors:
             bad = next((n for n, dims in self._descriptors if not descriptor_ok(inputs[n], dims)), None)
@@ -189,6 +204,9 @@ class Launcher:
         `order` and of the outputs: a later call passes those addresses alone (see BoundCall). The
         inputs not in `order` (closure constants) are fixed too. None where the kernels were not
         launched for this layout yet, off CUDA, or with tensor descriptors (checked per call)."""
+        wide = self._wide_for(inputs)
+        if wide is not None:
+            return wide.bind(inputs, order, out_dtypes)
         device = next(iter(inputs.values())).device
         if device.type != "cuda" or self._descriptors:
             return None
@@ -234,6 +252,11 @@ class BoundCall:
                 args[pos] = addr[k]
             runner(*args)
         return outs
+
+
+def span_past_int32(t: torch.Tensor) -> bool:
+    """Does some element of `t` lie more than 2^31 − 1 elements from its first (|strides| · extents)?"""
+    return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 1) > 2**31 - 1
 
 
 def _launch_args(tensors: list[torch.Tensor], extents: list[int]) -> tuple[list, list[int]]:

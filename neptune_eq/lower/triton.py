@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import ir
 from ..masks import affine, conjunction
-from ..numeric import INT_IDENTITY, compute_dtype, index_within
+from ..numeric import INT_IDENTITY, compute_dtype, index_range, index_within
 from ..ops import MONOIDS, OPS
 from ..plan import Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 from ..schedule import KernelSchedule, inner_axes
@@ -303,11 +303,35 @@ class KernelWriter:
             rest = [self.f32(a) for a in args[1:]]
             codes, dims = self.align([cond, *rest])
             return self.bind(op.triton.format(*codes), dims, "f")
+        if n.op in ("floordiv", "mod"):
+            return self.floor_div_mod(n, args)
         if all(a.kind in ("i", "b") for a in args) and op.integer_ok:
             codes, dims = self.align(args)
             return self.bind(op.triton.format(*codes), dims, "i")
         codes, dims = self.align([self.f32(a) for a in args])
         return self.bind(op.triton.format(*codes), dims, "f")
+
+    def floor_div_mod(self, n: ir.Call, args: list[Val]) -> Val:
+        """a // b and a % b rounding toward −∞ like torch (and the IR's reference); Triton's // and %
+        truncate toward zero, which differs when the signs differ. Plain where both operands are
+        provably non-negative (the kv head h // G)."""
+        a, b = n.args
+        ra, rb = index_range(a, self.program.axes), index_range(b, self.program.axes)
+        if all(v.kind in ("i", "b") for v in args):
+            codes, dims = self.align(args)
+            x, y = codes
+            q = self.bind(f"{x} // {y}" if n.op == "floordiv" else f"{x} % {y}", dims, "i")
+            if ra is not None and rb is not None and ra[0] >= 0 and rb[0] > 0:
+                return q
+            if n.op == "floordiv":  # one less where the division was inexact and the signs differ
+                return self.bind(f"tl.where(({q.code} * {y} != {x}) & (({x} < 0) != ({y} < 0)), {q.code} - 1, "
+                                 f"{q.code})", dims, "i")
+            return self.bind(f"tl.where(({q.code} != 0) & (({q.code} < 0) != ({y} < 0)), {q.code} + {y}, "
+                             f"{q.code})", dims, "i")
+        codes, dims = self.align([self.f32(v) for v in args])
+        x, y = codes
+        fl = f"tl.floor({x} / {y})"
+        return self.bind(fl if n.op == "floordiv" else f"{x} - {y} * {fl}", dims, "f")
 
     def uniform_index(self, e: ir.Node) -> Val | None:
         """An index entry with one value for all valid rows of the program's padded tile: the row
