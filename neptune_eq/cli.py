@@ -110,12 +110,16 @@ def target_program(path: str, *, say=None) -> ir.Program:
 def cmd_compile(args) -> int:
     from .pipeline import Options
     from .runtime import compile_ir
+    from .saturate import Budget
     from .verify import json_number
 
     out = print if not args.json else (lambda *a, **k: print(*a, **k, file=sys.stderr))
     program = target_program(args.file, say=out if args.progress else None)
     t0 = time.perf_counter()
-    prog = compile_ir(program, Options(progress=True if args.progress else None), rules=args.rules)
+    budget = Budget(**{k: v for k, v in (("max_seconds", args.max_seconds), ("max_nodes", args.max_nodes),
+                                         ("max_iterations", args.max_iterations)) if v is not None})
+    options = Options(progress=True if args.progress else None, budget=budget, strict_rules=args.strict_rules)
+    prog = compile_ir(program, options, rules=args.rules)
     t_compile = time.perf_counter() - t0
     c = prog.compilation
     out(str(program))
@@ -158,6 +162,7 @@ def cmd_compile(args) -> int:
             "egraph_nodes": c.nodes,
             "timings_s": {**c.timings, "lower": t_lower},
             "derivation": prog.alternative.plan.derivation,
+            "budget_notes": c.budget_notes,  # what a budget cut short (empty: nothing)
         }))
     return 0 if report is None or report.passed else 1
 
@@ -216,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--alternatives", type=int, default=8, help="how many alternatives to list")
     c.add_argument("--seed", type=int, default=None)
     c.add_argument("--progress", action="store_true", help="print saturation progress")
+    c.add_argument("--max-seconds", type=float, default=None, help="compile time budget (default 20)")
+    c.add_argument("--max-nodes", type=int, default=None, help="e-graph size budget (default 4000)")
+    c.add_argument("--max-iterations", type=int, default=None, help="iterations per saturation phase (default 10)")
+    c.add_argument("--strict-rules", action="store_true", help="reject user rules that only refine")
     c.add_argument("--rules", action="append", default=[], metavar="RULES",
                    help="extra rules: a rules file or a shipped rules-file name (repeatable)")
     c.set_defaults(fn=cmd_compile)

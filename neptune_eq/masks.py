@@ -9,6 +9,7 @@ including ±inf for state symbols, so it is a property of the body, not a patter
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,6 +156,8 @@ def affine(pred: ir.Node) -> list[Affine] | None:
     for k, v in rhs[0].items():
         coef[k] = coef.get(k, 0) - v
     const = lhs[1] - rhs[1]
+    if not all(math.isfinite(v) for v in (*coef.values(), const)):
+        return None  # a comparison with NaN or ±inf: evaluated, not a bound
     if any(float(v) != int(v) for v in coef.values()) or const != int(const):
         return None
     coef = {k: int(v) for k, v in coef.items() if v != 0}

@@ -1,0 +1,144 @@
+"""Issue 10, lowering and numerics: the adversarial inputs as the issue writes them, each compared with
+eager PyTorch (or float64) on the CPU through Triton's interpreter."""
+
+import math
+
+import pytest
+import torch
+
+import neptune_eq
+from neptune_eq import dsl as ne
+from neptune_eq.ir import ProgramError
+from neptune_eq.lower.launch import span_past_int32
+from neptune_eq.runtime import compile_ir
+
+
+def _masked_attention_ref(q, k, v, keep):
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, -1).nan_to_num(0.0) @ v.double()  # an emptied row gives 0 (FlexAttention)
+
+
+@pytest.mark.parametrize("name", ["q_idx >= 5", "h > 0", "q_idx < 0"])
+def test_rows_emptied_by_a_condition_without_the_key_index(name):
+    # 24 queries, 32 keys: tiles judged interior ran without the mask when it did not bound the key loop
+    mods = {"q_idx >= 5": lambda b, h, q_idx, kv_idx: q_idx >= 5,
+            "h > 0": lambda b, h, q_idx, kv_idx: h > 0,
+            "q_idx < 0": lambda b, h, q_idx, kv_idx: q_idx < 0}
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=gen) for n in (24, 32, 32))
+    out = neptune_eq.attention(q, k, v, mask_mod=mods[name])
+    hh, qi, kj = torch.arange(2)[:, None, None], torch.arange(24)[None, :, None], torch.arange(32)[None, None, :]
+    keep = mods[name](0, hh, qi, kj).expand(2, 24, 32)[None]
+    assert (out.double() - _masked_attention_ref(q, k, v, keep)).abs().max() < 1e-5
+
+
+def test_row_masks_with_nan_and_and_on_floats():
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 1, n, 16, generator=gen) for n in (8, 16, 16))
+    none = neptune_eq.attention(q, k, v, mask_mod=lambda b, h, q_idx, kv_idx: q_idx >= float("nan"))
+    assert torch.equal(none, torch.zeros_like(none))  # nothing compares true with NaN: every row empty
+    both = neptune_eq.attention(q, k, v, mask_mod=lambda b, h, q_idx, kv_idx: (q_idx >= 0) & (kv_idx >= 0))
+    assert (both.double() - _masked_attention_ref(q, k, v, torch.ones(8, 16, dtype=torch.bool))).abs().max() < 1e-5
+
+
+def test_integer_reductions_are_exact():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randint(-2**44, 2**44, (4, 100), dtype=torch.int64, generator=gen)
+    prog = neptune_eq.compile(lambda x: x.sum(-1), x)
+    assert torch.equal(prog(x), x.sum(-1))
+    y = torch.randint(2**26 - 1000, 2**26, (4, 100), dtype=torch.int32, generator=gen)
+    prog = neptune_eq.compile(lambda y: y.amax(-1), y)
+    got = prog(y)
+    assert got.dtype == torch.int32 and torch.equal(got, y.amax(-1))
+
+
+def test_nan_propagates_through_amax_amin_and_inf_through_logsumexp():
+    x = torch.randn(4, 16)
+    x[1, 3] = float("nan")
+    for fn in (lambda x: x.amax(-1), lambda x: x.amin(-1)):
+        out = neptune_eq.compile(fn, x)(x)
+        assert torch.allclose(out, fn(x), equal_nan=True) and out[1].isnan()
+    w = torch.randn(4, 16)
+    w[2, 5] = float("inf")
+    lse = neptune_eq.compile(lambda w: torch.logsumexp(w, -1), w)(w)
+    assert lse[2] == math.inf and torch.allclose(lse, torch.logsumexp(w, -1))
+    lsm = neptune_eq.compile(lambda w: torch.log_softmax(w, -1), w)(w)
+    assert torch.allclose(lsm, torch.log_softmax(w, -1), equal_nan=True)  # NaN throughout, as torch
+
+
+def test_zero_dim_inputs_and_constant_outputs():
+    x, s = torch.randn(4, 16), torch.tensor(3.0)
+    assert torch.allclose(neptune_eq.compile(lambda x, s: (x * s).sum(-1), x, s)(x, s), (x * s).sum(-1), atol=1e-5)
+    for fn in (lambda x: (x * 0).sum(-1), lambda x: x.sum(-1) - x.sum(-1)):
+        assert torch.equal(neptune_eq.compile(fn, x)(x), torch.zeros(4))
+
+
+def test_float64_is_computed_in_float64():
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(8, 32, dtype=torch.float64, generator=gen) * 1e-3 + 1e8
+    prog = neptune_eq.compile(lambda x: x.mean(-1), x)
+    got = prog(x)
+    assert got.dtype == torch.float64
+    assert ((got - x.mean(-1)) / 1e8).abs().max() < 1e-15  # float32 lost everything below 1e8
+    assert prog.verify(sets=("normal", "offset", "wide")).passed
+
+
+def test_dsl_comparison_builds_a_program_not_a_python_bool():
+    P = ne.program("eq")
+    i, j = P.axes(i=4, j=8)
+    x = P.input("x", i, j)
+    keep = x == -ne.inf
+    assert isinstance(keep, ne.Expr)
+    P.output("y", ne.sum(ne.where(keep, 0.0, x), j))
+    prog = compile_ir(P.build())
+    t = torch.randn(4, 8)
+    t[0, 0] = -math.inf
+    assert torch.allclose(prog(x=t), torch.where(t == -math.inf, 0.0, t).sum(-1))
+    with pytest.raises(ProgramError, match="no truth value"):
+        if x != 0.0:
+            pass
+
+
+def test_floor_division_and_remainder_round_toward_minus_infinity():
+    def fn(x):
+        rel = torch.arange(8)[:, None] - torch.arange(8)[None, :]
+        return x + rel // 2 + rel % 3
+
+    x = torch.randn(8, 8)
+    assert torch.allclose(neptune_eq.compile(fn, x)(x), fn(x))
+
+
+def test_out_of_range_gather_reads_nothing_and_gives_nan():
+    P = ne.program("gather")
+    i, c = P.axes(i=4, c=10)
+    P.input("x", i, c)
+    t = P.input("t", i, dtype="int64")
+    P.output("y", P.gather("x", i, t))
+    prog = compile_ir(P.build())
+    x = torch.randn(4, 10)
+    got = prog(x=x, t=torch.tensor([0, 9, 10, -1]))
+    assert got[0] == x[0, 0] and got[1] == x[1, 9] and got[2:].isnan().all()
+
+
+def test_offsets_past_int32_are_64_bit():
+    # compile-time: extents near 2^31 (the last tile's counter steps past int32)
+    P = ne.program("long")
+    (j,) = P.axes(j=2**31 - 8)
+    P.output("s", ne.sum(P.input("x", j), j))
+    prog = compile_ir(P.build())
+    assert all(s.wide_index for s in prog.alternative.schedules) and "tl.int64" in prog.source
+    # call time: a view whose stride passes 2^31 elements (meta: no memory)
+    view = torch.empty(2**32, device="meta").as_strided((2, 4), (2**31, 1))
+    assert span_past_int32(view) and not span_past_int32(torch.empty(2, 4, device="meta"))
+
+
+@pytest.mark.slow
+def test_view_with_a_stride_past_2_31_reads_the_right_elements():
+    try:
+        base = torch.zeros(2**31 + 64, dtype=torch.bool)  # 2 GiB
+    except RuntimeError:
+        pytest.skip("not enough memory for a 2 GiB tensor")
+    base[5] = base[2**31 + 3] = True
+    view = base.as_strided((2, 8), (2**31, 1))
+    assert torch.equal(neptune_eq.compile(lambda x: x.sum(-1), view)(view), torch.tensor([1, 1]))
