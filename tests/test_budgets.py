@@ -5,14 +5,13 @@ import time
 
 import pytest
 import torch
+from helpers import run_cli, small_softmax
 
 import neptune_eq
 from neptune_eq.frontend import capture
 from neptune_eq.pipeline import Options, compile_program
 from neptune_eq.runtime import CompiledProgram, compile_ir
 from neptune_eq.saturate import Budget, BudgetError
-
-from helpers import run_cli, small_softmax
 
 
 def _chain(kind: str, n: int):
