@@ -28,8 +28,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .ir import NeptuneWarning
 
-class CacheWarning(UserWarning):
+
+class CacheWarning(NeptuneWarning):
     """The disk cache was bypassed: a file was refused, or the directory cannot be written."""
 
 

@@ -20,6 +20,10 @@ class NeptuneError(ValueError):
     """Base class of the errors neptune_eq reports to users."""
 
 
+class NeptuneWarning(UserWarning):
+    """Base class of the warnings neptune_eq gives (caching turned off, a rule accepted as a refinement)."""
+
+
 class ProgramError(NeptuneError):
     """The program is malformed (unknown axis, shape mismatch, bad reduction, ...)."""
 

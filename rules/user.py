@@ -35,7 +35,7 @@ from egglog.egraph import _fact_like
 from egglog.pretty import pretty_decl
 from egglog.runtime import RuntimeExpr
 
-from neptune_eq.ir import NeptuneError
+from neptune_eq.ir import NeptuneError, NeptuneWarning
 from neptune_eq.terms import Term
 
 from .algebra import ALGEBRA
@@ -75,7 +75,7 @@ class RefinementRuleError(RuleError):
             "condition that excludes those values or drop the rule")
 
 
-class RuleRefinementWarning(UserWarning):
+class RuleRefinementWarning(NeptuneWarning):
     """A user rule was accepted although it is a refinement: a compiled program may give a number where the
     original program gives NaN. Turn it into an error with strict rule checking, or with
     warnings.simplefilter("error", RuleRefinementWarning)."""
