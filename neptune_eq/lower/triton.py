@@ -69,7 +69,7 @@ def _int_const(n: ir.Node) -> int | None:
     return None
 
 
-_LITERALS = {"NAN": math.nan, "POS_INF": math.inf, "NEG_INF": -math.inf, "True": 1.0, "False": 0.0}
+_LITERALS = {"POS_INF": math.inf, "NEG_INF": -math.inf, "True": 1.0, "False": 0.0}
 
 
 def _literal(code: str) -> float | None:
@@ -98,7 +98,7 @@ def _fmt_float(v: float) -> str:
     if math.isinf(v):
         return "POS_INF" if v > 0 else "NEG_INF"
     if math.isnan(v):
-        return "NAN"
+        return "_nan()"
     return repr(float(v))
 
 
@@ -452,7 +452,7 @@ class KernelWriter:
             ptr, mask, dims, valid = self.pointer(n.tensor, n.index, order, uniform_rows=self._uniform_here(n))
             code = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
             if valid is not None and dtype.startswith("float"):
-                code = f"tl.where({valid}, {code}, NAN)"
+                code = f"tl.where({valid}, {code}, _nan())"
         kind = dtype if dtype in ("float16", "bfloat16") else ("f" if dtype.startswith("float") else
                                                                 ("b" if dtype == "bool" else "i"))
         v = self.bind(code, dims, kind, "x")
@@ -628,7 +628,11 @@ class KernelWriter:
             a, b = self.f32(a), self.f32(b)
         if self.target != "cuda" and "bfloat16" in (a.kind, b.kind):
             a, b = self.f32(a), self.f32(b)  # Triton's interpreter multiplies bf16 as raw integers
+        if self.floats == "float64":  # float64 programs multiply in float64 (no tensor-core rounding)
+            a, b = self.f32(a), self.f32(b)
         prec = "" if a.native else f", input_precision=\"{self.sched.input_precision}\""
+        if self.floats == "float64":
+            prec = ', input_precision="ieee", out_dtype=tl.float64'
         if acc is not None and not post and acc.dims == (m, n):
             # the tensor cores add into the running state: no second [m, n] tile, no separate add
             return self.bind(f"tl.dot({a.code}, {b.code}, {acc.code}{prec})", (m, n), "acc", "d")
@@ -1101,7 +1105,13 @@ import triton.language as tl
 
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
-NAN = tl.constexpr(float("nan"))
+
+
+@triton.jit
+def _nan():
+    # NaN as a value: a NaN global constexpr never equals itself, and Triton refuses to relaunch a
+    # kernel whose globals "changed since it was compiled"
+    return tl.full([], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
