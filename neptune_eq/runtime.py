@@ -10,7 +10,8 @@ import torch
 from . import ir
 from .ir import NeptuneError
 from .lower.launch import Launcher, check_inputs, input_specs, load_module
-from .lower.triton import KernelSource, write_module
+from .lower.triton import write_module
+from .lower.values import KernelSource
 from .numeric import compute_dtype
 from .pipeline import Alternative, Compilation, Options, compile_program
 from .schedule import KernelSchedule

@@ -225,7 +225,8 @@ class _Tuner:
     def trial(self, current: list[KernelSchedule], ki: int, cand: KernelSchedule, label: str) -> Trial | None:
         """Time `cand` for kernel ki (None: it reads nothing through descriptors though asked to)."""
         from .lower.launch import Launcher, load_module
-        from .lower.triton import _ident, write_module
+        from .lower.triton import write_module
+        from .lower.values import _ident
 
         name = self.plan.kernels[ki].name
         scheds = list(current)

@@ -23,7 +23,7 @@ from ..cachedir import cache_dir as cache_dir_at
 from ..cachedir import default_cache_dir
 from ..ir import NeptuneError
 from ..plan import Plan
-from .triton import KernelSource, _ident
+from .values import KernelSource, _ident
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                  "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool}

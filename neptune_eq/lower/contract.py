@@ -1,0 +1,147 @@
+"""Reductions inside a kernel: a monoid over a block axis (exact in int64 for integer bodies,
+NaN-propagating for max/min), and sums of products that become tl.dot."""
+
+from __future__ import annotations
+
+import math
+
+from .. import ir
+from ..numeric import INT_IDENTITY
+from ..ops import MONOIDS
+from .values import (
+    _TL_DTYPE,
+    Val,
+    _fmt_float,
+    _fmt_num,
+    _ident,
+    _literal,
+    block_shape,
+)
+
+
+class ContractOps:
+    """KernelWriter's reductions (a mixin)."""
+
+    def factors(self, n: ir.Node) -> list[ir.Node]:
+        if isinstance(n, ir.Call) and n.op == "mul":
+            return self.factors(n.args[0]) + self.factors(n.args[1])
+        return [n]
+
+    def contract(self, op: str, axis: str, body: ir.Node, mask: Val | None, acc: Val | None = None) -> Val:
+        """op-reduce `body` over the block axis `axis` (masked-out elements contribute the identity).
+        With `acc` (a sum only) the result is acc + the reduction when it becomes a tl.dot that can
+        accumulate into acc in place, else the reduction alone: callers check `Val.kind == "acc"`."""
+        ident = MONOIDS[op].identity
+        scale = _positive_scale(body) if op in ("max", "min") else None
+        if scale is not None:
+            # max_j(c·x) = c·max_j(x) for c > 0 (exactly, in floating point too: rounding is monotone;
+            # c·±inf = ±inf keeps masked-out identities). The tile then needs no c·x of its own, so
+            # where c·x feeds a subtraction (softmax's c·s − m) the two fuse into one FMA.
+            c, rest = scale
+            r = self.contract(op, axis, rest, mask)
+            return self.bind(f"{r.code} * {_fmt_float(c)}", r.dims, "f", "r")
+        if op == "sum" and axis in self.vector:
+            dot = self.try_dot(axis, body, mask, acc)
+            if dot is not None:
+                return dot
+        v = self.value(body)
+        if v.kind in ("i", "b"):  # an integer reduction: exact, in int64 (like torch's integer sums)
+            v, kind, ident = Val(f"({v.code}).to(tl.int64)", v.dims, "i"), "i", INT_IDENTITY[op]
+        else:
+            v, kind = self.f32(v), "f"
+        dims = tuple(a for a in self.canon if a in set(v.dims) | {axis})
+        code = self.arrange(v, dims)
+        if axis not in v.dims:
+            code = f"tl.full({block_shape(dims)}, {code}, {self.dtype_of(kind)})" if _literal(v.code) is not None \
+                else f"tl.broadcast_to({code}, {block_shape(dims)})"
+        if mask is not None:
+            mcode = self.arrange(mask, dims)
+            code = f"tl.where({mcode}, {code}, {_fmt_num(ident)})"
+        out_dims = tuple(d for d in dims if d != axis)
+        return self.bind(MONOIDS[op].triton_reduce.format(code, dims.index(axis)), out_dims, kind, "r")
+
+    def dtype_of(self, kind: str) -> str:
+        """The Triton dtype of a computed value of `kind` ("f" compute float, "i" int64)."""
+        return "tl.int64" if kind == "i" else self.fdt
+
+    def try_dot(self, k: str, body: ir.Node, mask: Val | None, acc: Val | None = None) -> Val | None:
+        out = [a for a in self.canon if a in self.eff_dims(body) and a != k]
+        if len(out) != 2 or any(self.tiles.get(a, 1) < 16 for a in [*out, k]):
+            return None
+        m, n = out
+        left, right, post = [], [], []
+        for f in self.factors(body):
+            fd = set(self.eff_dims(f))
+            if k not in fd:
+                if fd <= {m, n}:
+                    post.append(f)
+                    continue
+                return None
+            if fd <= {m, k}:
+                left.append(f)
+            elif fd <= {n, k}:
+                right.append(f)
+            else:
+                return None
+        if not left or not right:
+            return None
+        if mask is not None:
+            md = set(mask.dims)
+            side = "left" if md <= {m, k} else ("right" if md <= {n, k} else None)
+            if side is None:
+                return None
+        a = self.operand(left, (m, k), mask if mask is not None and set(mask.dims) <= {m, k} else None)
+        b = self.operand(right, (k, n), mask if mask is not None and set(mask.dims) <= {n, k}
+                         and not set(mask.dims) <= {m, k} else None)
+        if a.native and not b.native:
+            b = Val(f"{b.code}.to({_TL_DTYPE[a.kind]})", b.dims, a.kind)
+        elif b.native and not a.native:
+            a = Val(f"{a.code}.to({_TL_DTYPE[b.kind]})", a.dims, b.kind)
+        elif a.native and b.native and a.kind != b.kind:
+            a, b = self.f32(a), self.f32(b)
+        if self.target != "cuda" and "bfloat16" in (a.kind, b.kind):
+            a, b = self.f32(a), self.f32(b)  # Triton's interpreter multiplies bf16 as raw integers
+        if self.floats == "float64":  # float64 programs multiply in float64 (no tensor-core rounding)
+            a, b = self.f32(a), self.f32(b)
+        prec = "" if a.native else f", input_precision=\"{self.sched.input_precision}\""
+        if self.floats == "float64":
+            prec = ', input_precision="ieee", out_dtype=tl.float64'
+        if acc is not None and not post and acc.dims == (m, n):
+            # the tensor cores add into the running state: no second [m, n] tile, no separate add
+            return self.bind(f"tl.dot({a.code}, {b.code}, {acc.code}{prec})", (m, n), "acc", "d")
+        r = self.bind(f"tl.dot({a.code}, {b.code}{prec})", (m, n), "f", "d")
+        for f in post:
+            r = self._mul(r, self.f32(self.value(f)))
+        return r
+
+    def _mul(self, a: Val, b: Val) -> Val:
+        codes, dims = self.align([a, b])
+        return self.bind(f"{codes[0]} * {codes[1]}", dims, "f")
+
+    def operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
+        if len(factors) == 1 and isinstance(factors[0], ir.Load) and mask is None:
+            v = self.load(factors[0], order=tuple(a for a in order if a in self.eff_dims(factors[0])))
+            if v.dims != order:
+                v = Val(self.arrange(v, order), order, v.kind)
+            return v
+        prod = self.f32(self.value(factors[0]))
+        for f in factors[1:]:
+            prod = self._mul(prod, self.f32(self.value(f)))
+        if mask is not None:
+            codes, dims = self.align([mask, prod])
+            prod = self.bind(f"tl.where({codes[0]}, {codes[1]}, 0.0)", dims, "f", "p")
+        code = self.arrange(prod, order) if set(prod.dims) == set(order) else \
+            self.arrange(prod, order) if prod.dims else prod.code
+        if set(prod.dims) != set(order):
+            shape = ", ".join(f"BLOCK_{_ident(a)}" for a in order)
+            code = f"tl.broadcast_to({code}, ({shape},))"
+        return Val(code, order, "f")
+
+
+def _positive_scale(n: ir.Node) -> tuple[float, ir.Node] | None:
+    """(c, x) when n is c·x (or x·c) with c a finite constant > 0."""
+    if isinstance(n, ir.Call) and n.op == "mul":
+        for a, b in (n.args, n.args[::-1]):
+            if isinstance(a, ir.Const) and math.isfinite(a.value) and a.value > 0:
+                return a.value, b
+    return None

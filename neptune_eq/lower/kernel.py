@@ -1,0 +1,286 @@
+"""The kernel writer: scopes, broadcasting by axis name, and expressions (elementwise calls, integer
+and float arithmetic, predicates). Memory (loads, stores, pointers) and reductions (contractions,
+tl.dot) are its mixins in memory.py and contract.py."""
+
+from __future__ import annotations
+
+from .. import ir
+from ..numeric import compute_dtype, index_range
+from ..ops import OPS
+from ..plan import KernelPlan, Plan
+from ..schedule import KernelSchedule, inner_axes
+from .contract import ContractOps
+from .memory import MemoryOps
+from .values import (
+    _TL_DTYPE,
+    TensorArg,
+    Val,
+    _fmt_float,
+    _folded,
+    _ident,
+    _int_const,
+    _literal,
+    _Scope,
+)
+
+
+class KernelWriter(MemoryOps, ContractOps):
+    """Writes one kernel. Scopes: program level, then one per loop body (memo of emitted values)."""
+
+    def __init__(self, plan: Plan, kernel: KernelPlan, program: ir.Program, schedule: KernelSchedule,
+                 target: str):
+        self.plan, self.k, self.program, self.sched, self.target = plan, kernel, program, schedule, target
+        self.floats = compute_dtype(program)  # the precision of "f" values
+        self.fdt = _TL_DTYPE[self.floats]
+        self.lines: list[str] = []
+        self.depth = 1
+        self.scopes: list[_Scope] = [_Scope()]
+        self.n_tmp = 0
+        self.tensors: dict[str, TensorArg] = {}
+        self.extents: list[str] = []
+        self.inner = inner_axes(kernel, plan)
+        self.tiles = schedule.tiles
+        self.vector: dict[str, str] = {}  # axis → name of its offsets vector in the current scope
+        self.scalar: dict[str, str] = {}  # axis → scalar index name
+        self.tail_masks: dict[str, bool] = {}  # axis → whether loads along it need a bounds mask now
+        self.row_masks: dict[str, str] = {}  # axis → its validity mask when the tile is padded past its step
+        self.starts: dict[str, str] = {}  # axis → first index of its offsets vector (offs = start + arange)
+        self.descriptors: dict[str, tuple[int, ...]] = {}  # tensor → dimensions its descriptor spans
+        self.buffers_read: set[str] = set()
+        self.buffers_written: set[str] = set()
+        order = [a for a in kernel.grid if self.tiles.get(a, 1) > 1]
+        loop_axes = list(dict.fromkeys(p.axis for p in kernel.passes()))
+        self.canon = order + [a for a in loop_axes if a not in order] + sorted(self.inner - set(order) - set(loop_axes))
+
+    # ---------------------------------------------------------------- helpers
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.depth + line)
+
+    def tmp(self, stem: str = "t") -> str:
+        self.n_tmp += 1
+        return f"{stem}{self.n_tmp}"
+
+    def extent(self, axis: str) -> str:
+        if axis not in self.extents:
+            self.extents.append(axis)
+        return f"n_{_ident(axis)}"
+
+    def tensor(self, name: str, axes: tuple[str, ...], dtype: str, role: str) -> TensorArg:
+        t = self.tensors.get(name)
+        if t is None:
+            t = self.tensors[name] = TensorArg(name, axes, dtype, role)
+        return t
+
+    def lookup(self, key):
+        for sc in reversed(self.scopes):
+            if key in sc.memo:
+                return sc.memo[key]
+        return None
+
+    def memoised(self, key, make) -> Val:
+        """The value bound for `key` in a visible scope, else `make()` bound in the current one."""
+        hit = self.lookup(key)
+        if hit is None:
+            hit = self.scopes[-1].memo[key] = make()
+        return hit
+
+    def is_variant(self, n: ir.Node) -> bool:
+        """Does n change from one iteration of the innermost loop to the next?"""
+        sc = self.scopes[-1]
+        if len(self.scopes) == 1:
+            return False
+        if sc.axis is not None and sc.axis in n.axes:
+            return True
+        for m in ir.walk(n):
+            if isinstance(m, ir.Sym) and m.name in sc.variant:
+                return True
+            if isinstance(m, ir.Sym) and m.name.startswith("val:"):
+                inner = self.plan.inline.get(m.name[4:])
+                if inner is not None and self.is_variant(inner):
+                    return True
+        return False
+
+    def block_dims(self, axes) -> tuple[str, ...]:
+        return tuple(a for a in self.canon if a in axes and (a in self.vector))
+
+    # ---------------------------------------------------------------- broadcasting
+    def arrange(self, v: Val, dims: tuple[str, ...]) -> str:
+        """Code for v laid out with `dims` (a superset of v.dims, possibly reordered)."""
+        have = [d for d in dims if d in v.dims]
+        code = v.code
+        if tuple(have) != v.dims:
+            if len(v.dims) == 2:
+                code = f"tl.trans({code})"
+            else:
+                perm = [v.dims.index(d) for d in have]
+                code = f"tl.permute({code}, {tuple(perm)})"
+        if not v.dims or tuple(have) == dims:
+            return code
+        idx = ", ".join(":" if d in v.dims else "None" for d in dims)
+        return f"{code}[{idx}]"
+
+    def align(self, vals: list[Val]) -> tuple[list[str], tuple[str, ...]]:
+        dims = tuple(a for a in self.canon if any(a in v.dims for v in vals))
+        return [self.arrange(v, dims) for v in vals], dims
+
+    def f32(self, v: Val) -> Val:
+        """v as a float of the kernel's compute precision (float32, or float64 for float64 programs)."""
+        if v.kind == "f":
+            return v
+        if v.kind in ("i", "b"):
+            return Val(f"({v.code}).to({self.fdt})", v.dims, "f")
+        return Val(f"{v.code}.to({self.fdt})", v.dims, "f")
+
+    def as_bool(self, v: Val) -> Val:
+        """v as a predicate (a mask or condition that came out of the algebra as a number: ≠ 0)."""
+        if v.kind == "b":
+            return v
+        lit = None if v.dims else _literal(v.code)
+        if lit is not None:
+            return Val("True" if lit != 0 else "False", (), "b")
+        return self.bind(f"({v.code} != 0)", v.dims, "b", "m")
+
+    def bind(self, code: str, dims, kind: str, stem: str = "t") -> Val:
+        name = self.tmp(stem)
+        self.emit(f"{name} = {code}")
+        return Val(name, tuple(dims), kind)
+
+    # ---------------------------------------------------------------- expressions
+    def value(self, n: ir.Node) -> Val:
+        hit = self.lookup(n)
+        if hit is not None:
+            return hit
+        if not self.is_variant(n) and len(self.scopes) > 1:
+            # loop-invariant: compute before the loop (the program-level scope)
+            saved_scopes, saved_lines, saved_depth = self.scopes, self.lines, self.depth
+            self.scopes = self.scopes[:1]
+            self.lines = self.hoist_lines
+            self.depth = self.hoist_depth
+            try:
+                v = self._value(n)
+            finally:
+                self.scopes, self.lines, self.depth = saved_scopes, saved_lines, saved_depth
+            self.scopes[0].memo[n] = v
+            return v
+        v = self._value(n)
+        self.scopes[-1].memo[n] = v
+        return v
+
+    def _value(self, n: ir.Node) -> Val:
+        if isinstance(n, ir.Const):
+            return Val(_fmt_float(n.value), (), "f")
+        if isinstance(n, ir.Index):
+            if n.axis in self.vector:
+                return Val(self.vector[n.axis], (n.axis,), "i")
+            if n.axis in self.scalar:
+                return Val(self.scalar[n.axis], (), "i")
+            raise KeyError(f"axis {n.axis} has no index in kernel {self.k.name}")
+        if isinstance(n, ir.Sym):
+            kind, name = n.name.split(":", 1)
+            if kind == "val" and name in self.plan.inline:
+                return self.value(self.plan.inline[name])
+            raise KeyError(f"symbol {n.name} is not available in kernel {self.k.name}")
+        if isinstance(n, ir.Load):
+            return self.load(n)
+        if isinstance(n, ir.Reduce):
+            return self.contract(n.op, n.axis, n.body, None)
+        assert isinstance(n, ir.Call)
+        op = OPS[n.op]
+        if all(isinstance(a, ir.Const) for a in n.args):
+            return self._value(_folded(n))  # Triton's math functions take tensors, not literals
+        args = [self.value(a) for a in n.args]
+        data = args[1:] if n.op == "where" else args
+        nodes = n.args[1:] if n.op == "where" else n.args
+        if (op.integer_ok or n.op == "where") and any(a.kind in ("i", "b") for a in data) and all(
+                a.kind in ("i", "b") or _int_const(x) is not None for a, x in zip(data, nodes)):
+            # integer arithmetic (the kv head h // group, integer data): exact, in integers
+            data = [Val(str(_int_const(x)), (), "i") if a.kind not in ("i", "b") else a for a, x in zip(data, nodes)]
+            args = [args[0], *data] if n.op == "where" else data
+            if n.op == "where":
+                codes, dims = self.align([self.as_bool(args[0]), *data])
+                return self.bind(op.triton.format(*codes), dims, "i")
+        if n.op in ("and", "or", "not"):
+            codes, dims = self.align([self.as_bool(a) for a in args])
+            return self.bind(op.triton.format(*codes), dims, "b", "m")
+        if op.predicate:
+            if all(a.kind in ("i", "b") for a in args):
+                codes, dims = self.align(args)
+            else:
+                codes, dims = self.align([self.f32(a) for a in args])
+            return self.bind(op.triton.format(*codes), dims, "b", "m")
+        if n.op == "where":
+            cond = self.as_bool(args[0])
+            rest = [self.f32(a) for a in args[1:]]
+            codes, dims = self.align([cond, *rest])
+            return self.bind(op.triton.format(*codes), dims, "f")
+        if n.op in ("floordiv", "mod"):
+            return self.floor_div_mod(n, args)
+        if all(a.kind in ("i", "b") for a in args) and op.integer_ok:
+            codes, dims = self.align(args)
+            return self.bind(op.triton.format(*codes), dims, "i")
+        codes, dims = self.align([self.f32(a) for a in args])
+        return self.bind(op.triton.format(*codes), dims, "f")
+
+    def floor_div_mod(self, n: ir.Call, args: list[Val]) -> Val:
+        """a // b and a % b rounding toward −∞ like torch (and the IR's reference); Triton's // and %
+        truncate toward zero, which differs when the signs differ. Plain where both operands are
+        provably non-negative (the kv head h // G)."""
+        a, b = n.args
+        ra, rb = index_range(a, self.program.axes), index_range(b, self.program.axes)
+        if all(v.kind in ("i", "b") for v in args):
+            codes, dims = self.align(args)
+            x, y = codes
+            q = self.bind(f"{x} // {y}" if n.op == "floordiv" else f"{x} % {y}", dims, "i")
+            if ra is not None and rb is not None and ra[0] >= 0 and rb[0] > 0:
+                return q
+            if n.op == "floordiv":  # one less where the division was inexact and the signs differ
+                return self.bind(f"tl.where(({q.code} * {y} != {x}) & (({x} < 0) != ({y} < 0)), {q.code} - 1, "
+                                 f"{q.code})", dims, "i")
+            return self.bind(f"tl.where(({q.code} != 0) & (({q.code} < 0) != ({y} < 0)), {q.code} + {y}, "
+                             f"{q.code})", dims, "i")
+        codes, dims = self.align([self.f32(v) for v in args])
+        x, y = codes
+        fl = f"tl.floor({x} / {y})"
+        return self.bind(fl if n.op == "floordiv" else f"{x} - {y} * {fl}", dims, "f")
+
+    def uniform_index(self, e: ir.Node) -> Val | None:
+        """An index entry with one value for all valid rows of the program's padded tile: the row
+        index itself when a tile holds a single row (step 1), or a // G when the tile advances by a
+        divisor of G (grouped-query heads). Tensors read in a loop are then loaded once per tile."""
+        got = ir.grouped_index(e)
+        if got is None:
+            return None
+        a, g = got
+        step = self.sched.steps.get(a)
+        if step is None or a not in self.vector or a not in self.k.grid or g % step:
+            return None
+        return Val(f"((t_{_ident(a)} * {step}) // {g})" if g > 1 else f"t_{_ident(a)}", (), "i")
+
+    def _uniform_here(self, ld: ir.Load) -> bool:
+        loop = self.scopes[-1].axis
+        return loop is not None and loop in ld.axes
+
+    def eff_dims(self, n: ir.Node) -> frozenset[str]:
+        """Vector dimensions the value of n has in this kernel (uniform indices removed)."""
+        if isinstance(n, ir.Load):
+            uni = self._uniform_here(n)
+            out: set[str] = set()
+            for e in n.index:
+                if not (uni and self.uniform_index(e) is not None):
+                    out |= self.eff_dims(e)
+            return frozenset(out)
+        if isinstance(n, ir.Index):
+            return frozenset({n.axis} & set(self.vector))
+        if isinstance(n, ir.Sym):
+            kind, name = n.name.split(":", 1)
+            if kind == "val" and name in self.plan.inline:
+                return self.eff_dims(self.plan.inline[name])
+            return frozenset(n.axes & set(self.vector))
+        if isinstance(n, ir.Reduce):
+            return self.eff_dims(n.body) - {n.axis}
+        out2: frozenset[str] = frozenset()
+        for c in n.children():
+            out2 |= self.eff_dims(c)
+        return out2
+
+    # ---------------------------------------------------------------- memory

@@ -1,0 +1,194 @@
+"""Reading and writing tensors: pointers (64-bit where asked), masks for tile tails and for gathered
+indices that may fall outside a tensor, loads (pointer or tensor-descriptor), stores."""
+
+from __future__ import annotations
+
+from .. import ir
+from ..numeric import index_within
+from ..plan import StorePlan
+from .values import (
+    Val,
+    _ident,
+    _literal,
+    block_shape,
+)
+
+
+class MemoryOps:
+    """KernelWriter's loads and stores (a mixin: it uses the writer's scopes and values)."""
+
+    def pointer(self, tensor: str, index: tuple[ir.Node, ...], order: tuple[str, ...] | None,
+                uniform_rows: bool = False):
+        """(pointer code, mask code or None, dims) for a block of `tensor` at `index`."""
+        if tensor not in self.tensors:
+            spec = self.program.inputs.get(tensor)
+            if spec is not None:
+                self.tensor(tensor, spec.axes, spec.dtype, "input")
+            else:
+                buf = self.plan.buffers[tensor]
+                self.tensor(tensor, buf.axes, buf.dtype, "buffer")
+        entries = []
+        masks = []
+        in_range = []  # validity of computed (gathered) indices that may fall outside the tensor
+        uniform = uniform_rows
+        axes = self.tensors[tensor].axes
+        for k, e in enumerate(index):
+            stride = f"{_ident(tensor)}_s{k}"
+            u = self.uniform_index(e) if uniform else None
+            if u is not None:
+                entries.append((u, stride))
+            elif isinstance(e, ir.Index) and e.axis in self.vector:
+                entries.append((Val(self.vector[e.axis], (e.axis,), "i"), stride))
+                if self.tail_masks.get(e.axis, True):
+                    code = self.row_masks.get(e.axis) or f"({self.vector[e.axis]} < {self.extent(e.axis)})"
+                    masks.append(Val(code, (e.axis,), "b"))
+            elif isinstance(e, ir.Index) and e.axis == "chunk":
+                entries.append((Val("pid_chunk", (), "i"), stride))
+            else:
+                v = self.value(e)
+                if v.kind not in ("i", "b"):  # an integer-valued index the algebra wrote with float ops
+                    v = self.bind(f"({v.code}).to(tl.int64)", v.dims, "i")
+                entries.append((v, stride))
+                n = self.program.axes[axes[k]]
+                if not index_within(e, self.program.axes, n):
+                    # a data-dependent (or possibly out-of-bounds) index: lanes outside [0, n) read
+                    # nothing (never memory past the tensor) and give NaN, not a plausible number
+                    in_range.append(self.bind(f"({v.code} >= 0) & ({v.code} < {n})", v.dims, "b", "m"))
+        dims = order or tuple(a for a in self.canon if any(a in v.dims for v, _ in entries))
+        parts = []
+        for v, stride in entries:
+            code = self.arrange(v, dims) if v.dims else v.code
+            if self.sched.wide_index and _literal(code) is None:
+                code = f"({code}).to(tl.int64)"  # offsets past 2^31 elements (huge tensors, strides)
+            parts.append(f"{code} * {stride}")
+        ptr = " + ".join([f"{_ident(tensor)}_ptr", *parts])
+        mask = None
+        if masks or in_range:
+            mask = " & ".join(self.arrange(m, dims) for m in [*masks, *in_range])
+        valid = None
+        if in_range:
+            valid = " & ".join(self.arrange(m, dims) for m in in_range)
+        return ptr, mask, dims, valid
+
+    def load(self, n: ir.Load, order: tuple[str, ...] | None = None) -> Val:
+        key = ("load", n, order)
+        hit = self.lookup(key)
+        if hit is not None:
+            return hit
+        if len(self.scopes) > 1 and not self.is_variant(n):
+            # loop-invariant (e.g. the query tile): load once before the loop
+            saved = self.scopes, self.lines, self.depth, dict(self.tail_masks)
+            self.scopes, self.lines, self.depth = self.scopes[:1], self.hoist_lines, self.hoist_depth
+            try:
+                v = self.load(n, order)
+            finally:
+                self.scopes, self.lines, self.depth, self.tail_masks = saved
+            return v
+        dtype = (self.program.inputs[n.tensor].dtype if n.tensor in self.program.inputs
+                 else self.plan.buffers[n.tensor].dtype)
+        if n.tensor in self.plan.buffers:
+            self.buffers_read.add(n.tensor)
+        tma = self.descriptor_load(n) if self.sched.tma else None
+        if tma is not None:
+            code, dims = tma
+        else:
+            ptr, mask, dims, valid = self.pointer(n.tensor, n.index, order, uniform_rows=self._uniform_here(n))
+            code = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
+            if valid is not None and dtype.startswith("float"):
+                code = f"tl.where({valid}, {code}, _nan())"
+        kind = dtype if dtype in ("float16", "bfloat16") else ("f" if dtype.startswith("float") else
+                                                                ("b" if dtype == "bool" else "i"))
+        v = self.bind(code, dims, kind, "x")
+        if kind == "f" and dtype != self.floats:
+            v = self.bind(f"{v.code}.to({self.fdt})", dims, "f", "x")
+        self.scopes[-1].memo[key] = v
+        return v
+
+    def descriptor_load(self, n: ir.Load) -> tuple[str, tuple[str, ...]] | None:
+        """(code, dims) of a tile of input `n.tensor` read through a tensor descriptor, or None where
+        one cannot be used. The descriptor spans the index positions that are tile vectors (their
+        order kept, the last one innermost); the others are one value per program (a grid index,
+        or a // G) and go into its base pointer. Out-of-bounds rows and columns read as zero, so no
+        masks; the launcher checks the strides and alignment a descriptor needs at run time."""
+        spec = self.program.inputs.get(n.tensor)
+        if spec is None or not 1 <= len(n.index) <= 5:
+            return None
+        uniform = self._uniform_here(n)
+        base, span, seen = [], [], set()
+        for k, e in enumerate(n.index):
+            u = self.uniform_index(e) if uniform else None
+            if u is not None:
+                base.append((k, u.code))
+            elif isinstance(e, ir.Index) and e.axis in self.vector and e.axis in self.starts and e.axis not in seen:
+                span.append((k, e.axis))
+                seen.add(e.axis)
+            elif not self.eff_dims(e) and not self.is_variant(e) and (v := self.value(e)).kind == "i":
+                base.append((k, v.code))  # one index per program, e.g. the kv head h // G
+            else:
+                return None
+        itemsize = {"float16": 2, "bfloat16": 2, "float32": 4}.get(spec.dtype)
+        last = len(n.index) - 1
+        if (itemsize is None or not span or span[-1][0] != last or self.tiles[span[-1][1]] * itemsize < 16
+                or any(self.tiles[a] > 256 for _, a in span)):
+            return None
+        t = _ident(n.tensor)
+        dims_at = tuple(k for k, _ in span)
+        if self.descriptors.setdefault(n.tensor, dims_at) != dims_at:
+            return None  # one descriptor layout per tensor (the launcher checks that one)
+        self.tensor(n.tensor, spec.axes, spec.dtype, "input")
+        bkey = ("desc", n.tensor, tuple(base), tuple(a for _, a in span))
+
+        def make() -> Val:
+            saved = self.lines, self.depth
+            self.lines, self.depth = (self.hoist_lines, self.hoist_depth) if len(self.scopes) > 1 else saved
+            try:
+                ptr = f"{t}_ptr" + "".join(f" + {code} * {t}_s{k}" for k, code in base)
+                shape = ", ".join(self.extent(a) for _, a in span)
+                strides = ", ".join([f"{t}_s{k}" for k, _ in span[:-1]] + ["1"])
+                block = ", ".join(f"BLOCK_{_ident(a)}" for _, a in span)
+                name = self.tmp(f"{t}_desc")
+                self.emit(f"{name} = tl.make_tensor_descriptor({ptr}, shape=[{shape}], strides=[{strides}], "
+                          f"block_shape=[{block}])")
+                return Val(name, (), "desc")
+            finally:
+                self.lines, self.depth = saved
+
+        desc = self.scopes[0].memo.get(bkey)
+        if desc is None:
+            desc = self.scopes[0].memo[bkey] = make()
+        offsets = ", ".join(self.starts[a] for _, a in span)
+        return f"{desc.code}.load([{offsets}])", tuple(a for _, a in span)
+
+    def store(self, st: StorePlan) -> None:
+        is_buffer = st.target in self.plan.buffers
+        if is_buffer:
+            self.buffers_written.add(st.target)
+        spec_axes = st.axes
+        dtype = st.dtype if not is_buffer else self.plan.buffers[st.target].dtype
+        self.tensor(st.target, spec_axes, dtype, "buffer" if is_buffer else "output")
+        v = self.value(st.expr)
+        if v.kind not in ("i", "b"):
+            v = self.f32(v)  # integers are stored as they are (exactly), floats in the compute precision
+        index = tuple(ir.Index(a) for a in spec_axes)
+        ptr, mask, dims, _ = self.pointer(st.target, index, None)
+        if _literal(v.code) is not None:  # a constant output (x·0 summed): a tile of it, not a literal
+            v = Val(f"tl.full({block_shape(dims)}, {v.code}, {self.fdt})", dims, "f")
+        dims_all = tuple(a for a in self.canon if a in set(dims) | set(v.dims))
+        if set(v.dims) - set(dims):
+            raise ValueError(f"store of {st.target} over {spec_axes} from a value over {v.dims}")
+        code = self.arrange(v, dims)
+        # programs that replicate the value along grid axes the target lacks do not store
+        extra = [a for a in self.k.grid if a not in spec_axes and self.tiles.get(a, 1) >= 1]
+        guard = " and ".join(f"(t_{_ident(a)} == 0)" for a in extra)
+        m = mask
+        if guard:
+            self.emit(f"if {guard}:")
+            self.depth += 1
+        if dims != dims_all:
+            code = self.arrange(Val(code, dims, "f"), dims_all)
+        self.emit(f"tl.store({ptr}, ({code}).to({_ident(st.target)}_ptr.dtype.element_ty)"
+                  + (f", mask={m})" if m else ")"))
+        if guard:
+            self.depth -= 1
+
+    # ---------------------------------------------------------------- reductions

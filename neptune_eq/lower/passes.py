@@ -1,0 +1,308 @@
+"""One pass of a kernel: state init, the tile loops bounded by affine masks (masked edge tiles,
+an unmasked interior), the per-tile update with its corrections, and split-K's combine phase."""
+
+from __future__ import annotations
+
+from .. import ir
+from ..masks import affine
+from ..ops import MONOIDS, OPS
+from ..plan import Combine, CompPlan, Pass
+from .kernel import KernelWriter
+from .values import (
+    Val,
+    _fmt_float,
+    _fmt_num,
+    _ident,
+    _Scope,
+    block_shape,
+)
+
+
+def _state_dims(w: KernelWriter, c: CompPlan) -> tuple[str, ...]:
+    return tuple(a for a in w.canon if a in c.free and a in w.vector)
+
+
+def _state(w: KernelWriter, c: CompPlan, name: str) -> Val:
+    """The carried state of component c, held in variable `name`."""
+    return Val(name, _state_dims(w, c), "i" if c.integer else "f")
+
+
+def _state_init(w: KernelWriter, c: CompPlan) -> str:
+    """A state tile holding the monoid's identity (int64 for an integer reduction)."""
+    dtype = w.dtype_of("i" if c.integer else "f")
+    return f"tl.full({block_shape(_state_dims(w, c))}, {_fmt_num(c.identity)}, {dtype})"
+
+
+# ---------------------------------------------------------------- passes
+
+
+class _PassWriter:
+    """Emits one pass: state init, the tile loops (bounded by affine masks), the per-tile update."""
+
+    def __init__(self, w: KernelWriter, ps: Pass):
+        self.w, self.ps = w, ps
+        self.axis = ps.axis
+        self.tile = w.tiles[ps.axis]
+
+    def state_names(self, c: CompPlan) -> str:
+        return f"st_{_ident(c.name)}"
+
+    def run(self) -> None:
+        w, ps = self.w, self.ps
+        for c in ps.comps:
+            w.emit(f"{self.state_names(c)} = {_state_init(w, c)}")
+        lo, hi, full_lo, full_hi = self.bounds()
+        j = _ident(self.axis)
+        n_j = w.extent(self.axis)
+        if ps.split > 1:
+            w.emit(f"ntiles_{j} = ({hi} - {lo} + {self.tile - 1}) // {self.tile}")
+            w.emit(f"per_{j} = (ntiles_{j} + {ps.split - 1}) // {ps.split}")
+            w.emit(f"c_lo_{j} = {lo} + pid_chunk * per_{j} * {self.tile}")
+            w.emit(f"c_hi_{j} = tl.minimum({hi}, c_lo_{j} + per_{j} * {self.tile})")
+            lo, hi = f"c_lo_{j}", f"c_hi_{j}"
+            if full_lo is not None:
+                full_lo = f"tl.minimum(tl.maximum({full_lo}, {lo}), {hi})"
+                full_hi = f"tl.maximum(tl.minimum({full_hi}, {hi}), {full_lo})"
+        if full_lo is None:
+            self.loop(lo, hi, masked=True)
+        else:
+            w.emit(f"lo_{j} = {lo}")
+            w.emit(f"hi_{j} = {hi}")
+            w.emit(f"flo_{j} = {full_lo}")
+            w.emit(f"fhi_{j} = {full_hi}")
+            self.loop(f"lo_{j}", f"flo_{j}", masked=True)
+            self.loop(f"flo_{j}", f"fhi_{j}", masked=False)
+            self.loop(f"fhi_{j}", f"hi_{j}", masked=True)
+        for c in ps.comps:
+            w.scopes[0].memo[ir.Sym(f"fin:{c.name}", c.free)] = _state(w, c, self.state_names(c))
+        _ = n_j
+
+    # ---- bounds from affine predicates
+    def bounds(self):
+        """(lo, hi) of the loop and (full_lo, full_hi) of the tiles where every predicate holds."""
+        w, j = self.w, self.axis
+        n_j = w.extent(j)
+        T = self.tile
+        lows, highs, flows, fhighs = [], [], [], []
+        all_affine = True
+        for c in self.ps.comps:
+            cons = affine(c.mask) if c.mask is not None and not _is_true(c.mask) else ([] if c.mask is None
+                                                                                     or _is_true(c.mask) else None)
+            if cons is None:
+                all_affine = False
+                continue
+            c_low, c_high, c_flow, c_fhigh = [], [], [], []
+            for a in cons:
+                cj = a.coefficient(j)
+                others = [(x, v) for x, v in a.coef if x != j]
+                if abs(cj) > 1 or any(x not in w.scalar and x not in w.k.grid for x, _ in others):
+                    all_affine = False  # evaluated per element in every tile
+                    continue
+                mn, mx = self.box(others)
+                if cj == 0:  # a condition on the program's rows alone (q_idx >= 5, h > 0): the loop
+                    # runs only if some row of the tile meets it, unmasked only if every row does
+                    c_high.append(f"tl.where(({a.const}) + ({mn}) <= 0, {n_j}, 0)")
+                    c_fhigh.append(f"tl.where(({a.const}) + ({mx}) <= 0, {n_j}, 0)")
+                    continue
+                if cj > 0:  # j <= -(const + Σ) : upper bound
+                    c_high.append(f"(-({a.const}) - ({mn}) + 1)")
+                    c_fhigh.append(f"(-({a.const}) - ({mx}) + 1)")
+                else:  # j >= const + Σ : lower bound
+                    c_low.append(f"({a.const} + ({mn}))")
+                    c_flow.append(f"({a.const} + ({mx}))")
+            lows.append(_max(c_low) if c_low else "0")
+            highs.append(_min(c_high) if c_high else n_j)
+            flows.append(_max(c_flow) if c_flow else "0")
+            fhighs.append(_min(c_fhigh) if c_fhigh else n_j)
+        if not self.ps.comps:
+            return "0", n_j, None, None
+        lo = f"tl.maximum(0, {_min(lows)})" if lows else "0"
+        hi = f"tl.minimum({n_j}, {_max(highs)})" if highs else n_j
+        lo = f"(({lo}) // {T}) * {T}"
+        if not all_affine:
+            return lo, hi, None, None
+        flo = f"tl.maximum({lo}, ((({_max(flows)}) + {T - 1}) // {T}) * {T})"
+        fhi = f"tl.maximum({flo}, (tl.minimum({hi}, {_min(fhighs)}) // {T}) * {T})"
+        return lo, hi, flo, fhi
+
+    def box(self, terms):
+        """(min, max) code of Σ coef·x over the program's tile of each grid axis x."""
+        w = self.w
+        mins, maxs = [], []
+        for x, v in terms:
+            if x in w.scalar:
+                mins.append(f"{v} * {w.scalar[x]}")
+                maxs.append(f"{v} * {w.scalar[x]}")
+                continue
+            st = w.sched.step(x)
+            lo = f"t_{_ident(x)} * {st}"
+            hi = f"(t_{_ident(x)} * {st} + {st} - 1)"
+            a, b = (lo, hi) if v > 0 else (hi, lo)
+            mins.append(f"{v} * {a}")
+            maxs.append(f"{v} * {b}")
+        return " + ".join(mins) or "0", " + ".join(maxs) or "0"
+
+    # ---- the loop
+    def loop(self, lo: str, hi: str, *, masked: bool) -> None:
+        w, j = self.w, _ident(self.axis)
+        outer_lines, outer_depth = w.lines, w.depth
+        body: list[str] = []
+        w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
+        w.lines, w.depth = body, outer_depth + 1
+        scope = _Scope(axis=self.axis, variant={f"cur:{c.name}" for c in self.ps.comps}
+                       | {f"old:{c.name}" for c in self.ps.comps})
+        w.scopes.append(scope)
+        w.vector[self.axis] = f"offs_{j}"
+        w.starts[self.axis] = f"start_{j}"
+        w.tail_masks[self.axis] = masked
+        w.emit(f"offs_{j} = start_{j} + tl.arange(0, BLOCK_{j})")
+        valid = Val(f"(offs_{j} < {w.extent(self.axis)})", (self.axis,), "b") if masked else None
+        self.tile_update(valid, masked)
+        for st in self.ps.stores:
+            w.store(st)
+        w.scopes.pop()
+        del w.vector[self.axis]
+        del w.starts[self.axis]
+        w.tail_masks.pop(self.axis, None)
+        w.lines, w.depth = outer_lines, outer_depth
+        if w.sched.wide_index:  # an int32 loop counter would wrap on its last step past 2^31
+            lo = f"tl.cast({lo}, tl.int64)"
+        if w.sched.warp_specialize and not masked and w.target == "cuda":
+            # Triton splits the loop's loads, MMAs and softmax across warp groups (Hopper, Blackwell)
+            w.emit(f"for start_{j} in tl.range({lo}, {hi}, BLOCK_{j}, warp_specialize=True):")
+        else:
+            w.emit(f"for start_{j} in range({lo}, {hi}, BLOCK_{j}):")
+        w.lines.extend(body)
+
+    def tile_update(self, valid: Val | None, masked: bool) -> None:
+        w = self.w
+        sc = w.scopes[-1]
+        new: dict[str, Val] = {}
+        for c in self.ps.comps:
+            old = _state(w, c, self.state_names(c))
+            sc.memo[ir.Sym(f"old:{c.name}", c.free)] = old
+            mask = valid
+            if c.mask is not None and not _is_true(c.mask) and (masked or affine(c.mask) is None):
+                m = w.as_bool(w.value(c.mask))
+                mask = m if mask is None else self._and(mask, m)
+            combine = MONOIDS[c.op].combine
+            if c.producers and c.corr is not None:
+                h = w.f32(w.value(c.corr))
+                refs = {p: Val(self.state_names(pc), _state_dims(w, pc), "f")
+                        for pc in self.ps.comps for p in c.producers if pc.name == p}
+                h = _guarded(w, self.ps, c, h, refs)
+                codes, dims = w.align([old, h])
+                carried = w.bind(OPS[c.dist].triton.format(*codes), dims, "f", "c")
+            else:
+                carried = old
+            sdims = _state_dims(w, c)
+            part = w.contract(c.op, self.axis, c.core, mask, acc=carried if combine == "add" else None)
+            if part.kind == "acc":  # the dot already added the carried state
+                new[c.name] = nv = Val(part.code, part.dims, "f")
+                sc.memo[ir.Sym(f"cur:{c.name}", c.free)] = nv
+                continue
+            codes, dims = w.align([carried, part])
+            code = OPS[combine].triton.format(*codes)
+            if dims != sdims:
+                code = f"tl.broadcast_to({code}, {block_shape(sdims)})" if set(dims) <= set(sdims) else code
+            nv = w.bind(code, sdims if set(dims) <= set(sdims) else dims, old.kind, "n")
+            new[c.name] = nv
+            sc.memo[ir.Sym(f"cur:{c.name}", c.free)] = nv
+        for c in self.ps.comps:
+            w.emit(f"{self.state_names(c)} = {new[c.name].code}")
+
+    def _and(self, a: Val, b: Val) -> Val:
+        def make():
+            codes, dims = self.w.align([a, b])
+            return self.w.bind(f"({codes[0]} & {codes[1]})", dims, "b", "m")
+
+        return self.w.memoised(("and", a.code, b.code), make)
+
+
+def _is_true(n: ir.Node) -> bool:
+    return isinstance(n, ir.Const) and n.value != 0.0
+
+
+def _max(xs: list[str]) -> str:
+    out = xs[0]
+    for x in xs[1:]:
+        out = f"tl.maximum({out}, {x})"
+    return out
+
+
+def _min(xs: list[str]) -> str:
+    out = xs[0]
+    for x in xs[1:]:
+        out = f"tl.minimum({out}, {x})"
+    return out
+
+
+def _combine_phase(w: KernelWriter, cb: Combine) -> None:
+    """Fold the chunk states of a split pass: (r,t) ⊙ (r_c,t_c) with the pass's own corrections."""
+    ps = cb.source
+    names = {c.name: f"st_{_ident(c.name)}" for c in ps.comps}
+    for c in ps.comps:
+        w.emit(f"{names[c.name]} = {_state_init(w, c)}")
+    outer_lines, outer_depth = w.lines, w.depth
+    body: list[str] = []
+    w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
+    w.lines, w.depth = body, outer_depth + 1
+    scope = _Scope(axis="chunk", variant={f"{k}:{c.name}" for c in ps.comps for k in ("cur", "old")})
+    w.scopes.append(scope)
+    parts: dict[str, Val] = {}
+    for c in ps.comps:
+        ld = ir.Load(f"part_{c.name}", (ir.Index("chunk"), *(ir.Index(a) for a in c.free)))
+        v = w.load(ld)
+        parts[c.name] = v if c.integer else w.f32(v)
+    new: dict[str, Val] = {}
+    for c in ps.comps:
+        old = _state(w, c, names[c.name])
+        comb = MONOIDS[c.op].combine
+        if c.producers and c.corr is not None:
+            olds = {p: Val(names[p], _state_dims(w, next(x for x in ps.comps if x.name == p)), "f")
+                    for p in c.producers}
+            a = _corrected(w, ps, c, old, olds, new)
+            b = _corrected(w, ps, c, parts[c.name], {p: parts[p] for p in c.producers}, new)
+        else:
+            a, b = old, parts[c.name]
+        codes, dims = w.align([a, b])
+        nv = w.bind(OPS[comb].triton.format(*codes), dims, "f", "n")
+        new[c.name] = nv
+    for c in ps.comps:
+        w.emit(f"{names[c.name]} = {new[c.name].code}")
+    w.scopes.pop()
+    w.lines, w.depth = outer_lines, outer_depth
+    w.emit("for pid_chunk in range(0, CHUNKS):")
+    w.lines.extend(body)
+    for c in ps.comps:
+        w.scopes[0].memo[ir.Sym(f"fin:{c.name}", c.free)] = _state(w, c, names[c.name])
+
+
+def _guarded(w: KernelWriter, ps: Pass, c: CompPlan, h: Val, ref: dict[str, Val]) -> Val:
+    """While a max/min producer still holds its identity nothing was accumulated: use the annihilator."""
+    if not c.guard:
+        return h
+    for p in c.producers:
+        pc = next(x for x in ps.comps if x.name == p)
+        def make(r=ref[p], h=h, pc=pc):
+            codes, dims = w.align([r, h])
+            return w.bind(f"tl.where({codes[0]} == {_fmt_float(pc.identity)}, {_fmt_float(c.annihilator)}, "
+                          f"{codes[1]})", dims, "f", "h")
+
+        h = w.memoised(("guard", ref[p].code, h.code, c.annihilator), make)
+    return h
+
+
+def _corrected(w: KernelWriter, ps: Pass, c: CompPlan, state: Val, ref: dict[str, Val],
+               new: dict[str, Val]) -> Val:
+    """state ⊗' h(ref → new): move a partial result's reference point from `ref` to `new`."""
+    scope = _Scope(axis=None, variant={f"{k}:{p}" for p in c.producers for k in ("old", "cur")})
+    w.scopes.append(scope)
+    for p in c.producers:
+        pc = next(x for x in ps.comps if x.name == p)
+        scope.memo[ir.Sym(f"old:{p}", pc.free)] = ref[p]
+        scope.memo[ir.Sym(f"cur:{p}", pc.free)] = new[p]
+    h = _guarded(w, ps, c, w.f32(w.value(c.corr)), ref)
+    w.scopes.pop()
+    codes, dims = w.align([state, h])
+    return w.bind(OPS[c.dist].triton.format(*codes), dims, "f", "c")
