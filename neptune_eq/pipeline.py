@@ -167,10 +167,11 @@ def _budget_notes(c: Compilation) -> list[str]:
     f = c.fusion
     if f is not None:
         if f.skipped:
-            out.append(f"time budget (max_seconds={b.max_seconds:g}) ran out before {f.skipped} fused group(s) "
-                       "were tried; their fusions are not among the alternatives")
+            out.append(f"time budget (max_seconds={b.max_seconds:g}) ran out while fused groups over "
+                       f"{', '.join(f.skipped)} were tried; the untried fusions are not among the alternatives")
         if f.capped:
-            out.append(f"{f.capped} fused group(s) beyond the {MAX_GROUPS_PER_AXIS} nearest per axis were not tried")
+            out.append(f"fused groups over {', '.join(f.capped)} beyond the {MAX_GROUPS_PER_AXIS} nearest were "
+                       "not tried")
         cut = sum(1 for r in f.corrections.values() if not r.found and "budget" in r.reason)
         if cut:
             out.append(f"{cut} correction search(es) stopped by a budget before finding a correction")

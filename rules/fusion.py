@@ -128,8 +128,8 @@ class FusionSearch:
     rules: list = field(default_factory=list)  # algebra rules for correction searches
     candidates: list[LoopCandidate] = field(default_factory=list)
     corrections: dict[ir.Node, CorrectionResult] = field(default_factory=dict)  # by quotient core pair
-    skipped: int = 0  # groups not tried: the time budget ran out
-    capped: int = 0  # groups not tried: beyond MAX_GROUPS_PER_AXIS
+    skipped: list[str] = field(default_factory=list)  # axes whose further groups the time budget cut
+    capped: list[str] = field(default_factory=list)  # axes with more groups than MAX_GROUPS_PER_AXIS
     _searcher: CorrectionSearcher | None = None
     _saturator: Saturator | None = None
 
@@ -173,11 +173,11 @@ class FusionSearch:
                 if not self._acyclic(group, closure):
                     continue
                 if tried >= max_groups:
-                    self.capped += 1
-                    continue
+                    self.capped.append(axis)
+                    break
                 if saturator is not None and saturator.remaining() <= 0:
-                    self.skipped += 1
-                    continue
+                    self.skipped.append(axis)
+                    break
                 tried += 1
                 self.candidates.append(self._build(axis, list(group)))
         self.encoder.flush()
