@@ -47,6 +47,9 @@ def test_integers_nan_inf_and_constants_cuda():
     w[5, 9] = math.inf
     assert _check(lambda w: torch.logsumexp(w, -1), w)[5] == math.inf
     _check(lambda x: (x * 0).sum(-1), torch.randn(64, 300, device=DEV))
+    counts = torch.randn(64, 3000, device=DEV)  # integer states of counts: int64 from the first tile
+    _check(lambda x: (x > 0).sum(-1), counts, exact=True)
+    _check(lambda x: torch.where(x > 0, 2, -3).amax(-1), counts, exact=True)
     _check(lambda x, s: (x * s).sum(-1), torch.randn(64, 300, device=DEV), torch.tensor(3.0, device=DEV))
 
 

@@ -27,12 +27,15 @@ class ContractOps:
             return self.factors(n.args[0]) + self.factors(n.args[1])
         return [n]
 
-    def contract(self, op: str, axis: str, body: ir.Node, mask: Val | None, acc: Val | None = None) -> Val:
+    def contract(self, op: str, axis: str, body: ir.Node, mask: Val | None, acc: Val | None = None,
+                 integer: bool = False) -> Val:
         """op-reduce `body` over the block axis `axis` (masked-out elements contribute the identity).
         With `acc` (a sum only) the result is acc + the reduction when it becomes a tl.dot that can
-        accumulate into acc in place, else the reduction alone: callers check `Val.kind == "acc"`."""
+        accumulate into acc in place, else the reduction alone: callers check `Val.kind == "acc"`.
+        An integer body (or `integer`: the component is an integer reduction, numeric.integral)
+        reduces exactly in int64."""
         ident = MONOIDS[op].identity
-        scale = _positive_scale(body) if op in ("max", "min") else None
+        scale = _positive_scale(body) if op in ("max", "min") and not integer else None
         if scale is not None:
             # max_j(c·x) = c·max_j(x) for c > 0 (exactly, in floating point too: rounding is monotone;
             # c·±inf = ±inf keeps masked-out identities). The tile then needs no c·x of its own, so
@@ -40,12 +43,15 @@ class ContractOps:
             c, rest = scale
             r = self.contract(op, axis, rest, mask)
             return self.bind(f"{r.code} * {_fmt_float(c)}", r.dims, "f", "r")
-        if op == "sum" and axis in self.vector:
+        if op == "sum" and axis in self.vector and not integer:
             dot = self.try_dot(axis, body, mask, acc)
             if dot is not None:
                 return dot
         v = self.value(body)
-        if v.kind in ("i", "b"):  # an integer reduction: exact, in int64 (like torch's integer sums)
+        lit = None if v.dims else _literal(v.code)
+        if integer and lit is not None:  # a count: where(p, 1, 0) with the mask split off leaves 1
+            v, kind, ident = Val(str(int(lit)), (), "i"), "i", INT_IDENTITY[op]
+        elif integer or v.kind in ("i", "b"):  # exact, in int64 (like torch's integer sums)
             v, kind, ident = Val(f"({v.code}).to(tl.int64)", v.dims, "i"), "i", INT_IDENTITY[op]
         else:
             v, kind = self.f32(v), "f"

@@ -196,7 +196,8 @@ class _PassWriter:
             else:
                 carried = old
             sdims = _state_dims(w, c)
-            part = w.contract(c.op, self.axis, c.core, mask, acc=carried if combine == "add" else None)
+            part = w.contract(c.op, self.axis, c.core, mask, acc=carried if combine == "add" else None,
+                              integer=c.integer)
             if part.kind == "acc":  # the dot already added the carried state
                 new[c.name] = nv = Val(part.code, part.dims, "f")
                 sc.memo[ir.Sym(f"cur:{c.name}", c.free)] = nv
