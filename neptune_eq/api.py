@@ -206,7 +206,7 @@ def _custom_op(captured, prog: CompiledProgram):
     program = captured.program
     names = list(program.inputs)
     outs = [(o.name, program.output_shape(o), dt) for o, dt in zip(program.outputs, captured.output_dtypes)]
-    digest = hashlib.sha256(f"{program}|{prog.alternative.structure}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{program.text(exact=True)}|{prog.alternative.structure}".encode()).hexdigest()[:16]
     qualname = f"neptune_eq::p{digest}"
     _RUNNERS[qualname] = prog
     op = _OPS.get(qualname)

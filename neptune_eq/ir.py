@@ -346,6 +346,10 @@ class Program:
                         f"shape mismatch in {where}: input '{n.tensor}' has axis '{ax}' of extent "
                         f"{self.axes[ax]} but is indexed by axis '{idx.axis}' of extent {self.axes[idx.axis]}"
                     )
+        elif isinstance(n, Const) and n.value == 0.0 and math.copysign(1.0, n.value) < 0:
+            # egglog's f64 (like the IR's hash) holds one zero: x / -0.0 would become x / 0.0
+            raise ProgramError(f"{where} uses the constant -0.0, which the e-graph cannot tell from 0.0 (the sign "
+                               "of x / -0.0 would be lost); write x / -0.0 as -(x / 0.0))")
         elif isinstance(n, Call):
             op = OPS.get(n.op)
             if op is None:
@@ -389,14 +393,20 @@ class Program:
         return Program(self.name, dict(self.axes), inputs, outs).validate()
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, *, exact: bool = False) -> str:
+        """The program, readable; `exact` (the compile cache's key) writes constants bit for bit and
+        every output's dtype, so programs that differ in either never share a key."""
         lines = [f"program {self.name}"]
         lines.append("  axes: " + ", ".join(f"{a}={n}" for a, n in self.axes.items()))
         for s in self.inputs.values():
             lines.append(f"  input {s.name}[{', '.join(s.axes)}]: {s.dtype}")
-        lets, texts = show_shared([o.expr for o in self.outputs])
+        lets, texts = show_shared([o.expr for o in self.outputs], exact=exact)
         lines += [f"  {k} = {v}" for k, v in lets]
         for o, text in zip(self.outputs, texts):
-            lines.append(f"  {o.name}[{', '.join(o.axes)}] = {text}")
+            dtype = f": {o.dtype or 'float32'}" if exact else ""
+            lines.append(f"  {o.name}[{', '.join(o.axes)}]{dtype} = {text}")
         return "\n".join(lines)
 
 

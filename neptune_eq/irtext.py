@@ -22,9 +22,11 @@ def show(node: Node, names: dict[Node, str] | None = None) -> str:
 SHARE_CHARS = 80  # a subterm used more than once is named once its text is at least this long
 
 
-def show_shared(roots: list[Node], names: dict[Node, str] | None = None) -> tuple[list[tuple[str, str]], list[str]]:
+def show_shared(roots: list[Node], names: dict[Node, str] | None = None, *, exact: bool = False
+                ) -> tuple[list[tuple[str, str]], list[str]]:
     """(named shared subterms in definition order, the text of each root). Linear in the DAG size
-    (times SHARE_CHARS): a program with a chain of ten softmaxes prints in milliseconds."""
+    (times SHARE_CHARS): a program with a chain of ten softmaxes prints in milliseconds. `exact`
+    writes every constant so that it reads back bit for bit (float.hex): text that identifies."""
     names = dict(names or {})
     uses: dict[int, int] = {}
     order: list[Node] = []
@@ -49,7 +51,7 @@ def show_shared(roots: list[Node], names: dict[Node, str] | None = None) -> tupl
         if n in names:
             texts[id(n)] = (names[n], 100)
             continue
-        s, p = _text(n, wrap)
+        s, p = _text(n, wrap, exact)
         if uses.get(id(n), 0) > 1 and isinstance(n, Call | Reduce) and len(s) >= SHARE_CHARS:
             name = f"%{len(lets) + 1}"
             lets.append((name, s))
@@ -68,11 +70,11 @@ def _fmt_const(v: float) -> str:
     return f"{v:.9g}"
 
 
-def _text(n: Node, wrap) -> tuple[str, float]:
+def _text(n: Node, wrap, exact: bool = False) -> tuple[str, float]:
     """The text of n from its children's (wrap(child, precedence) parenthesises where needed) and
     the precedence it binds with (100: an atom)."""
     if isinstance(n, Const):
-        s = _fmt_const(n.value)
+        s = n.value.hex() if exact else _fmt_const(n.value)
         return s, (4 if s.startswith("-") else 100)
     if isinstance(n, Index):
         return n.axis, 100

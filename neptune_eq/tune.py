@@ -70,7 +70,8 @@ def cache_path(cache_dir: Path | None) -> Path:
 def _key(program: ir.Program, alt_structure: str, k_index: int, device: str) -> str:
     import triton
 
-    text = f"v2|{program}|{alt_structure}|{k_index}|{device}|{triton.__version__}"  # v2: steps and tma kept
+    # v2: steps and tma kept
+    text = f"v2|{program.text(exact=True)}|{alt_structure}|{k_index}|{device}|{triton.__version__}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

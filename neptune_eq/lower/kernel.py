@@ -238,10 +238,18 @@ class KernelWriter(MemoryOps, ContractOps):
                                  f"{q.code})", dims, "i")
             return self.bind(f"tl.where(({q.code} != 0) & (({q.code} < 0) != ({y} < 0)), {q.code} + {y}, "
                              f"{q.code})", dims, "i")
+        # floats as torch computes them (div_floor_floating, remainder), from fmod (Triton's float %)
         codes, dims = self.align([self.f32(v) for v in args])
         x, y = codes
-        fl = f"tl.floor({x} / {y})"
-        return self.bind(fl if n.op == "floordiv" else f"{x} - {y} * {fl}", dims, "f")
+        r = self.bind(f"{x} % {y}", dims, "f")
+        off = f"(({r.code} != 0) & (({y} < 0) != ({r.code} < 0)))"  # fmod's sign differs from y's
+        if n.op == "mod":
+            return self.bind(f"tl.where({off}, {r.code} + {y}, {r.code})", dims, "f")
+        d = self.bind(f"({x} - {r.code}) / {y} - tl.where({off}, 1.0, 0.0)", dims, "f")
+        fl = self.bind(f"tl.floor({d.code})", dims, "f")
+        fl = self.bind(f"tl.where({d.code} - {fl.code} > 0.5, {fl.code} + 1.0, {fl.code})", dims, "f")
+        q = f"tl.where({d.code} != 0, {fl.code}, 0.0 * ({x} / {y}))"  # a zero keeps the sign of x / y
+        return self.bind(f"tl.where({y} == 0, {x} / {y}, {q})", dims, "f")
 
     def uniform_index(self, e: ir.Node) -> Val | None:
         """An index entry with one value for all valid rows of the program's padded tile: the row

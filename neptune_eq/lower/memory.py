@@ -6,12 +6,7 @@ from __future__ import annotations
 from .. import ir
 from ..numeric import index_within
 from ..plan import StorePlan
-from .values import (
-    Val,
-    _ident,
-    _literal,
-    block_shape,
-)
+from .values import _TL_DTYPE, Val, _ident, _literal, block_shape
 
 
 class MemoryOps:
@@ -95,7 +90,7 @@ class MemoryOps:
             ptr, mask, dims, valid = self.pointer(n.tensor, n.index, order, uniform_rows=self._uniform_here(n))
             code = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
             if valid is not None and dtype.startswith("float"):
-                code = f"tl.where({valid}, {code}, _nan())"
+                code = f"tl.where({valid}, {code}, _nan().to({_TL_DTYPE[dtype]}))"  # keeps the load's dtype
         kind = dtype if dtype in ("float16", "bfloat16") else ("f" if dtype.startswith("float") else
                                                                 ("b" if dtype == "bool" else "i"))
         v = self.bind(code, dims, kind, "x")
