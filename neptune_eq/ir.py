@@ -112,9 +112,10 @@ class Const(Node):
         return (self.value,)
 
     def _key(self):
-        # -0.0 and 0.0 are one constant; NaN compares equal to itself here
+        # NaN compares equal to itself here; -0.0 and 0.0 are two constants (x / -0.0 is -inf), which
+        # Program.validate refuses to hand to the e-graph (egglog's f64 holds one zero)
         v = self.value
-        return ("nan",) if math.isnan(v) else (v + 0.0,)
+        return ("nan",) if math.isnan(v) else (v, math.copysign(1.0, v))
 
 
 class Index(Node):

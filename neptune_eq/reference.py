@@ -16,6 +16,7 @@ _TORCH_OPS = {
     "max2": torch.maximum, "min2": torch.minimum, "where": torch.where,
     "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
     "and": torch.logical_and, "or": torch.logical_or, "not": torch.logical_not,
+    "float": lambda x: x.to(torch.float64),
 }
 
 

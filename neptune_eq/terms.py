@@ -121,6 +121,10 @@ def where(c: Term, a: Term, b: Term) -> Term: ...
 
 
 @function
+def to_float(x: Term) -> Term: ...  # the integer x as a float (ops.py "float")
+
+
+@function
 def lt(a: Term, b: Term) -> Term: ...
 
 
@@ -206,7 +210,7 @@ BINARY = {"add": Term.__add__, "sub": Term.__sub__, "mul": Term.__mul__, "div": 
           "max2": max2, "min2": min2, "floordiv": floordiv, "mod": mod, "lt": lt, "le": le, "gt": gt,
           "ge": ge, "eq": eq_, "ne": ne_, "and": and_, "or": or_}
 UNARY = {"neg": Term.__neg__, "exp": exp, "exp2": exp2, "log": log, "log2": log2, "tanh": tanh, "sqrt": sqrt,
-         "rsqrt": rsqrt, "abs": abs_, "not": not_}
+         "rsqrt": rsqrt, "abs": abs_, "not": not_, "float": to_float}
 CONSTRUCTORS = {**BINARY, **UNARY, "where": where}
 assert set(CONSTRUCTORS) == set(OPS), set(OPS) ^ set(CONSTRUCTORS)
 assert all(c in BINARY for c in COMPARISONS)
@@ -217,7 +221,8 @@ _METHOD_OPS = {"__add__": "add", "__sub__": "sub", "__mul__": "mul", "__truediv_
 _FUNCTION_OPS = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "tanh": "tanh", "sqrt": "sqrt",
                  "rsqrt": "rsqrt", "abs_": "abs", "max2": "max2", "min2": "min2", "floordiv": "floordiv",
                  "mod": "mod", "where": "where", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq_": "eq",
-                 "ne_": "ne", "and_": "and", "or_": "or", "not_": "not", "red": "red", "get": "get",
+                 "ne_": "ne", "and_": "and", "or_": "or", "not_": "not", "to_float": "float", "red": "red",
+                 "get": "get",
                  "deps": "deps", "axis_bit": "axis_bit", "extent": "extent", "nonneg": "nonneg", "finite": "finite",
                  "split_factor": "split_factor"}
 

@@ -142,3 +142,46 @@ def test_view_with_a_stride_past_2_31_reads_the_right_elements():
     base[5] = base[2**31 + 3] = True
     view = base.as_strided((2, 8), (2**31, 1))
     assert torch.equal(neptune_eq.compile(lambda x: x.sum(-1), view)(view), torch.tensor([1, 1]))
+
+
+def test_integers_promoted_to_float_are_float_arithmetic():
+    # x · 1e10 is float in torch; computed in int64 it overflowed
+    x = torch.full((2, 8), 2**40, dtype=torch.int64)
+    for fn in (lambda x: (x * 1e10).sum(-1), lambda x: (x.float() * 4e9).amax(-1), lambda x: (x * 3).sum(-1)):
+        got, want = neptune_eq.compile(fn, x)(x), fn(x)
+        assert got.dtype == want.dtype and torch.allclose(got.double(), want.double(), rtol=1e-6)
+
+
+def test_float_floor_division_and_remainder_as_torch():
+    x = torch.tensor([[1.0, 5.0, 7.0, 3.0, -2.5, 0.3, -0.7, 1e-30, 0.0, 100.0]])
+    for fn in (lambda x: x // 0.1, lambda x: x % 0.1, lambda x: x % math.inf, lambda x: x // -0.3,
+               lambda x: x % -0.3):
+        assert torch.allclose(neptune_eq.compile(fn, x)(x), fn(x), equal_nan=True)
+
+
+def test_half_gather_feeding_a_matmul():
+    gen = torch.Generator().manual_seed(5)
+    E, W = torch.randn(50, 32, generator=gen).half(), torch.randn(32, 16, generator=gen).half()
+    t = torch.randint(0, 50, (8,), generator=gen)
+
+    def fn(E, W, t):
+        return torch.softmax((E[t] @ W).float(), -1)
+
+    got = neptune_eq.compile(fn, E, W, t)(E, W, t)
+    assert (got - fn(E.float(), W.float(), t)).abs().max() < 1e-2
+
+
+def test_programs_differing_in_output_dtype_or_a_constant_digit_do_not_share_a_cached_plan(tmp_path):
+    x = torch.tensor([[1e8, 1.0, -1e8, 0.0]] * 2)
+    neptune_eq.compile(lambda x: x.sum(-1), x, cache_dir=tmp_path)
+    assert torch.equal(neptune_eq.compile(lambda x: x.double().sum(-1), x, cache_dir=tmp_path)(x),
+                       torch.tensor([1.0, 1.0], dtype=torch.float64))
+    y = torch.randn(2, 4, dtype=torch.float64)
+    neptune_eq.compile(lambda y: (y * 1.0000000001).sum(-1), y, cache_dir=tmp_path)
+    got = neptune_eq.compile(lambda y: (y * 1.0000000004).sum(-1), y, cache_dir=tmp_path)(y)
+    assert torch.allclose(got, (y * 1.0000000004).sum(-1), rtol=1e-15, atol=0)
+
+
+def test_negative_zero_constant_is_refused():
+    with pytest.raises(ProgramError, match="-0.0"):
+        neptune_eq.compile(lambda x: torch.sigmoid(x / -0.0), torch.randn(2, 4))

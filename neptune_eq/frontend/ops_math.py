@@ -28,8 +28,9 @@ class Pointwise:
     """The first `arity` arguments broadcast together; `fn(translator, call, *exprs)` builds the result
     (Python numbers among the arguments become constants)."""
 
-    def __init__(self, arity: int, fn, *, bool_only: bool = False):
+    def __init__(self, arity: int, fn, *, bool_only: bool = False, data: tuple[int, ...] | None = None):
         self.arity, self.fn, self.bool_only = arity, fn, bool_only
+        self.data = tuple(range(arity)) if data is None else data  # operands that are values (not conditions)
 
     def infer(self, tx, c):
         ops = [a for a in c.args[: self.arity] if isinstance(a, Operand)]
@@ -38,7 +39,11 @@ class Pointwise:
         return tx.broadcast(c, ops, len(c.out.shape))
 
     def build(self, tx, c):
-        return self.fn(tx, c, *(_value(a) for a in c.args[: self.arity]))
+        args = [_value(a) for a in c.args[: self.arity]]
+        if c.out.dtype.is_floating_point:  # torch promotes integer operands: the arithmetic is float
+            args = [call("float", e) if k in self.data and isinstance(a, Operand) and not a.dtype.is_floating_point
+                    else e for k, (a, e) in enumerate(zip(c.args, args))]
+        return self.fn(tx, c, *args)
 
 
 def unary(op: str) -> Pointwise:
@@ -161,9 +166,12 @@ class Cast:
         if src == dst:
             return x.expr
         if src == torch.bool:
-            return call("where", x.expr, const(1), const(0))
+            as_int = call("where", x.expr, const(1), const(0))
+            return call("float", as_int) if dst.is_floating_point else as_int
         if dst == torch.bool:
             return call("ne", x.expr, const(0))
+        if dst.is_floating_point and not src.is_floating_point:
+            return call("float", x.expr)  # from here on float arithmetic, as in torch
         if dst.is_floating_point or not src.is_floating_point:
             return x.expr
         raise CaptureError(f"casting {src} to {dst} (truncation) is not supported")
@@ -263,10 +271,10 @@ HANDLERS = {
     aten.clamp.default: Pointwise(1, _clamp),
     aten.clamp_min.default: Pointwise(2, lambda tx, c, x, lo: call("max2", x, lo)),
     aten.clamp_max.default: Pointwise(2, lambda tx, c, x, hi: call("min2", x, hi)),
-    aten.where.self: Pointwise(3, _where),
-    aten.where.ScalarSelf: Pointwise(3, _where),
-    aten.where.ScalarOther: Pointwise(3, _where),
-    aten.where.Scalar: Pointwise(3, _where),
+    aten.where.self: Pointwise(3, _where, data=(1, 2)),
+    aten.where.ScalarSelf: Pointwise(3, _where, data=(1, 2)),
+    aten.where.ScalarOther: Pointwise(3, _where, data=(1, 2)),
+    aten.where.Scalar: Pointwise(3, _where, data=(1, 2)),
     aten.masked_fill.Scalar: MaskedFill(),
     aten.masked_fill.Tensor: MaskedFill(),
     aten.logical_and.default: binary("and"),

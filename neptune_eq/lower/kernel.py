@@ -189,6 +189,8 @@ class KernelWriter(MemoryOps, ContractOps):
         if all(isinstance(a, ir.Const) for a in n.args):
             return self._value(_folded(n))  # Triton's math functions take tensors, not literals
         args = [self.value(a) for a in n.args]
+        if n.op == "float":
+            return self.f32(args[0])
         data = args[1:] if n.op == "where" else args
         nodes = n.args[1:] if n.op == "where" else n.args
         if (op.integer_ok or n.op == "where") and any(a.kind in ("i", "b") for a in data) and all(
