@@ -21,7 +21,7 @@ from neptune_eq.frontend import CaptureError, capture
 from neptune_eq.frontend.capture import StaleCapture, ZeroSizeCapture
 from neptune_eq.frontend.checks import IndexOutOfRange
 from neptune_eq.frontend.compiled import ZeroSizeError
-from neptune_eq.ir import NeptuneError
+from neptune_eq.ir import NeptuneError, NeptuneWarning
 
 THIS = sys.modules[__name__]
 F64 = torch.float64
@@ -433,3 +433,96 @@ print("no assert")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert "valid ok" in run.stdout and "no assert" not in run.stdout
     assert "device-side assert" in run.stderr
+
+
+# ---------------------------------------------------------------- guards the review found missing
+
+
+class Softcap:
+    def __init__(self, cap):
+        self.cap = cap
+
+    def __call__(self, score, b, h, q_idx, kv_idx):
+        return self.cap * torch.tanh(score / self.cap)
+
+
+class Config:
+    scale = 2.0
+
+    def __init__(self):
+        self.inner = types.SimpleNamespace(s=3.0)
+
+
+CFG = Config()
+ZERO = 0.0
+
+
+def test_callable_object_class_attribute_and_nested_attribute(tmp_path):
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    sm = Softcap(20.0)
+
+    def eager(q, k, v):
+        s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+        return torch.softmax(sm.cap * torch.tanh(s / sm.cap), -1) @ v
+
+    close(neptune_eq.attention(q, k, v, score_mod=sm, cache_dir=tmp_path), eager(*(a.double() for a in (q, k, v))))
+    sm.cap = 0.5  # a field of a callable object
+    close(neptune_eq.attention(q, k, v, score_mod=sm, cache_dir=tmp_path), eager(*(a.double() for a in (q, k, v))))
+
+    def fn(x):
+        return (x * Config.scale * CFG.inner.s).softmax(-1)
+
+    x = torch.randn(3, 4)
+    prog = neptune_eq.compile(fn, x, cache_dir=tmp_path)
+    close(prog(x), fn(x.double()))
+    Config.scale = 5.0  # a class attribute
+    close(prog(x), fn(x.double()))
+    CFG.inner.s = 0.25  # an attribute of an attribute
+    close(prog(x), fn(x.double()))
+    Config.scale = 2.0
+
+
+
+def test_a_scale_changed_to_negative_zero_is_not_the_old_zero(tmp_path, monkeypatch):
+    def signed(x):
+        return torch.sigmoid(x / ZERO)
+
+    x = torch.randn(3, 4)
+    prog = neptune_eq.compile(signed, x, cache_dir=tmp_path)
+    assert torch.equal(prog(x), signed(x))
+    monkeypatch.setattr(THIS, "ZERO", -0.0)  # 0.0 == -0.0, but x / -0.0 flips every sign
+    with pytest.raises(NeptuneError, match=r"-0\.0"):  # re-captured, and -0.0 is refused, never stale
+        prog(x)
+
+
+def test_tensor_given_other_storage_is_seen(tmp_path):
+    w = torch.randn(4)
+
+    def fn(x):
+        return (x * w).softmax(-1)
+
+    x = torch.randn(3, 4)
+    prog = neptune_eq.compile(fn, x, cache_dir=tmp_path)
+    close(prog(x), fn(x.double()))
+    w.data = torch.randn(4)  # the same object and version, other storage
+    close(prog(x), fn(x.double()))
+
+
+def test_nan_static_argument_and_tensors_inside_a_static_argument(tmp_path):
+    x = torch.randn(3, 4)
+
+    def fn(x, c):
+        return (x + c).softmax(-1) if c == c else x.softmax(-1)
+
+    prog = neptune_eq.compile(fn, x, float("nan"), cache_dir=tmp_path)
+    assert torch.allclose(prog(x, float("nan")), fn(x, float("nan")))  # the same NaN on the next call
+    with pytest.raises(CaptureError, match="holding tensors"):
+        neptune_eq.compile(lambda x, ws: (x * ws[0]).softmax(-1), x, [torch.randn(4)], cache_dir=tmp_path)
+
+
+BIG = {f"k{i}": float(i) for i in range(100)}
+
+
+def test_large_container_is_said_to_be_guarded_by_identity_only(tmp_path):
+    with pytest.warns(NeptuneWarning, match="guarded by identity only"):
+        neptune_eq.compile(lambda x: (x * BIG["k3"]).softmax(-1), torch.randn(3, 4), cache_dir=tmp_path)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -42,10 +43,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from .. import ir
+from ..ir import NeptuneWarning
 from ..reference import evaluate
 from . import ops_index, ops_math, ops_reduce, ops_shape
 from .checks import IndexCheck, run_checks
-from .guards import Guards, Held, TensorGuard, scan
+from .guards import Guards, Held, TensorGuard, same_value, scan
 from .results import Mutation, OutputStructure, find_mutations
 from .source import CaptureError, SourceLocator, describe, is_internal, location
 from .translate import InputDecl, Translator, dtype_name
@@ -123,7 +125,7 @@ class Captured:
         first = None
         for b, a in zip(self.args, args):
             if not b.is_tensor:
-                if isinstance(a, torch.Tensor) or a != b.static:
+                if isinstance(a, torch.Tensor) or not same_value(a, b.static):
                     raise CaptureError(
                         f"argument '{b.parameter}' was captured as the constant {b.static!r}; got {a!r} "
                         "(capture again for other values)"
@@ -258,6 +260,10 @@ def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
     """
     params = _parameter_names(fn, len(example_inputs))
     static = {k: a for k, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)}
+    for k, a in static.items():
+        if any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(a)):
+            raise CaptureError(f"argument '{params[k]}' is a {type(a).__name__} holding tensors: it would be baked "
+                               "in as a constant; pass its tensors as separate arguments")
     tensor_pos = [k for k in range(len(example_inputs)) if k not in static]
     first = None
     for k in tensor_pos:
@@ -269,6 +275,10 @@ def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
             raise ZeroSizeCapture(f"argument '{params[k]}' has shape {tuple(t.shape)}: a zero-size dimension "
                                   "leaves nothing to compute")
     env = scan(fn)  # before tracing: what fn reads now is what the trace bakes in
+    for what in env.opaque:  # said, not silently stale
+        warnings.warn(NeptuneWarning(f"{what} is guarded by identity only: changes to its contents after "
+                                     "this capture are not seen (rebind it, or pass the values as arguments)"),
+                      stacklevel=3)
     tensors = _distinct([example_inputs[k] for k in tensor_pos])
     returned: list = []  # fn's return structure, recorded while tracing
 

@@ -21,6 +21,7 @@ import torch
 
 from ..ir import NeptuneError
 from .checks import run_checks
+from .guards import same_value
 
 # like torch.compile's recompile limit: past it a function keeps working, but says why it is slow
 RECAPTURE_WARNING = 8
@@ -103,7 +104,7 @@ class CompiledFunction:
         key, ptrs = [], []
         for b, a in zip(self.captured.args, args):
             if not b.is_tensor:
-                if isinstance(a, torch.Tensor) or a != b.static:
+                if isinstance(a, torch.Tensor) or not same_value(a, b.static):
                     return None
                 continue
             if not isinstance(a, torch.Tensor) or not a.is_cuda:

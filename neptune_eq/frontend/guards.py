@@ -6,16 +6,19 @@ the program (numbers become constants, tensors extra inputs). `scan(fn)` records
 guards, like torch.compile's; `Guards.check()` runs before every call and reports the first one
 that changed:
 
-    a number, string, dtype, ...      equality (identity first: an unchanged value is the same object)
+    a number, string, dtype, ...      the same value (floats by their bits: -0.0 is not 0.0, NaN is NaN)
     a tuple/list/dict of such         equality of a snapshot (lists and dicts may change in place)
-    a tensor                          identity, and its version counter for in-place writes
+    a tensor                          identity, its version counter (in-place writes), its storage
     a function, module, object        identity; then, one or two levels in, what *it* reads
 
 What is scanned: fn's closure cells, the globals its code (and the code nested in it) names, its
 default arguments; the same for the functions found there, two levels deep (FlexAttention's
-score_mod and the values it captures); for an nn.Module, every submodule's parameters, buffers and
-plain attributes; for a module or plain object found there, the attributes fn's code names
-(`cfg.scale`). Values reached other ways (through a function call's result, say) are not guarded.
+score_mod and the values it captures, a callable object's __call__ and its fields); for an
+nn.Module, every submodule's parameters, buffers, plain attributes and the attributes of plain
+objects it holds; for a module, class or plain object found there, the attributes fn's code names
+(`cfg.scale`, `Config.scale`, `cfg.inner.s`). Not guarded, and said: a container of more than 64
+items or nested deeper than 3 is guarded by identity only (a NeptuneWarning at capture names it).
+Not guarded: values reached other ways (through a function call's result, deeper than two levels).
 
 A tensor whose values the program reads at run time (an extra input) and that was written in
 place only needs its copies refreshed (`Changed.stale` is False); any other change means the
@@ -114,6 +117,29 @@ Source = Cell | Entry | Attr | Held
 # ---------------------------------------------------------------- guards
 
 
+def _atom_key(v):
+    """What identifies a number: its bits for floats (0.0 and -0.0 differ, NaN equals NaN)."""
+    if isinstance(v, float):
+        return "nan" if v != v else v.hex()
+    if isinstance(v, complex):
+        return (_atom_key(v.real), _atom_key(v.imag))
+    return v
+
+
+def same_value(a, b) -> bool:
+    """a and b are the same constant to a trace: the same object, or equal values of one type with
+    floats compared by their bits (a scale changed from 0.0 to -0.0 changes x / scale; a NaN
+    argument is the same NaN on the next call)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(_atom_key(a) == _atom_key(b))
+    except Exception:  # a value whose == is not a bool (an array): not the same
+        return False
+
+
 @dataclass(eq=False)
 class ValueGuard:
     """A number, string, ... compared by equality (of the same type: True is not 1)."""
@@ -122,8 +148,7 @@ class ValueGuard:
     value: object
 
     def holds(self) -> bool:
-        v = self.source.read()
-        return v is self.value or (type(v) is type(self.value) and v == self.value)
+        return same_value(self.source.read(), self.value)
 
     def describe(self) -> str:
         return f"{self.source} was {self.value!r}, now {self.source.read()!r}"
@@ -180,10 +205,16 @@ class TensorGuard:
     tensor: torch.Tensor
     version: int
     refresh: bool = False
+    data_ptr: int = 0  # t.data = other keeps the object and its version but not its storage
+
+    def __post_init__(self) -> None:
+        self.data_ptr = self.tensor.data_ptr() if self.tensor.device.type != "meta" else 0
 
     def describe(self) -> str:
         if self.source.read() is not self.tensor:
             return f"{self.source} was rebound to another tensor"
+        if self.data_ptr and self.tensor.data_ptr() != self.data_ptr:
+            return f"{self.source} was given other storage (t.data = ...)"
         return f"{self.source} was modified in place"
 
 
@@ -221,6 +252,8 @@ class Guards:
                 if not g.refresh:
                     return Changed(g, stale=True)
                 written = g
+            if g.data_ptr and t.data_ptr() != g.data_ptr:
+                return Changed(g, stale=True)
         return None if written is None else Changed(written, stale=False)
 
     def accept(self) -> None:
@@ -241,6 +274,7 @@ class Environment:
 
     guards: Guards = field(default_factory=Guards)
     names: dict[int, str] = field(default_factory=dict)
+    opaque: list[str] = field(default_factory=list)  # containers guarded by identity only (their contents not)
     _seen: set[int] = field(default_factory=set)  # ids of the functions, objects and values guarded
 
     def guard(self, source: Source, value, depth: int, names: frozenset[str] = frozenset()) -> None:
@@ -260,12 +294,21 @@ class Environment:
             try:
                 self.guards.values.append(SnapshotGuard(source, value, _snapshot(value, keep), keep))
                 return
-            except _Opaque:
-                pass  # guarded by identity below
+            except _Opaque:  # guarded by identity below; say what is not seen
+                self.opaque.append(f"{source} ({type(value).__name__} of {len(value)} items, or nested deeper "
+                                   f"than 3)")
         self.guards.values.append(IdentityGuard(source, value))
-        if id(value) in self._seen or isinstance(value, type):
+        if id(value) in self._seen:
             return
         self._seen.add(id(value))
+        if isinstance(value, type):  # a class: the class attributes fn's code names (Config.scale)
+            if _user_defined(value):
+                self.attributes(value.__dict__, value.__name__, names, depth)
+            return
+        if (depth > 0 and callable(value) and hasattr(value, "__dict__") and _user_defined(type(value))
+                and not isinstance(value, types.FunctionType | types.MethodType | functools.partial | torch.nn.Module)):
+            self.function(value.__call__, depth - 1)  # a callable object (Softcap(cap)): its __call__ and fields
+            return
         if isinstance(value, torch.nn.Module):
             self.module(value, depth)
         elif callable(value) and depth > 0:
@@ -279,6 +322,8 @@ class Environment:
             v = namespace[n]
             if isinstance(v, _GUARDED):
                 self.guard(Entry(namespace, n, f"attribute '{n}' of {owner}"), v, depth)
+            elif _plain_object(v):  # cfg.inner.s: what fn names inside it too
+                self.guard(Entry(namespace, n, f"attribute '{n}' of {owner}"), v, depth, names)
 
     def module(self, m: torch.nn.Module, depth: int) -> None:
         """An nn.Module: every submodule's parameters, buffers, plain attributes and submodules, and
@@ -300,13 +345,19 @@ class Environment:
                     self.guard(Entry(vars(sub), n, f"attribute '{n}' of {where}"), v, 0)
                 elif callable(v):  # self.act = torch.tanh
                     self.guards.values.append(IdentityGuard(Entry(vars(sub), n, f"attribute '{n}' of {where}"), v))
+                elif _plain_object(v):  # self.helper = Config(...): its own attributes
+                    self.guard(Entry(vars(sub), n, f"attribute '{n}' of {where}"), v, 0, frozenset(vars(v)))
             for n, child in sub._modules.items():  # a submodule replaced by another
                 self.guards.values.append(IdentityGuard(Entry(sub._modules, n, f"submodule '{n}' of {where}"), child))
         if depth > 0:
             self.function(m.forward, depth - 1)
 
     def function(self, f, depth: int) -> None:
-        """A Python function: closure cells, named globals, defaults; a partial's arguments."""
+        """A Python function: closure cells, named globals, defaults; a partial's arguments; a
+        callable object's __call__ and the fields it reads."""
+        if (not isinstance(f, types.FunctionType | types.MethodType | functools.partial | type)
+                and callable(f) and hasattr(f, "__dict__") and _user_defined(type(f))):
+            f = f.__call__
         while isinstance(f, functools.partial):
             label = getattr(f.func, "__qualname__", "partial")
             self.guard(Attr(f, "args", f"arguments of partial({label})"), f.args, depth)
@@ -361,6 +412,17 @@ def scan(fn, depth: int = 2) -> Environment:
     return env
 
 
+def _user_defined(cls: type) -> bool:
+    """A class from user code (not torch's, not a builtin)."""
+    return cls.__module__ != "builtins" and not in_torch(getattr(inspect.getmodule(cls), "__file__", None) or "")
+
+
+def _plain_object(v) -> bool:
+    """An instance of a user class holding settings (not a function, class, module or tensor)."""
+    return (hasattr(v, "__dict__") and not callable(v) and not isinstance(v, type | types.ModuleType | torch.Tensor)
+            and _user_defined(type(v)))
+
+
 def _immutable(snapshot) -> bool:
     """A snapshot of tuples and atoms only."""
     if isinstance(snapshot, tuple) and len(snapshot) == 2 and isinstance(snapshot[0], type):
@@ -391,7 +453,7 @@ def _snapshot(value, keep: list, depth: int = 0):
         keep.append(value)
         return ("tensor", id(value), value._version)
     if isinstance(value, _ATOMS):
-        return (type(value), value)
+        return (type(value), _atom_key(value))
     if depth > 3 or not isinstance(value, tuple | list | dict | set | frozenset) or len(value) > _MAX_ITEMS:
         raise _Opaque
     if isinstance(value, dict):
