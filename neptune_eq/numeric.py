@@ -68,35 +68,58 @@ def input_leaf(program: ir.Program, buffers: dict | None = None, int_syms: set[s
     return leaf
 
 
+def bounds(n: ir.Node, extents: dict[str, int], dtypes: dict[str, str] | None = None) -> tuple[float, float]:
+    """[lo, hi] of an integer expression over the axes' ranges (±inf where unknown): a load of a
+    bool tensor (named in `dtypes`) is 0 or 1, of any other tensor unbounded. One interval
+    arithmetic for the lowering (is an index within its tensor?) and the frontend's index checks."""
+    if isinstance(n, ir.Const):
+        return (n.value, n.value) if math.isfinite(n.value) else (-math.inf, math.inf)
+    if isinstance(n, ir.Index):
+        return (0, extents[n.axis] - 1) if n.axis in extents else (-math.inf, math.inf)
+    if isinstance(n, ir.Load):
+        return (0, 1) if (dtypes or {}).get(n.tensor) == "bool" else (-math.inf, math.inf)
+    if not isinstance(n, ir.Call):
+        return -math.inf, math.inf
+    args = [bounds(a, extents, dtypes) for a in n.args]
+    op = n.op
+    if op in PREDICATES:
+        return 0, 1
+    if op == "where":
+        return min(args[1][0], args[2][0]), max(args[1][1], args[2][1])
+    if op == "add":
+        return args[0][0] + args[1][0], args[0][1] + args[1][1]
+    if op == "sub":
+        return args[0][0] - args[1][1], args[0][1] - args[1][0]
+    if op == "neg":
+        return -args[0][1], -args[0][0]
+    if op in ("max2", "min2"):
+        f = max if op == "max2" else min
+        return f(args[0][0], args[1][0]), f(args[0][1], args[1][1])
+    if op == "mod" and args[1][0] == args[1][1] and args[1][0] > 0:
+        return 0, args[1][0] - 1  # floored remainder: the sign of the divisor
+    if any(math.isinf(b) for a in args for b in a):
+        return -math.inf, math.inf
+    if op == "mul":
+        products = [a * b for a in args[0] for b in args[1]]
+        return min(products), max(products)
+    if op == "floordiv" and args[1][0] == args[1][1] and args[1][0] > 0:
+        d = args[1][0]
+        return _floor_div(args[0][0], d), _floor_div(args[0][1], d)
+    return -math.inf, math.inf
+
+
+def _floor_div(a: float, d: float) -> float:
+    """⌊a / d⌋, exact for integers however large (a / d in floats is not)."""
+    if float(a).is_integer() and float(d).is_integer():
+        return int(a) // int(d)
+    return math.floor(a / d)
+
+
 def index_range(e: ir.Node, extents: dict[str, int]) -> tuple[float, float] | None:
     """[lo, hi] of an integer index expression over the axes' ranges, or None where it depends on
     data (a gather) or on operations this interval arithmetic does not follow."""
-    if isinstance(e, ir.Index):
-        return (0, extents[e.axis] - 1) if e.axis in extents else None
-    if isinstance(e, ir.Const):
-        return (e.value, e.value) if math.isfinite(e.value) else None
-    if not isinstance(e, ir.Call):
-        return None
-    rs = [index_range(a, extents) for a in e.args]
-    if any(r is None for r in rs):
-        return None
-    if e.op == "add":
-        return rs[0][0] + rs[1][0], rs[0][1] + rs[1][1]
-    if e.op == "sub":
-        return rs[0][0] - rs[1][1], rs[0][1] - rs[1][0]
-    if e.op == "neg":
-        return -rs[0][1], -rs[0][0]
-    if e.op == "mul":
-        ends = [a * b for a in rs[0] for b in rs[1]]
-        return min(ends), max(ends)
-    if e.op == "floordiv" and rs[1][0] == rs[1][1] and rs[1][0] > 0:
-        return rs[0][0] // rs[1][0], rs[0][1] // rs[1][0]
-    if e.op == "mod" and rs[1][0] == rs[1][1] and rs[1][0] > 0:
-        return 0, rs[1][0] - 1
-    if e.op in ("max2", "min2"):
-        f = max if e.op == "max2" else min
-        return f(rs[0][0], rs[1][0]), f(rs[0][1], rs[1][1])
-    return None
+    lo, hi = bounds(e, extents)
+    return None if math.isinf(lo) or math.isinf(hi) else (lo, hi)
 
 
 def index_within(e: ir.Node, extents: dict[str, int], n: int) -> bool:

@@ -4,7 +4,7 @@ Eager PyTorch raises for an index out of range: `F.cross_entropy(logits, target)
 outside [0, C) other than ignore_index, gather / index_select / embedding with an index outside
 [0, n), advanced indexing `x[t]` with t outside [-n, n) (negative values count from the end).
 A fused kernel cannot raise, so the translator records an `IndexCheck` for every index expression
-it cannot prove in range (`interval` bounds it over the axes' extents and the inputs' dtypes) and
+it cannot prove in range (numeric.bounds bounds it over the axes' extents and the inputs' dtypes) and
 the compiled function checks them before the kernels run:
 
     CPU    the values are compared on the host; IndexOutOfRange names the op, the user's line and
@@ -17,13 +17,13 @@ An index computed from axes alone (x[arange(n) - 1]) is checked once, at capture
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from .. import ir
 from ..ir import NeptuneError
+from ..numeric import bounds
 from ..reference import evaluate
 from .source import CaptureError
 
@@ -85,7 +85,7 @@ def analyse(check: IndexCheck, extents: dict[str, int], dtypes: dict[str, str]) 
     """(whether `check` must run on every call, whether its index may be negative). Interval
     bounds decide where they can; an index that reads no tensor is otherwise evaluated now,
     exactly: out of range, it is a CaptureError (eager raises on every call)."""
-    lo, hi = interval(check.index, extents, dtypes)
+    lo, hi = bounds(check.index, extents, dtypes)
     if lo >= (-check.size if check.wraps else 0) and hi < check.size:
         return False, lo < 0
     if any(isinstance(n, ir.Load) for n in ir.walk(check.index)):
@@ -106,41 +106,3 @@ def index_program(index: ir.Node, program_axes: dict[str, int], specs: dict[str,
         return None
     loads = {n.tensor for n in ir.walk(index) if isinstance(n, ir.Load)}
     return ir.Program("index", dict(program_axes), {n: specs[n] for n in loads}, [])
-
-
-def interval(n: ir.Node, extents: dict[str, int], dtypes: dict[str, str]) -> tuple[float, float]:
-    """Bounds [lo, hi] of an integer expression (±inf where unknown)."""
-    if isinstance(n, ir.Const):
-        return n.value, n.value
-    if isinstance(n, ir.Index):
-        return 0, extents[n.axis] - 1
-    if isinstance(n, ir.Load):
-        return (0, 1) if dtypes.get(n.tensor) == "bool" else (-math.inf, math.inf)
-    if not isinstance(n, ir.Call):
-        return -math.inf, math.inf
-    args = [interval(a, extents, dtypes) for a in n.args]
-    op = n.op
-    if op in ("lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not"):
-        return 0, 1
-    if op == "where":
-        return min(args[1][0], args[2][0]), max(args[1][1], args[2][1])
-    if op == "add":
-        return args[0][0] + args[1][0], args[0][1] + args[1][1]
-    if op == "sub":
-        return args[0][0] - args[1][1], args[0][1] - args[1][0]
-    if op == "neg":
-        return -args[0][1], -args[0][0]
-    if op in ("max2", "min2"):
-        f = max if op == "max2" else min
-        return f(args[0][0], args[1][0]), f(args[0][1], args[1][1])
-    if op == "mod" and args[1][0] == args[1][1] and args[1][0] > 0:
-        return 0, args[1][0] - 1  # Python / torch remainder: the sign of the divisor
-    if any(math.isinf(b) for a in args for b in a):
-        return -math.inf, math.inf
-    if op == "mul":
-        products = [a * b for a in args[0] for b in args[1]]
-        return min(products), max(products)
-    if op == "floordiv" and args[1][0] == args[1][1] and args[1][0] > 0:
-        d = args[1][0]
-        return math.floor(args[0][0] / d), math.floor(args[0][1] / d)
-    return -math.inf, math.inf
