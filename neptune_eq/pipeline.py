@@ -112,7 +112,11 @@ class Compilation:
     timings: dict[str, float] = field(default_factory=dict)
     nodes: int = 0
     budget_notes: list[str] = field(default_factory=list)  # what a budget cut short (explain() shows it)
-    plan_space: PlanSpace | None = None
+    # what plan enumeration could not do: loops dropped (no extractable term), whether it stopped at
+    # max_plans (kept as data: the plan space's closures hold the e-graph, which must not outlive the
+    # compile's thread in a reference cycle — egglog's EGraph cannot be dropped on another thread)
+    dropped_loops: list[str] = field(default_factory=list)
+    plans_truncated: bool = False
 
     @property
     def best(self) -> Alternative:
@@ -175,11 +179,9 @@ def _budget_notes(c: Compilation) -> list[str]:
         cut = sum(1 for r in f.corrections.values() if not r.found and "budget" in r.reason)
         if cut:
             out.append(f"{cut} correction search(es) stopped by a budget before finding a correction")
-    space = c.plan_space
-    if space is not None:
-        out += [f"fusion dropped, no extractable term: {d}" for d in space.dropped[:3]]
-        if space.truncated:
-            out.append(f"plan enumeration stopped at max_plans={c.options.max_plans}")
+    out += [f"fusion dropped, no extractable term: {d}" for d in c.dropped_loops[:3]]
+    if c.plans_truncated:
+        out.append(f"plan enumeration stopped at max_plans={c.options.max_plans}")
     return out
 
 
@@ -335,7 +337,7 @@ def _plans(c: Compilation) -> None:
     space = PlanSpace(c.program, c.bindings, c.fusion.candidates, splits, terms, c.representative,
                       c.options.inline_max, c.options.max_plans)
     plans = enumerate_plans(space)
-    c.plan_space = space
+    c.dropped_loops, c.plans_truncated = list(space.dropped), space.truncated
     alts = []
     for plan in plans:
         schedules = plan_schedules(plan, c.program)

@@ -92,3 +92,14 @@ def test_bf16_attention_verifies_with_its_default_tolerance_cuda():
     q, k, v = (torch.randn(1, 4, 512, 64, dtype=torch.bfloat16, device=DEV) for _ in range(3))
     prog = neptune_eq.compile(lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) / 8, -1) @ v, q, k, v)
     assert prog.verify(device=DEV, sets=("normal", "offset", "wide")).passed
+
+
+def test_half_gather_into_a_matmul_and_promoted_integers_cuda():
+    E, W = torch.randn(50, 32, device=DEV).half(), torch.randn(32, 16, device=DEV).half()
+    t = torch.randint(0, 50, (8,), device=DEV)
+    fn = lambda E, W, t: torch.softmax((E[t] @ W).float(), -1)  # noqa: E731
+    got = neptune_eq.compile(fn, E, W, t)(E, W, t)
+    assert (got - fn(E.float(), W.float(), t)).abs().max() < 1e-2
+    x = torch.full((2, 8), 2**40, dtype=torch.int64, device=DEV)
+    _check(lambda x: (x * 1e10).sum(-1), x, tol=1e-6)
+    _check(lambda x: x // 0.1 + x % 0.3, torch.randn(16, 64, device=DEV) * 10)
