@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("L", type=int)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--profile", choices=["bound", "checked"], default="bound", help="which path cProfile follows")
     args = ap.parse_args(argv)
     from neptune_eq.frontend import capture
 
@@ -60,10 +61,11 @@ def main(argv=None) -> int:
     for name, thunk in rows.items():
         thunk()
         print(f"{case.label} {name}: host {host_us(thunk, args.calls):.1f} µs/call")
+    path = rows[f"neptune_eq ({args.profile}{' path' if args.profile == 'checked' else ''})"]
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(args.calls):
-        fn(q, k, v)
+        path()
     prof.disable()
     torch.cuda.synchronize()
     pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
