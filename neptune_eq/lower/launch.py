@@ -127,8 +127,8 @@ class Launcher:
 
     def _wide_for(self, inputs: dict[str, torch.Tensor]) -> Launcher | None:
         """The 64-bit-offset launcher where some input's element offsets pass int32, else None."""
-        if self._widened is None or not any(span_past_int32(t) for t in inputs.values()):
-            return None
+        if self._widened is None or not any(not t.is_contiguous() and span_past_int32(t) for t in inputs.values()):
+            return None  # a contiguous input's span is its size, which the compile-time check covered
         if self._wide_launcher is None:
             self._wide_launcher = self._widened()
         return self._wide_launcher
