@@ -170,7 +170,7 @@ def cmd_compile(args) -> int:
 def cmd_explore(args) -> int:
     from .explorer.session import run_session
 
-    return run_session(args.file, args.rules, progress=not args.quiet)
+    return run_session(args.file, args.rules, progress=not args.quiet, strict_rules=args.strict_rules)
 
 
 def cmd_rules_check(args) -> int:
@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--rules", action="append", default=[], metavar="RULES",
                    help="extra rules: a rules file or a shipped rules-file name (repeatable)")
     e.add_argument("--quiet", action="store_true", help="no saturation progress on stderr")
+    e.add_argument("--strict-rules", action="store_true", help="reject user rules that only refine")
     e.set_defaults(fn=cmd_explore)
     r = sub.add_parser("rules", help="check or list rewrite rules")
     rsub = r.add_subparsers(dest="rules_cmd", required=True)

@@ -89,3 +89,9 @@ def test_file_errors_are_clear(tmp_path, capsys):
     empty.write_text("y = 3\n")
     code, _, err = _main(capsys, "compile", str(empty))
     assert code == 2 and "defines neither a program" in err and "`fn` with `example_inputs`" in err
+
+
+def test_strict_rules_flag_on_compile_and_explore():
+    for cmd in (("compile", "examples/sqrt_sum.py", "--no-verify"), ("explore", "examples/sqrt_sum.py", "--quiet")):
+        r = run_cli(*cmd, "--rules", "sqrt", "--strict-rules", stdin="quit\n")
+        assert r.returncode == 2 and "rejected by strict rule checking" in r.stderr, (cmd, r.stderr[-500:])

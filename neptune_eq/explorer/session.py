@@ -210,11 +210,12 @@ def _isatty(stream: TextIO) -> bool:
 
 
 def run_session(path: str, rules=(), *, inp: TextIO = sys.stdin, out: TextIO = sys.stdout,
-                progress: bool = True, width: int | None = None, history: Path | None = None) -> int:
+                progress: bool = True, width: int | None = None, history: Path | None = None,
+                **option_fields) -> int:
     """Load FILE (cli.load_target), compile it with `rules`, and run the command loop.
     history: the command-history file at a terminal (None: default_history())."""
     target, inputs = load_target(path)
-    ex = explore(target, *inputs, rules=rules, progress=progress)  # True: saturation progress on stderr
+    ex = explore(target, *inputs, rules=rules, progress=progress, **option_fields)  # progress on stderr
     return Session(ex, inp, out, width=width, history=history or default_history()).run()
 
 
