@@ -40,6 +40,11 @@ class KernelSchedule:
     # element offsets in 64 bits: a tensor spans more than 2^31 elements (its extents, or the strides
     # of a view); int32 offsets would wrap (see wide_index_needed)
     wide_index: bool = False
+    # program order: the two tiled grid axes run in groups of `group` tiles of the first, so the
+    # programs running together share operand tiles in L2 (a GEMM's A rows and B columns)
+    group: int = 1
+    # the loop axis is held whole on chip: every pass of the kernel runs on one tile, loaded once
+    resident: bool = False
 
     def with_tiles(self, **tiles: int) -> KernelSchedule:
         return replace(self, tiles={**self.tiles, **tiles})
@@ -50,7 +55,8 @@ class KernelSchedule:
 
     def key(self) -> tuple:
         return (tuple(sorted(self.tiles.items())), self.num_warps, self.num_stages, self.input_precision,
-                self.fast_math, tuple(sorted(self.steps.items())), self.tma, self.warp_specialize, self.wide_index)
+                self.fast_math, tuple(sorted(self.steps.items())), self.tma, self.warp_specialize, self.wide_index,
+                self.group, self.resident)
 
 
 def kernel_exprs(k: KernelPlan, plan: Plan) -> list[ir.Node]:
@@ -187,3 +193,14 @@ def plan_schedules(plan: Plan, program: ir.Program) -> list[KernelSchedule]:
                         steps={a: v for a, v in prev.steps.items() if a in k.grid})
         out.append(s)
     return out
+
+
+def grouped_pair(k: KernelPlan, sched: KernelSchedule, heavy: set[str] = frozenset()) -> tuple[str, str] | None:
+    """The two tiled grid axes whose programs run in groups (sched.group > 1), first the grouped one:
+    None unless the kernel tiles exactly two grid axes and neither orders its programs by work."""
+    if sched.group <= 1:
+        return None
+    tiled = [a for a in k.grid if sched.tiles.get(a, 1) > 1]
+    if len(tiled) != 2 or set(tiled) & set(heavy):
+        return None
+    return tiled[0], tiled[1]

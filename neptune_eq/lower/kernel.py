@@ -4,6 +4,8 @@ tl.dot) are its mixins in memory.py and contract.py."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from .. import ir
 from ..numeric import compute_dtype, index_range
 from ..ops import OPS
@@ -86,9 +88,32 @@ class KernelWriter(MemoryOps, ContractOps):
 
     def is_variant(self, n: ir.Node) -> bool:
         """Does n change from one iteration of the innermost loop to the next?"""
-        sc = self.scopes[-1]
         if len(self.scopes) == 1:
             return False
+        return self.variant_in(n, self.scopes[-1])
+
+    def home(self, n: ir.Node) -> int:
+        """The innermost scope in which n varies (0: the program level), where computing it once
+        serves every iteration of the loops inside (a K-loop nested in a pass: a value of the pass's
+        tile is computed per pass iteration, not per K step)."""
+        for k in range(len(self.scopes) - 1, 0, -1):
+            if self.scopes[k].lines is not None and self.variant_in(n, self.scopes[k]):
+                return k
+        return 0
+
+    @contextmanager
+    def at_scope(self, k: int):
+        """Emit at scope k's level (its lines and depth; only the scopes up to it visible)."""
+        saved = self.scopes, self.lines, self.depth, dict(self.tail_masks)
+        sc = self.scopes[k]
+        self.scopes = self.scopes[:k + 1]
+        self.lines, self.depth = (sc.lines, sc.depth) if k else (self.hoist_lines, self.hoist_depth)
+        try:
+            yield
+        finally:
+            self.scopes, self.lines, self.depth, self.tail_masks = saved
+
+    def variant_in(self, n: ir.Node, sc: _Scope) -> bool:
         if sc.axis is not None and sc.axis in n.axes:
             return True
         for m in ir.walk(n):
@@ -96,7 +121,7 @@ class KernelWriter(MemoryOps, ContractOps):
                 return True
             if isinstance(m, ir.Sym) and m.name.startswith("val:"):
                 inner = self.plan.inline.get(m.name[4:])
-                if inner is not None and self.is_variant(inner):
+                if inner is not None and self.variant_in(inner, sc):
                     return True
         return False
 
@@ -151,16 +176,11 @@ class KernelWriter(MemoryOps, ContractOps):
         if hit is not None:
             return hit
         if not self.is_variant(n) and len(self.scopes) > 1:
-            # loop-invariant: compute before the loop (the program-level scope)
-            saved_scopes, saved_lines, saved_depth = self.scopes, self.lines, self.depth
-            self.scopes = self.scopes[:1]
-            self.lines = self.hoist_lines
-            self.depth = self.hoist_depth
-            try:
+            # loop-invariant: compute before the loop (in the innermost loop where it varies, if any)
+            k = self.home(n)
+            with self.at_scope(k):
                 v = self._value(n)
-            finally:
-                self.scopes, self.lines, self.depth = saved_scopes, saved_lines, saved_depth
-            self.scopes[0].memo[n] = v
+            self.scopes[k].memo[n] = v
             return v
         v = self._value(n)
         self.scopes[-1].memo[n] = v

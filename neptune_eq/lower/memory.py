@@ -72,13 +72,8 @@ class MemoryOps:
             return hit
         if len(self.scopes) > 1 and not self.is_variant(n):
             # loop-invariant (e.g. the query tile): load once before the loop
-            saved = self.scopes, self.lines, self.depth, dict(self.tail_masks)
-            self.scopes, self.lines, self.depth = self.scopes[:1], self.hoist_lines, self.hoist_depth
-            try:
-                v = self.load(n, order)
-            finally:
-                self.scopes, self.lines, self.depth, self.tail_masks = saved
-            return v
+            with self.at_scope(self.home(n)):
+                return self.load(n, order)
         dtype = (self.program.inputs[n.tensor].dtype if n.tensor in self.program.inputs
                  else self.plan.buffers[n.tensor].dtype)
         if n.tensor in self.plan.buffers:

@@ -63,7 +63,9 @@ class _PassWriter:
             if full_lo is not None:
                 full_lo = f"tl.minimum(tl.maximum({full_lo}, {lo}), {hi})"
                 full_hi = f"tl.maximum(tl.minimum({full_hi}, {hi}), {full_lo})"
-        if full_lo is None:
+        if w.sched.resident:  # the whole axis is one tile, loaded once for every pass (see resident())
+            self.resident()
+        elif full_lo is None:
             self.loop(lo, hi, masked=True)
         else:
             w.emit(f"lo_{j} = {lo}")
@@ -150,7 +152,7 @@ class _PassWriter:
         w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
         w.lines, w.depth = body, outer_depth + 1
         scope = _Scope(axis=self.axis, variant={f"cur:{c.name}" for c in self.ps.comps}
-                       | {f"old:{c.name}" for c in self.ps.comps})
+                       | {f"old:{c.name}" for c in self.ps.comps}, lines=body, depth=outer_depth + 1)
         w.scopes.append(scope)
         w.vector[self.axis] = f"offs_{j}"
         w.starts[self.axis] = f"start_{j}"
@@ -173,6 +175,27 @@ class _PassWriter:
         else:
             w.emit(f"for start_{j} in range({lo}, {hi}, BLOCK_{j}):")
         w.lines.extend(body)
+
+    def resident(self) -> None:
+        """The pass over an axis held whole: no loop, the tile's values (loads, and what is computed
+        from them) live in one scope shared by every pass of the kernel, so a row read by three passes
+        is read once (softmax: max, sum and the normalised store from one load)."""
+        w, j = self.w, _ident(self.axis)
+        sc = w.scopes[-1]
+        if sc.axis != self.axis:
+            sc = _Scope(axis=self.axis, variant=set(), lines=w.lines, depth=w.depth)
+            w.scopes.append(sc)
+            w.hoist_lines, w.hoist_depth = w.lines, w.depth
+            w.vector[self.axis] = f"offs_{j}"
+            w.starts[self.axis] = "0"
+            w.tail_masks[self.axis] = w.program.axes[self.axis] != self.tile
+            w.emit(f"offs_{j} = tl.arange(0, BLOCK_{j})")
+        sc.variant |= {f"{k}:{c.name}" for c in self.ps.comps for k in ("cur", "old")}
+        masked = w.tail_masks[self.axis]
+        valid = Val(f"(offs_{j} < {w.extent(self.axis)})", (self.axis,), "b") if masked else None
+        self.tile_update(valid, masked)
+        for st in self.ps.stores:
+            w.store(st)
 
     def tile_update(self, valid: Val | None, masked: bool) -> None:
         w = self.w
@@ -248,7 +271,8 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     body: list[str] = []
     w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
     w.lines, w.depth = body, outer_depth + 1
-    scope = _Scope(axis="chunk", variant={f"{k}:{c.name}" for c in ps.comps for k in ("cur", "old")})
+    scope = _Scope(axis="chunk", variant={f"{k}:{c.name}" for c in ps.comps for k in ("cur", "old")}, lines=body,
+                   depth=outer_depth + 1)
     w.scopes.append(scope)
     parts: dict[str, Val] = {}
     for c in ps.comps:
@@ -297,7 +321,8 @@ def _guarded(w: KernelWriter, ps: Pass, c: CompPlan, h: Val, ref: dict[str, Val]
 def _corrected(w: KernelWriter, ps: Pass, c: CompPlan, state: Val, ref: dict[str, Val],
                new: dict[str, Val]) -> Val:
     """state ⊗' h(ref → new): move a partial result's reference point from `ref` to `new`."""
-    scope = _Scope(axis=None, variant={f"{k}:{p}" for p in c.producers for k in ("old", "cur")})
+    scope = _Scope(axis=None, variant={f"{k}:{p}" for p in c.producers for k in ("old", "cur")}, lines=w.lines,
+                   depth=w.depth)
     w.scopes.append(scope)
     for p in c.producers:
         pc = next(x for x in ps.comps if x.name == p)

@@ -14,7 +14,7 @@ from dataclasses import replace
 from .. import ir
 from ..masks import affine
 from ..plan import Combine, KernelPlan, Plan
-from ..schedule import KernelSchedule
+from ..schedule import KernelSchedule, grouped_pair
 from .kernel import KernelWriter
 from .passes import _combine_phase, _PassWriter
 from .values import (
@@ -48,18 +48,32 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
         w.emit("pid_chunk = pid % CHUNKS")
         w.emit("pid = pid // CHUNKS")
     heavy_last = _work_grows_with(k)
+    pair = grouped_pair(k, sched, heavy_last)
+    if pair is not None:  # the grouped pair varies fastest, in groups of `group` tiles of the first
+        (a_m, a_n), g = pair, sched.group
+        nm, nn = (f"((n_{_ident(a)} + {sched.step(a)} - 1) // {sched.step(a)})" for a in pair)
+        w.extent(a_m), w.extent(a_n)
+        w.emit(f"pid_mn = pid % ({nm} * {nn})")
+        w.emit(f"pid = pid // ({nm} * {nn})")
+        w.emit(f"first_m = (pid_mn // ({g} * {nn})) * {g}")
+        w.emit(f"size_m = tl.minimum({nm} - first_m, {g})")
+        w.emit(f"t_{_ident(a_m)} = first_m + (pid_mn % ({g} * {nn})) % size_m")
+        w.emit(f"t_{_ident(a_n)} = (pid_mn % ({g} * {nn})) // size_m")
     for a, tile in reversed(grid):
         ia = _ident(a)
         n = w.extent(a)
         step = sched.step(a)
         ntiles = f"(({n} + {step} - 1) // {step})"
-        if a in heavy_last:  # the programs with the most loop tiles start first: a shorter tail
+        if pair is not None and a in pair:
+            pass
+        elif a in heavy_last:  # the programs with the most loop tiles start first: a shorter tail
             w.emit(f"t_{ia} = {ntiles} - 1 - pid % {ntiles}")
         else:
             w.emit(f"t_{ia} = pid % {ntiles}")
         if sched.wide_index:  # t·step + tile may pass 2^31 on an axis that long
             w.emit(f"t_{ia} = t_{ia}.to(tl.int64)")
-        w.emit(f"pid = pid // {ntiles}")
+        if pair is None or a not in pair:
+            w.emit(f"pid = pid // {ntiles}")
         if tile > 1:
             w.emit(f"offs_{ia} = t_{ia} * {step} + tl.arange(0, BLOCK_{ia})")
             w.vector[a] = f"offs_{ia}"

@@ -103,6 +103,8 @@ class _Scope:
     memo: dict = field(default_factory=dict)
     variant: set = field(default_factory=set)  # sym names that vary in this scope (loop state)
     axis: str | None = None  # loop axis of this scope
+    lines: list | None = None  # where code computed at this scope's level goes (None: the current lines)
+    depth: int = 0
 
 
 def block_shape(dims) -> str:
