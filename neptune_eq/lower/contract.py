@@ -7,10 +7,11 @@ import math
 
 from .. import ir
 from ..numeric import INT_IDENTITY
-from ..ops import MONOIDS
+from ..ops import MONOIDS, OPS
 from .values import (
     _TL_DTYPE,
     Val,
+    _Scope,
     _fmt_float,
     _fmt_num,
     _ident,
@@ -34,6 +35,8 @@ class ContractOps:
         accumulate into acc in place, else the reduction alone: callers check `Val.kind == "acc"`.
         An integer body (or `integer`: the component is an integer reduction, numeric.integral)
         reduces exactly in int64."""
+        if axis in self.kloops and axis not in self.vector:
+            return self.contract_loop(op, axis, body, mask)
         ident = MONOIDS[op].identity
         scale = _positive_scale(body) if op in ("max", "min") and not integer else None
         if scale is not None:
@@ -65,6 +68,46 @@ class ContractOps:
             code = f"tl.where({mcode}, {code}, {_fmt_num(ident)})"
         out_dims = tuple(d for d in dims if d != axis)
         return self.bind(MONOIDS[op].triton_reduce.format(code, dims.index(axis)), out_dims, kind, "r")
+
+    def contract_loop(self, op: str, axis: str, body: ir.Node, mask: Val | None) -> Val:
+        """op-reduce `body` over `axis` in a loop of tiles (a K-loop): an inline contraction over an
+        axis too long for one tile, nested where it is used (the hidden axis of linear cross-entropy,
+        inside the pass over the vocabulary). The accumulator stays on chip; a sum of products
+        accumulates on the tensor cores."""
+        a = _ident(axis)
+        dims = tuple(d for d in self.canon if d in self.eff_dims(body) and d != axis)
+        integer, kind = False, "f"
+        acc = self.bind(f"tl.full({block_shape(dims)}, {_fmt_num(MONOIDS[op].identity)}, {self.fdt})", dims, kind,
+                        "acc")
+        outer_lines, outer_depth = self.lines, self.depth
+        body_lines: list[str] = []
+        self.lines, self.depth = body_lines, outer_depth + 1
+        self.scopes.append(_Scope(axis=axis, variant=set(), lines=body_lines, depth=outer_depth + 1))
+        self.vector[axis], self.starts[axis] = f"offs_{a}", f"start_{a}"
+        self.tail_masks[axis] = self.program.axes[axis] % self.tiles[axis] != 0
+        try:
+            self.emit(f"offs_{a} = start_{a} + tl.arange(0, BLOCK_{a})")
+            valid = Val(f"(offs_{a} < {self.extent(axis)})", (axis,), "b") if self.tail_masks[axis] else None
+            if mask is not None and valid is not None:
+                codes, mdims = self.align([valid, mask])
+                valid = self.bind(f"({codes[0]} & {codes[1]})", mdims, "b", "m")
+            elif mask is not None:
+                valid = mask
+            part = self.contract(op, axis, body, valid, acc=acc if op == "sum" else None, integer=integer)
+            if part.kind == "acc":
+                new = part.code
+            else:
+                codes, _ = self.align([acc, part])
+                new = OPS[MONOIDS[op].combine].triton.format(*codes)
+            self.emit(f"{acc.code} = {new}")
+        finally:
+            self.scopes.pop()
+            del self.vector[axis], self.starts[axis], self.tail_masks[axis]
+            self.lines, self.depth = outer_lines, outer_depth
+        stages = f", num_stages={self.sched.num_stages}" if self.target == "cuda" else ""
+        self.emit(f"for start_{a} in tl.range(0, {self.extent(axis)}, BLOCK_{a}{stages}):")
+        self.lines.extend(body_lines)
+        return Val(acc.code, dims, kind)
 
     def dtype_of(self, kind: str) -> str:
         """The Triton dtype of a computed value of `kind` ("f" compute float, "i" int64)."""

@@ -42,6 +42,8 @@ class KernelWriter(MemoryOps, ContractOps):
         self.extents: list[str] = []
         self.inner = inner_axes(kernel, plan)
         self.tiles = schedule.tiles
+        # inline contractions over axes longer than their tile run as K-loops where they are used
+        self.kloops = {a for a in self.inner if schedule.tiles.get(a, program.axes[a]) < program.axes[a]}
         self.vector: dict[str, str] = {}  # axis → name of its offsets vector in the current scope
         self.scalar: dict[str, str] = {}  # axis → scalar index name
         self.tail_masks: dict[str, bool] = {}  # axis → whether loads along it need a bounds mask now

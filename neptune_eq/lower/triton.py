@@ -83,7 +83,7 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
             w.tail_masks[a] = program.axes[a] % tile != 0 or step < tile  # specialised shapes: no mask if tiles divide
         else:
             w.scalar[a] = f"t_{ia}"
-    for a in sorted(w.inner):
+    for a in sorted(w.inner - w.kloops):
         if a not in w.vector:
             ia = _ident(a)
             w.emit(f"offs_{ia} = tl.arange(0, BLOCK_{ia})")
