@@ -18,7 +18,8 @@ from neptune_eq.device import DeviceSpec
 from neptune_eq.masks import affine
 from neptune_eq.ops import OPS
 from neptune_eq.plan import Combine, KernelPlan, Pass, Plan
-from neptune_eq.schedule import KernelSchedule, inner_axes
+from neptune_eq.schedule import KernelSchedule, grouped_pair, inner_axes
+from neptune_eq.space import gemm_axes
 
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 
@@ -86,6 +87,9 @@ class _Counter:
     def __init__(self, plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSchedule):
         self.plan, self.k, self.program, self.tiles, self.sched = plan, k, program, sched.tiles, sched
         self.block_axes = {a for a in k.grid if self.tiles.get(a, 1) > 1} | inner_axes(k, plan)
+        # inline contractions longer than their tile: K-loops, run once per use
+        self.ksteps = {a: math.ceil(program.axes[a] / self.tiles[a]) for a in inner_axes(k, plan)
+                       if self.tiles.get(a, program.axes[a]) < program.axes[a]}
         self.bytes_loaded = 0.0
         self.loaded: dict[str, float] = {}  # tensor → bytes per program
         self.alu = self.sfu = self.tc = 0.0
@@ -110,7 +114,7 @@ class _Counter:
             axes |= e.axes
         return self.size(axes, loop)
 
-    def count(self, exprs: list[ir.Node], loop: str | None, reps: float, seen: set) -> None:
+    def count(self, exprs: list[ir.Node], loop: str | None, reps: float, seen: set, kloop: bool = False) -> None:
         for e in exprs:
             for n in ir.walk(e):  # a contraction lowered to tl.dot: its product is tensor-core work
                 if isinstance(n, ir.Reduce) and n.op == "sum" and isinstance(n.body, ir.Call) \
@@ -121,11 +125,14 @@ class _Counter:
                     continue
                 seen.add(n)
                 if isinstance(n, ir.Sym) and n.name.startswith("val:") and n.name[4:] in self.plan.inline:
-                    self.count([self.plan.inline[n.name[4:]]], loop, reps, seen)
+                    term = self.plan.inline[n.name[4:]]
+                    steps = self.ksteps.get(term.axis, 1) if isinstance(term, ir.Reduce) else 1
+                    self.count([term], loop, reps * steps, seen, kloop or steps > 1)
                 elif isinstance(n, ir.Load):
                     spec = self.program.inputs.get(n.tensor)
                     dt = spec.dtype if spec else self.plan.buffers[n.tensor].dtype
-                    r = reps if loop is None or loop in n.axes else 1.0  # invariant loads are hoisted
+                    # invariant loads are hoisted; inside a K-loop every step loads its tile
+                    r = reps if loop is None or loop in n.axes or (kloop and n.axes & set(self.ksteps)) else 1.0
                     b = self.load_size(n, loop) * _BYTES[dt] * r
                     self.bytes_loaded += b
                     self.loaded[n.tensor] = self.loaded.get(n.tensor, 0.0) + b
@@ -198,6 +205,8 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
         programs *= math.ceil(program.axes[a] / sched.step(a))
     c = _Counter(plan, k, program, sched)
     iters_total = 0.0
+    shared: set = set()
+    loop_iters: dict[str, float] = dict(c.ksteps)
     for ph in k.phases:
         if isinstance(ph, Combine):
             for comp in ph.source.comps:
@@ -207,29 +216,32 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
                 c.alu += el * 8 * ph.chunks
                 c.sfu += el * 2 * ph.chunks
             continue
-        iters = _pass_tiles(ph, k, program, tiles) / max(1, ph.split)
+        iters = 1.0 if sched.resident else _pass_tiles(ph, k, program, tiles) / max(1, ph.split)
         iters_total += iters
+        loop_iters[ph.axis] = max(loop_iters.get(ph.axis, 1.0), iters)
         per_iter: list[ir.Node] = []
         hoisted: list[ir.Node] = []
         for comp in ph.comps:
             core = comp.core
             el = c.size(core.axes | {ph.axis}, ph.axis) * iters
             dims = [a for a in core.axes | {ph.axis} if a in c.block_axes or a == ph.axis]
-            if comp.op == "sum" and isinstance(core, ir.Call) and core.op == "mul" and len(dims) == 3:
+            dot = comp.op == "sum" and isinstance(core, ir.Call) and core.op == "mul" and len(dims) == 3
+            if dot:
                 c.tc += 2.0 * el  # a tile contraction: tl.dot
                 exprs = list(core.args)
             else:
                 c.alu += el  # the tile reduction
                 exprs = [core]
-            c.alu += c.size(comp.free, None) * iters * (3 if comp.corr is not None else 1)  # state update
+            if comp.corr is not None or not dot:  # (a dot accumulates into its state in place)
+                c.alu += c.size(comp.free, None) * iters * (3 if comp.corr is not None else 1)  # state update
             for e in [*exprs, comp.mask, comp.corr]:
                 if e is None:
                     continue
                 (per_iter if (ph.axis in e.axes or _has_state(e)) else hoisted).append(e)
         per_iter += [st.expr for st in ph.stores]
-        seen: set = set()
+        seen = shared if sched.resident else set()  # a resident row's loads and values serve every pass
         c.count(hoisted, None, 1.0, seen)
-        c.count(per_iter, ph.axis, iters, set(seen))
+        c.count(per_iter, ph.axis, iters, seen if sched.resident else set(seen))
     stored = 0.0
     for st in k.epilogue:
         c.count([st.expr], None, 1.0, set())
@@ -242,33 +254,89 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
         out_bytes[st.target] = _footprint(program, plan, st.target, st.axes, k)
     stored = sum(out_bytes.values())
     requested = c.bytes_loaded * programs
-    unique = 0.0
-    for t in c.loaded:
-        unique += _footprint(program, plan, t, None, k)
-    reread = max(0.0, requested - unique)
-    miss = _miss_rate(c.loaded, program, plan, k, programs, dev)
-    hbm = unique + reread * miss + stored
-    t_mem = hbm / dev.hbm_bytes_per_s
-    t_tc = c.tc * programs / dev.tensor_flops
-    t_alu = c.alu * programs / dev.fma_per_s
-    t_sfu = c.sfu * programs / dev.sfu_per_s
-    occ = _occupancy(k, sched)
+    occ, spill = _on_chip(k, sched, program, plan, c)
     slots = dev.sms * occ
+    hbm = _hbm_reads(c.loaded, program, plan, k, sched, programs, slots, dev, loop_iters) + stored
+    t_mem = hbm / dev.hbm_bytes_per_s
+    t_tc = c.tc * programs / (dev.tensor_flops * _mma_efficiency(k, sched, program, plan))
+    t_alu = c.alu * programs / dev.fma_per_s * spill
+    t_sfu = c.sfu * programs / dev.sfu_per_s
     waves = math.ceil(programs / slots)
     # compute units: a program occupies its share of an SM; the last wave may be partly empty
     active = min(programs, slots)
     # a program alone on an SM runs at the SM's full rate; past one program per SM, waves quantise
     eff = programs / (waves * slots) if programs >= slots else min(programs, dev.sms) / dev.sms
     t_compute = [t / eff for t in (t_tc, t_alu, t_sfu)]
-    # memory: the programs in flight together pull at most their per-program streaming rate each
-    bw = min(dev.hbm_bytes_per_s, active * dev.sm_stream_bytes_per_s)
-    t_mem_eff = hbm / bw * (waves * active / programs if programs > slots else 1.0)
+    # memory: each program keeps about a loop tile's loads per pipeline stage in flight (Little's
+    # law: rate = bytes in flight / latency); the programs running together pull at most that each
+    per_iter = c.bytes_loaded / max(1.0, iters_total)
+    in_flight = per_iter * max(2, sched.num_stages) if iters_total > 1 else c.bytes_loaded
+    rate = max(in_flight / dev.mem_latency_s, dev.sm_stream_bytes_per_s)
+    bw = min(dev.hbm_bytes_per_s, active * rate)
+    t_mem_eff = hbm / bw * (waves * active / programs if programs > slots else 1.0) * spill
     terms = [t_mem_eff, *t_compute]
     dominant = max(terms)
     time = dominant + dev.overlap * (sum(terms) - dominant) + dev.launch_s
     latency = hbm / bw
     return KernelCost(k.name, programs, iters_total, hbm, requested + stored, c.tc * programs, c.alu * programs,
                       c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time)
+
+
+def _tile_elements(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> float:
+    """Values a program holds at once: the largest loop-tile block and its carried states."""
+    tiled = [a for a in k.grid if sched.tiles.get(a, 1) > 1]
+    inner = inner_axes(k, plan)
+    biggest, states = 1.0, 0.0
+    for ps in k.passes():
+        block = 1.0 if ps.comps else math.prod(sched.tiles.get(a, 1) for a in {*tiled, ps.axis})
+        for c in ps.comps:
+            axes = sorted(set(c.core.axes) & ({*tiled, ps.axis} | inner))
+            t = [sched.tiles.get(a, 1) for a in axes]
+            if c.op == "sum" and isinstance(c.core, ir.Call) and c.core.op == "mul" and len(t) == 3:
+                # a dot: operands staged through shared memory, the accumulator is the state
+                size = max(t[0] * t[1], t[1] * t[2], t[0] * t[2]) / 2
+            else:
+                size = math.prod(t)
+            block = max(block, size)
+            states += math.prod(sched.tiles.get(a, 1) for a in c.free if a in tiled)
+        biggest = max(biggest, block)
+    return 2 * biggest + states
+
+
+def _on_chip(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan, c: _Counter) -> tuple[int, float]:
+    """(programs resident per SM, spill factor) from registers and shared memory: two fp32 registers
+    per value of the biggest block (the value and a temporary) and one per state value, spread over
+    the threads;
+    dot operands staged in shared memory once per pipeline stage. Past 255 registers a thread
+    spills to local memory, priced as proportionally slower memory and ALU work."""
+    threads = 32 * sched.num_warps
+    regs = 32 + _tile_elements(k, sched, program, plan) / threads
+    spill = max(1.0, regs / 255)
+    smem = 0.0
+    if c.tc:
+        g = gemm_axes(k, program)
+        if g is not None:
+            m, n, kk = (sched.tiles.get(a, 1) for a in g)
+            smem = sched.num_stages * (m * kk + kk * n) * 2
+    occ = min(65536 // int(min(regs, 255) * threads) or 1, 2048 // threads, 32)
+    if smem:
+        occ = min(occ, max(1, int(228 * 1024 // smem)))
+    return max(1, occ), spill
+
+
+def _mma_efficiency(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> float:
+    """Fraction of the tensor-core rate an output tile of m × n sustains: each k-step reads
+    (m + n)·k operand values from shared memory for m·n·k products, so small tiles starve the
+    tensor cores on operand bandwidth (m·n / (m + n) ≥ 48 keeps them busy)."""
+    g = gemm_axes(k, program)
+    if g is not None:
+        m, n = sched.tiles.get(g[0], 1), sched.tiles.get(g[1], 1)
+    else:
+        tiled = sorted((sched.tiles.get(a, 1) for a in k.grid if sched.tiles.get(a, 1) > 1), reverse=True)
+        loops = [sched.tiles.get(p.axis, 1) for p in k.passes()]
+        m = tiled[0] if tiled else 16
+        n = max(loops, default=16)
+    return min(1.0, max(0.1, m * n / (m + n) / 48))
 
 
 def _has_state(e: ir.Node) -> bool:
@@ -293,37 +361,83 @@ def _footprint(program: ir.Program, plan: Plan, tensor: str, axes, k: KernelPlan
     return 0.0
 
 
-def _miss_rate(loaded: dict[str, float], program, plan, k, programs, dev: DeviceSpec) -> float:
-    """Fraction of re-read bytes that come from HBM rather than L2.
+def _wave_extents(k: KernelPlan, sched: KernelSchedule, program: ir.Program, concurrent: int) -> dict[str, int]:
+    """How many different tiles of each grid axis (and split-K chunks, key "chunk") the
+    `concurrent` programs running together touch: programs are numbered chunk fastest, then the
+    last grid axis, or a grouped pair innermost (groups of sched.group tiles of its first axis)."""
+    ntiles = {a: math.ceil(program.axes[a] / sched.step(a)) for a in k.grid}
+    out: dict[str, int] = {"chunk": min(k.chunks, max(1, concurrent))}
+    left = math.ceil(max(1, concurrent) / k.chunks)
+    order = list(reversed(k.grid))
+    pair = grouped_pair(k, sched)
+    if pair is not None:
+        m, n = pair
+        out[m] = min(ntiles[m], sched.group, left)
+        out[n] = min(ntiles[n], math.ceil(left / out[m]))
+        left = math.ceil(left / (ntiles[m] * ntiles[n]))
+        order = [a for a in order if a not in pair]
+    for a in order:
+        out[a] = min(ntiles[a], left)
+        left = math.ceil(left / ntiles[a])
+    return out
 
-    Programs that differ only in grid axes a tensor lacks read the same slice of it; they are
-    launched next to each other (the last grid axis varies fastest), so the L2 working set is the
-    slices that the concurrently running programs touch.
-    """
-    concurrent = min(programs, dev.sms * 2)
-    working = 0.0
+
+def _slice_bytes(t: str, program, plan, k: KernelPlan, sched: KernelSchedule) -> float:
+    """Distinct bytes of tensor t one program reads: its tile of each grid axis, its chunk of a
+    split loop axis, the whole extent of the others."""
+    spec = program.inputs.get(t) or plan.buffers.get(t)
+    if spec is None:
+        return 0.0
+    split = {p.axis: p.split for p in k.passes()}
+    n = 1.0
+    for a in spec.axes:
+        if a in k.grid:
+            n *= min(sched.step(a), program.axes[a])
+        elif a == "chunk":
+            n *= 1
+        else:
+            n *= program.axes.get(a, 1) / split.get(a, 1)
+    return n * _BYTES[spec.dtype]
+
+
+def _hbm_reads(loaded: dict[str, float], program, plan, k, sched, programs: int, concurrent: int,
+               dev: DeviceSpec, iters: dict[str, float]) -> float:
+    """Bytes read from HBM. A program's repeated reads of its own slice of a tensor (a K-loop
+    re-reading its rows for every column tile) hit L2 while the slices of the programs running
+    together fit in it; each wave of concurrent programs then reads the distinct slices it touches
+    once (a 2-D tiled GEMM reads A once per column group of tiles and B once per row group;
+    grouping the program order shrinks both), and a tensor that fits in its share of L2 is read
+    once in all. Past L2, re-reads miss in proportion."""
+    waves = max(1.0, programs / concurrent)
+    touched = _wave_extents(k, sched, program, concurrent)
+    split_axes = {p.axis for p in k.passes() if p.split > 1}
+    per_wave: dict[str, float] = {}
     for t in loaded:
         spec = program.inputs.get(t) or plan.buffers.get(t)
         axes = set(spec.axes) if spec else set()
-        slices = math.prod(program.axes[a] for a in k.grid if a in axes)
-        per_slice = _footprint(program, plan, t, None, k) / slices
-        programs_per_slice = max(1.0, programs / slices)
-        working += per_slice * min(slices, math.ceil(concurrent / programs_per_slice))
-    if working <= 0.5 * dev.l2_bytes:
-        return 0.05
-    return min(1.0, 0.05 + (working - 0.5 * dev.l2_bytes) / working)
-
-
-def _occupancy(k: KernelPlan, sched: KernelSchedule) -> int:
-    block = 1
-    for a, t in sched.tiles.items():
-        if a in k.grid:
-            block *= t
-    if block >= 128 * 64:
-        return 1
-    if block >= 64 * 64:
-        return 2
-    return 4
+        slices = math.prod(touched[a] for a in k.grid if a in axes)
+        if axes & split_axes:
+            slices *= touched["chunk"]
+        per_wave[t] = min(loaded[t], _slice_bytes(t, program, plan, k, sched)) * slices
+    # what must stay in L2 at once: a tensor streamed along a loop axis only its current tiles
+    # (the programs of a wave move through the loop together), the others their whole slices
+    working = 0.0
+    for t, b in per_wave.items():
+        spec = program.inputs.get(t) or plan.buffers.get(t)
+        streamed = [iters.get(a, 1.0) for a in (spec.axes if spec else ())]
+        working += b / max(1.0, max(streamed, default=1.0))
+    total = 0.0
+    for t, per_program in loaded.items():
+        # never more than the programs request (a gather reads only the rows it indexes)
+        foot = min(_footprint(program, plan, t, None, k), per_program * programs)
+        if foot <= 0.5 * dev.l2_bytes / len(loaded):
+            total += foot  # stays in L2 for the whole kernel
+        elif working <= 0.75 * dev.l2_bytes:
+            total += max(foot, per_wave[t] * waves)
+        else:  # the wave's slices do not fit either: re-reads miss in proportion
+            total += max(foot, per_wave[t] * waves,
+                         per_program * programs * (1 - 0.75 * dev.l2_bytes / working))
+    return total
 
 
 def plan_cost(plan: Plan, program: ir.Program, schedules: list[KernelSchedule], dev: DeviceSpec) -> Cost:

@@ -67,8 +67,10 @@ class PlanSpace:
             self._cache[key] = {b.name for b in self.bindings if integral(b.node, leaf)}
         return self._cache[key]
 
-    def inlinable(self) -> set[str]:
-        """Reductions over small axes used only inside bodies of reductions over other axes."""
+    def inlinable(self, long: bool = True) -> set[str]:
+        """Reductions used only inside bodies of reductions over other axes: over small axes (computed
+        whole per tile) and, with `long`, over longer ones too (a K-loop nested where they are used:
+        linear cross-entropy's logits inside the pass over the vocabulary)."""
         by_node = {b.node: b for b in self.bindings}
         used_inside: set[str] = set()
         same_axis_use: set[str] = set()
@@ -81,8 +83,14 @@ class PlanSpace:
         for expr in self.representative.values():
             used_by_outputs |= direct_bindings(expr, by_node) | ({by_node[expr].name} if expr in by_node else set())
         return {b.name for b in self.bindings
-                if self.program.axes[b.axis] <= self.inline_max and b.name in used_inside
+                if (self.program.axes[b.axis] <= self.inline_max or (long and _tile_contraction(b)))
+                and b.name in used_inside
                 and b.name not in used_by_outputs and b.name not in same_axis_use}
+
+
+def _tile_contraction(b: Binding) -> bool:
+    """A sum of products into two free axes: per tile a tl.dot, over a long axis a K-loop of them."""
+    return b.op == "sum" and len(b.free) >= 2 and isinstance(b.node.body, ir.Call) and b.node.body.op == "mul"
 
 
 def _covers(names: list[str], loops: list[tuple[int, LoopCandidate]]):
@@ -102,8 +110,10 @@ def _covers(names: list[str], loops: list[tuple[int, LoopCandidate]]):
 def enumerate_plans(space: PlanSpace) -> list[Plan]:
     plans: list[Plan] = []
     seen: set = set()
-    inlinable = space.inlinable()
-    policies = [inlinable, set()] if inlinable else [set()]
+    policies: list[set[str]] = []
+    for inline in (space.inlinable(long=True), space.inlinable(long=False), set()):
+        if inline not in policies:
+            policies.append(inline)
     explored = 0
     for inline in policies:
         scheduled = [b.name for b in space.bindings if b.name not in inline]

@@ -25,6 +25,8 @@ class DeviceSpec:
     launch_s: float = 8e-6  # per kernel launch, including the wait on the previous kernel
     sm_stream_bytes_per_s: float = 50e9  # what one program streams when it runs alone (latency-bound)
     overlap: float = 0.5  # fraction of non-dominant work that does not overlap the dominant unit
+    # what one program's loads wait for: a program streams about (bytes in flight) / latency
+    mem_latency_s: float = 1.0e-6
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536
 

@@ -20,7 +20,7 @@ from egglog import EGraph, i64, ruleset
 
 from . import ir
 from .device import DeviceSpec, from_torch
-from .extract.cost import Cost, plan_cost
+from .extract.cost import Cost, kernel_cost, plan_cost
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.terms import TermExtractor
 from .extract.view import EGraphView, build_view, class_of
@@ -32,6 +32,7 @@ from .rules.base import Rule
 from .rules.fusion import MAX_GROUPS_PER_AXIS, Binding, FusionSearch
 from .saturate import Budget, BudgetError, Progress, Saturator, egraph_size, stderr_progress
 from .schedule import KernelSchedule, plan_schedules
+from .space import plan_variants
 from .terms import Encoder, Term, split_factor
 
 
@@ -78,10 +79,11 @@ class Alternative:
     plan: Plan
     cost: Cost
     schedules: list[KernelSchedule]
+    kind: str = "streamed"  # the schedule kind of each kernel (neptune_eq.space)
 
     @property
     def structure(self) -> str:
-        return self.plan.structure()
+        return f"{self.plan.structure()} [{self.kind}]"
 
     @property
     def predicted_time(self) -> float:
@@ -339,12 +341,18 @@ def _plans(c: Compilation) -> None:
     plans = enumerate_plans(space)
     c.dropped_loops, c.plans_truncated = list(space.dropped), space.truncated
     alts = []
+
+    def cheapest(k, variants):
+        return min(variants, key=lambda v: kernel_cost(plan, k, c.program, v.schedule, c.device).time)
+
     for plan in plans:
-        schedules = plan_schedules(plan, c.program)
-        cost = plan_cost(plan, c.program, schedules, c.device)
-        plan.cost = cost
-        alts.append(Alternative(0, plan, cost, schedules))
+        for kind, schedules in plan_variants(plan, c.program, plan_schedules(plan, c.program), cheapest):
+            cost = plan_cost(plan, c.program, schedules, c.device)
+            alts.append(Alternative(0, plan, cost, schedules, kind))
     alts.sort(key=lambda a: a.cost.time)
+    for a in alts:  # the plan's own cost: its best schedule's
+        if a.plan.cost is None:
+            a.plan.cost = a.cost
     for i, a in enumerate(alts):
         a.id = i
     c.alternatives = alts

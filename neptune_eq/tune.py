@@ -21,7 +21,8 @@ from pathlib import Path
 from . import ir
 from .cachedir import cache_dir as cache_dir_at
 from .cachedir import default_cache_dir
-from .schedule import KernelSchedule, inner_axes, kernel_exprs, loop_loads, row_axes
+from .schedule import KernelSchedule, inner_axes, kernel_exprs, loop_loads, next_pow2, row_axes
+from .space import GEMM_TILES, RESIDENT_MAX, gemm_axes
 
 
 @dataclass
@@ -32,6 +33,45 @@ class Trial:
 
 
 def _candidates(k, program: ir.Program, plan, base: KernelSchedule, limit: int = 8) -> list[KernelSchedule]:
+    """Variants of `base` within its schedule kind (neptune_eq.space): a resident row keeps its row
+    whole, a GEMM keeps its 2-D tiles and grouped order; tiles, warps and stages vary."""
+    if base.resident:
+        return _resident_candidates(k, program, base)
+    if base.group > 1 and gemm_axes(k, program) is not None:
+        return _gemm_candidates(k, program, base)
+    return _streamed_candidates(k, program, plan, base, limit)
+
+
+def _resident_candidates(k, program: ir.Program, base: KernelSchedule) -> list[KernelSchedule]:
+    out = [base]
+    loop = next(p.axis for p in k.passes())
+    rows = [a for a in k.grid if base.tiles.get(a, 1) > 1 and a != loop][:1]
+    r0 = base.tiles.get(rows[0], 1) if rows else 1
+    for r in {r0, r0 * 2, max(1, r0 // 2)}:
+        if r * base.tiles[loop] > RESIDENT_MAX or (rows and r > next_pow2(program.axes[rows[0]])):
+            continue
+        for w in (base.num_warps // 2, base.num_warps, base.num_warps * 2):
+            if 1 <= w <= 32:
+                cand = replace(base, tiles={**base.tiles, **({rows[0]: r} if rows else {})}, num_warps=w)
+                if cand.key() not in {c.key() for c in out}:
+                    out.append(cand)
+    return out
+
+
+def _gemm_candidates(k, program: ir.Program, base: KernelSchedule) -> list[KernelSchedule]:
+    m, n, kk = gemm_axes(k, program)
+    out = [base]
+    for bm, bn, bk, warps, stages in GEMM_TILES:
+        for st in (stages, stages + 1):
+            tiles = {**base.tiles, m: min(bm, max(16, next_pow2(program.axes[m]))),
+                     n: min(bn, max(16, next_pow2(program.axes[n]))), kk: min(bk, max(16, next_pow2(program.axes[kk])))}
+            cand = replace(base, tiles=tiles, num_warps=warps, num_stages=st)
+            if cand.key() not in {c.key() for c in out}:
+                out.append(cand)
+    return out
+
+
+def _streamed_candidates(k, program: ir.Program, plan, base: KernelSchedule, limit: int) -> list[KernelSchedule]:
     # vary the query-like row tile only (not the value dimension, not a padded single/grouped row)
     loads = loop_loads(k, plan)
     rows = [a for a in row_axes(k, program, plan) if base.tiles.get(a, 1) > 1 and a not in base.steps
@@ -40,7 +80,7 @@ def _candidates(k, program: ir.Program, plan, base: KernelSchedule, limit: int =
     has_dot = bool(inner_axes(k, plan))
     out = [base]
     row_opts = [128, 64] if rows and program.axes[rows[0]] >= 64 else [None]
-    loop_opts = ([64, 128, 32] if has_dot else [256, 512, 128, 1024]) if loops else [None]
+    loop_opts = ([64, 128, 32] if has_dot else [256, 1024, 2048, 4096]) if loops else [None]
     warp_opts = [8, 4]
     stage_opts = [3, 2, 4] if has_dot else [2, 3]
     for r, lt, w, s in itertools.product(row_opts, loop_opts, warp_opts, stage_opts):
@@ -70,8 +110,8 @@ def cache_path(cache_dir: Path | None) -> Path:
 def _key(program: ir.Program, alt_structure: str, k_index: int, device: str) -> str:
     import triton
 
-    # v2: steps and tma kept
-    text = f"v2|{program.text(exact=True)}|{alt_structure}|{k_index}|{device}|{triton.__version__}"
+    # v3: group and resident kept
+    text = f"v3|{program.text(exact=True)}|{alt_structure}|{k_index}|{device}|{triton.__version__}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -128,7 +168,7 @@ def _median_ms(launcher, inputs: dict, rep_ms: int) -> float:
 
 
 _SCHEDULE_KEYS = {"tiles", "num_warps", "num_stages", "input_precision", "fast_math", "tma", "warp_specialize",
-                  "steps"}
+                  "steps", "group", "resident"}
 _PRECISIONS = ("ieee", "tf32", "tf32x3")
 _MAX_TILE = 1 << 20  # Triton's largest block (elements)
 
@@ -154,7 +194,13 @@ def _schedule_from(d) -> KernelSchedule:
     flags = {f: d.get(f, False) for f in ("fast_math", "tma", "warp_specialize")}
     if not all(type(v) is bool for v in flags.values()):
         raise ValueError("fast_math, tma and warp_specialize must be true or false")
-    return KernelSchedule(dict(tiles), d["num_warps"], d["num_stages"], precision, steps=dict(steps), **flags)
+    group = d.get("group", 1)
+    if not (_int(group) and 1 <= group <= 64):
+        raise ValueError(f"bad group {str(group)[:20]}")
+    if type(d.get("resident", False)) is not bool:
+        raise ValueError("resident must be true or false")
+    return KernelSchedule(dict(tiles), d["num_warps"], d["num_stages"], precision, steps=dict(steps), group=group,
+                          resident=d.get("resident", False), **flags)
 
 
 def _int(v) -> bool:
@@ -173,7 +219,7 @@ def _fits(s: KernelSchedule, base: KernelSchedule) -> bool:
 def _schedule_to(s: KernelSchedule) -> dict:
     return {"tiles": s.tiles, "num_warps": s.num_warps, "num_stages": s.num_stages,
             "input_precision": s.input_precision, "fast_math": s.fast_math, "steps": s.steps, "tma": s.tma,
-            "warp_specialize": s.warp_specialize}
+            "warp_specialize": s.warp_specialize, "group": s.group, "resident": s.resident}
 
 
 def sample_rows(program: ir.Program, limit: int = 2**27, rows: int = 256) -> dict:

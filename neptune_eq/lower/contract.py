@@ -11,11 +11,11 @@ from ..ops import MONOIDS, OPS
 from .values import (
     _TL_DTYPE,
     Val,
-    _Scope,
     _fmt_float,
     _fmt_num,
     _ident,
     _literal,
+    _Scope,
     block_shape,
 )
 

@@ -1,0 +1,174 @@
+"""The schedule space: the ways one kernel plan can run. Each is a KernelSchedule of a named kind;
+the cost model prices every (plan, schedule) pair and the explorer lists them side by side.
+
+Kinds, per kernel (which apply follows from the kernel's passes, loads and extents, never from
+what the program is called):
+
+    streamed   the loop axis in tiles; query-like axes tiled (attention), others one per program
+    rows       several rows of a batch-like axis per program, for rows too narrow to fill one
+    resident   the loop axis held whole on chip: every pass of the kernel runs on one tile, so a
+               row is read once however many passes use it (softmax: max, sum and store)
+    gemm       a contraction over the loop axis into two large grid axes (a norm feeding a matmul):
+               2-D output tiles, a pipelined K-loop, programs grouped so that the ones running
+               together share operand tiles in L2
+    kloop      an inline contraction over a long axis runs as a nested K-loop where it is used
+               (the hidden axis of linear cross-entropy inside the pass over the vocabulary)
+
+Tile sizes, warps and stages within a kind are then the autotuner's (tune.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from . import ir
+from .plan import Combine, KernelPlan, Plan
+from .schedule import KernelSchedule, inner_axes, next_pow2
+
+# the most elements of one loop tile a program keeps on chip (fp32 registers of up to 32 warps)
+RESIDENT_MAX = 32768
+# an inline contraction over an axis longer than this runs as a K-loop (a whole tile would spill)
+WHOLE_INNER_MAX = 256
+KLOOP_TILE = 64
+GEMM_TILES = ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
+              (64, 64, 64, 4, 3))
+GEMM_GROUP = 8
+
+
+@dataclass(frozen=True)
+class Variant:
+    kind: str  # what the explorer shows, e.g. "gemm 128×128×64 g8"
+    schedule: KernelSchedule
+
+
+def gemm_axes(k: KernelPlan, program: ir.Program) -> tuple[str, str, str] | None:
+    """(m, n, k) when a pass of `k` is a contraction over its loop axis k into two grid axes m and n
+    of at least 16 (a GEMM whose A operand is [m, k] and B operand [k, n]), else None."""
+    for ps in k.passes():
+        if ps.split > 1:
+            continue
+        for c in ps.comps:
+            if c.op != "sum" or c.producers:
+                continue
+            loads = [n for n in ir.walk(c.core) if isinstance(n, ir.Load) and ps.axis in n.axes]
+            grid = [a for a in k.grid if program.axes[a] >= 16 and a in c.core.axes]
+            for m in grid:
+                for n in grid:
+                    if m != n and any(m in ld.axes and n not in ld.axes for ld in loads) and any(
+                            n in ld.axes and m not in ld.axes for ld in loads):
+                        return m, n, ps.axis
+    return None
+
+
+def _resident_axis(k: KernelPlan, plan: Plan, program: ir.Program) -> str | None:
+    """The one loop axis of a kernel whose passes could all run on one tile of it."""
+    passes = k.passes()
+    if not passes or any(isinstance(ph, Combine) for ph in k.phases) or any(p.split > 1 for p in passes):
+        return None
+    axes = {p.axis for p in passes}
+    if len(axes) != 1 or inner_axes(k, plan):
+        return None
+    axis = axes.pop()
+    return axis if next_pow2(program.axes[axis]) <= RESIDENT_MAX else None
+
+
+def _batch_rows(k: KernelPlan, program: ir.Program, base: KernelSchedule) -> str | None:
+    """A grid axis run one index per program that could take several per program (the rows of a
+    row-wise reduction): the last such axis with more than one index."""
+    cands = [a for a in k.grid if base.tiles.get(a, 1) == 1 and program.axes[a] > 1 and a not in base.steps]
+    return cands[-1] if cands else None
+
+
+def _warps(elements: int) -> int:
+    """Warps for a tile of `elements` values: about 32 per thread, 4 to 32 warps."""
+    w = 4
+    while w < 32 and elements // (32 * w) > 32:
+        w *= 2
+    return w
+
+
+def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule) -> list[Variant]:
+    """The schedules kernel `k` may run with, the default (`base`, with long inline contractions as
+    K-loops) first."""
+    base = _with_kloops(k, plan, program, base)
+    out = [Variant("streamed" + _kloop_label(k, plan, program, base), base)]
+    g = gemm_axes(k, program)
+    if g is not None:
+        m, n, kk = g
+        seen = set()
+        for bm, bn, bk, warps, stages in GEMM_TILES:
+            tiles = {m: min(bm, max(16, next_pow2(program.axes[m]))), n: min(bn, max(16, next_pow2(program.axes[n]))),
+                     kk: min(bk, max(16, next_pow2(program.axes[kk])))}
+            key = tuple(tiles.values())
+            if key in seen:
+                continue
+            seen.add(key)
+            s = replace(base.with_tiles(**tiles), num_warps=warps, num_stages=stages, group=GEMM_GROUP)
+            out.append(Variant(f"gemm {tiles[m]}×{tiles[n]}×{tiles[kk]} g{GEMM_GROUP}", s))
+        return out
+    axis = _resident_axis(k, plan, program)
+    rows = _batch_rows(k, program, base)
+    if axis is not None:
+        n = next_pow2(program.axes[axis])
+        rs = [1]
+        if rows is not None:
+            r = 1
+            while r * 2 * n <= 4096 and r * 2 <= next_pow2(program.axes[rows]):
+                r *= 2
+            rs = sorted({1, r, min(r * 2, max(1, RESIDENT_MAX // n))})
+        for r in rs:
+            if r * n > RESIDENT_MAX or (r > 1 and rows is None):
+                continue
+            tiles = {axis: n, **({rows: r} if rows is not None else {})}
+            s = replace(base.with_tiles(**tiles), num_warps=_warps(r * n), num_stages=1, resident=True)
+            out.append(Variant(f"resident {r} row{'s' if r > 1 else ''} × {n}", s))
+    loops = {p.axis for p in k.passes()}
+    if rows is not None and loops and not inner_axes(k, plan):
+        n = min(next_pow2(max(program.axes[a] for a in loops)), 1024)
+        r = max(2, 4096 // n)
+        if r <= next_pow2(program.axes[rows]):
+            s = replace(base.with_tiles(**{rows: r}, **{a: n for a in loops}), num_warps=_warps(r * n))
+            out.append(Variant(f"rows {r} × {n}", s))
+    if not inner_axes(k, plan) and loops and all(program.axes[a] >= 8192 for a in loops):
+        s = replace(base.with_tiles(**{a: 2048 for a in loops}), num_warps=8)
+        out.append(Variant("streamed 2048", s))
+    return out
+
+
+def _with_kloops(k: KernelPlan, plan: Plan, program: ir.Program, s: KernelSchedule) -> KernelSchedule:
+    long = {a: KLOOP_TILE for a in inner_axes(k, plan) if program.axes[a] > WHOLE_INNER_MAX}
+    return s.with_tiles(**long) if long else s
+
+
+def _kloop_label(k: KernelPlan, plan: Plan, program: ir.Program, s: KernelSchedule) -> str:
+    loops = sorted(a for a in inner_axes(k, plan) if s.tiles.get(a, program.axes[a]) < program.axes[a])
+    return "".join(f", K-loop over {a}" for a in loops)
+
+
+def plan_variants(plan: Plan, program: ir.Program, bases: list[KernelSchedule], pick,
+                  limit: int = 8) -> list[tuple[str, list[KernelSchedule]]]:
+    """(label, schedules) per way to run `plan`: per kernel the best schedule of each kind by
+    `pick(kernel, variants)` (the cheapest), kinds combined across kernels (the default first, at
+    most `limit`). A split-K combine kernel follows the tiles of the partial kernel before it."""
+    options: list[list[Variant]] = []
+    for k, base in zip(plan.kernels, bases):
+        if any(isinstance(ph, Combine) for ph in k.phases):
+            options.append([Variant("combine", base)])
+            continue
+        kinds: dict[str, list[Variant]] = {}
+        for v in kernel_variants(k, plan, program, base):
+            kinds.setdefault(v.kind.split(" ", 1)[0], []).append(v)
+        options.append([pick(k, vs) for vs in kinds.values()])
+    out = []
+    for combo in itertools.islice(itertools.product(*options), limit):
+        scheds: list[KernelSchedule] = []
+        for k, v in zip(plan.kernels, combo):
+            s = v.schedule
+            if v.kind == "combine" and scheds:
+                prev = scheds[-1]
+                s = replace(s.with_tiles(**{a: prev.tiles[a] for a in k.grid if a in prev.tiles}),
+                            steps={a: n for a, n in prev.steps.items() if a in k.grid})
+            scheds.append(s)
+        out.append(("; ".join(v.kind for v in combo if v.kind != "combine"), scheds))
+    return out
