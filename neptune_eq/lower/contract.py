@@ -122,10 +122,17 @@ class ContractOps:
         for f in self.factors(body):
             fd = set(self.eff_dims(f))
             if k not in fd:
-                if fd <= {m, n}:
+                # a per-row (or per-column) factor scales its operand: the tensor cores then
+                # accumulate in place (an [m, n] product per step would serialise the MMAs)
+                if fd and fd <= {m}:
+                    left.append(f)
+                elif fd and fd <= {n}:
+                    right.append(f)
+                elif fd <= {m, n}:
                     post.append(f)
-                    continue
-                return None
+                else:
+                    return None
+                continue
             if fd <= {m, k}:
                 left.append(f)
             elif fd <= {n, k}:
