@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 export TRITON_INTERPRET ?= 1
 
-.PHONY: run test lint bench setup clean
+.PHONY: run test lint bench bench-beyond setup clean
 
 .venv/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -23,6 +23,11 @@ lint: .venv/.installed
 # GPU only: the comparison against SDPA / FlexAttention / torch.compile (see bench/README.md)
 bench: .venv/.installed
 	TRITON_INTERPRET=0 $(PY) bench/run.py
+
+# GPU only: softmax family, norms feeding a matmul, linear cross-entropy, biased / causal / GQA
+# attention beside eager, torch.compile, SDPA / FlexAttention, Liger-Kernel (see bench/beyond/README.md)
+bench-beyond: .venv/.installed
+	TRITON_INTERPRET=0 $(PY) bench/beyond/run.py
 
 clean:
 	rm -rf .venv .pytest_cache .ruff_cache
