@@ -298,6 +298,9 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
                 kernels[src].epilogue.append(StorePlan(buf, b.free, ir.Sym(f"fin:{name}", b.free)))
             _replace_syms(k, name, ir.Load(buf, tuple(ir.Index(a) for a in b.free)))
     inline_terms = {name: space.terms.inline_term(by_name[name]) for name in inline}
+    for term in inline_terms.values():  # an inline term computed per tile cannot wait for a loop's result
+        if any(isinstance(n, ir.Sym) and n.name.startswith("val:") and n.name[4:] not in inline for n in ir.walk(term)):
+            return None
     groups = [(lp.axis, lp.names, ps.split) for ps, lp, _ in passes]
     return Plan(kernels, buffers, inline_terms, groups, fused, derivation)
 

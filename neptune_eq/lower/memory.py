@@ -59,10 +59,10 @@ class MemoryOps:
         ptr = " + ".join([f"{_ident(tensor)}_ptr", *parts])
         mask = None
         if masks or in_range:
-            mask = " & ".join(self.arrange(m, dims) for m in [*masks, *in_range])
+            mask = _tile_mask([self.arrange(m, dims) for m in [*masks, *in_range]], [*masks, *in_range], dims)
         valid = None
         if in_range:
-            valid = " & ".join(self.arrange(m, dims) for m in in_range)
+            valid = _tile_mask([self.arrange(m, dims) for m in in_range], in_range, dims)
         return ptr, mask, dims, valid
 
     def load(self, n: ir.Load, order: tuple[str, ...] | None = None) -> Val:
@@ -182,3 +182,12 @@ class MemoryOps:
             self.depth -= 1
 
     # ---------------------------------------------------------------- reductions
+
+
+def _tile_mask(codes: list[str], vals: list[Val], dims: tuple[str, ...]) -> str:
+    """The conjunction of mask parts as a mask of the whole tile. A part with no dimensions (one
+    flag per program: a gathered row's bounds check) starts from a full tile of True: Triton's
+    interpreter refuses `vector & flag` as a load mask."""
+    if dims and any(not v.dims for v in vals):
+        codes = [f"tl.full({block_shape(dims)}, 1, tl.int1)", *codes]
+    return " & ".join(codes)
