@@ -14,9 +14,8 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from neptune_eq.rules.fusion import Binding, LoopCandidate, direct_bindings
-
 from neptune_eq import ir
+from neptune_eq.fusion.types import Binding, LoopCandidate, direct_bindings
 from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 

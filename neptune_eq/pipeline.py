@@ -24,12 +24,13 @@ from .extract.cost import Cost, plan_cost
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.terms import TermExtractor
 from .extract.view import EGraphView, build_view, class_of
+from .fusion.search import MAX_GROUPS_PER_AXIS, FusionSearch
+from .fusion.types import Binding
 from .ir import NeptuneError
 from .plan import Plan
 from .rules import analysis, splitk
 from .rules.algebra import ALGEBRA
 from .rules.base import Rule
-from .rules.fusion import MAX_GROUPS_PER_AXIS, Binding, FusionSearch
 from .saturate import Budget, BudgetError, Progress, Saturator, egraph_size, stderr_progress
 from .schedule import KernelSchedule, plan_schedules
 from .terms import Encoder, Term, split_factor

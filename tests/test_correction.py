@@ -2,11 +2,11 @@
 
 import numpy as np
 from neptune_eq.rules.algebra import ALGEBRA
-from neptune_eq.rules.correction import correction_for
 from neptune_eq.rules.soundness import eval_ir_sampled
 
 from neptune_eq import dsl as ne
 from neptune_eq import ir
+from neptune_eq.fusion.correction import correction_for
 from neptune_eq.runtime import compile_ir
 
 AXES = ("i", "j")
