@@ -120,8 +120,8 @@ class _Counter:
                 if n in seen:
                     continue
                 seen.add(n)
-                if isinstance(n, ir.Sym) and n.name.startswith("val:") and n.name[4:] in self.plan.inline:
-                    self.count([self.plan.inline[n.name[4:]]], loop, reps, seen)
+                if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in self.plan.inline:
+                    self.count([self.plan.inline[n.name]], loop, reps, seen)
                 elif isinstance(n, ir.Load):
                     spec = self.program.inputs.get(n.tensor)
                     dt = spec.dtype if spec else self.plan.buffers[n.tensor].dtype
@@ -272,7 +272,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
 
 
 def _has_state(e: ir.Node) -> bool:
-    return any(isinstance(n, ir.Sym) and n.name.split(":", 1)[0] in ("cur", "old") for n in ir.walk(e))
+    return any(isinstance(n, ir.StateRef) and n.running for n in ir.walk(e))
 
 
 def _footprint(program: ir.Program, plan: Plan, tensor: str, axes, k: KernelPlan) -> float:

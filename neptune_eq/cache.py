@@ -30,7 +30,7 @@ from .pipeline import Alternative, Options
 from .saturate import Budget
 from .schedule import KernelSchedule
 
-FORMAT = 2  # 1 was a pickle (never read: unpickling can run code)
+FORMAT = 3  # 1 was a pickle (never read: unpickling can run code); 2 wrote state references as "cur:x" strings
 MAX_ENTRY_BYTES = 64 << 20
 
 

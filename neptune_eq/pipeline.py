@@ -309,10 +309,10 @@ def _plans(c: Compilation) -> None:
         return best(comp.quotient_term, allow=free, key=("corr", lp.axis))
 
     def leaves_for(kind_of):
-        return {k: b.sym(kind_of(b)) for k, b in binding_leaves.items()}
+        return {k: b.ref(kind_of(b)) for k, b in binding_leaves.items()}
 
     def inline_term(b: Binding) -> ir.Node:
-        leaves = {k: v for k, v in leaves_for(lambda _b: "val").items() if binding_leaves[k] is not b}
+        leaves = {k: v for k, v in leaves_for(lambda _b: ir.RefKind.INLINE).items() if binding_leaves[k] is not b}
         # the binding's own reduction node is allowed; nested bindings are leaves
         return tx.best_term(cid(c.encoder.encode(b.node)), leaves=leaves)
 
@@ -320,7 +320,7 @@ def _plans(c: Compilation) -> None:
         key = ("out", out.name)
         if key not in cache:
             inline = space.inlinable()
-            leaves = leaves_for(lambda b: "val" if b.name in inline else "fin")
+            leaves = leaves_for(lambda b: ir.RefKind.INLINE if b.name in inline else ir.RefKind.FINAL)
             root = cid(c.roots[out.name])
             cache[key] = leaves[root] if root in leaves else tx.best_term(root, allow=no_red, leaves=leaves)
         return cache[key]

@@ -2,9 +2,9 @@
 
 For a consumer body g over the loop axis j with running producers R, the quotient
 g(R′, c) ⊘ g(R, c) (⊘ the inverse of the operator ⊗' that distributes over the consumer's monoid)
-goes into an e-graph with R = old:r and R′ = cur:r as fresh symbols. The algebra rules run one
-iteration at a time; as soon as the deps analysis shows the quotient's e-class no longer varies
-along j, the cheapest j-free term of that e-class is the correction. If the budget runs out first,
+goes into an e-graph with R = old:r and R′ = cur:r (ir.StateRef) as fresh symbols. The algebra
+rules run one iteration at a time; as soon as the deps analysis shows the quotient's e-class no
+longer varies along j, the cheapest j-free term of that e-class is the correction. If the budget runs out first,
 no correction exists as far as these rules can tell, and the fusion is not offered.
 
 Each search has its own small e-graph, so it is cheap, and the set of rules a correction needed can
@@ -115,14 +115,14 @@ def numeric_correction_check(body: ir.Node, corr: ir.Node, dist: str, producers:
     """Check g(R′, c) == g(R, c) ⊗' h(R, R′) on random float64 values. Returns a failure message or None."""
     rng = np.random.default_rng(seed)
     env: dict[str, np.ndarray] = {}
-    syms = {n.name for n in ir.walk(body) if isinstance(n, ir.Sym)} | {
-        n.name for n in ir.walk(corr) if isinstance(n, ir.Sym)}
-    for name in sorted(syms):
+    refs = {ir.show(n) for n in ir.walk(body) if isinstance(n, ir.StateRef)} | {
+        ir.show(n) for n in ir.walk(corr) if isinstance(n, ir.StateRef)}
+    for name in sorted(refs):
         env[name] = rng.normal(0, 3, samples)
     loads = {ir.show(n) for n in ir.walk(body) if isinstance(n, ir.Load | ir.Index)}
     for name in loads:
         env[name] = rng.normal(0, 3, samples)
-    old_body = ir.substitute(body, {p.sym("cur"): p.sym("old") for p in producers})
+    old_body = ir.substitute(body, {p.ref(ir.RefKind.CURRENT): p.ref(ir.RefKind.OLD) for p in producers})
     g_new = eval_ir_sampled(body, env)
     g_old = eval_ir_sampled(old_body, env)
     h = eval_ir_sampled(corr, env)

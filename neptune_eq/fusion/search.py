@@ -10,7 +10,7 @@ component of every loop whose corrections were found.
 rolling_update     consumer t = ⊕ⱼ g(r, cⱼ) and producer r = ⊗ⱼ eⱼ in one pass:
                    r' = r ⊗ eⱼ;  t' = t ⊗' h(r, r') ⊕ g(r', cⱼ)
                    h is found, not written: the quotient g(R', c) ⊘ g(R, c) (⊘ inverse of ⊗')
-                   is put into the e-graph with fresh symbols R = old:r, R' = cur:r; after
+                   is put into the e-graph with fresh symbols R = old:r, R' = cur:r (ir.StateRef); after
                    saturation its e-class must hold a term free of the loop axis. That term is h.
 horizontal_fusion  independent reductions over the same axis share one pass.
 """
@@ -128,8 +128,9 @@ class FusionSearch:
             mapping = {}
             for u in used:
                 ub = self.by_name[u]
-                kind = "cur" if u in names else ("fin" if ub.axis == axis else "val")
-                mapping[ub.node] = ub.sym(kind)
+                kind = ir.RefKind.CURRENT if u in names else (ir.RefKind.FINAL if ub.axis == axis
+                                                              else ir.RefKind.INLINE)
+                mapping[ub.node] = ub.ref(kind)
             body = ir.substitute(b.node.body, mapping)
             preds, core = split_mask(body, b.op)
             comp = CompCandidate(b, body, prods, conjunction(preds) or ir.Const(1.0), core)
@@ -137,7 +138,8 @@ class FusionSearch:
             comp.core_term = self.encoder.encode(core)
             if prods:
                 # the quotient is taken on the unmasked core: masked elements contribute the identity
-                old = ir.substitute(core, {self.by_name[p].sym("cur"): self.by_name[p].sym("old") for p in prods})
+                old = ir.substitute(core, {self.by_name[p].ref(ir.RefKind.CURRENT): self.by_name[p].ref(ir.RefKind.OLD)
+                                           for p in prods})
                 key = ir.Call("and", (core, old))
                 if key not in self.corrections:
                     if self._searcher is None:

@@ -31,9 +31,9 @@ class Binding:
     def axis(self) -> str:
         return self.node.axis
 
-    def sym(self, kind: str) -> ir.Sym:
-        """cur: running value in a pass, old: value before this tile, fin: final, val: inline value."""
-        return ir.Sym(f"{kind}:{self.name}", self.free)
+    def ref(self, kind: ir.RefKind) -> ir.StateRef:
+        """This reduction's final, inline, current or old value (ir.RefKind) as an IR leaf."""
+        return ir.StateRef(kind, self.name, self.free)
 
 
 def direct_bindings(body: ir.Node, bindings: dict[ir.Node, Binding]) -> set[str]:
@@ -89,7 +89,7 @@ class Application:
 @dataclass
 class CompCandidate:
     binding: Binding
-    body: ir.Node  # with cur:/fin:/val: symbols
+    body: ir.Node  # bindings it uses replaced by their current, final or inline values (ir.StateRef)
     producers: tuple[str, ...]  # in-loop producers (rolling)
     mask: ir.Node  # body ≡ where(mask, core, identity)
     core: ir.Node

@@ -17,6 +17,8 @@ from .values import (
     block_shape,
 )
 
+CURRENT, OLD, FINAL = ir.RefKind.CURRENT, ir.RefKind.OLD, ir.RefKind.FINAL
+
 
 def _state_dims(w: KernelWriter, c: CompPlan) -> tuple[str, ...]:
     return tuple(a for a in w.canon if a in c.free and a in w.vector)
@@ -74,7 +76,7 @@ class _PassWriter:
             self.loop(f"flo_{j}", f"fhi_{j}", masked=False)
             self.loop(f"fhi_{j}", f"hi_{j}", masked=True)
         for c in ps.comps:
-            w.scopes[0].memo[ir.Sym(f"fin:{c.name}", c.free)] = _state(w, c, self.state_names(c))
+            w.scopes[0].memo[c.ref(FINAL)] = _state(w, c, self.state_names(c))
         _ = n_j
 
     # ---- bounds from affine predicates
@@ -149,8 +151,7 @@ class _PassWriter:
         body: list[str] = []
         w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
         w.lines, w.depth = body, outer_depth + 1
-        scope = _Scope(axis=self.axis, variant={f"cur:{c.name}" for c in self.ps.comps}
-                       | {f"old:{c.name}" for c in self.ps.comps})
+        scope = _Scope(axis=self.axis, variant={c.ref(k) for c in self.ps.comps for k in ir.RUNNING})
         w.scopes.append(scope)
         w.vector[self.axis] = f"offs_{j}"
         w.starts[self.axis] = f"start_{j}"
@@ -180,7 +181,7 @@ class _PassWriter:
         new: dict[str, Val] = {}
         for c in self.ps.comps:
             old = _state(w, c, self.state_names(c))
-            sc.memo[ir.Sym(f"old:{c.name}", c.free)] = old
+            sc.memo[c.ref(OLD)] = old
             mask = valid
             if c.mask is not None and not _is_true(c.mask) and (masked or affine(c.mask) is None):
                 m = w.as_bool(w.value(c.mask))
@@ -200,7 +201,7 @@ class _PassWriter:
                               integer=c.integer)
             if part.kind == "acc":  # the dot already added the carried state
                 new[c.name] = nv = Val(part.code, part.dims, "f")
-                sc.memo[ir.Sym(f"cur:{c.name}", c.free)] = nv
+                sc.memo[c.ref(CURRENT)] = nv
                 continue
             codes, dims = w.align([carried, part])
             code = OPS[combine].triton.format(*codes)
@@ -208,7 +209,7 @@ class _PassWriter:
                 code = f"tl.broadcast_to({code}, {block_shape(sdims)})" if set(dims) <= set(sdims) else code
             nv = w.bind(code, sdims if set(dims) <= set(sdims) else dims, old.kind, "n")
             new[c.name] = nv
-            sc.memo[ir.Sym(f"cur:{c.name}", c.free)] = nv
+            sc.memo[c.ref(CURRENT)] = nv
         for c in self.ps.comps:
             w.emit(f"{self.state_names(c)} = {new[c.name].code}")
 
@@ -248,7 +249,7 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     body: list[str] = []
     w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
     w.lines, w.depth = body, outer_depth + 1
-    scope = _Scope(axis="chunk", variant={f"{k}:{c.name}" for c in ps.comps for k in ("cur", "old")})
+    scope = _Scope(axis="chunk", variant={c.ref(k) for c in ps.comps for k in ir.RUNNING})
     w.scopes.append(scope)
     parts: dict[str, Val] = {}
     for c in ps.comps:
@@ -276,7 +277,7 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     w.emit("for pid_chunk in range(0, CHUNKS):")
     w.lines.extend(body)
     for c in ps.comps:
-        w.scopes[0].memo[ir.Sym(f"fin:{c.name}", c.free)] = _state(w, c, names[c.name])
+        w.scopes[0].memo[c.ref(FINAL)] = _state(w, c, names[c.name])
 
 
 def _guarded(w: KernelWriter, ps: Pass, c: CompPlan, h: Val, ref: dict[str, Val]) -> Val:
@@ -297,12 +298,12 @@ def _guarded(w: KernelWriter, ps: Pass, c: CompPlan, h: Val, ref: dict[str, Val]
 def _corrected(w: KernelWriter, ps: Pass, c: CompPlan, state: Val, ref: dict[str, Val],
                new: dict[str, Val]) -> Val:
     """state ⊗' h(ref → new): move a partial result's reference point from `ref` to `new`."""
-    scope = _Scope(axis=None, variant={f"{k}:{p}" for p in c.producers for k in ("old", "cur")})
+    producers = [next(x for x in ps.comps if x.name == p) for p in c.producers]
+    scope = _Scope(axis=None, variant={pc.ref(k) for pc in producers for k in ir.RUNNING})
     w.scopes.append(scope)
-    for p in c.producers:
-        pc = next(x for x in ps.comps if x.name == p)
-        scope.memo[ir.Sym(f"old:{p}", pc.free)] = ref[p]
-        scope.memo[ir.Sym(f"cur:{p}", pc.free)] = new[p]
+    for pc in producers:
+        scope.memo[pc.ref(OLD)] = ref[pc.name]
+        scope.memo[pc.ref(CURRENT)] = new[pc.name]
     h = _guarded(w, ps, c, w.f32(w.value(c.corr)), ref)
     w.scopes.pop()
     codes, dims = w.align([state, h])

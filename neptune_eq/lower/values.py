@@ -101,7 +101,7 @@ def _ident(name: str) -> str:
 @dataclass
 class _Scope:
     memo: dict = field(default_factory=dict)
-    variant: set = field(default_factory=set)  # sym names that vary in this scope (loop state)
+    variant: set = field(default_factory=set)  # state references (ir.StateRef) that vary in this scope
     axis: str | None = None  # loop axis of this scope
 
 
