@@ -283,8 +283,8 @@ def _footprint(program: ir.Program, plan: Plan, tensor: str, axes, k: KernelPlan
         buf = plan.buffers[tensor]
         n = 1.0
         for a in buf.axes:
-            n *= k.chunks if a == "chunk" else program.axes.get(a, 1)
-        if "chunk" in buf.axes and k.chunks == 1:
+            n *= k.chunks if a is ir.CHUNK else program.axes.get(a, 1)
+        if ir.CHUNK in buf.axes and k.chunks == 1:
             n *= next((kk.chunks for kk in plan.kernels if kk.chunks > 1), 1)
         return n * _BYTES[buf.dtype]
     out = next((o for o in program.outputs if o.name == tensor), None)

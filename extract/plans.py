@@ -218,7 +218,7 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
         if ps.split > 1:
             part = KernelPlan(f"k{len(kernels)}_partial", grid, [ps], chunks=ps.split)
             for c in ps.comps:
-                part.epilogue.append(StorePlan(f"part_{c.name}", ("chunk", *c.free), c.ref(ir.RefKind.FINAL)))
+                part.epilogue.append(StorePlan(f"part_{c.name}", (ir.CHUNK, *c.free), c.ref(ir.RefKind.FINAL)))
             kernels.append(part)
             cur = KernelPlan(f"k{len(kernels)}", grid, [Combine(ps, ps.split)])
             kernels.append(cur)

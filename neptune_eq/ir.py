@@ -119,12 +119,26 @@ class Const(Node):
         return ("nan",) if math.isnan(v) else (v, math.copysign(1.0, v))
 
 
+class InternalAxis(enum.Enum):
+    """An axis the compiler adds and no program declares. It is not a string, so it never equals an
+    axis of the program (which may well be called "chunk"); it prints as its value."""
+
+    CHUNK = "chunk"  # the chunk of split-K's partial states: the first axis of their buffers
+
+    def __str__(self) -> str:
+        return self.value
+
+
+CHUNK = InternalAxis.CHUNK
+Axis = str | InternalAxis  # an axis of a program (its name) or one the compiler added
+
+
 class Index(Node):
     """The integer value of an axis index (for masks like j <= i)."""
 
     __slots__ = ("axis",)
 
-    def __init__(self, axis: str):
+    def __init__(self, axis: Axis):
         _init(self, axis=axis)
 
     def _args(self):

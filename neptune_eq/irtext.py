@@ -77,7 +77,7 @@ def _text(n: Node, wrap, exact: bool = False) -> tuple[str, float]:
         s = n.value.hex() if exact else _fmt_const(n.value)
         return s, (4 if s.startswith("-") else 100)
     if isinstance(n, Index):
-        return n.axis, 100
+        return str(n.axis), 100
     if isinstance(n, StateRef):
         return n.key, 100
     if isinstance(n, Load):

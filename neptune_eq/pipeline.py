@@ -27,6 +27,7 @@ from .extract.view import EGraphView, build_view, class_of
 from .fusion.search import MAX_GROUPS_PER_AXIS, FusionSearch
 from .fusion.types import Binding
 from .ir import NeptuneError
+from .lower.names import check_names
 from .plan import Plan
 from .rules import analysis, splitk
 from .rules.algebra import ALGEBRA
@@ -144,6 +145,7 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     if not isinstance(options, Options):
         raise NeptuneError(f"options must be a neptune_eq.pipeline.Options, got {type(options).__name__}")
     program.validate()
+    check_names(program)
     progress = stderr_progress if options.progress is True else (options.progress or None)
     c = _encode(program, options, progress)
     algebra, rules = _rulesets(options)
@@ -232,13 +234,16 @@ def _represent(c: Compilation) -> None:
     c.representative = dict(zip(names, terms))
     bindings: list[Binding] = []
     by_node: dict[ir.Node, Binding] = {}
-    counts: dict[str, int] = {}
+    taken: set[str] = set()
     for t in terms:
         for n in ir.walk(t):
             if isinstance(n, ir.Reduce) and n not in by_node:
-                stem = f"{n.op}_{n.axis}"
-                counts[stem] = counts.get(stem, 0) + 1
-                name = stem if counts[stem] == 1 else f"{stem}{counts[stem]}"
+                stem = name = f"{n.op}_{n.axis}"
+                k = 1
+                while name in taken:  # sum_j, sum_j2, ...: not the name of a sum over an axis "j2"
+                    k += 1
+                    name = f"{stem}{k}"
+                taken.add(name)
                 free = tuple(a for a in c.program.axes if a in n.axes)
                 b = Binding(name, n, classes[n], free)
                 by_node[n] = b

@@ -51,7 +51,7 @@ class CompPlan:
 @dataclass
 class StorePlan:
     target: str  # output or buffer name
-    axes: tuple[str, ...]
+    axes: tuple[ir.Axis, ...]
     expr: ir.Node
     dtype: str = "float32"
 
@@ -97,7 +97,7 @@ class KernelPlan:
 @dataclass(frozen=True)
 class BufferSpec:
     name: str
-    axes: tuple[str, ...]  # may start with a "chunk:<axis>" pseudo-axis for split-K partial states
+    axes: tuple[ir.Axis, ...]  # split-K partial states start with ir.CHUNK (the chunk they are of)
     dtype: str = "float32"
 
 
@@ -117,7 +117,7 @@ class Plan:
         for name, term in sorted(self.inline.items()):
             out.append(f"inline {name} = {ir.show(term)}")
         for name, buf in self.buffers.items():
-            out.append(f"buffer {name}[{', '.join(buf.axes)}]: {buf.dtype}")
+            out.append(f"buffer {name}[{', '.join(map(str, buf.axes))}]: {buf.dtype}")
         for k in self.kernels:
             chunk = f" × {k.chunks} chunks" if k.chunks > 1 else ""
             out.append(f"kernel {k.name} over ({', '.join(k.grid)}){chunk}:")
@@ -136,9 +136,9 @@ class Plan:
                         line += f"   [repair: {c.name} {OPS[c.dist].infix} {ir.show(c.corr)}]"
                     out.append(line)
                 for st in ph.stores:
-                    out.append(f"    store {st.target}[{', '.join(st.axes)}] = {ir.show(st.expr)}")
+                    out.append(f"    store {st.target}[{', '.join(map(str, st.axes))}] = {ir.show(st.expr)}")
             for st in k.epilogue:
-                out.append(f"  store {st.target}[{', '.join(st.axes)}] = {ir.show(st.expr)}")
+                out.append(f"  store {st.target}[{', '.join(map(str, st.axes))}] = {ir.show(st.expr)}")
         return "\n".join(out)
 
     def structure(self) -> str:

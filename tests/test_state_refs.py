@@ -40,14 +40,15 @@ def test_binding_refs():
 def test_refs_round_trip_through_the_cache_format():
     e = ir.Call("mul", (ir.StateRef(ir.RefKind.INLINE, "sum_d", ("i", "j")), ir.StateRef(OLD, "m", ("i",))))
     data = encode(e, ())
-    assert {"refkind": "INLINE"} in [a for o in data["objects"] for a in o.get("args", [])]
+    assert {"enum": ["RefKind", "INLINE"]} in [a for o in data["objects"] for a in o.get("args", [])]
     assert decode(data, ()) is e
 
 
-@pytest.mark.parametrize("kind", ["cur", "CURRENTS", 3, None])
+@pytest.mark.parametrize("kind", [["RefKind", "cur"], ["RefKind", "CURRENTS"], ["RefKind", 3],
+                                  ["InternalAxis", "CHUNK"], ["Ops", "CURRENT"], ["RefKind"], "CURRENT", None])
 def test_a_bad_ref_kind_in_the_cache_is_refused(kind):
     data = encode(ir.StateRef(CUR, "m", ("i",)), ())
-    data["objects"][0]["args"][0] = {"refkind": kind}
+    data["objects"][0]["args"][0] = {"enum": kind}
     with pytest.raises(FormatError):
         decode(data, ())
 

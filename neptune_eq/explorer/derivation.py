@@ -221,7 +221,7 @@ def placement_steps(alt: Alternative) -> list[Step]:
         writers = [k.name for k in plan.kernels if _writes(k, name)]
         readers = [k.name for k in plan.kernels if _reads(k, name)]
         what = "partial states of split-K chunks" if name.startswith("part_") else "an intermediate"
-        steps.append(Step("materialise", f"{name}[{', '.join(buf.axes)}] ({what}) written by "
+        steps.append(Step("materialise", f"{name}[{', '.join(map(str, buf.axes))}] ({what}) written by "
                                          f"{', '.join(writers) or '?'}, read by {', '.join(readers) or '?'} "
                                          "through HBM"))
     n = len(plan.kernels)

@@ -249,11 +249,11 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     body: list[str] = []
     w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
     w.lines, w.depth = body, outer_depth + 1
-    scope = _Scope(axis="chunk", variant={c.ref(k) for c in ps.comps for k in ir.RUNNING})
+    scope = _Scope(axis=ir.CHUNK, variant={c.ref(k) for c in ps.comps for k in ir.RUNNING})
     w.scopes.append(scope)
     parts: dict[str, Val] = {}
     for c in ps.comps:
-        ld = ir.Load(f"part_{c.name}", (ir.Index("chunk"), *(ir.Index(a) for a in c.free)))
+        ld = ir.Load(f"part_{c.name}", (ir.Index(ir.CHUNK), *(ir.Index(a) for a in c.free)))
         v = w.load(ld)
         parts[c.name] = v if c.integer else w.f32(v)
     new: dict[str, Val] = {}

@@ -102,7 +102,7 @@ def _ident(name: str) -> str:
 class _Scope:
     memo: dict = field(default_factory=dict)
     variant: set = field(default_factory=set)  # state references (ir.StateRef) that vary in this scope
-    axis: str | None = None  # loop axis of this scope
+    axis: ir.Axis | None = None  # loop axis of this scope (ir.CHUNK for split-K's combine)
 
 
 def block_shape(dims) -> str:
