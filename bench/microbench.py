@@ -51,16 +51,22 @@ def _ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
+def _copy_rate(dev) -> float:
+    a = torch.empty(1 << 29, dtype=torch.float16, device=dev)
+    b = torch.empty_like(a)
+    return 2 * a.numel() * 2 / (_ms(lambda: b.copy_(a)) * 1e-3)
+
+
+def _mm_rate(dev) -> float:
+    m = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
+    return 2 * 8192**3 / (_ms(lambda: torch.mm(m, m)) * 1e-3)
+
+
 def measure() -> dict:
     dev = torch.device("cuda")
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
-    a = torch.empty(1 << 29, dtype=torch.float16, device=dev)
-    b = torch.empty_like(a)
-    out["copy_bytes_per_s"] = 2 * a.numel() * 2 / (_ms(lambda: b.copy_(a)) * 1e-3)
-    del a, b
-    m = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
-    out["mm_flops_per_s"] = 2 * 8192**3 / (_ms(lambda: torch.mm(m, m)) * 1e-3)
-    del m
+    out["copy_bytes_per_s"] = _copy_rate(dev)
+    out["mm_flops_per_s"] = _mm_rate(dev)
     n, reps = 1 << 24, 64
     x = torch.randn(n, device=dev)
     y = torch.empty_like(x)

@@ -124,8 +124,8 @@ class _Counter:
                 if n in seen:
                     continue
                 seen.add(n)
-                if isinstance(n, ir.Sym) and n.name.startswith("val:") and n.name[4:] in self.plan.inline:
-                    term = self.plan.inline[n.name[4:]]
+                if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in self.plan.inline:
+                    term = self.plan.inline[n.name]
                     steps = self.ksteps.get(term.axis, 1) if isinstance(term, ir.Reduce) else 1
                     self.count([term], loop, reps * steps, seen, kloop or steps > 1)
                 elif isinstance(n, ir.Load):
@@ -340,7 +340,7 @@ def _mma_efficiency(k: KernelPlan, sched: KernelSchedule, program: ir.Program, p
 
 
 def _has_state(e: ir.Node) -> bool:
-    return any(isinstance(n, ir.Sym) and n.name.split(":", 1)[0] in ("cur", "old") for n in ir.walk(e))
+    return any(isinstance(n, ir.StateRef) and n.running for n in ir.walk(e))
 
 
 def _footprint(program: ir.Program, plan: Plan, tensor: str, axes, k: KernelPlan) -> float:
@@ -351,8 +351,8 @@ def _footprint(program: ir.Program, plan: Plan, tensor: str, axes, k: KernelPlan
         buf = plan.buffers[tensor]
         n = 1.0
         for a in buf.axes:
-            n *= k.chunks if a == "chunk" else program.axes.get(a, 1)
-        if "chunk" in buf.axes and k.chunks == 1:
+            n *= k.chunks if a is ir.CHUNK else program.axes.get(a, 1)
+        if ir.CHUNK in buf.axes and k.chunks == 1:
             n *= next((kk.chunks for kk in plan.kernels if kk.chunks > 1), 1)
         return n * _BYTES[buf.dtype]
     out = next((o for o in program.outputs if o.name == tensor), None)
@@ -362,11 +362,11 @@ def _footprint(program: ir.Program, plan: Plan, tensor: str, axes, k: KernelPlan
 
 
 def _wave_extents(k: KernelPlan, sched: KernelSchedule, program: ir.Program, concurrent: int) -> dict[str, int]:
-    """How many different tiles of each grid axis (and split-K chunks, key "chunk") the
+    """How many different tiles of each grid axis (and split-K chunks, key ir.CHUNK) the
     `concurrent` programs running together touch: programs are numbered chunk fastest, then the
     last grid axis, or a grouped pair innermost (groups of sched.group tiles of its first axis)."""
     ntiles = {a: math.ceil(program.axes[a] / sched.step(a)) for a in k.grid}
-    out: dict[str, int] = {"chunk": min(k.chunks, max(1, concurrent))}
+    out: dict = {ir.CHUNK: min(k.chunks, max(1, concurrent))}
     left = math.ceil(max(1, concurrent) / k.chunks)
     order = list(reversed(k.grid))
     pair = grouped_pair(k, sched)
@@ -393,7 +393,7 @@ def _slice_bytes(t: str, program, plan, k: KernelPlan, sched: KernelSchedule) ->
     for a in spec.axes:
         if a in k.grid:
             n *= min(sched.step(a), program.axes[a])
-        elif a == "chunk":
+        elif a == ir.CHUNK:
             n *= 1
         else:
             n *= program.axes.get(a, 1) / split.get(a, 1)
@@ -417,7 +417,7 @@ def _hbm_reads(loaded: dict[str, float], program, plan, k, sched, programs: int,
         axes = set(spec.axes) if spec else set()
         slices = math.prod(touched[a] for a in k.grid if a in axes)
         if axes & split_axes:
-            slices *= touched["chunk"]
+            slices *= touched[ir.CHUNK]
         per_wave[t] = min(loaded[t], _slice_bytes(t, program, plan, k, sched)) * slices
     # what must stay in L2 at once: a tensor streamed along a loop axis only its current tiles
     # (the programs of a wave move through the loop together), the others their whole slices

@@ -14,9 +14,8 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from neptune_eq.rules.fusion import Binding, LoopCandidate, direct_bindings
-
 from neptune_eq import ir
+from neptune_eq.fusion.types import Binding, LoopCandidate, direct_bindings
 from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 
@@ -229,7 +228,7 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
         if ps.split > 1:
             part = KernelPlan(f"k{len(kernels)}_partial", grid, [ps], chunks=ps.split)
             for c in ps.comps:
-                part.epilogue.append(StorePlan(f"part_{c.name}", ("chunk", *c.free), ir.Sym(f"fin:{c.name}", c.free)))
+                part.epilogue.append(StorePlan(f"part_{c.name}", (ir.CHUNK, *c.free), c.ref(ir.RefKind.FINAL)))
             kernels.append(part)
             cur = KernelPlan(f"k{len(kernels)}", grid, [Combine(ps, ps.split)])
             kernels.append(cur)
@@ -253,7 +252,7 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
     by_node = {b.node: b for b in space.bindings}
     for out in program.outputs:
         expr = space.terms.output_expr(out)
-        used = {n.name.split(":", 1)[1] for n in ir.walk(expr) if isinstance(n, ir.Sym)}
+        used = {n.name for n in ir.walk(expr) if isinstance(n, ir.StateRef)}
         used |= direct_bindings(space.representative[out.name], by_node)
         ks = [owner_kernel[u] for u in used if u in owner_kernel]
         if not kernels:
@@ -295,11 +294,12 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
             buf = f"buf_{name}"
             if buf not in buffers:
                 buffers[buf] = BufferSpec(buf, b.free, "int64" if name in ints else floats)
-                kernels[src].epilogue.append(StorePlan(buf, b.free, ir.Sym(f"fin:{name}", b.free)))
+                kernels[src].epilogue.append(StorePlan(buf, b.free, b.ref(ir.RefKind.FINAL)))
             _replace_syms(k, name, ir.Load(buf, tuple(ir.Index(a) for a in b.free)))
     inline_terms = {name: space.terms.inline_term(by_name[name]) for name in inline}
     for term in inline_terms.values():  # an inline term computed per tile cannot wait for a loop's result
-        if any(isinstance(n, ir.Sym) and n.name.startswith("val:") and n.name[4:] not in inline for n in ir.walk(term)):
+        if any(isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name not in inline
+               for n in ir.walk(term)):
             return None
     groups = [(lp.axis, lp.names, ps.split) for ps, lp, _ in passes]
     return Plan(kernels, buffers, inline_terms, groups, fused, derivation)
@@ -325,12 +325,15 @@ def _exprs(k: KernelPlan):
         yield st.expr
 
 
+_VALUES = (ir.RefKind.FINAL, ir.RefKind.INLINE)  # references a kernel needs computed, loaded or inline
+
+
 def _syms_needed(k: KernelPlan) -> set[str]:
     out = set()
     for e in _exprs(k):
         for n in ir.walk(e):
-            if isinstance(n, ir.Sym) and n.name.split(":", 1)[0] in ("fin", "val"):
-                out.add(n.name.split(":", 1)[1])
+            if isinstance(n, ir.StateRef) and n.kind in _VALUES:
+                out.add(n.name)
     return out
 
 
@@ -339,7 +342,7 @@ def _replace_syms(k: KernelPlan, name: str, load: ir.Load) -> None:
 
     def sub(e: ir.Node) -> ir.Node:
         for n in ir.walk(e):
-            if isinstance(n, ir.Sym) and n.name in (f"fin:{name}", f"val:{name}"):
+            if isinstance(n, ir.StateRef) and n.kind in _VALUES and n.name == name:
                 mapping[n] = load
         return ir.substitute(e, mapping) if mapping else e
 

@@ -46,7 +46,7 @@ class TermExtractor:
     axis_order: tuple[str, ...]
     extents: dict[str, int]
     loads: dict[str, ir.Load]
-    syms: dict[str, ir.Sym]
+    syms: dict[str, ir.StateRef]  # Term.sym key → the reference (Encoder.syms)
     _size: dict[int, float] = field(default_factory=dict)
 
     def size(self, cid: int) -> float:
@@ -151,7 +151,7 @@ class TermExtractor:
             elif n.op == "index":
                 out = ir.Index(n.args[0])
             elif n.op == "sym":
-                out = self.syms.get(n.args[0]) or ir.Sym(n.args[0])
+                out = self.syms[n.args[0]]
             elif n.op == "red":
                 out = ir.Reduce(n.args[0], n.args[1], go(n.args[2]))
             else:

@@ -30,7 +30,8 @@ from .pipeline import Alternative, Options
 from .saturate import Budget
 from .schedule import KernelSchedule
 
-FORMAT = 2  # 1 was a pickle (never read: unpickling can run code)
+FORMAT = 3  # 1 was a pickle (never read: unpickling can run code); 2 wrote state references as "cur:x" strings
+# and split-K's chunk axis as the string "chunk"
 MAX_ENTRY_BYTES = 64 << 20
 
 

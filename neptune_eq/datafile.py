@@ -1,14 +1,15 @@
 """Typed JSON for cache files: dataclasses of an allowlist and IR nodes, decoded without running code.
 
 `encode(value, classes)` turns a value built of None, bool, int, float, str, lists, tuples, dicts,
-frozensets, IR nodes and instances of the dataclasses in `classes` into plain JSON data: a table of
-objects (each node or dataclass instance once, children before parents, so shared nodes stay
-shared) and a root. `decode(data, classes)` rebuilds it. Decoding calls nothing but the IR node
-constructors and the allowlisted dataclasses' generated `__init__`, and only with arguments that
-match their declared field types (checked against the type hints, e.g. `tuple[str, ...]`, `Node |
-None`); a reference may only point to an earlier object, so the data cannot be cyclic. Anything
-else — an unknown class, a field of the wrong type, a malformed tag — raises FormatError. Unlike
-pickle, there is no way for the data to name a function to call.
+frozensets, IR nodes, members of ir's enums ({"enum": ["RefKind", "CURRENT"]}) and instances of the
+dataclasses in `classes` into plain JSON data: a table of objects (each node or dataclass instance
+once, children before parents, so shared nodes stay shared) and a root. `decode(data, classes)`
+rebuilds it. Decoding calls nothing but the IR node constructors and the allowlisted dataclasses'
+generated `__init__`, and only with arguments that match their declared field types (checked
+against the type hints, e.g. `tuple[str, ...]`, `Node | None`); a reference may only point to an
+earlier object, so the data cannot be cyclic. Anything else — an unknown class, a field of the
+wrong type, a malformed tag — raises FormatError. Unlike pickle, there is no way for the data to
+name a function to call.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ class FormatError(ValueError):
 # the IR node kinds and the types of their constructor arguments (Node._args order)
 _NODES: dict[str, tuple[type, tuple]] = {
     "Const": (ir.Const, (float,)),
-    "Index": (ir.Index, (str,)),
+    "Index": (ir.Index, (ir.Axis,)),
     "Load": (ir.Load, (str, tuple[ir.Node, ...])),
     "Call": (ir.Call, (str, tuple[ir.Node, ...])),
     "Reduce": (ir.Reduce, (str, str, ir.Node)),
-    "Sym": (ir.Sym, (str, tuple[str, ...])),
+    "StateRef": (ir.StateRef, (ir.RefKind, str, tuple[str, ...])),
 }
 _NODE_NAMES = {cls: name for name, (cls, _) in _NODES.items()}
-_TAGS = ("tuple", "dict", "frozenset", "ref")
+_ENUMS = {cls.__name__: cls for cls in (ir.RefKind, ir.InternalAxis)}  # typed atoms: a member by its name
+_TAGS = ("tuple", "dict", "frozenset", "ref", "enum")
 
 
 def encode(value, classes: tuple[type, ...]) -> dict:
@@ -81,6 +83,8 @@ class _Encoder:
             return {"frozenset": [self.value(x) for x in v]}
         if t is dict:
             return {"dict": [[self.value(k), self.value(x)] for k, x in v.items()]}
+        if _ENUMS.get(t.__name__) is t:
+            return {"enum": [t.__name__, v.name]}
         if t in _NODE_NAMES or self.classes.get(t.__name__) is t:
             return {"ref": self.ref(v)}
         raise TypeError(f"cannot encode a {t.__name__}")
@@ -121,6 +125,11 @@ class _Decoder:
             if not (type(body) is int and 0 <= body < len(self.objects)):  # earlier objects only: no cycles
                 raise FormatError(f"bad reference {body!r}")
             return self.objects[body]
+        if tag == "enum":
+            cls = _ENUMS.get(body[0]) if type(body) is list and len(body) == 2 and type(body[0]) is str else None
+            if cls is None or not (type(body[1]) is str and body[1] in cls.__members__):
+                raise FormatError(f"unknown enum member {str(body)[:60]}")
+            return cls[body[1]]
         if not isinstance(body, list):
             raise FormatError(f"{tag} needs a list")
         if tag == "tuple":

@@ -7,6 +7,7 @@ Nodes are immutable, hash-consed by value, and carry their free axes.
 
 from __future__ import annotations
 
+import enum
 import math
 import weakref
 from collections.abc import Iterator
@@ -118,12 +119,26 @@ class Const(Node):
         return ("nan",) if math.isnan(v) else (v, math.copysign(1.0, v))
 
 
+class InternalAxis(enum.Enum):
+    """An axis the compiler adds and no program declares. It is not a string, so it never equals an
+    axis of the program (which may well be called "chunk"); it prints as its value."""
+
+    CHUNK = "chunk"  # the chunk of split-K's partial states: the first axis of their buffers
+
+    def __str__(self) -> str:
+        return self.value
+
+
+CHUNK = InternalAxis.CHUNK
+Axis = str | InternalAxis  # an axis of a program (its name) or one the compiler added
+
+
 class Index(Node):
     """The integer value of an axis index (for masks like j <= i)."""
 
     __slots__ = ("axis",)
 
-    def __init__(self, axis: str):
+    def __init__(self, axis: Axis):
         _init(self, axis=axis)
 
     def _args(self):
@@ -191,22 +206,46 @@ class Reduce(Node):
         return self.body.axes - {self.axis}
 
 
-class Sym(Node):
-    """A named value that varies over `axes` (loop state in kernel plans, quotient symbols, ...)."""
+class RefKind(enum.Enum):
+    """Which value of a reduction a StateRef stands for; the value is its prefix in printed IR."""
 
-    __slots__ = ("name", "sym_axes")
+    FINAL = "fin"  # its final value (computed by an earlier pass or kernel)
+    INLINE = "val"  # its value computed per element where it is used (a contraction over a small axis)
+    CURRENT = "cur"  # its running value in the pass that carries it, after the current tile
+    OLD = "old"  # its running value before the current tile
 
-    def __init__(self, name: str, axes: frozenset[str] | tuple[str, ...] = ()):
-        _init(self, name=name, sym_axes=frozenset(axes))
+
+RUNNING = frozenset((RefKind.CURRENT, RefKind.OLD))  # the values a loop's carried state takes
+
+
+class StateRef(Node):
+    """A reduction's value referred to by its name, varying over `axes`: its final or inline value
+    in kernel plans, its running value (current / old) in a loop's update and in correction quotients."""
+
+    __slots__ = ("kind", "name", "ref_axes")
+
+    def __init__(self, kind: RefKind, name: str, axes: frozenset[str] | tuple[str, ...] = ()):
+        if not isinstance(kind, RefKind):
+            raise TypeError(f"StateRef kind must be a RefKind, not {kind!r}")
+        _init(self, kind=kind, name=name, ref_axes=frozenset(axes))
 
     def _args(self):
-        return (self.name, tuple(sorted(self.sym_axes)))
+        return (self.kind, self.name, tuple(sorted(self.ref_axes)))
 
     def _key(self):
-        return (self.name, tuple(sorted(self.sym_axes)))
+        return self._args()
 
     def _free_axes(self):
-        return self.sym_axes
+        return self.ref_axes
+
+    @property
+    def running(self) -> bool:
+        return self.kind in RUNNING
+
+    @property
+    def key(self) -> str:
+        """The reference as one string (`cur:x`): its printed form and its symbol in the e-graph."""
+        return f"{self.kind.value}:{self.name}"
 
 
 # ---------------------------------------------------------------- traversal helpers

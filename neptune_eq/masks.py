@@ -24,12 +24,12 @@ def _sample_env(nodes, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     env: dict[str, np.ndarray] = {}
     for n in nodes:
-        key = n.name if isinstance(n, ir.Sym) else ir.show(n)
+        key = ir.show(n)
         if key in env:
             continue
         if isinstance(n, ir.Index):
             env[key] = rng.integers(-64, 64, _SAMPLES).astype(float)
-        elif isinstance(n, ir.Sym):
+        elif isinstance(n, ir.StateRef):
             v = rng.normal(0, 4, _SAMPLES)
             kind = rng.integers(0, 10, _SAMPLES)
             v = np.where(kind == 0, -np.inf, v)
@@ -41,7 +41,7 @@ def _sample_env(nodes, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def _leaves(node: ir.Node):
-    return [n for n in ir.walk(node) if isinstance(n, ir.Sym | ir.Load | ir.Index)]
+    return [n for n in ir.walk(node) if isinstance(n, ir.StateRef | ir.Load | ir.Index)]
 
 
 def is_identity_everywhere(node: ir.Node, identity: float) -> bool:

@@ -43,7 +43,7 @@ def _integral_here(n: ir.Node, memo: dict[int, bool], int_leaf) -> bool:
         return math.isfinite(n.value) and float(n.value).is_integer() and abs(n.value) < 2**63
     if isinstance(n, ir.Index):
         return True
-    if isinstance(n, ir.Load | ir.Sym):
+    if isinstance(n, ir.Load | ir.StateRef):
         return int_leaf(n)
     if isinstance(n, ir.Reduce):
         return memo[id(n.body)]
@@ -63,7 +63,7 @@ def input_leaf(program: ir.Program, buffers: dict | None = None, int_syms: set[s
         if isinstance(n, ir.Load):
             spec = program.inputs.get(n.tensor) or buffers.get(n.tensor)
             return spec is not None and spec.dtype in INTEGER_DTYPES
-        return isinstance(n, ir.Sym) and n.name.split(":", 1)[-1] in int_syms
+        return isinstance(n, ir.StateRef) and n.name in int_syms
 
     return leaf
 

@@ -24,12 +24,14 @@ from .extract.cost import Cost, kernel_cost, plan_cost
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.terms import TermExtractor
 from .extract.view import EGraphView, build_view, class_of
+from .fusion.search import MAX_GROUPS_PER_AXIS, FusionSearch
+from .fusion.types import Binding
 from .ir import NeptuneError
+from .lower.names import check_names
 from .plan import Plan
 from .rules import analysis, splitk
 from .rules.algebra import ALGEBRA
 from .rules.base import Rule
-from .rules.fusion import MAX_GROUPS_PER_AXIS, Binding, FusionSearch
 from .saturate import Budget, BudgetError, Progress, Saturator, egraph_size, stderr_progress
 from .schedule import KernelSchedule, plan_schedules
 from .space import plan_variants
@@ -145,6 +147,7 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     if not isinstance(options, Options):
         raise NeptuneError(f"options must be a neptune_eq.pipeline.Options, got {type(options).__name__}")
     program.validate()
+    check_names(program)
     progress = stderr_progress if options.progress is True else (options.progress or None)
     c = _encode(program, options, progress)
     algebra, rules = _rulesets(options)
@@ -233,13 +236,16 @@ def _represent(c: Compilation) -> None:
     c.representative = dict(zip(names, terms))
     bindings: list[Binding] = []
     by_node: dict[ir.Node, Binding] = {}
-    counts: dict[str, int] = {}
+    taken: set[str] = set()
     for t in terms:
         for n in ir.walk(t):
             if isinstance(n, ir.Reduce) and n not in by_node:
-                stem = f"{n.op}_{n.axis}"
-                counts[stem] = counts.get(stem, 0) + 1
-                name = stem if counts[stem] == 1 else f"{stem}{counts[stem]}"
+                stem = name = f"{n.op}_{n.axis}"
+                k = 1
+                while name in taken:  # sum_j, sum_j2, ...: not the name of a sum over an axis "j2"
+                    k += 1
+                    name = f"{stem}{k}"
+                taken.add(name)
                 free = tuple(a for a in c.program.axes if a in n.axes)
                 b = Binding(name, n, classes[n], free)
                 by_node[n] = b
@@ -310,10 +316,10 @@ def _plans(c: Compilation) -> None:
         return best(comp.quotient_term, allow=free, key=("corr", lp.axis))
 
     def leaves_for(kind_of):
-        return {k: b.sym(kind_of(b)) for k, b in binding_leaves.items()}
+        return {k: b.ref(kind_of(b)) for k, b in binding_leaves.items()}
 
     def inline_term(b: Binding) -> ir.Node:
-        leaves = {k: v for k, v in leaves_for(lambda _b: "val").items() if binding_leaves[k] is not b}
+        leaves = {k: v for k, v in leaves_for(lambda _b: ir.RefKind.INLINE).items() if binding_leaves[k] is not b}
         # the binding's own reduction node is allowed; nested bindings are leaves
         return tx.best_term(cid(c.encoder.encode(b.node)), leaves=leaves)
 
@@ -321,7 +327,7 @@ def _plans(c: Compilation) -> None:
         key = ("out", out.name)
         if key not in cache:
             inline = space.inlinable()
-            leaves = leaves_for(lambda b: "val" if b.name in inline else "fin")
+            leaves = leaves_for(lambda b: ir.RefKind.INLINE if b.name in inline else ir.RefKind.FINAL)
             root = cid(c.roots[out.name])
             cache[key] = leaves[root] if root in leaves else tx.best_term(root, allow=no_red, leaves=leaves)
         return cache[key]

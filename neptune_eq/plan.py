@@ -9,8 +9,9 @@ A kernel runs one program per tile of its grid axes and, inside, a sequence of p
              corrections as the rolling update
 
 followed by an epilogue that stores outputs and buffers over the grid axes. Expressions are IR
-nodes over loads, indices and state symbols: fin:x (final value of x), val:x (an inline value,
-e.g. a contraction over a small axis computed per tile), cur:x / old:x (running values).
+nodes over loads, indices and references to reductions (ir.StateRef, printed kind:name): fin:x
+(final value of x), val:x (an inline value, e.g. a contraction over a small axis computed per
+tile), cur:x / old:x (running values).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class CompPlan:
     mask: ir.Node | None
     core: ir.Node
     producers: tuple[str, ...] = ()
-    corr: ir.Node | None = None  # over old:/cur: of the producers
+    corr: ir.Node | None = None  # over the producers' old and current values
     dist: str | None = None  # the op applying corr: "mul" (sum) or "add" (max/min)
     guard: bool = False  # corr is replaced by the annihilator while a max/min producer is still its identity
     annihilator: float = 0.0
@@ -42,11 +43,15 @@ class CompPlan:
     def identity(self) -> float | int:
         return INT_IDENTITY[self.op] if self.integer else MONOIDS[self.op].identity
 
+    def ref(self, kind: ir.RefKind) -> ir.StateRef:
+        """This reduction's final or running value, as expressions refer to it."""
+        return ir.StateRef(kind, self.name, self.free)
+
 
 @dataclass
 class StorePlan:
     target: str  # output or buffer name
-    axes: tuple[str, ...]
+    axes: tuple[ir.Axis, ...]
     expr: ir.Node
     dtype: str = "float32"
 
@@ -92,7 +97,7 @@ class KernelPlan:
 @dataclass(frozen=True)
 class BufferSpec:
     name: str
-    axes: tuple[str, ...]  # may start with a "chunk:<axis>" pseudo-axis for split-K partial states
+    axes: tuple[ir.Axis, ...]  # split-K partial states start with ir.CHUNK (the chunk they are of)
     dtype: str = "float32"
 
 
@@ -100,7 +105,7 @@ class BufferSpec:
 class Plan:
     kernels: list[KernelPlan]
     buffers: dict[str, BufferSpec]
-    inline: dict[str, ir.Node]  # val:x → the term computed per element
+    inline: dict[str, ir.Node]  # x → the term its inline value (val:x) is computed from per element
     groups: list[tuple[str, tuple[str, ...], int]]  # (axis, components, split) per loop group
     fused_kernels: bool
     derivation: list[str] = field(default_factory=list)
@@ -112,7 +117,7 @@ class Plan:
         for name, term in sorted(self.inline.items()):
             out.append(f"inline {name} = {ir.show(term)}")
         for name, buf in self.buffers.items():
-            out.append(f"buffer {name}[{', '.join(buf.axes)}]: {buf.dtype}")
+            out.append(f"buffer {name}[{', '.join(map(str, buf.axes))}]: {buf.dtype}")
         for k in self.kernels:
             chunk = f" × {k.chunks} chunks" if k.chunks > 1 else ""
             out.append(f"kernel {k.name} over ({', '.join(k.grid)}){chunk}:")
@@ -131,9 +136,9 @@ class Plan:
                         line += f"   [repair: {c.name} {OPS[c.dist].infix} {ir.show(c.corr)}]"
                     out.append(line)
                 for st in ph.stores:
-                    out.append(f"    store {st.target}[{', '.join(st.axes)}] = {ir.show(st.expr)}")
+                    out.append(f"    store {st.target}[{', '.join(map(str, st.axes))}] = {ir.show(st.expr)}")
             for st in k.epilogue:
-                out.append(f"  store {st.target}[{', '.join(st.axes)}] = {ir.show(st.expr)}")
+                out.append(f"  store {st.target}[{', '.join(map(str, st.axes))}] = {ir.show(st.expr)}")
         return "\n".join(out)
 
     def structure(self) -> str:

@@ -111,8 +111,8 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
             else:
                 r = t.amin(dim=k)
             return _Val(r, v.dims[:k] + v.dims[k + 1:])
-        if isinstance(n, ir.Sym):
-            raise ProgramError(f"cannot evaluate symbol '{n.name}' without a binding")
+        if isinstance(n, ir.StateRef):
+            raise ProgramError(f"cannot evaluate symbol '{n.key}' without a binding")
         raise TypeError(type(n))
 
     def go_plain(t: torch.Tensor, axes: tuple[str, ...]) -> _Val:

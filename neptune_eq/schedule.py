@@ -72,8 +72,8 @@ def kernel_exprs(k: KernelPlan, plan: Plan) -> list[ir.Node]:
     exprs += [s.expr for s in k.epilogue]
     for e in exprs:
         for n in ir.walk(e):
-            if isinstance(n, ir.Sym) and n.name.startswith("val:") and n.name[4:] in plan.inline:
-                exprs.append(plan.inline[n.name[4:]])
+            if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in plan.inline:
+                exprs.append(plan.inline[n.name])
     return exprs
 
 

@@ -43,7 +43,7 @@ class Term(Expr):
     def index(cls, axis: StringLike) -> Term: ...
 
     @classmethod
-    def sym(cls, name: StringLike) -> Term: ...  # named state: "cur:r1", "old:r1", "fin:r1"
+    def sym(cls, name: StringLike) -> Term: ...  # an ir.StateRef by its key: "cur:r1", "old:r1", "fin:r1"
 
     def __add__(self, other: Term) -> Term: ...
 
@@ -267,7 +267,7 @@ class Encoder:
     axis_order: tuple[str, ...]
     extents: dict[str, int]
     loads: dict[str, ir.Load] = field(default_factory=dict)
-    syms: dict[str, ir.Sym] = field(default_factory=dict)
+    syms: dict[str, ir.StateRef] = field(default_factory=dict)  # Term.sym key → the reference
     _memo: dict[ir.Node, Term] = field(default_factory=dict)
     _pending: list = field(default_factory=list)
     _size: dict[ir.Node, int] = field(default_factory=dict)  # expression size below the nearest lets
@@ -330,9 +330,9 @@ class Encoder:
             t = Term.load(key)
             self._pending.append(set_(deps(t)).to(i64(self.mask(n.axes))))
             return t
-        if isinstance(n, ir.Sym):
-            self.syms[n.name] = n
-            t = Term.sym(n.name)
+        if isinstance(n, ir.StateRef):
+            self.syms[n.key] = n
+            t = Term.sym(n.key)
             self._pending.append(set_(deps(t)).to(i64(self.mask(n.axes))))
             return t
         if isinstance(n, ir.Reduce):

@@ -404,7 +404,8 @@ def describe(rule) -> str:
 
 
 def eval_ir_sampled(node: ir.Node, env: dict[str, np.ndarray]) -> np.ndarray:
-    """Evaluate an IR expression elementwise; leaves (syms, loads, indices) are looked up by name."""
+    """Evaluate an IR expression elementwise; leaves (state refs, loads, indices) are looked up by
+    their printed form (`cur:m`, `x[i, j]`)."""
     memo: dict[int, np.ndarray] = {}
 
     def go(n: ir.Node) -> np.ndarray:
@@ -413,9 +414,7 @@ def eval_ir_sampled(node: ir.Node, env: dict[str, np.ndarray]) -> np.ndarray:
             return hit
         if isinstance(n, ir.Const):
             out = np.asarray(n.value)
-        elif isinstance(n, ir.Sym):
-            out = env[n.name]
-        elif isinstance(n, ir.Load | ir.Index):
+        elif isinstance(n, ir.StateRef | ir.Load | ir.Index):
             out = env[ir.show(n)]
         elif isinstance(n, ir.Call):
             out = OPS[n.op].numpy(*(go(a) for a in n.args))

@@ -2,17 +2,17 @@
 
 import numpy as np
 from neptune_eq.rules.algebra import ALGEBRA
-from neptune_eq.rules.correction import correction_for
 from neptune_eq.rules.soundness import eval_ir_sampled
 
 from neptune_eq import dsl as ne
 from neptune_eq import ir
+from neptune_eq.fusion.correction import correction_for
 from neptune_eq.runtime import compile_ir
 
 AXES = ("i", "j")
 EXT = {"i": 8, "j": 64}
 x = ir.Load("x", (ir.Index("i"), ir.Index("j")))
-cur, old = ir.Sym("cur:m", ("i",)), ir.Sym("old:m", ("i",))
+cur, old = ir.StateRef(ir.RefKind.CURRENT, "m", ("i",)), ir.StateRef(ir.RefKind.OLD, "m", ("i",))
 
 
 def sub_state(e):
@@ -65,7 +65,7 @@ def test_rejected_fusion_is_recorded_and_plan_still_correct():
 def test_correction_over_two_producers():
     """p = exp(x − m)/l normalised before the sum: the quotient still cancels the per-element terms."""
     v = ir.Load("v", (ir.Index("j"),))
-    cur_l, old_l = ir.Sym("cur:l", ("i",)), ir.Sym("old:l", ("i",))
+    cur_l, old_l = ir.StateRef(ir.RefKind.CURRENT, "l", ("i",)), ir.StateRef(ir.RefKind.OLD, "l", ("i",))
     core = ir.Call("mul", (ir.Call("div", (ir.Call("exp", (ir.Call("sub", (x, cur)),)), cur_l)), v))
     old_core = ir.substitute(core, {cur: old, cur_l: old_l})
     r = correction_for(core, old_core, "sum", "j", AXES, EXT, ALGEBRA)

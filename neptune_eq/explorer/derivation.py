@@ -8,7 +8,7 @@ Nothing here is a fixed story. Each step comes from data the pipeline kept:
     rolling_update     the fusion application recorded on the LoopCandidate: the quotient that was
                        saturated, the correction h found in its e-class, the search's size and the
                        rules that matched in it; on request the minimal rule set that still derives h
-                       (rules/correction.py minimal_rules re-runs the search, so it is computed lazily)
+                       (fusion/correction.py minimal_rules re-runs the search, so it is computed lazily)
     horizontal_fusion  the recorded application (independent reductions sharing a pass)
     split_k            the chunk count the plan uses and the split_k phase's matches
     inline/materialise the plan's inline terms and the buffers its kernels exchange through HBM
@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import ir
+from ..fusion.correction import minimal_rules
+from ..fusion.types import CompCandidate, CorrectionResult, LoopCandidate
 from ..ops import OPS
 from ..pipeline import Alternative, Compilation
 from ..plan import Combine, CompPlan, KernelPlan, Pass, Plan
 from ..rules.base import Rule
-from ..rules.correction import CorrectionResult, minimal_rules
-from ..rules.fusion import CompCandidate, LoopCandidate
 from ..saturate import PhaseReport
 
 Progress = Callable[[str], None] | None
@@ -221,7 +221,7 @@ def placement_steps(alt: Alternative) -> list[Step]:
         writers = [k.name for k in plan.kernels if _writes(k, name)]
         readers = [k.name for k in plan.kernels if _reads(k, name)]
         what = "partial states of split-K chunks" if name.startswith("part_") else "an intermediate"
-        steps.append(Step("materialise", f"{name}[{', '.join(buf.axes)}] ({what}) written by "
+        steps.append(Step("materialise", f"{name}[{', '.join(map(str, buf.axes))}] ({what}) written by "
                                          f"{', '.join(writers) or '?'}, read by {', '.join(readers) or '?'} "
                                          "through HBM"))
     n = len(plan.kernels)

@@ -67,8 +67,8 @@ def _realize(view: EGraphView, cid: int, node: ir.Node, hl: Highlight, memo: dic
             kids = [] if en.args and en.args[0] == node.value else None
         elif isinstance(node, ir.Load) and en.op == "load":
             kids = [] if en.args[0] == ir.show(node) else None
-        elif isinstance(node, ir.Sym) and en.op == "sym":
-            kids = [] if en.args[0] == node.name else None
+        elif isinstance(node, ir.StateRef) and en.op == "sym":
+            kids = [] if en.args[0] == node.key else None
         elif isinstance(node, ir.Index) and en.op == "index":
             kids = [] if en.args[0] == node.axis else None
         elif isinstance(node, ir.Reduce) and en.op == "red":

@@ -119,10 +119,10 @@ class KernelWriter(MemoryOps, ContractOps):
         if sc.axis is not None and sc.axis in n.axes:
             return True
         for m in ir.walk(n):
-            if isinstance(m, ir.Sym) and m.name in sc.variant:
+            if isinstance(m, ir.StateRef) and m in sc.variant:
                 return True
-            if isinstance(m, ir.Sym) and m.name.startswith("val:"):
-                inner = self.plan.inline.get(m.name[4:])
+            if isinstance(m, ir.StateRef) and m.kind is ir.RefKind.INLINE:
+                inner = self.plan.inline.get(m.name)
                 if inner is not None and self.variant_in(inner, sc):
                     return True
         return False
@@ -197,11 +197,10 @@ class KernelWriter(MemoryOps, ContractOps):
             if n.axis in self.scalar:
                 return Val(self.scalar[n.axis], (), "i")
             raise KeyError(f"axis {n.axis} has no index in kernel {self.k.name}")
-        if isinstance(n, ir.Sym):
-            kind, name = n.name.split(":", 1)
-            if kind == "val" and name in self.plan.inline:
-                return self.value(self.plan.inline[name])
-            raise KeyError(f"symbol {n.name} is not available in kernel {self.k.name}")
+        if isinstance(n, ir.StateRef):
+            if n.kind is ir.RefKind.INLINE and n.name in self.plan.inline:
+                return self.value(self.plan.inline[n.name])
+            raise KeyError(f"symbol {n.key} is not available in kernel {self.k.name}")
         if isinstance(n, ir.Load):
             return self.load(n)
         if isinstance(n, ir.Reduce):
@@ -303,10 +302,9 @@ class KernelWriter(MemoryOps, ContractOps):
             return frozenset(out)
         if isinstance(n, ir.Index):
             return frozenset({n.axis} & set(self.vector))
-        if isinstance(n, ir.Sym):
-            kind, name = n.name.split(":", 1)
-            if kind == "val" and name in self.plan.inline:
-                return self.eff_dims(self.plan.inline[name])
+        if isinstance(n, ir.StateRef):
+            if n.kind is ir.RefKind.INLINE and n.name in self.plan.inline:
+                return self.eff_dims(self.plan.inline[n.name])
             return frozenset(n.axes & set(self.vector))
         if isinstance(n, ir.Reduce):
             return self.eff_dims(n.body) - {n.axis}

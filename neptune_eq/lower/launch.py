@@ -137,7 +137,7 @@ class Launcher:
         buf = self.plan.buffers[name]
         chunks = next((k.chunks for k in self.plan.kernels if k.chunks > 1
                        and any(s.target == name for s in k.epilogue)), 1)
-        return tuple(chunks if a == "chunk" else self.program.axes[a] for a in buf.axes)
+        return tuple(chunks if a is ir.CHUNK else self.program.axes[a] for a in buf.axes)
 
     def _buffer(self, device, name: str) -> torch.Tensor:
         key = (device, name)

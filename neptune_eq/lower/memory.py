@@ -37,7 +37,7 @@ class MemoryOps:
                 if self.tail_masks.get(e.axis, True):
                     code = self.row_masks.get(e.axis) or f"({self.vector[e.axis]} < {self.extent(e.axis)})"
                     masks.append(Val(code, (e.axis,), "b"))
-            elif isinstance(e, ir.Index) and e.axis == "chunk":
+            elif isinstance(e, ir.Index) and e.axis is ir.CHUNK:
                 entries.append((Val("pid_chunk", (), "i"), stride))
             else:
                 v = self.value(e)

@@ -17,6 +17,8 @@ from .values import (
     block_shape,
 )
 
+CURRENT, OLD, FINAL = ir.RefKind.CURRENT, ir.RefKind.OLD, ir.RefKind.FINAL
+
 
 def _state_dims(w: KernelWriter, c: CompPlan) -> tuple[str, ...]:
     return tuple(a for a in w.canon if a in c.free and a in w.vector)
@@ -76,7 +78,7 @@ class _PassWriter:
             self.loop(f"flo_{j}", f"fhi_{j}", masked=False)
             self.loop(f"fhi_{j}", f"hi_{j}", masked=True)
         for c in ps.comps:
-            w.scopes[0].memo[ir.Sym(f"fin:{c.name}", c.free)] = _state(w, c, self.state_names(c))
+            w.scopes[0].memo[c.ref(FINAL)] = _state(w, c, self.state_names(c))
         _ = n_j
 
     # ---- bounds from affine predicates
@@ -151,8 +153,8 @@ class _PassWriter:
         body: list[str] = []
         w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
         w.lines, w.depth = body, outer_depth + 1
-        scope = _Scope(axis=self.axis, variant={f"cur:{c.name}" for c in self.ps.comps}
-                       | {f"old:{c.name}" for c in self.ps.comps}, lines=body, depth=outer_depth + 1)
+        scope = _Scope(axis=self.axis, variant={c.ref(k) for c in self.ps.comps for k in ir.RUNNING}, lines=body,
+                       depth=outer_depth + 1)
         w.scopes.append(scope)
         w.vector[self.axis] = f"offs_{j}"
         w.starts[self.axis] = f"start_{j}"
@@ -190,7 +192,7 @@ class _PassWriter:
             w.starts[self.axis] = "0"
             w.tail_masks[self.axis] = w.program.axes[self.axis] != self.tile
             w.emit(f"offs_{j} = tl.arange(0, BLOCK_{j})")
-        sc.variant |= {f"{k}:{c.name}" for c in self.ps.comps for k in ("cur", "old")}
+        sc.variant |= {c.ref(k) for c in self.ps.comps for k in ir.RUNNING}
         masked = w.tail_masks[self.axis]
         valid = Val(f"(offs_{j} < {w.extent(self.axis)})", (self.axis,), "b") if masked else None
         self.tile_update(valid, masked)
@@ -203,7 +205,7 @@ class _PassWriter:
         new: dict[str, Val] = {}
         for c in self.ps.comps:
             old = _state(w, c, self.state_names(c))
-            sc.memo[ir.Sym(f"old:{c.name}", c.free)] = old
+            sc.memo[c.ref(OLD)] = old
             mask = valid
             if c.mask is not None and not _is_true(c.mask) and (masked or affine(c.mask) is None):
                 m = w.as_bool(w.value(c.mask))
@@ -223,7 +225,7 @@ class _PassWriter:
                               integer=c.integer)
             if part.kind == "acc":  # the dot already added the carried state
                 new[c.name] = nv = Val(part.code, part.dims, "f")
-                sc.memo[ir.Sym(f"cur:{c.name}", c.free)] = nv
+                sc.memo[c.ref(CURRENT)] = nv
                 continue
             codes, dims = w.align([carried, part])
             code = OPS[combine].triton.format(*codes)
@@ -231,7 +233,7 @@ class _PassWriter:
                 code = f"tl.broadcast_to({code}, {block_shape(sdims)})" if set(dims) <= set(sdims) else code
             nv = w.bind(code, sdims if set(dims) <= set(sdims) else dims, old.kind, "n")
             new[c.name] = nv
-            sc.memo[ir.Sym(f"cur:{c.name}", c.free)] = nv
+            sc.memo[c.ref(CURRENT)] = nv
         for c in self.ps.comps:
             w.emit(f"{self.state_names(c)} = {new[c.name].code}")
 
@@ -271,12 +273,12 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     body: list[str] = []
     w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
     w.lines, w.depth = body, outer_depth + 1
-    scope = _Scope(axis="chunk", variant={f"{k}:{c.name}" for c in ps.comps for k in ("cur", "old")}, lines=body,
+    scope = _Scope(axis=ir.CHUNK, variant={c.ref(k) for c in ps.comps for k in ir.RUNNING}, lines=body,
                    depth=outer_depth + 1)
     w.scopes.append(scope)
     parts: dict[str, Val] = {}
     for c in ps.comps:
-        ld = ir.Load(f"part_{c.name}", (ir.Index("chunk"), *(ir.Index(a) for a in c.free)))
+        ld = ir.Load(f"part_{c.name}", (ir.Index(ir.CHUNK), *(ir.Index(a) for a in c.free)))
         v = w.load(ld)
         parts[c.name] = v if c.integer else w.f32(v)
     new: dict[str, Val] = {}
@@ -300,7 +302,7 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     w.emit("for pid_chunk in range(0, CHUNKS):")
     w.lines.extend(body)
     for c in ps.comps:
-        w.scopes[0].memo[ir.Sym(f"fin:{c.name}", c.free)] = _state(w, c, names[c.name])
+        w.scopes[0].memo[c.ref(FINAL)] = _state(w, c, names[c.name])
 
 
 def _guarded(w: KernelWriter, ps: Pass, c: CompPlan, h: Val, ref: dict[str, Val]) -> Val:
@@ -321,13 +323,13 @@ def _guarded(w: KernelWriter, ps: Pass, c: CompPlan, h: Val, ref: dict[str, Val]
 def _corrected(w: KernelWriter, ps: Pass, c: CompPlan, state: Val, ref: dict[str, Val],
                new: dict[str, Val]) -> Val:
     """state ⊗' h(ref → new): move a partial result's reference point from `ref` to `new`."""
-    scope = _Scope(axis=None, variant={f"{k}:{p}" for p in c.producers for k in ("old", "cur")}, lines=w.lines,
+    producers = [next(x for x in ps.comps if x.name == p) for p in c.producers]
+    scope = _Scope(axis=None, variant={pc.ref(k) for pc in producers for k in ir.RUNNING}, lines=w.lines,
                    depth=w.depth)
     w.scopes.append(scope)
-    for p in c.producers:
-        pc = next(x for x in ps.comps if x.name == p)
-        scope.memo[ir.Sym(f"old:{p}", pc.free)] = ref[p]
-        scope.memo[ir.Sym(f"cur:{p}", pc.free)] = new[p]
+    for pc in producers:
+        scope.memo[pc.ref(OLD)] = ref[pc.name]
+        scope.memo[pc.ref(CURRENT)] = new[pc.name]
     h = _guarded(w, ps, c, w.f32(w.value(c.corr)), ref)
     w.scopes.pop()
     codes, dims = w.align([state, h])

@@ -101,8 +101,8 @@ def _ident(name: str) -> str:
 @dataclass
 class _Scope:
     memo: dict = field(default_factory=dict)
-    variant: set = field(default_factory=set)  # sym names that vary in this scope (loop state)
-    axis: str | None = None  # loop axis of this scope
+    variant: set = field(default_factory=set)  # state references (ir.StateRef) that vary in this scope
+    axis: ir.Axis | None = None  # loop axis of this scope (ir.CHUNK for split-K's combine)
     lines: list | None = None  # where code computed at this scope's level goes (None: the current lines)
     depth: int = 0
 

@@ -2,9 +2,9 @@
 
 For a consumer body g over the loop axis j with running producers R, the quotient
 g(R′, c) ⊘ g(R, c) (⊘ the inverse of the operator ⊗' that distributes over the consumer's monoid)
-goes into an e-graph with R = old:r and R′ = cur:r as fresh symbols. The algebra rules run one
-iteration at a time; as soon as the deps analysis shows the quotient's e-class no longer varies
-along j, the cheapest j-free term of that e-class is the correction. If the budget runs out first,
+goes into an e-graph with R = old:r and R′ = cur:r (ir.StateRef) as fresh symbols. The algebra
+rules run one iteration at a time; as soon as the deps analysis shows the quotient's e-class no
+longer varies along j, the cheapest j-free term of that e-class is the correction. If the budget runs out first,
 no correction exists as far as these rules can tell, and the fusion is not offered.
 
 Each search has its own small e-graph, so it is cheap, and the set of rules a correction needed can
@@ -14,41 +14,23 @@ be recomputed exactly (`minimal_rules`) for derivations.
 from __future__ import annotations
 
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 
+import numpy as np
 from egglog import EGraph, ruleset
-from neptune_eq.extract.terms import TermExtractor
-from neptune_eq.extract.view import build_view, class_of
 
 from neptune_eq import ir
-from neptune_eq.ops import MONOIDS
+from neptune_eq.extract.terms import TermExtractor
+from neptune_eq.extract.view import build_view, class_of
+from neptune_eq.ops import MONOIDS, OPS
+from neptune_eq.rules import analysis
+from neptune_eq.rules.base import Rule
+from neptune_eq.rules.soundness import eval_ir_sampled
 from neptune_eq.saturate import Budget, Saturator
 from neptune_eq.terms import Encoder, deps, nonneg
 
-from . import analysis
-from .base import Rule
+from .types import Binding, CorrectionResult
 
 CORRECTION_BUDGET = Budget(max_nodes=20_000, max_seconds=5.0, max_iterations=10)
-
-
-@dataclass
-class CorrectionResult:
-    quotient: ir.Node
-    dist: str | None = None  # ⊗' that applies the correction
-    inverse: str | None = None
-    cond: str = "any"  # side condition that makes ⊗' distribute over the consumer's monoid
-    annihilator: float = 0.0
-    correction: ir.Node | None = None
-    iterations: int = 0
-    nodes: int = 0
-    seconds: float = 0.0
-    reason: str = ""
-    matches: Counter = field(default_factory=Counter)
-
-    @property
-    def found(self) -> bool:
-        return self.correction is not None
 
 
 class CorrectionSearcher:
@@ -126,3 +108,28 @@ def minimal_rules(result: CorrectionResult, axis: str, axis_order, extents, rule
         if h is not None:
             keep = trial
     return keep
+
+
+def numeric_correction_check(body: ir.Node, corr: ir.Node, dist: str, producers: list[Binding],
+                             samples: int = 256, seed: int = 0) -> str | None:
+    """Check g(R′, c) == g(R, c) ⊗' h(R, R′) on random float64 values. Returns a failure message or None."""
+    rng = np.random.default_rng(seed)
+    env: dict[str, np.ndarray] = {}
+    refs = {ir.show(n) for n in ir.walk(body) if isinstance(n, ir.StateRef)} | {
+        ir.show(n) for n in ir.walk(corr) if isinstance(n, ir.StateRef)}
+    for name in sorted(refs):
+        env[name] = rng.normal(0, 3, samples)
+    loads = {ir.show(n) for n in ir.walk(body) if isinstance(n, ir.Load | ir.Index)}
+    for name in loads:
+        env[name] = rng.normal(0, 3, samples)
+    old_body = ir.substitute(body, {p.ref(ir.RefKind.CURRENT): p.ref(ir.RefKind.OLD) for p in producers})
+    g_new = eval_ir_sampled(body, env)
+    g_old = eval_ir_sampled(old_body, env)
+    h = eval_ir_sampled(corr, env)
+    fixed = OPS[dist].numpy(g_old, h)
+    ok = np.isnan(g_new) | np.isclose(fixed, g_new, rtol=1e-7, atol=1e-12) | (fixed == g_new)
+    if not ok.all():
+        k = int(np.argmin(ok))
+        return (f"correction fails at sample {k}: g(R′,c) = {g_new[k]!r} but g(R,c) {dist} h = {fixed[k]!r}")
+    return None
+

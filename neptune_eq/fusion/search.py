@@ -1,8 +1,8 @@
-"""Fusion rules: rolling update and horizontal fusion of reductions over one axis.
+"""The fusion search: rolling update and horizontal fusion of reductions over one axis.
 
-These rules rewrite the *structure* of a program (which reductions share a pass over an axis),
+These fusions rewrite the *structure* of a program (which reductions share a pass over an axis),
 so they need a substitution (a producer's final value → its running value) and a view of whole
-reduction groups. They are therefore Python rules over the e-graph: they read the representative
+reduction groups. They are therefore a Python search over the e-graph: they read the representative
 program extracted after the algebra phase, add fused `Loop` terms and correction quotients to the
 same e-graph, and, once a later algebra phase has run, union each reduction's e-class with its
 component of every loop whose corrections were found.
@@ -10,7 +10,7 @@ component of every loop whose corrections were found.
 rolling_update     consumer t = ⊕ⱼ g(r, cⱼ) and producer r = ⊗ⱼ eⱼ in one pass:
                    r' = r ⊗ eⱼ;  t' = t ⊗' h(r, r') ⊕ g(r', cⱼ)
                    h is found, not written: the quotient g(R', c) ⊘ g(R, c) (⊘ inverse of ⊗')
-                   is put into the e-graph with fresh symbols R = old:r, R' = cur:r; after
+                   is put into the e-graph with fresh symbols R = old:r, R' = cur:r (ir.StateRef); after
                    saturation its e-class must hold a term free of the loop axis. That term is h.
 horizontal_fusion  independent reductions over the same axis share one pass.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-import numpy as np
 from egglog import EGraph, union
 
 from neptune_eq import ir
@@ -29,92 +28,11 @@ from neptune_eq.ops import OPS
 from neptune_eq.saturate import Budget, Saturator
 from neptune_eq.terms import Comp, Comps, Encoder, Loop, Term, get
 
-from .correction import CORRECTION_BUDGET, CorrectionResult, CorrectionSearcher
+from .correction import CORRECTION_BUDGET, CorrectionSearcher
+from .types import Application, Binding, CompCandidate, CorrectionResult, LoopCandidate, direct_bindings
 
 MAX_GROUP_SIZE = 8
 MAX_GROUPS_PER_AXIS = 48  # fused groups tried per axis, nearest members first (each may need a search)
-
-
-@dataclass(frozen=True)
-class Binding:
-    """A reduction of the representative program: computed by a loop, or inline per element."""
-
-    name: str
-    node: ir.Reduce
-    cid: int  # its e-class
-    free: tuple[str, ...]  # free axes, program order
-
-    @property
-    def op(self) -> str:
-        return self.node.op
-
-    @property
-    def axis(self) -> str:
-        return self.node.axis
-
-    def sym(self, kind: str) -> ir.Sym:
-        """cur: running value in a pass, old: value before this tile, fin: final, val: inline value."""
-        return ir.Sym(f"{kind}:{self.name}", self.free)
-
-
-def direct_bindings(body: ir.Node, bindings: dict[ir.Node, Binding]) -> set[str]:
-    """Bindings referenced by `body` outside of other bindings (the ones a substitution replaces)."""
-    found: set[str] = set()
-    stack = [body]
-    seen: set[int] = set()
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        b = bindings.get(n)
-        if b is not None:
-            found.add(b.name)
-            continue
-        stack.extend(n.children())
-    return found
-
-
-@dataclass
-class Application:
-    """One fusion-rule application, as the derivation reports it."""
-
-    rule: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.rule}: {self.detail}"
-
-
-@dataclass
-class CompCandidate:
-    binding: Binding
-    body: ir.Node  # with cur:/fin:/val: symbols
-    producers: tuple[str, ...]  # in-loop producers (rolling)
-    mask: ir.Node  # body ≡ where(mask, core, identity)
-    core: ir.Node
-    mask_term: Term | None = None
-    core_term: Term | None = None
-    correction: CorrectionResult | None = None
-    quotient_term: Term | None = None
-
-    @property
-    def chosen(self) -> CorrectionResult | None:
-        return self.correction if self.correction is not None and self.correction.found else None
-
-
-@dataclass
-class LoopCandidate:
-    axis: str
-    comps: list[CompCandidate]
-    term: Loop | None = None
-    valid: bool = False
-    reason: str = ""
-    applications: list[Application] = field(default_factory=list)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(c.binding.name for c in self.comps)
 
 
 @dataclass
@@ -210,8 +128,9 @@ class FusionSearch:
             mapping = {}
             for u in used:
                 ub = self.by_name[u]
-                kind = "cur" if u in names else ("fin" if ub.axis == axis else "val")
-                mapping[ub.node] = ub.sym(kind)
+                kind = ir.RefKind.CURRENT if u in names else (ir.RefKind.FINAL if ub.axis == axis
+                                                              else ir.RefKind.INLINE)
+                mapping[ub.node] = ub.ref(kind)
             body = ir.substitute(b.node.body, mapping)
             preds, core = split_mask(body, b.op)
             comp = CompCandidate(b, body, prods, conjunction(preds) or ir.Const(1.0), core)
@@ -219,7 +138,8 @@ class FusionSearch:
             comp.core_term = self.encoder.encode(core)
             if prods:
                 # the quotient is taken on the unmasked core: masked elements contribute the identity
-                old = ir.substitute(core, {self.by_name[p].sym("cur"): self.by_name[p].sym("old") for p in prods})
+                old = ir.substitute(core, {self.by_name[p].ref(ir.RefKind.CURRENT): self.by_name[p].ref(ir.RefKind.OLD)
+                                           for p in prods})
                 key = ir.Call("and", (core, old))
                 if key not in self.corrections:
                     if self._searcher is None:
@@ -294,30 +214,4 @@ def _nearest_groups(members: list, largest: int):
                 hi = lo + span
                 for mid in itertools.combinations(range(lo + 1, hi), size - 2):
                     yield (members[lo], *(members[k] for k in mid), members[hi])
-
-
-def numeric_correction_check(body: ir.Node, corr: ir.Node, dist: str, producers: list[Binding],
-                             samples: int = 256, seed: int = 0) -> str | None:
-    """Check g(R′, c) == g(R, c) ⊗' h(R, R′) on random float64 values. Returns a failure message or None."""
-    from .soundness import eval_ir_sampled
-
-    rng = np.random.default_rng(seed)
-    env: dict[str, np.ndarray] = {}
-    syms = {n.name for n in ir.walk(body) if isinstance(n, ir.Sym)} | {
-        n.name for n in ir.walk(corr) if isinstance(n, ir.Sym)}
-    for name in sorted(syms):
-        env[name] = rng.normal(0, 3, samples)
-    loads = {ir.show(n) for n in ir.walk(body) if isinstance(n, ir.Load | ir.Index)}
-    for name in loads:
-        env[name] = rng.normal(0, 3, samples)
-    old_body = ir.substitute(body, {p.sym("cur"): p.sym("old") for p in producers})
-    g_new = eval_ir_sampled(body, env)
-    g_old = eval_ir_sampled(old_body, env)
-    h = eval_ir_sampled(corr, env)
-    fixed = OPS[dist].numpy(g_old, h)
-    ok = np.isnan(g_new) | np.isclose(fixed, g_new, rtol=1e-7, atol=1e-12) | (fixed == g_new)
-    if not ok.all():
-        k = int(np.argmin(ok))
-        return (f"correction fails at sample {k}: g(R′,c) = {g_new[k]!r} but g(R,c) {dist} h = {fixed[k]!r}")
-    return None
 

@@ -1,0 +1,117 @@
+"""What the fusion and correction searches produce, as plain data: the reductions they work on
+(Binding), the loop groups they propose (LoopCandidate, CompCandidate), the corrections they find
+(CorrectionResult) and the rule applications a derivation reports (Application).
+
+Plan extraction (extract/plans.py) and the explorer read these; only fusion/ builds them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from neptune_eq import ir
+from neptune_eq.terms import Loop, Term
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A reduction of the representative program: computed by a loop, or inline per element."""
+
+    name: str
+    node: ir.Reduce
+    cid: int  # its e-class
+    free: tuple[str, ...]  # free axes, program order
+
+    @property
+    def op(self) -> str:
+        return self.node.op
+
+    @property
+    def axis(self) -> str:
+        return self.node.axis
+
+    def ref(self, kind: ir.RefKind) -> ir.StateRef:
+        """This reduction's final, inline, current or old value (ir.RefKind) as an IR leaf."""
+        return ir.StateRef(kind, self.name, self.free)
+
+
+def direct_bindings(body: ir.Node, bindings: dict[ir.Node, Binding]) -> set[str]:
+    """Bindings referenced by `body` outside of other bindings (the ones a substitution replaces)."""
+    found: set[str] = set()
+    stack = [body]
+    seen: set[int] = set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        b = bindings.get(n)
+        if b is not None:
+            found.add(b.name)
+            continue
+        stack.extend(n.children())
+    return found
+
+
+@dataclass
+class CorrectionResult:
+    """What a correction search found for one quotient: h and the ⊗' applying it, or why not."""
+
+    quotient: ir.Node
+    dist: str | None = None  # ⊗' that applies the correction
+    inverse: str | None = None
+    cond: str = "any"  # side condition that makes ⊗' distribute over the consumer's monoid
+    annihilator: float = 0.0
+    correction: ir.Node | None = None
+    iterations: int = 0
+    nodes: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+    matches: Counter = field(default_factory=Counter)
+
+    @property
+    def found(self) -> bool:
+        return self.correction is not None
+
+
+@dataclass
+class Application:
+    """One fusion-rule application, as the derivation reports it."""
+
+    rule: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.detail}"
+
+
+@dataclass
+class CompCandidate:
+    binding: Binding
+    body: ir.Node  # bindings it uses replaced by their current, final or inline values (ir.StateRef)
+    producers: tuple[str, ...]  # in-loop producers (rolling)
+    mask: ir.Node  # body ≡ where(mask, core, identity)
+    core: ir.Node
+    mask_term: Term | None = None
+    core_term: Term | None = None
+    correction: CorrectionResult | None = None
+    quotient_term: Term | None = None
+
+    @property
+    def chosen(self) -> CorrectionResult | None:
+        return self.correction if self.correction is not None and self.correction.found else None
+
+
+@dataclass
+class LoopCandidate:
+    axis: str
+    comps: list[CompCandidate]
+    term: Loop | None = None
+    valid: bool = False
+    reason: str = ""
+    applications: list[Application] = field(default_factory=list)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.binding.name for c in self.comps)
