@@ -372,8 +372,11 @@ def _wave_extents(k: KernelPlan, sched: KernelSchedule, program: ir.Program, con
     pair = grouped_pair(k, sched)
     if pair is not None:
         m, n = pair
-        out[m] = min(ntiles[m], sched.group, left)
-        out[n] = min(ntiles[n], math.ceil(left / out[m]))
+        if left >= ntiles[m] * ntiles[n]:  # the wave spans whole (m, n) planes
+            out[m], out[n] = ntiles[m], ntiles[n]
+        else:
+            out[m] = min(ntiles[m], sched.group, left)
+            out[n] = min(ntiles[n], math.ceil(left / out[m]))
         left = math.ceil(left / (ntiles[m] * ntiles[n]))
         order = [a for a in order if a not in pair]
     for a in order:

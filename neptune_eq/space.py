@@ -8,9 +8,9 @@ what the program is called):
     rows       several rows of a batch-like axis per program, for rows too narrow to fill one
     resident   the loop axis held whole on chip: every pass of the kernel runs on one tile, so a
                row is read once however many passes use it (softmax: max, sum and store)
-    gemm       a contraction over the loop axis into two large grid axes (a norm feeding a matmul):
-               2-D output tiles, a pipelined K-loop, programs grouped so that the ones running
-               together share operand tiles in L2
+    2-D        a contraction over the loop axis into two large grid axes (a norm feeding a matmul,
+               attention's P·V): 2-D output tiles, the loop pipelined over K tiles, programs grouped
+               so that the ones running together share operand tiles in L2
     kloop      an inline contraction over a long axis runs as a nested K-loop where it is used
                (the hidden axis of linear cross-entropy inside the pass over the vocabulary)
 
@@ -38,7 +38,7 @@ GEMM_GROUP = 8
 
 @dataclass(frozen=True)
 class Variant:
-    kind: str  # what the explorer shows, e.g. "gemm 128×128×64 g8"
+    kind: str  # what the explorer shows, e.g. "2-D 128×128, K-tile 64, grouped 8"
     schedule: KernelSchedule
 
 
@@ -49,7 +49,7 @@ def gemm_axes(k: KernelPlan, program: ir.Program) -> tuple[str, str, str] | None
         if ps.split > 1:
             continue
         for c in ps.comps:
-            if c.op != "sum" or c.producers:
+            if c.op != "sum":
                 continue
             loads = [n for n in ir.walk(c.core) if isinstance(n, ir.Load) and ps.axis in n.axes]
             grid = [a for a in k.grid if program.axes[a] >= 16 and a in c.core.axes]
@@ -105,7 +105,7 @@ def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kernel
                 continue
             seen.add(key)
             s = replace(base.with_tiles(**tiles), num_warps=warps, num_stages=stages, group=GEMM_GROUP)
-            out.append(Variant(f"gemm {tiles[m]}×{tiles[n]}×{tiles[kk]} g{GEMM_GROUP}", s))
+            out.append(Variant(f"2-D {tiles[m]}×{tiles[n]}, K-tile {tiles[kk]}, grouped {GEMM_GROUP}", s))
         return out
     axis = _resident_axis(k, plan, program)
     rows = _batch_rows(k, program, base)

@@ -1,0 +1,171 @@
+"""The schedule space (neptune_eq/space.py): every kind runs end to end in the interpreter on
+sizes that are not tile multiples and matches float64; the cost model's choice between kinds at
+H100 sizes (compile only, nothing runs)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from neptune_eq import dsl as ne
+from neptune_eq.device import H100
+from neptune_eq.pipeline import Options, compile_program
+from neptune_eq.runtime import compile_ir
+
+
+def _rms_matmul(m=40, k=96, n=72):
+    P = ne.program("rms_matmul")
+    i, d, e = P.axes(i=m, d=k, e=n)
+    x, w, W = P.input("x", i, d), P.input("w", d), P.input("W", d, e)
+    r = ne.rsqrt(ne.sum(x * x, d) * (1.0 / k) + 1e-6)
+    P.output("o", ne.sum(x * r * w * W, d), (i, e))
+    return P.build()
+
+
+def _softmax_lse(m=10, n=100):
+    P = ne.program("softmax_lse")
+    i, d = P.axes(i=m, d=n)
+    x = P.input("x", i, d)
+    mx = ne.max(x, d)
+    p = ne.exp(x - mx)
+    P.output("y", p / ne.sum(p, d), (i, d))
+    P.output("lse", ne.log(ne.sum(p, d)) + mx, (i,))
+    return P.build()
+
+
+def _logit_lse(t=20, h=300, v=70):
+    """log Σ_v exp(Σ_h X·W): a contraction over h inside a pass over v (linear cross-entropy's
+    normaliser). h = 300 is longer than one tile: a K-loop."""
+    P = ne.program("logit_lse")
+    ti, hi, vi = P.axes(t=t, h=h, v=v)
+    X, W = P.input("X", ti, hi), P.input("W", vi, hi)
+    z = ne.sum(X * W, hi)
+    m = ne.max(z, vi)
+    P.output("lse", ne.log(ne.sum(ne.exp(z - m), vi)) + m, (ti,))
+    return P.build()
+
+
+def _pick(prog, kind: str, structure: str = ""):
+    for a in prog.alternatives:
+        if kind in a.kind and structure in a.plan.structure():
+            return prog.pin(a.id)
+    raise AssertionError(f"no alternative of kind {kind!r} among {[a.structure for a in prog.alternatives]}")
+
+
+def _run(prog, inputs, schedules=None):
+    if schedules is not None:
+        prog.schedules["interpreter"] = schedules
+    return prog.run(inputs)
+
+
+def _rel(a, b):
+    return float((a.double() - b).norm() / b.norm())
+
+
+@pytest.fixture(scope="module")
+def rms():
+    return compile_ir(_rms_matmul())
+
+
+def test_2d_tiles_grouped_order_on_ragged_sizes(rms):
+    g = torch.Generator().manual_seed(0)
+    xs = {"x": torch.randn(40, 96, generator=g), "w": torch.randn(96, generator=g), "W": torch.randn(96, 72, generator=g)}
+    x = xs["x"].double()
+    ref = (x * torch.rsqrt((x ** 2).mean(-1, keepdim=True) + 1e-6) * xs["w"].double()) @ xs["W"].double()
+    prog = _pick(rms, "2-D")
+    k = next(i for i, s in enumerate(prog.alternative.schedules) if s.group > 1)
+    scheds = list(prog.alternative.schedules)
+    # 16 × 16 output tiles, K tiles of 32: 40 rows, 72 columns and 96 = 3 K tiles (none divide but K)
+    scheds[k] = replace(scheds[k].with_tiles(i=16, e=16, d=32), group=2)
+    src = prog.lowered("interpreter")[0]
+    out = _run(prog, xs, scheds)["o"]
+    assert _rel(out, ref) < 1e-5
+    assert "first_m" in prog.lowered("interpreter")[0] and "first_m" not in src.split("def ")[0]
+    # the row factor scales the A operand: the tensor cores accumulate into the state in place
+    assert "tl.dot(" in src and ", st_sum_d2" in src.split("tl.dot(", 1)[1].split("\n")[0]
+
+
+def test_nested_k_loop_inside_the_vocabulary_pass():
+    prog = compile_ir(_logit_lse())
+    g = torch.Generator().manual_seed(1)
+    xs = {"X": torch.randn(20, 300, generator=g) / 8, "W": torch.randn(70, 300, generator=g) / 8}
+    ref = torch.logsumexp(xs["X"].double() @ xs["W"].double().T, -1)
+    kl = [a for a in prog.alternatives if "K-loop over h" in a.kind]
+    assert kl, [a.structure for a in prog.alternatives]
+    one = prog.pin(kl[0].id)
+    src = one.lowered("interpreter")[0]
+    assert "for start_h in tl.range(" in src  # nested in the pass over v
+    assert _rel(_run(one, xs)["lse"], ref) < 1e-5
+    # a K tile that leaves a ragged last step (300 = 4 · 64 + 44), and rows of 20 in a 32-row tile
+    scheds = [s.with_tiles(h=64) for s in one.alternative.schedules]
+    assert _rel(_run(one.pin(one.choice), xs, scheds)["lse"], ref) < 1e-5
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_resident_rows_read_once(rows):
+    prog = compile_ir(_softmax_lse(10, 100))
+    g = torch.Generator().manual_seed(2)
+    xs = {"x": torch.randn(10, 100, generator=g) * 4}
+    x = xs["x"].double()
+    for a in prog.alternatives:
+        if a.kind.startswith("resident") and len(a.plan.kernels) == 1:
+            one = prog.pin(a.id)
+            scheds = [s.with_tiles(i=rows) for s in a.schedules]
+            out = _run(one, xs, scheds)
+            assert _rel(out["y"], torch.softmax(x, -1)) < 1e-5
+            assert _rel(out["lse"], torch.logsumexp(x, -1)) < 1e-5
+            src = one.lowered("interpreter")[0]
+            assert "for start_d" not in src and src.count("tl.load(x_ptr") == 1  # one read of the row
+            return
+    raise AssertionError("no resident alternative")
+
+
+def test_several_rows_per_program_when_rows_are_narrow():
+    prog = compile_ir(_softmax_lse(33, 50))
+    g = torch.Generator().manual_seed(3)
+    xs = {"x": torch.randn(33, 50, generator=g)}
+    x = xs["x"].double()
+    multi = [a for a in prog.alternatives if any(s.tiles.get("i", 1) > 1 for s in a.schedules)]
+    assert multi, [a.structure for a in prog.alternatives]
+    for a in multi[:3]:
+        out = _run(prog.pin(a.id), xs)
+        assert _rel(out["y"], torch.softmax(x, -1)) < 1e-5, a.structure
+        assert _rel(out["lse"], torch.logsumexp(x, -1)) < 1e-5, a.structure
+
+
+# ---------------------------------------------------------------- the model's choices at H100 sizes
+
+
+def _best(program):
+    return compile_program(program, Options(device=H100)).best
+
+
+def test_a_row_that_fits_on_chip_is_read_once():
+    best = _best(_softmax_lse().with_extents({"i": 8192, "d": 32768}))
+    assert len(best.plan.kernels) == 1 and best.schedules[0].resident
+
+
+def test_a_row_too_long_for_the_chip_is_streamed():
+    best = _best(_softmax_lse().with_extents({"i": 4096, "d": 65536}))
+    assert len(best.plan.kernels) == 1 and not best.schedules[0].resident
+
+
+def test_narrow_rows_offer_several_per_program():
+    c = compile_program(_softmax_lse().with_extents({"i": 65536, "d": 256}), Options(device=H100))
+    assert len(c.best.plan.kernels) == 1 and c.best.schedules[0].resident
+    multi = [a for a in c.alternatives if len(a.plan.kernels) == 1 and a.schedules[0].tiles["i"] > 1]
+    assert multi and all(a.cost.time > 0 for a in multi)  # ranked beside the one-row schedule
+
+
+def test_a_matmul_fed_by_a_norm_gets_2d_tiles():
+    best = _best(_rms_matmul().with_extents({"i": 4096, "d": 8192, "e": 8192}))
+    mm = [s for s in best.schedules if s.group > 1]
+    assert mm and mm[0].tiles["i"] >= 128 and mm[0].tiles["e"] >= 128
+    assert all("2-D" in k or "resident" in k or "streamed" in k for k in best.kind.split("; "))
+
+
+def test_a_long_contraction_runs_as_a_k_loop_not_a_logits_buffer():
+    best = _best(_logit_lse().with_extents({"t": 8192, "h": 4096, "v": 128256}))
+    assert "sum_h" in best.plan.inline  # the logits are computed per tile, never written
+    assert not any("v" in b.axes and "t" in b.axes for b in best.plan.buffers.values())
+    assert "K-loop over h" in best.kind
