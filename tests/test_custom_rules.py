@@ -30,7 +30,12 @@ def sqrt_sum(n_i=8, n_j=256):
 
 
 def rolling(ex) -> list[str]:
-    return [e.structure for e in ex.alternatives if "rolling" in e.structure]
+    """The rolling plans among the alternatives (each listed once, whatever its schedule kinds)."""
+    return sorted({e.structure.split(" [")[0] for e in ex.alternatives if "rolling" in e.structure})
+
+
+def plans(ex) -> set[str]:
+    return {e.structure.split(" [")[0] for e in ex.alternatives}
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +53,15 @@ def test_user_rule_opens_a_rolling_plan_the_builtins_did_not_offer(with_and_with
     assert any("sqrt" in r for r in [lp.reason for lp in plain.compilation.fusion.rejected])
     new = rolling(extended)
     assert new == ["1 kernel, rolling over j (max_j, sum_j)"]
-    assert len(extended.alternatives) == len(plain.alternatives) + 1
-    assert extended.alternatives[0].structure == new[0]  # and the cost model prefers it here
+    assert plans(extended) == plans(plain) | set(new)
+    # and the cost model ranks it with the one-kernel plans (at this size all cost a launch)
+    best = extended.alternatives[0].predicted_us
+    assert any(e.structure.startswith(new[0]) and e.predicted_us <= 1.05 * best for e in extended.alternatives)
 
 
 def test_derivation_credits_the_user_rule(with_and_without):
     _, ex = with_and_without
-    text = str(ex.derivation(0))
+    text = str(ex.derivation(next(e.id for e in ex.alternatives if "rolling" in e.structure)))
     assert "rolling_update" in text
     assert "h = sqrt(exp(old:max_j - cur:max_j))" in text
     assert "minimal rules that still derive h:" in text
@@ -80,7 +87,8 @@ def test_rules_do_not_leak_between_compiles():
 
 def test_compile_ir_takes_rules():
     prog = compile_ir(sqrt_sum(), rules="sqrt")
-    assert "rolling" in prog.alternative.structure
+    assert any("rolling" in a.structure for a in prog.alternatives)
+    assert not any("rolling" in a.structure for a in compile_ir(sqrt_sum()).alternatives)
 
 
 # ---------------------------------------------------------------- accepted forms

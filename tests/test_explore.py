@@ -29,7 +29,9 @@ def test_alternatives_table(ex):
     times = [e.predicted_us for e in alts]
     assert times == sorted(times) and all(t > 0 for t in times)
     first = alts[0]
-    assert first.id == 0 and first.structure.startswith("1 kernel, rolling over j")
+    # one kernel that reads each row once: the rolling update, or the row held whole on chip
+    assert first.id == 0 and first.structure.startswith("1 kernel") and (
+        "rolling" in first.structure or "resident" in first.structure)
     assert first.hbm_bytes > 0 and first.flops > 0 and first.kernels == 1
     assert all(e.verified is None for e in alts)  # nothing verified until asked
     text = str(alts)
@@ -46,8 +48,12 @@ def test_verify_is_lazy_and_recorded(ex):
     assert "yes" in row
 
 
+def _rolling(ex) -> int:
+    return next(e.id for e in ex.alternatives if "rolling" in e.structure)
+
+
 def test_show_has_ir_derivation_and_source(ex):
-    shown = ex.show(0)
+    shown = ex.show(_rolling(ex))
     text = str(shown)
     for section in ("== loop IR ==", "== derivation ==", "== Triton source =="):
         assert section in text
@@ -60,7 +66,7 @@ def test_show_has_ir_derivation_and_source(ex):
 
 
 def test_derivation_order_follows_the_pipeline(ex):
-    rules = ex.derivation(0, minimal_rules=False).rules()
+    rules = ex.derivation(_rolling(ex), minimal_rules=False).rules()
     assert rules[:3] == ["algebra", "represent", "rolling_update"]
     assert rules[-1] == "kernels"
     two_kernels = next(e.id for e in ex.alternatives if e.kernels == 2)
@@ -192,7 +198,7 @@ def test_rules_listing(ex):
 
 
 def test_attention_derivation_names_rolling_update_and_correction(attention):
-    assert attention.alternatives[0].structure == "1 kernel, rolling over j (max_j, sum_j, sum_j2)"
+    assert attention.alternatives[0].structure.startswith("1 kernel, rolling over j (max_j, sum_j, sum_j2) [")
     d = attention.derivation(0, minimal_rules=False)
     rolling = [s for s in d.steps if s.rule == "rolling_update"]
     assert [s.text for s in rolling] == ["sum_j joins the pass over j that computes max_j",
@@ -222,10 +228,10 @@ def test_pytorch_function():
 
     x = torch.randn(4, 128)
     ex = neptune_eq.explore(fn, x)
-    assert ex.captured is not None and "rolling" in ex.alternatives[0].structure
-    f = ex.pin(0)
+    assert ex.captured is not None and ex.alternatives[0].kernels == 1
+    f = ex.pin(_rolling(ex))
     assert torch.allclose(f(x), fn(x), atol=1e-5)
-    assert "rolling_update" in str(ex.show(0, minimal_rules=False, source=False))
+    assert "rolling_update" in str(ex.show(_rolling(ex), minimal_rules=False, source=False))
 
 
 def test_explore_argument_errors():
@@ -242,4 +248,5 @@ def test_progress_printer():
     ex = neptune_eq.explore(small_softmax(), progress=lines.append, max_plans=4)
     assert any("saturate algebra: iteration 1" in m for m in lines)
     assert any("alternatives in" in m for m in lines)
-    assert len(ex.alternatives) <= 4
+    plans = {e.structure.split(" [")[0] for e in ex.alternatives}
+    assert len(plans) <= 4  # max_plans bounds the plans; each is listed with its schedule kinds

@@ -19,16 +19,18 @@ from neptune_eq.explorer.session import Session, line_editing, load_target, run_
 
 def test_session_through_the_cli(tmp_path):
     svg = tmp_path / "eg.svg"
-    script = f"list\nshow 0\ndiff 0 1\nverify 0\nbench 0\nsvg {svg} 1\nrules\nbogus\nshow 42\nshow x\nquit\n"
+    prog, _ = load_target(str(EXAMPLES / "sqrt_sum.py"))
+    r0 = next(e.id for e in explore(prog, rules="sqrt").alternatives if "rolling" in e.structure)
+    script = f"list\nshow {r0}\ndiff {r0} 1\nverify {r0}\nbench 0\nsvg {svg} 1\nrules\nbogus\nshow 42\nshow x\nquit\n"
     r = run_cli("explore", str(EXAMPLES / "sqrt_sum.py"), "--rules", "sqrt", stdin=script)
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "user rules: sqrt_div" in out
-    assert out.count("3 alternatives, predicted on") == 2  # at start and for `list`
-    assert "#0          " in out and "1 kernel, rolling over j (max_j, sum_j)" in out
+    assert len(re.findall(r"\d+ alternatives, predicted on", out)) == 2  # at start and for `list`
+    assert "#0          " in out and "1 kernel, rolling over" in out
     assert "== derivation ==" in out and "sqrt_div [user rule" in out and "@triton.jit" in out
-    assert "== #0 vs #1 ==" in out and "--- #0" in out
-    assert "#0: verification PASS" in out
+    assert f"== #{r0} vs #1 ==" in out and f"--- #{r0}" in out
+    assert f"#{r0}: verification PASS" in out
     assert "no CUDA GPU" in out or "measured on" in out
     if graph.have_dot():
         assert f"wrote {svg}" in out and svg.read_text().count("<svg") == 1
@@ -36,7 +38,7 @@ def test_session_through_the_cli(tmp_path):
         assert "error: graphviz `dot` is not on PATH" in out and not svg.exists()
     assert "sqrt_div" in out.split("user rule(s)")[1]
     assert "error: unknown command 'bogus'" in out
-    assert "error: no alternative 42; there are 3" in out
+    assert re.search(r"error: no alternative 42; there are \d+", out)
     assert "error: alternative ids are numbers; usage: show N" in out
     assert "saturate algebra: iteration 1" in r.stderr  # progress during saturation
 
@@ -51,7 +53,8 @@ def test_pytorch_file_target():
     assert callable(fn) and inputs[0].shape == (64, 1000)
     ex = explore(fn, *inputs, rules="sqrt")
     out = io.StringIO()
-    code = Session(ex, io.StringIO("list\nshow 0\n"), out).run()  # ends at end of input
+    rolling = next(e.id for e in ex.alternatives if "rolling" in e.structure)
+    code = Session(ex, io.StringIO(f"list\nshow {rolling}\n"), out).run()  # ends at end of input
     text = out.getvalue()
     assert code == 0
     assert "rolling over" in text and "rolling_update" in text and "sqrt_div" in text
@@ -84,7 +87,8 @@ def test_session_fits_a_narrow_terminal(sqrt_ex, monkeypatch):
     Session(sqrt_ex, io.StringIO("list\nrules\nverify 0\n"), out).run()
     lines = out.getvalue().splitlines()
     assert max(len(line) for line in lines) <= 60, max(lines, key=len)
-    assert sum(bool(re.match(r"#\d+ ", line)) for line in lines) == 2 * 3  # a row per alternative, none wrapped
+    n = len(sqrt_ex.alternatives)
+    assert sum(bool(re.match(r"#\d+ ", line)) for line in lines) == 2 * n  # a row per alternative, none wrapped
     assert "…" in out.getvalue()
     out = io.StringIO()
     Session(sqrt_ex, io.StringIO("list\n"), out, width=40).run()
