@@ -69,7 +69,8 @@ def rms():
 
 def test_2d_tiles_grouped_order_on_ragged_sizes(rms):
     g = torch.Generator().manual_seed(0)
-    xs = {"x": torch.randn(40, 96, generator=g), "w": torch.randn(96, generator=g), "W": torch.randn(96, 72, generator=g)}
+    xs = {"x": torch.randn(40, 96, generator=g), "w": torch.randn(96, generator=g),
+          "W": torch.randn(96, 72, generator=g)}
     x = xs["x"].double()
     ref = (x * torch.rsqrt((x ** 2).mean(-1, keepdim=True) + 1e-6) * xs["w"].double()) @ xs["W"].double()
     prog = _pick(rms, "2-D")
