@@ -100,6 +100,14 @@ def _streamed_candidates(k, program: ir.Program, plan, base: KernelSchedule, lim
         for s in (3, 2):
             tiles = {**base.tiles, rows[0]: 256, **{a: 64 for a in loops if program.axes[a] >= 32}}
             out.append(replace(base, tiles=tiles, num_warps=8, num_stages=s))
+    kloops = [a for a in inner_axes(k, plan) if base.tiles.get(a, program.axes[a]) < program.axes[a]]
+    if kloops and rows and loops:
+        # a K-loop nested in the pass is a GEMM per loop tile: wider loop tiles, longer K steps
+        for lt, kt, w, s in ((128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (256, 32, 8, 4)):
+            tiles = {**base.tiles, rows[0]: 128, **{a: lt for a in loops}, **{a: kt for a in kloops}}
+            cand = replace(base, tiles=tiles, num_warps=w, num_stages=s)
+            if cand.key() not in {c.key() for c in out}:
+                out.append(cand)
     return out
 
 
