@@ -424,22 +424,24 @@ def _hbm_reads(loaded: dict[str, float], program, plan, k, sched, programs: int,
         per_wave[t] = min(loaded[t], _slice_bytes(t, program, plan, k, sched)) * slices
     # what must stay in L2 at once: a tensor streamed along a loop axis only its current tiles
     # (the programs of a wave move through the loop together), the others their whole slices
+    # (a slice a program reads again, in a later pass or per K-loop, stays live whole)
     working = 0.0
     for t, b in per_wave.items():
         spec = program.inputs.get(t) or plan.buffers.get(t)
         streamed = [iters.get(a, 1.0) for a in (spec.axes if spec else ())]
-        working += b / max(1.0, max(streamed, default=1.0))
+        again = loaded[t] > 1.5 * _slice_bytes(t, program, plan, k, sched)
+        working += b if again else b / max(1.0, max(streamed, default=1.0))
     total = 0.0
     for t, per_program in loaded.items():
         # never more than the programs request (a gather reads only the rows it indexes)
         foot = min(_footprint(program, plan, t, None, k), per_program * programs)
         if foot <= 0.5 * dev.l2_bytes / len(loaded):
             total += foot  # stays in L2 for the whole kernel
-        elif working <= 0.75 * dev.l2_bytes:
+        elif working <= 0.5 * dev.l2_bytes:
             total += max(foot, per_wave[t] * waves)
         else:  # the wave's slices do not fit either: re-reads miss in proportion
-            total += max(foot, per_wave[t] * waves,
-                         per_program * programs * (1 - 0.75 * dev.l2_bytes / working))
+            unique = max(foot, per_wave[t] * waves)
+            total += unique + max(0.0, per_program * programs - unique) * (1 - 0.5 * dev.l2_bytes / working)
     return total
 
 
