@@ -148,7 +148,7 @@ def test_a_row_that_fits_on_chip_is_read_once():
 
 def test_a_row_too_long_for_the_chip_is_streamed():
     best = _best(_softmax_lse().with_extents({"i": 4096, "d": 65536}))
-    assert len(best.plan.kernels) == 1 and not best.schedules[0].resident
+    assert not any(s.resident for s in best.schedules)  # 65536 fp32 values are past the registers
 
 
 def test_narrow_rows_offer_several_per_program():
