@@ -430,7 +430,7 @@ def _hbm_reads(loaded: dict[str, float], program, plan, k, sched, programs: int,
         spec = program.inputs.get(t) or plan.buffers.get(t)
         streamed = [iters.get(a, 1.0) for a in (spec.axes if spec else ())]
         again = loaded[t] > 1.5 * _slice_bytes(t, program, plan, k, sched)
-        working += b if again else b / max(1.0, max(streamed, default=1.0))
+        working += b if again else b / max(1.0, math.prod(streamed))
     total = 0.0
     for t, per_program in loaded.items():
         # never more than the programs request (a gather reads only the rows it indexes)
