@@ -251,18 +251,33 @@ def _represent(c: Compilation) -> None:
     bindings: list[Binding] = []
     by_node: dict[ir.Node, Binding] = {}
     counts: dict[str, int] = {}
-    for t in terms:
-        for n in ir.walk(t):
-            if isinstance(n, ir.Reduce) and n not in by_node:
-                stem = f"{n.op}_{n.axis}"
-                counts[stem] = counts.get(stem, 0) + 1
-                name = stem if counts[stem] == 1 else f"{stem}{counts[stem]}"
-                free = tuple(a for a in c.program.axes if a in n.axes)
-                b = Binding(name, n, classes[n], free)
-                by_node[n] = b
-                bindings.append(b)
+    for n in _binding_order(terms, c.program.axes):
+        stem = f"{n.op}_{n.axis}"
+        counts[stem] = counts.get(stem, 0) + 1
+        name = stem if counts[stem] == 1 else f"{stem}{counts[stem]}"
+        free = tuple(a for a in c.program.axes if a in n.axes)
+        b = Binding(name, n, classes[n], free)
+        by_node[n] = b
+        bindings.append(b)
     c.bindings = bindings
     c.fusion = FusionSearch(c.egraph, c.encoder, bindings, by_node)
+
+
+def _binding_order(terms: list[ir.Node], extents: dict[str, int]) -> list[ir.Reduce]:
+    """The representative's reductions, producers first and otherwise the smallest result first, so
+    that names (sum_j, sum_j2, ...) and plans do not depend on how the program was spelled: l = Σⱼ p
+    is sum_j and Σⱼ p·v is sum_j2 whether the user divided before or after the P·V product."""
+    found = list(dict.fromkeys(n for t in terms for n in ir.walk(t) if isinstance(n, ir.Reduce)))
+    inner = {n: {m for m in ir.walk(n.body) if isinstance(m, ir.Reduce)} for n in found}
+    points = {n: math.prod(extents[a] for a in n.axes if a in extents) for n in found}
+    order: list[ir.Reduce] = []
+    placed: set[ir.Reduce] = set()
+    while len(order) < len(found):
+        ready = [k for k, n in enumerate(found) if n not in placed and inner[n] <= placed]
+        n = found[min(ready, key=lambda k: (points[found[k]], k))]
+        order.append(n)
+        placed.add(n)
+    return order
 
 
 def _fuse(c: Compilation, rules: list[Rule]) -> None:

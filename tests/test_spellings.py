@@ -145,6 +145,13 @@ def test_rmsnorm_one_pass_plan_verifies(rms_compile):
     assert CompiledProgram(rms_compile, k).verify().passed
 
 
+def test_a_kernel_boundary_buffers_the_small_result(rms_compile):
+    # Σ_d x² [i] and Σ_d x·w·W [i, e] are independent: the row sums go first and through HBM, the
+    # contraction stays with the output (not a [i, e] buffer of partial products)
+    split = [a for a in rms_compile.alternatives if len(a.plan.kernels) == 2 and a.plan.kernels[0].chunks == 1]
+    assert split and all([b.axes for b in a.plan.buffers.values()] == [("i",)] for a in split)
+
+
 def test_rmsnorm_spellings_reach_the_same_plans(rms_compile):
     other = compile_program(capture(rms_mm_scaled_after, *_rms_inputs()).program)
     assert sorted(a.structure for a in other.alternatives) == sorted(a.structure for a in rms_compile.alternatives)
