@@ -11,6 +11,7 @@ pass with intermediates through HBM), gives the alternatives the cost model rank
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -155,8 +156,11 @@ def _signature(plan: Plan) -> tuple:
                                  for p in k.phases)) for k in plan.kernels))
 
 
-def _topo(cover, by_name: dict[str, Binding]) -> list[int] | None:
-    """Order of cover entries so that producers' groups come first."""
+def _topo(cover, by_name: dict[str, Binding], extents: dict[str, int]) -> list[int] | None:
+    """Order of cover entries so that producers' groups come first; among groups that do not need
+    each other, the one with the smaller results first (Σ_d x² [i] before Σ_d x·W [i, e]): a kernel
+    boundary between them then buffers the small result, and the large one stays in the kernel
+    that stores the output."""
     owner = {n: k for k, (_, lp) in enumerate(cover) for n in lp.names}
     by_node = {b.node: b for b in by_name.values()}
     deps = {k: set() for k in range(len(cover))}
@@ -165,13 +169,17 @@ def _topo(cover, by_name: dict[str, Binding]) -> list[int] | None:
             for d in direct_bindings(by_name[n].node.body, by_node):
                 if d in owner and owner[d] != k:
                     deps[k].add(owner[d])
+    def points(k: int) -> int:
+        return sum(math.prod(extents[a] for a in by_name[n].free) for n in cover[k][1].names)
+
     order, done = [], set()
     while len(order) < len(cover):
         ready = [k for k in range(len(cover)) if k not in done and deps[k] <= done]
         if not ready:
             return None  # the groups need each other's final values
-        order.append(ready[0])
-        done.add(ready[0])
+        first = min(ready, key=points)
+        order.append(first)
+        done.add(first)
     return order
 
 
@@ -186,7 +194,7 @@ def _program_order(program: ir.Program, axes) -> tuple[str, ...]:
 
 def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -> Plan | None:
     program, by_name = space.program, space.by_name
-    order = _topo(cover, by_name)
+    order = _topo(cover, by_name, program.axes)
     if order is None:
         return None
     passes: list[tuple[Pass, LoopCandidate, int]] = []

@@ -1,9 +1,15 @@
 """Cheapest terms of e-classes, costed by the work they do.
 
-A node's cost is its op's cost times the size of the iteration space its e-class varies over
-(the deps analysis), so an operation per (query, key) pair weighs L² times one per query row.
-This is what makes the extractor prefer `Σⱼ(p·v)/l` over `Σⱼ(p/l)·v`, fold log₂e into the
-score scale, and keep work out of inner loops. Shared subterms are counted per use.
+A node's cost is its op's cost times the size of the iteration space it is evaluated over: the axes
+its e-class varies over (the deps analysis) and, for a term inside a reduction's body, every axis of
+that reduction — the reduced axis and its free axes — since a loop evaluates its body at every point
+(a per-row factor multiplied in a contraction's body is paid per (row, column, k), not per row). So an
+operation per (query, key) pair weighs L² times one per query row, and work inside a loop weighs
+more than the same work after it. This is what makes the extractor prefer `(Σⱼ p·v)/l` over
+`Σⱼ (p/l)·v` and `r·Σ_d x·w·W` over `Σ_d x·r·w·W` (the factor applied once per output, and the
+reductions left independent), and fold log₂e into the score scale. A reduction's own node is costed
+by its result (it is one loop of its own, not recomputed inside others). Shared subterms are counted
+per use.
 """
 
 from __future__ import annotations
@@ -48,21 +54,53 @@ class TermExtractor:
     loads: dict[str, ir.Load]
     syms: dict[str, ir.StateRef]  # Term.sym key → the reference (Encoder.syms)
     _size: dict[int, float] = field(default_factory=dict)
+    _weights: dict[int, float] = field(default_factory=dict)
+    _space: dict[int, int] | None = None
 
     def size(self, cid: int) -> float:
         """Number of points the class varies over (product of extents of its deps)."""
         s = self._size.get(cid)
         if s is None:
-            mask = self.view.deps.get(cid)
-            if mask is None:
-                s = 1.0
-            else:
-                s = 1.0
-                for k, ax in enumerate(self.axis_order):
-                    if mask >> k & 1:
-                        s *= self.extents[ax]
-            self._size[cid] = s
+            s = self._size[cid] = self._points(self.view.deps.get(cid, 0))
         return s
+
+    def _points(self, mask: int) -> float:
+        s = 1.0
+        for k, ax in enumerate(self.axis_order):
+            if mask >> k & 1:
+                s *= self.extents[ax]
+        return s
+
+    def weight(self, cid: int, n: ENode) -> float:
+        """Cost of node `n` of class `cid`: its op's cost times the points it is evaluated at."""
+        if n.op == "red":  # the reduction's result, once per point of its free axes
+            return op_cost(n.op) * self.size(cid)
+        w = self._weights.get(cid)
+        if w is None:
+            w = self._weights[cid] = self._points(self._spaces().get(cid, 0))
+        return op_cost(n.op) * w
+
+    def _spaces(self) -> dict[int, int]:
+        """Per class: its deps plus the axes of every reduction whose body may evaluate it (any member
+        of any class that uses it, down to the reduction): an over-approximation over alternatives."""
+        if self._space is None:
+            deps = self.view.deps
+            space = {c: deps.get(c, 0) for c, ns in self.view.classes.items() if self.view.sort.get(c) == "Term"}
+            bit = {ax: 1 << k for k, ax in enumerate(self.axis_order)}
+            work = list(space)
+            while work:
+                c = work.pop()
+                for n in self.view.nodes(c):
+                    if n.op == "get":
+                        continue
+                    # a reduction's body runs over the reduction's own axes; other operands where their user does
+                    inner = deps.get(c, 0) | bit.get(n.args[1], 0) if n.op == "red" else space[c]
+                    for a in self._child_classes(n):
+                        if a in space and inner & ~space[a]:
+                            space[a] |= inner
+                            work.append(a)
+            self._space = space
+        return self._space
 
     def _index(self):
         """Per Term node: (class, node, own cost, child classes); and parents per class. Built once."""
@@ -77,7 +115,7 @@ class TermExtractor:
                         continue
                     kids = self._child_classes(n)
                     k = len(entries)
-                    entries.append((c, n, op_cost(n.op) * self.size(c), kids))
+                    entries.append((c, n, self.weight(c, n), kids))
                     for a in kids:
                         parents.setdefault(a, []).append(k)
             self._idx = (entries, parents)
@@ -193,7 +231,7 @@ class TermExtractor:
                     # rounding would otherwise admit c = c − 0 once tree costs reach 1e9)
                     if not all(a in best and best[a][0] < target for a in kids):
                         continue
-                    tree = op_cost(n.op) * self.size(c) + sum(best[a][0] for a in kids)
+                    tree = self.weight(c, n) + sum(best[a][0] for a in kids)
                     if tree <= target + 1e-9 * max(1.0, abs(target)):
                         # uses by the rest of the DAG (not by this class's current node)
                         scored.append((sum(uses.get(a, 0) - mine.count(a) for a in kids), n is choice[c], n))
@@ -251,7 +289,7 @@ class TermExtractor:
                         return False
                 onstack.discard(c)
                 seen.add(c)
-                total += op_cost(n.op) * self.size(c)
+                total += self.weight(c, n)
                 return True
 
             return total if all(go(r) for r in roots) else None

@@ -1,7 +1,8 @@
 """The compiler pipeline, one named phase per line (each result is kept on the Compilation).
 
     encode      IR → egglog terms
-    algebra     algebra + analyses to saturation (under the budget)
+    algebra     algebra rules to saturation (under the budget), analyses to their fixpoint each iteration
+    simplify    the merge-only rules to their fixpoint (what a budget cut left pending)
     represent   the cheapest program; its reductions become the bindings fusion works on
     fuse        fusion rules propose loops; corrections are searched by saturating quotients
     split_k     split-K rule offers chunked versions of every validated loop
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -30,7 +32,7 @@ from .ir import NeptuneError
 from .lower.names import check_names
 from .plan import Plan
 from .rules import analysis, splitk
-from .rules.algebra import ALGEBRA
+from .rules.algebra import ALGEBRA, simplifies
 from .rules.base import Rule
 from .saturate import Budget, BudgetError, Progress, Saturator, egraph_size, stderr_progress
 from .schedule import KernelSchedule, plan_schedules
@@ -138,8 +140,12 @@ class Compilation:
 
 def _rulesets(options: Options):
     rules = [*ALGEBRA, *options.rules]
-    rs = ruleset(*[r.egglog() for r in rules], name=f"algebra_{len(rules)}")
-    return rs | analysis.ANALYSIS, rules
+    return ruleset(*[r.egglog() for r in rules], name=f"algebra_{len(rules)}"), rules
+
+
+def _simplify_ruleset(rules: list[Rule]):
+    kept = [r for r in rules if simplifies(r)]
+    return ruleset(*[r.egglog() for r in kept], name=f"simplify_{len(kept)}")
 
 
 def compile_program(program: ir.Program, options: Options | None = None) -> Compilation:
@@ -153,6 +159,7 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     algebra, rules = _rulesets(options)
     c.saturator.rule_names = {r.egglog().decl: r.name for r in rules}
     _timed(c, "saturate", lambda: _algebra(c, algebra))
+    _timed(c, "saturate", lambda: _simplify(c, rules))
     _timed(c, "extract", lambda: _represent(c))
     _timed(c, "fuse", lambda: _fuse(c, rules))
     _timed(c, "saturate", lambda: _split_k(c))
@@ -194,13 +201,25 @@ def _algebra(c: Compilation, algebra) -> None:
     """Saturate the algebra. An iteration that took the e-graph past the node budget is undone (the
     program is encoded again and the iterations before it are replayed: egglog cannot drop a
     snapshot), so the budget holds exactly and the result does not depend on how far it overshot."""
-    rep = c.saturator.phase("algebra", algebra)
+    rep = c.saturator.phase("algebra", algebra, analysis=analysis.ANALYSIS)
     if rep.stop == "node budget" and rep.iterations > 1 and rep.nodes > c.options.budget.max_nodes:
         fresh = _encode(c.program, c.options, c.saturator.progress, started=c.saturator.started)
         fresh.saturator.rule_names = c.saturator.rule_names
-        again = fresh.saturator.phase("algebra", algebra, max_iterations=rep.iterations - 1)
+        again = fresh.saturator.phase("algebra", algebra, analysis=analysis.ANALYSIS,
+                                      max_iterations=rep.iterations - 1)
         again.stop = f"node budget (iteration {rep.iterations} undone: {rep.nodes} e-nodes)"
         c.egraph, c.encoder, c.roots, c.saturator = fresh.egraph, fresh.encoder, fresh.roots, fresh.saturator
+
+
+def _simplify(c: Compilation, rules: list[Rule]) -> None:
+    """Finish the merges that an algebra phase cut short left pending. A budget can stop saturation
+    between deriving Σ_d (x − μ)·rstd = (Σ_d (x − μ))·rstd = 0·rstd and merging 0·rstd with 0: its
+    e-class then holds both Σ_d y and Σ_d y / n (equal only because both are 0 over the reals) and
+    the extractor may take the one that is not 0 in floating point. Rules that only merge (simplifies())
+    cannot grow the e-graph, so this phase runs to its fixpoint outside the node and time budgets."""
+    budget = Budget(max_nodes=2**62, max_seconds=math.inf, max_iterations=32, match_limit=c.options.budget.match_limit)
+    sat = Saturator(c.egraph, budget, c.saturator.progress, c.saturator.rule_names, c.saturator.started)
+    c.saturator.reports.append(sat.phase("simplify", _simplify_ruleset(rules), analysis=analysis.ANALYSIS))
 
 
 def _timed(c: Compilation, key: str, fn) -> None:
@@ -237,21 +256,36 @@ def _represent(c: Compilation) -> None:
     bindings: list[Binding] = []
     by_node: dict[ir.Node, Binding] = {}
     taken: set[str] = set()
-    for t in terms:
-        for n in ir.walk(t):
-            if isinstance(n, ir.Reduce) and n not in by_node:
-                stem = name = f"{n.op}_{n.axis}"
-                k = 1
-                while name in taken:  # sum_j, sum_j2, ...: not the name of a sum over an axis "j2"
-                    k += 1
-                    name = f"{stem}{k}"
-                taken.add(name)
-                free = tuple(a for a in c.program.axes if a in n.axes)
-                b = Binding(name, n, classes[n], free)
-                by_node[n] = b
-                bindings.append(b)
+    for n in _binding_order(terms, c.program.axes):
+        stem = name = f"{n.op}_{n.axis}"
+        k = 1
+        while name in taken:  # sum_j, sum_j2, ...: not the name of a sum over an axis "j2"
+            k += 1
+            name = f"{stem}{k}"
+        taken.add(name)
+        free = tuple(a for a in c.program.axes if a in n.axes)
+        b = Binding(name, n, classes[n], free)
+        by_node[n] = b
+        bindings.append(b)
     c.bindings = bindings
     c.fusion = FusionSearch(c.egraph, c.encoder, bindings, by_node)
+
+
+def _binding_order(terms: list[ir.Node], extents: dict[str, int]) -> list[ir.Reduce]:
+    """The representative's reductions, producers first and otherwise the smallest result first, so
+    that names (sum_j, sum_j2, ...) and plans do not depend on how the program was spelled: l = Σⱼ p
+    is sum_j and Σⱼ p·v is sum_j2 whether the user divided before or after the P·V product."""
+    found = list(dict.fromkeys(n for t in terms for n in ir.walk(t) if isinstance(n, ir.Reduce)))
+    inner = {n: {m for m in ir.walk(n.body) if isinstance(m, ir.Reduce)} for n in found}
+    points = {n: math.prod(extents[a] for a in n.axes if a in extents) for n in found}
+    order: list[ir.Reduce] = []
+    placed: set[ir.Reduce] = set()
+    while len(order) < len(found):
+        ready = [k for k, n in enumerate(found) if n not in placed and inner[n] <= placed]
+        n = found[min(ready, key=lambda k: (points[found[k]], k))]
+        order.append(n)
+        placed.add(n)
+    return order
 
 
 def _fuse(c: Compilation, rules: list[Rule]) -> None:

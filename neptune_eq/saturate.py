@@ -2,6 +2,9 @@
 
 Each phase runs one iteration at a time with egglog's back-off scheduler; after every iteration
 the driver checks the e-graph size and the clock and stops the phase when a budget is spent.
+A phase may name analysis rules (facts about terms, no new terms) that run to their fixpoint after
+every rewrite iteration: a side condition such as "l is finite" or "b is free of j" then holds in
+the iteration after its term appears, however deep the term, instead of one level per iteration.
 The report says how every phase ended and which rules matched how often.
 """
 
@@ -13,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from egglog import EGraph, back_off, run
+from egglog import EGraph, back_off, run, seq
 
 from .ir import NeptuneError
 
@@ -77,13 +80,17 @@ class Saturator:
     started: float = field(default_factory=time.perf_counter)
     reports: list[PhaseReport] = field(default_factory=list)
 
-    def phase(self, name: str, schedule, *, max_iterations: int | None = None, stop_when=None) -> PhaseReport:
-        """Run `schedule` one iteration at a time until saturation, a budget, or `stop_when()`."""
+    def phase(self, name: str, schedule, *, analysis=None, max_iterations: int | None = None,
+              stop_when=None) -> PhaseReport:
+        """Run `schedule` one iteration at a time until saturation, a budget, or `stop_when()`;
+        `analysis` (a ruleset that adds no terms) is saturated after each iteration."""
         rep = PhaseReport(name)
         limit = self.budget.max_iterations if max_iterations is None else min(max_iterations,
                                                                               self.budget.max_iterations)
         t0 = time.perf_counter()
         step = run(schedule, scheduler=back_off(match_limit=self.budget.match_limit))
+        if analysis is not None:
+            step = seq(step, run(analysis).saturate())
         rep.nodes = egraph_size(self.egraph)
         while True:
             if rep.iterations >= limit:

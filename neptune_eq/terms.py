@@ -6,7 +6,7 @@
     Loop    one pass over an axis carrying a tuple state; Loop.split(n) cuts the pass into n chunks
 
 Analyses (rules/analysis.py): deps(t), the bitmask of axes t varies over (merged by AND: an
-e-class is independent of an axis if any of its members is); nonneg(t).
+e-class is independent of an axis if any of its members is); nonneg(t); pos(t); finite(t).
 """
 
 from __future__ import annotations
@@ -202,6 +202,7 @@ def extent(axis: StringLike) -> i64: ...
 
 
 nonneg = relation("nonneg", Term)
+pos = relation("pos", Term)  # t > 0 or NaN, bounded away from 0 (no rounding of data takes it to 0)
 finite = relation("finite", Term)  # no syntactic ±inf or NaN can reach this term
 split_factor = relation("split_factor", String, i64)  # (axis, n): n chunks allowed along axis
 
@@ -223,7 +224,8 @@ _FUNCTION_OPS = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "ta
                  "mod": "mod", "where": "where", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq_": "eq",
                  "ne_": "ne", "and_": "and", "or_": "or", "not_": "not", "to_float": "float", "red": "red",
                  "get": "get",
-                 "deps": "deps", "axis_bit": "axis_bit", "extent": "extent", "nonneg": "nonneg", "finite": "finite",
+                 "deps": "deps", "axis_bit": "axis_bit", "extent": "extent", "nonneg": "nonneg", "pos": "pos",
+                 "finite": "finite",
                  "split_factor": "split_factor"}
 
 
@@ -345,5 +347,5 @@ class Encoder:
 
 __all__ = [
     "BINARY", "CONSTRUCTORS", "UNARY", "Comp", "Comps", "Encoder", "Loop", "Term", "Unit", "axis_bit", "deps",
-    "extent", "get", "nonneg", "op_of_callable", "red", "split_factor",
+    "extent", "get", "nonneg", "op_of_callable", "pos", "red", "split_factor",
 ]

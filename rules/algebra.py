@@ -48,6 +48,7 @@ from .base import (
     not_zero,
     positive,
     rw,
+    varies,
 )
 
 a, b, c, d, p = vars_("a b c d p", Term)
@@ -150,6 +151,12 @@ WHERE = [
 
 REDUCTIONS = [
     rw("sum_factor", red("sum", ax, a * b), red("sum", ax, a) * b, free_of(b, ax), is_finite(b)),  # Σⱼ a·b → (Σⱼ a)·b
+    # Σⱼ (a·b)·c → Σⱼ a·(b·c): with commutativity any factor of a product body comes to the top, where
+    # sum_factor takes it out (Σ_d x·r·w·W → r·Σ_d x·w·W). Scoped to sum bodies, and only grouping c with
+    # a factor when c varies along j (constants and per-row factors are left for sum_factor, not regrouped),
+    # never inside the e-class of 0 (where 0·x holds every product x: it would regroup them all)
+    rw("sum_assoc", red("sum", ax, (a * b) * c), red("sum", ax, a * (b * c)), varies(c, ax), not_zero(a),
+       not_zero(b)),
     rw("sum_div_out", red("sum", ax, a / b), red("sum", ax, a) / b, free_of(b, ax), not_zero(b)),  # Σⱼ a/b → (Σⱼa)/b
     rw("red_where", red(op, ax, where(p, a, b)),  # ⊕ⱼ (p ? a : b) → p ? ⊕ⱼa : ⊕ⱼb  (p free of j)
        where(p, red(op, ax, a), red(op, ax, b)), free_of(p, ax)),
@@ -169,5 +176,12 @@ REDUCTIONS = [
 ]
 
 ALGEBRA: list[Rule] = [*CONSTANTS, *ARITHMETIC, *EXP_LOG, *INFINITIES, *WHERE, *REDUCTIONS]
+
+
+def simplifies(rule: Rule) -> bool:
+    """The right side is one of the left side's variables or a constant: the rule merges e-classes and
+    adds at most a constant, so running it to a fixpoint cannot grow the e-graph."""
+    rhs = rule.rhs_pattern
+    return not rule.bidirectional and (rhs.kind == "var" or (rhs.kind == "op" and rhs.name == "const"))
 
 _ = (rsqrt, positive)

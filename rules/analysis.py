@@ -1,4 +1,5 @@
-"""Analyses the other rulesets consult: which axes a term varies over, and which terms are ≥ 0.
+"""Analyses the other rulesets consult: which axes a term varies over, which terms are ≥ 0 or > 0,
+and which are finite (no syntactic ±inf or NaN can reach them).
 
 deps(t) is a bitmask of axes merged by AND, so an e-class counts as independent of an axis as soon
 as one of its members is (e.g. exp(s − m′)/exp(s − m) once it is shown equal to exp(m − m′)).
@@ -23,6 +24,7 @@ from neptune_eq.terms import (
     max2,
     min2,
     nonneg,
+    pos,
     red,
 )
 from neptune_eq.terms import rsqrt as rsqrt_
@@ -59,6 +61,7 @@ NONNEG = ruleset(
     rule(eq(t).to(sqrt_(a))).then(nonneg(t)),  # √a ≥ 0 (or NaN)
     rule(eq(t).to(rsqrt_(a))).then(nonneg(t)),  # 1/√a ≥ 0 (or NaN)
     rule(eq(t).to(abs_(a))).then(nonneg(t)),  # |a| ≥ 0
+    rule(eq(t).to(a * a)).then(nonneg(t)),  # a·a ≥ 0 (or NaN)
     rule(eq(t).to(Term(x)), x >= f64(0.0)).then(nonneg(t)),  # c ≥ 0
     rule(eq(t).to(a * b), nonneg(a), nonneg(b)).then(nonneg(t)),  # a,b ≥ 0 ⇒ a·b ≥ 0
     rule(eq(t).to(a + b), nonneg(a), nonneg(b)).then(nonneg(t)),  # a,b ≥ 0 ⇒ a+b ≥ 0
@@ -68,6 +71,18 @@ NONNEG = ruleset(
     rule(eq(t).to(where_(c, a, b)), nonneg(a), nonneg(b)).then(nonneg(t)),  # both branches ≥ 0
     rule(eq(t).to(red(op, ax, a)), nonneg(a)).then(nonneg(t)),  # a reduction of values ≥ 0
     name="nonneg",
+)
+
+# pos(t): t > 0 or NaN, by a margin rounding cannot close: a positive constant, plus anything ≥ 0
+# (fl(a + c) ≥ c: rounding is monotone). Not products: two tiny positive numbers multiply to 0.
+POS = ruleset(
+    rule(eq(t).to(Term(x)), x > f64(0.0)).then(pos(t)),  # c > 0
+    rule(eq(t).to(a + b), nonneg(a), pos(b)).then(pos(t)),  # a ≥ 0, b > 0 ⇒ a + b > 0
+    rule(eq(t).to(max2(a, b)), pos(a)).then(pos(t)),  # a > 0 ⇒ max(a, b) > 0
+    rule(eq(t).to(where_(c, a, b)), pos(a), pos(b)).then(pos(t)),  # both branches > 0
+    rule(eq(t).to(sqrt_(a)), pos(a)).then(pos(t)),  # √a > 0 (√ of the smallest subnormal is 2e-162)
+    rule(pos(t)).then(nonneg(t)),  # > 0 ⇒ ≥ 0
+    name="pos",
 )
 
 
@@ -84,7 +99,9 @@ FINITE = ruleset(
     *[rule(eq(t).to(BINARY[o](a, b)), finite(a), finite(b)).then(finite(t)) for o in _FINITE_BINARY],
     rule(eq(t).to(where_(c, a, b)), finite(a), finite(b)).then(finite(t)),
     rule(eq(t).to(red(op, ax, a)), finite(a)).then(finite(t)),
-    name="finite",
+    rule(eq(t).to(sqrt_(a)), finite(a), nonneg(a)).then(finite(t)),  # √a of a ≥ 0 (no NaN from a < 0)
+    rule(eq(t).to(rsqrt_(a)), finite(a), pos(a)).then(finite(t)),  # 1/√a of a > 0 (no ∞ from a = 0): RMSNorm's
+    name="finite",                                                 # rsqrt(mean(x²) + ε) factors out of a sum
 )
 
-ANALYSIS = DEPS | NONNEG | FINITE
+ANALYSIS = DEPS | NONNEG | POS | FINITE

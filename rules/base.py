@@ -20,7 +20,8 @@ from .patterns import PNode, pattern_of, pretty
 
 @dataclass(frozen=True)
 class Cond:
-    """A side condition. kind: free_of (term var, axis var), positive / nonzero (f64 var), nonneg (term var)."""
+    """A side condition. kind: free_of / varies (term var, axis var), positive / nonzero (f64 var), nonneg (term
+    var)."""
 
     kind: str
     var: str
@@ -32,6 +33,8 @@ class Cond:
             return f"{self.var} free of {self.axis}"
         if self.kind == "extent":
             return f"{self.var} = extent({self.axis})"
+        if self.kind == "varies":
+            return f"{self.var} varies along {self.axis}"
         return f"{self.kind}({self.var})"
 
 
@@ -45,6 +48,12 @@ def _name(v) -> str:
 def free_of(t: Term, axis: String) -> Cond:
     """t does not vary along `axis` (the deps analysis has its bit clear)."""
     return Cond("free_of", _name(t), _name(axis), (eq(deps(t) & axis_bit(axis)).to(i64(0)),))
+
+
+def varies(t: Term, axis: String) -> Cond:
+    """t is not known to be constant along `axis` (its deps bit is set). Restricts where a rule fires,
+    not the values it sees: the fuzzer samples t varying along every axis anyway."""
+    return Cond("varies", _name(t), _name(axis), (ne(deps(t) & axis_bit(axis)).to(i64(0)),))
 
 
 def extent_of(n: i64, axis: String) -> Cond:

@@ -39,7 +39,7 @@ from neptune_eq.ir import NeptuneError, NeptuneWarning
 from neptune_eq.terms import Term
 
 from .algebra import ALGEBRA
-from .base import Cond, Rule, extent_of, free_of, is_finite, is_nonneg, nonzero, normal, not_zero, positive
+from .base import Cond, Rule, extent_of, free_of, is_finite, is_nonneg, nonzero, normal, not_zero, positive, varies
 from .files import RuleFileError, load_rules_file
 from .patterns import PatternError, pattern_of
 from .soundness import Counterexample, Verdict, fmt_value, rule_verdict
@@ -249,7 +249,8 @@ def _candidate_conds(sorts: dict[str, str]) -> list[Cond]:
     for n, s in sorts.items():
         v = var(n, _SORTS[s]) if s in _SORTS else None
         if s == "Term":
-            out += [is_finite(v), not_zero(v), is_nonneg(v), *(free_of(v, ax) for ax in axes)]
+            out += [is_finite(v), not_zero(v), is_nonneg(v), *(free_of(v, ax) for ax in axes),
+                    *(varies(v, ax) for ax in axes)]
         elif s == "f64":
             out += [positive(v), normal(v), nonzero(v)]
         elif s == "i64":
@@ -269,8 +270,8 @@ def _conds_of(name: str, conditions, decls, sorts: dict[str, str]) -> tuple[Cond
     if remaining:
         text = pretty_decl(decls, remaining[0])
         raise RuleError(f"rule '{name}': cannot interpret the condition `{text}`; use the helpers of "
-                        "neptune_eq.rules.base (free_of, positive, nonzero, normal, is_finite, is_nonneg, not_zero, "
-                        "extent_of) so that the soundness fuzzer can sample values satisfying it")
+                        "neptune_eq.rules.base (free_of, varies, positive, nonzero, normal, is_finite, is_nonneg, "
+                        "not_zero, extent_of) so that the soundness fuzzer can sample values satisfying it")
     return tuple(conds)
 
 

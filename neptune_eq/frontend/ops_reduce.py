@@ -3,9 +3,8 @@ and the negative log-likelihood behind F.cross_entropy.
 
 softmax, log_softmax and logsumexp are the composites of neptune_eq.library: a softmax row whose
 entries are all -inf gives 0 (torch's eager softmax gives NaN there; SDPA and FlexAttention give
-0). A contraction whose left operand is a normalised softmax `where(l == 0, 0, p / l)` (or a plain
-`p / l`) with l constant along the contracted axis is emitted with the normalisation after the
-sum, `where(l == 0, 0, Σ_j p·v / l)`, as library.attention writes it.
+0). A contraction is emitted as written, Σ_k a·b: moving a softmax's normalisation after the sum
+(`Σ_j (p/l)·v = (Σ_j p·v)/l`) is found by saturation, not by the capture.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ from typing import ClassVar
 import torch
 
 from .. import ir, library
-from .exprs import call, const, is_const
-from .exprs import reduce as reduce_expr
+from .exprs import call, const
 from .source import CaptureError
 from .translate import Unavailable, norm_dim
 
@@ -132,31 +130,11 @@ class Softmax:
 
 
 def contract(tx, a: ir.Node, b: ir.Node, k) -> ir.Node:
-    """Σ_k a·b, with a softmax normalisation of either side moved after the sum."""
+    """Σ_k a·b as written: where a normalisation is applied is the e-graph's choice (rules/algebra.py)."""
     axes = tx.res.axes(k)
     if not axes:
         return call("mul", a, b)
-    for left in (True, False):
-        p_side, other = (a, b) if left else (b, a)
-        delayed = _delay_normalisation(tx, p_side, other, axes, left)
-        if delayed is not None:
-            return delayed
     return tx.reduce("sum", call("mul", a, b), [k])
-
-
-def _delay_normalisation(tx, p_side: ir.Node, other: ir.Node, axes: list[str], left: bool):
-    n = p_side
-    if isinstance(n, ir.Call) and n.op == "where":  # where(l == 0, 0, p / l)
-        cond, zero, frac = n.args
-        if (isinstance(cond, ir.Call) and cond.op == "eq" and is_const(cond.args[1], 0.0) and is_const(zero, 0.0)
-                and isinstance(frac, ir.Call) and frac.op == "div" and frac.args[1] == cond.args[0]):
-            delayed = _delay_normalisation(tx, frac, other, axes, left)
-            return None if delayed is None else call("where", cond, zero, delayed)
-    if isinstance(n, ir.Call) and n.op == "div" and not (set(axes) & n.args[1].axes) and set(axes) <= n.args[0].axes:
-        p = n.args[0]
-        body = call("mul", p, other) if left else call("mul", other, p)
-        return call("div", reduce_expr("sum", body, axes, tx.res.extents), n.args[1])
-    return None
 
 
 class Contraction:
