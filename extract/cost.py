@@ -292,7 +292,7 @@ def _tile_elements(k: KernelPlan, sched: KernelSchedule, program: ir.Program, pl
         for c in ps.comps:
             axes = sorted(set(c.core.axes) & ({*tiled, ps.axis} | inner))
             t = [sched.tiles.get(a, 1) for a in axes]
-            if c.op == "sum" and isinstance(c.core, ir.Call) and c.core.op == "mul" and len(t) == 3:
+            if c.op == "sum" and isinstance(c.core, ir.Call) and c.core.op == "mul" and len(t) == 3 and min(t) >= 16:
                 # a dot: operands staged through shared memory, the accumulator is the state
                 size = max(t[0] * t[1], t[1] * t[2], t[0] * t[2]) / 2
             else:

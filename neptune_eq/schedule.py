@@ -130,11 +130,12 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     has_dot = bool(inner_axes(k, plan))
     loads = loop_loads(k, plan)
     primary = [a for a in rows if all(a not in ld.axes for ld in loads)]
+    tensors = {ld.tensor: ld for ld in loads}.values()  # each streamed tensor once
     if not primary and has_dot:
         # a query axis that one streamed tensor also has (a bias over (heads, queries, keys)): most
         # of the streamed tensors lack it, so a tile of it still shares their loads
         primary = [a for a in rows if program.axes[a] >= 16
-                   and 2 * sum(a not in ld.axes for ld in loads) > len(loads)][:1]
+                   and 2 * sum(a not in ld.axes for ld in tensors) > len(tensors)][:1]
     if primary:
         tiles[primary[0]] = min(128, max(16 if has_dot else 1, next_pow2(program.axes[primary[0]])))
     else:
@@ -159,7 +160,7 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     # a further row axis (e.g. the value dimension of attention) is held whole when it is small
     for a in rows:
         # (not a batch axis only some small tensor lacks: a bias shared by the batch)
-        if a not in primary and tiles[a] == 1 and 2 * sum(a not in ld.axes for ld in loads) >= len(loads):
+        if a not in primary and tiles[a] == 1 and 2 * sum(a not in ld.axes for ld in tensors) >= len(tensors):
             n = program.axes[a]
             tiles[a] = next_pow2(n) if n <= 256 else 64
     for p in k.passes():

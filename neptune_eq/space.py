@@ -109,6 +109,10 @@ def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kernel
         return out
     axis = _resident_axis(k, plan, program)
     rows = _batch_rows(k, program, base)
+    if any(t > 1 for a, t in base.tiles.items() if a in k.grid):
+        # rows of a kernel that already tiles a grid axis (attention's value dimension) would make
+        # 3-D blocks (rows × keys × values) that are no tensor-core tile: not offered
+        axis = rows = None
     if axis is not None:
         n = next_pow2(program.axes[axis])
         rs = [1]
