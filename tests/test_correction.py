@@ -75,3 +75,24 @@ def test_correction_over_two_producers():
     env.update({k: rng.uniform(0.5, 4, 50) for k in ("cur:l", "old:l")})
     want = np.exp(env["old:m"] - env["cur:m"]) * env["old:l"] / env["cur:l"]
     np.testing.assert_allclose(eval_ir_sampled(r.correction, env), want, rtol=1e-12)
+
+
+def test_alibi_positions_promoted_to_float_still_roll():
+    """ALiBi adds slope·float(j − i): the typed int→float cast must be finite to the analysis, or the
+    quotient's common score never cancels and the rolling (FlashAttention) plan disappears."""
+    import sys
+
+    import torch
+    from helpers import EXAMPLES
+
+    from neptune_eq.frontend import capture
+    from neptune_eq.pipeline import compile_program
+
+    sys.path.insert(0, str(EXAMPLES))
+    import neptune_ops
+
+    for op in ("alibi_pf", "alibi_dc"):
+        q, k, v = neptune_ops.example_inputs(op, 64, dtype=torch.float16, device="cpu", head_dim=16, heads=(2, 2))
+        c = compile_program(capture(getattr(neptune_ops, op), q, k, v).program)
+        three = [lp for lp in c.fusion.candidates if set(lp.names) == {"max_j", "sum_j", "sum_j2"}]
+        assert three and three[0].valid, three[0].reason if three else c.fusion.candidates
