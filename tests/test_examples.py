@@ -66,7 +66,14 @@ def test_decode_verifies():
 
 
 def test_rmsnorm_matmul_single_pass():
+    """The e-graph takes rsqrt(mean x² + ε) out of the contraction, so Σx² and Σx·w are independent
+    reductions over k: one pass can carry both, with the factor applied after the loop. (Whether it
+    wins is the cost model's call: on an H100 the two-kernel plan measured faster, docs/SCHEDULES.md.)"""
     prog = compile_ir(load_example("rmsnorm_matmul"))
-    assert len(prog.kernels) == 1
-    assert len(_passes(prog)) == 1
+    one = [a for a in prog.alternatives if a.plan.structure() == "1 kernel, pass over k (sum_k, sum_k2)"]
+    assert one, [a.structure for a in prog.alternatives]
+    store = one[0].plan.kernels[0].epilogue[0].expr
+    assert "rsqrt" in str(store) and not any("rsqrt" in str(c.core) for p in one[0].plan.kernels[0].passes()
+                                             for c in p.comps)
+    assert prog.pin(one[0].id).verify(seed=5).passed
     assert prog.verify(seed=5).passed

@@ -79,7 +79,7 @@ def test_every_attention_spelling_delays_the_normalisation(attention_compiles, n
     c = attention_compiles[name]
     assert not _divided_sums(c.representative["out0"])
     best = c.alternatives[0]
-    assert best.structure == "1 kernel, rolling over j (max_j, sum_j, sum_j2)"
+    assert best.plan.structure() == "1 kernel, rolling over j (max_j, sum_j, sum_j2)"
     (store,) = best.plan.kernels[-1].epilogue
     assert "/ fin:sum_j" in ir.show(store.expr)  # 1/l applied once per output, after the loop
 
