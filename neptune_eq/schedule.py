@@ -88,13 +88,10 @@ def loop_loads(k: KernelPlan, plan: Plan) -> list[ir.Load]:
 
 
 def inner_axes(k: KernelPlan, plan: Plan) -> set[str]:
-    """Axes of inline contractions used by the kernel."""
-    axes: set[str] = set()
-    for term in plan.inline.values():
-        for n in ir.walk(term):
-            if isinstance(n, ir.Reduce):
-                axes.add(n.axis)
-    return axes
+    """Axes of the inline contractions the kernel uses."""
+    used = {n.name for e in kernel_exprs(k, plan) for n in ir.walk(e)
+            if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in plan.inline}
+    return {n.axis for name in used for n in ir.walk(plan.inline[name]) if isinstance(n, ir.Reduce)}
 
 
 def grouped_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> dict[str, int]:

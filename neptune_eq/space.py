@@ -93,6 +93,13 @@ def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kernel
     K-loops) first."""
     base = _with_kloops(k, plan, program, base)
     out = [Variant("streamed" + _kloop_label(k, plan, program, base), base)]
+    loops = [p.axis for p in k.passes()]
+    if _kloop_label(k, plan, program, base) and loops:
+        # a K-loop per loop tile is a GEMM per tile: wider loop tiles feed the tensor cores better
+        for lt in (128, 256):
+            if lt > base.tiles.get(loops[0], 1) and program.axes[loops[0]] >= lt:
+                s = replace(base.with_tiles(**{a: lt for a in loops}), num_warps=8)
+                out.append(Variant(f"streamed {lt}" + _kloop_label(k, plan, program, s), s))
     g = gemm_axes(k, program)
     if g is not None:
         m, n, kk = g
