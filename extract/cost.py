@@ -1,11 +1,14 @@
 """Analytic GPU cost model: predicted time of a plan on a device spec.
 
 Per kernel it counts, from the plan's own expressions and the schedule's tiles: programs and waves,
-loop iterations (tiles skipped by affine masks are not counted), tensor-core FLOPs of the dots,
-FMA-pipe and special-function operations per element, bytes loaded and stored, and HBM bytes
-(unique footprint plus re-reads that miss L2). Time is the slowest unit plus a fraction of the
-others, divided by how well the programs fill the SMs, floored by one program's serial latency,
-plus the launch. Every term is kept so the explorer can show why a plan wins.
+loop iterations (tiles skipped by affine masks are not counted; a K-loop counts every step),
+tensor-core FLOPs of the dots, FMA-pipe and special-function operations per element, bytes loaded
+and stored, and HBM bytes from the L2 working set of each wave of concurrent programs
+(_hbm_reads). Registers and shared memory bound the programs per SM and price spills (_on_chip);
+small output tiles starve the tensor cores (_mma_efficiency); a program streams about its bytes in
+flight per memory latency. Time is the slowest unit plus a fraction of the others, divided by how
+well the programs fill the SMs, plus the launch. Every term is kept so the explorer can show why a
+plan wins. docs/SCHEDULES.md describes the model and its out-of-sample check.
 """
 
 from __future__ import annotations
