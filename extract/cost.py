@@ -399,9 +399,7 @@ def _slice_bytes(t: str, program, plan, k: KernelPlan, sched: KernelSchedule) ->
     for a in spec.axes:
         if a in k.grid:
             n *= min(sched.step(a), program.axes[a])
-        elif a == ir.CHUNK:
-            n *= 1
-        else:
+        elif a != ir.CHUNK:  # (one chunk's state per program)
             n *= program.axes.get(a, 1) / split.get(a, 1)
     return n * _BYTES[spec.dtype]
 

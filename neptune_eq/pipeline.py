@@ -22,7 +22,7 @@ from egglog import EGraph, i64, ruleset
 
 from . import ir
 from .device import DeviceSpec, from_torch
-from .extract.cost import Cost, kernel_cost, plan_cost
+from .extract.cost import Cost, kernel_cost
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.terms import TermExtractor
 from .extract.view import EGraphView, build_view, class_of
@@ -381,13 +381,20 @@ def _plans(c: Compilation) -> None:
     plans = enumerate_plans(space)
     c.dropped_loops, c.plans_truncated = list(space.dropped), space.truncated
     alts = []
-
-    def cheapest(k, variants):
-        return min(variants, key=lambda v: kernel_cost(plan, k, c.program, v.schedule, c.device).time)
-
     for plan in plans:
+        costs: dict = {}  # (kernel, schedule) → its cost: each priced once per plan
+
+        def priced(k, s, plan=plan, costs=costs):
+            key = (k.name, s.key())
+            if key not in costs:
+                costs[key] = kernel_cost(plan, k, c.program, s, c.device)
+            return costs[key]
+
+        def cheapest(k, variants, priced=priced):
+            return min(variants, key=lambda v: priced(k, v.schedule).time)
+
         for kind, schedules in plan_variants(plan, c.program, plan_schedules(plan, c.program), cheapest):
-            cost = plan_cost(plan, c.program, schedules, c.device)
+            cost = Cost([priced(k, s) for k, s in zip(plan.kernels, schedules)])
             alts.append(Alternative(0, plan, cost, schedules, kind))
     alts.sort(key=lambda a: a.cost.time)
     for a in alts:  # the plan's own cost: its best schedule's

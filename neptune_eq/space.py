@@ -61,6 +61,11 @@ def gemm_axes(k: KernelPlan, program: ir.Program) -> tuple[str, str, str] | None
     return None
 
 
+def gemm_tiles(program: ir.Program, axes: tuple[str, str, str], tiles: tuple[int, int, int]) -> dict[str, int]:
+    """The tiles (m, n, k) of a GEMM schedule, each cut to its axis (a power of two, at least 16)."""
+    return {a: min(t, max(16, next_pow2(program.axes[a]))) for a, t in zip(axes, tiles)}
+
+
 def _resident_axis(k: KernelPlan, plan: Plan, program: ir.Program) -> str | None:
     """The one loop axis of a kernel whose passes could all run on one tile of it."""
     passes = k.passes()
@@ -105,8 +110,7 @@ def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kernel
         m, n, kk = g
         seen = set()
         for bm, bn, bk, warps, stages in GEMM_TILES:
-            tiles = {m: min(bm, max(16, next_pow2(program.axes[m]))), n: min(bn, max(16, next_pow2(program.axes[n]))),
-                     kk: min(bk, max(16, next_pow2(program.axes[kk])))}
+            tiles = gemm_tiles(program, g, (bm, bn, bk))
             key = tuple(tiles.values())
             if key in seen:
                 continue

@@ -22,7 +22,7 @@ from . import ir
 from .cachedir import cache_dir as cache_dir_at
 from .cachedir import default_cache_dir
 from .schedule import KernelSchedule, inner_axes, kernel_exprs, loop_loads, next_pow2, row_axes
-from .space import GEMM_TILES, RESIDENT_MAX, gemm_axes
+from .space import GEMM_TILES, RESIDENT_MAX, gemm_axes, gemm_tiles
 
 
 @dataclass
@@ -63,8 +63,7 @@ def _gemm_candidates(k, program: ir.Program, base: KernelSchedule) -> list[Kerne
     out = [base]
     for bm, bn, bk, warps, stages in GEMM_TILES:
         for st in (stages, stages + 1):
-            tiles = {**base.tiles, m: min(bm, max(16, next_pow2(program.axes[m]))),
-                     n: min(bn, max(16, next_pow2(program.axes[n]))), kk: min(bk, max(16, next_pow2(program.axes[kk])))}
+            tiles = {**base.tiles, **gemm_tiles(program, (m, n, kk), (bm, bn, bk))}
             cand = replace(base, tiles=tiles, num_warps=warps, num_stages=st)
             if cand.key() not in {c.key() for c in out}:
                 out.append(cand)

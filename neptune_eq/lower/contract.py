@@ -76,8 +76,7 @@ class ContractOps:
         accumulates on the tensor cores."""
         a = _ident(axis)
         dims = tuple(d for d in self.canon if d in self.eff_dims(body) and d != axis)
-        integer, kind = False, "f"
-        acc = self.bind(f"tl.full({block_shape(dims)}, {_fmt_num(MONOIDS[op].identity)}, {self.fdt})", dims, kind,
+        acc = self.bind(f"tl.full({block_shape(dims)}, {_fmt_num(MONOIDS[op].identity)}, {self.fdt})", dims, "f",
                         "acc")
         outer_lines, outer_depth = self.lines, self.depth
         body_lines: list[str] = []
@@ -93,7 +92,7 @@ class ContractOps:
                 valid = self.bind(f"({codes[0]} & {codes[1]})", mdims, "b", "m")
             elif mask is not None:
                 valid = mask
-            part = self.contract(op, axis, body, valid, acc=acc if op == "sum" else None, integer=integer)
+            part = self.contract(op, axis, body, valid, acc=acc if op == "sum" else None)
             if part.kind == "acc":
                 new = part.code
             else:
@@ -107,7 +106,7 @@ class ContractOps:
         stages = f", num_stages={self.sched.num_stages}" if self.target == "cuda" else ""
         self.emit(f"for start_{a} in tl.range(0, {self.extent(axis)}, BLOCK_{a}{stages}):")
         self.lines.extend(body_lines)
-        return Val(acc.code, dims, kind)
+        return Val(acc.code, dims, "f")
 
     def dtype_of(self, kind: str) -> str:
         """The Triton dtype of a computed value of `kind` ("f" compute float, "i" int64)."""
