@@ -235,9 +235,12 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
             else:
                 c.alu += el  # the tile reduction
                 exprs = [core]
-            if comp.corr is not None or not dot:  # (a dot accumulates into its state in place)
-                c.alu += c.size(comp.free, None) * iters * (3 if comp.corr is not None else 1)  # state update
-            for e in [*exprs, comp.mask, comp.corr]:
+            repaired = comp.corr is not None or bool(comp.affine)
+            if repaired or not dot:  # (a dot accumulates into its state in place)
+                # state update: a multiplicative repair is 3 ops per state, an affine one 3 per term
+                terms = max(1, len(comp.affine))
+                c.alu += c.size(comp.free, None) * iters * (3 * terms if repaired else 1)
+            for e in [*exprs, comp.mask, comp.corr, *(h for _, h in comp.affine)]:
                 if e is None:
                     continue
                 (per_iter if (ph.axis in e.axes or _has_state(e)) else hoisted).append(e)

@@ -204,9 +204,14 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
         idx, lp = cover[k]
         comps = []
         for ci, c in enumerate(lp.comps):
+            if c.count_name is not None:  # the element count an affine repair multiplies h₀ by
+                comps.append(CompPlan(name=c.count_name, op="sum", free=c.binding.free,
+                                      mask=space.terms.comp_mask(lp, ci), core=ir.Const(1.0)))
+        for ci, c in enumerate(lp.comps):
             b = c.binding
+            aff = c.chosen_affine
             try:
-                corr = space.terms.comp_corr(lp, ci) if c.producers else None
+                corr = space.terms.comp_corr(lp, ci) if c.producers and aff is None else None
                 core = space.terms.comp_core(lp, ci)
             except LookupError as e:
                 raise LoopTermError(idx, f"{', '.join(lp.names)} over {lp.axis}: {e}") from None
@@ -218,6 +223,8 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
                 core=core, producers=c.producers, corr=corr,
                 dist=c.chosen.dist if c.chosen else None, guard=guard,
                 annihilator=c.chosen.annihilator if c.chosen else 0.0, integer=b.name in ints,
+                affine=() if aff is None else (*aff.terms.items(),
+                                               *(((c.count_name, aff.constant),) if aff.constant is not None else ())),
             ))
         ps = Pass(lp.axis, comps, split=splits[k], rules=tuple(a.rule for a in lp.applications))
         passes.append((ps, lp, idx))

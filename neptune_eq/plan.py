@@ -38,6 +38,9 @@ class CompPlan:
     guard: bool = False  # corr is replaced by the annihilator while a max/min producer is still its identity
     annihilator: float = 0.0
     integer: bool = False  # an integer reduction: exact, accumulated in int64 (neptune_eq.numeric)
+    # an affine repair (fusion/affine.py): t ← Σ (coefficient · old state of the named component), the
+    # named components being sums of the same pass (a count among them); replaces corr/dist
+    affine: tuple[tuple[str, ir.Node], ...] = ()
 
     @property
     def identity(self) -> float | int:
@@ -134,6 +137,8 @@ class Plan:
                     line = f"    {c.name} = {c.op}_{ph.axis} {body}"
                     if c.corr is not None:
                         line += f"   [repair: {c.name} {OPS[c.dist].infix} {ir.show(c.corr)}]"
+                    if c.affine:
+                        line += "   [repair: " + " + ".join(f"{ir.show(h)}·{k}" for k, h in c.affine) + "]"
                     out.append(line)
                 for st in ph.stores:
                     out.append(f"    store {st.target}[{', '.join(map(str, st.axes))}] = {ir.show(st.expr)}")

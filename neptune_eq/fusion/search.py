@@ -28,11 +28,13 @@ from neptune_eq.ops import OPS
 from neptune_eq.saturate import Budget, Saturator
 from neptune_eq.terms import Comp, Comps, Encoder, Loop, Term, get
 
+from .affine import AFFINE_BUDGET, AffineResult, AffineSearcher, check_affine, describe_affine, relative_uses, to_old
 from .correction import CORRECTION_BUDGET, CorrectionSearcher
 from .types import Application, Binding, CompCandidate, CorrectionResult, LoopCandidate, direct_bindings
 
 MAX_GROUP_SIZE = 8
 MAX_GROUPS_PER_AXIS = 48  # fused groups tried per axis, nearest members first (each may need a search)
+AFFINE_TOTAL_SECONDS = 4.0  # all affine searches of one compile (each fails only after its budget)
 
 
 @dataclass
@@ -48,7 +50,10 @@ class FusionSearch:
     corrections: dict[ir.Node, CorrectionResult] = field(default_factory=dict)  # by quotient core pair
     skipped: list[str] = field(default_factory=list)  # axes whose further groups the time budget cut
     capped: list[str] = field(default_factory=list)  # axes with more groups than MAX_GROUPS_PER_AXIS
+    corrections_affine: dict[ir.Node, AffineResult] = field(default_factory=dict)  # by core and basis
+    affine_seconds: float = 0.0
     _searcher: CorrectionSearcher | None = None
+    _affine: AffineSearcher | None = None
     _saturator: Saturator | None = None
 
     @property
@@ -149,6 +154,9 @@ class FusionSearch:
                 comp.correction = self.corrections[key]
                 comp.quotient_term = self.encoder.encode(comp.correction.quotient)
             comps.append(comp)
+        for comp in comps:
+            if comp.producers and comp.chosen is None and comp.binding.op == "sum":
+                self._affine_repair(axis, comp, comps)
         cand = LoopCandidate(axis, comps)
         cs = Comps()
         for c in comps:
@@ -159,13 +167,48 @@ class FusionSearch:
         self._validate(cand)
         return cand
 
+    def _affine_repair(self, axis: str, comp: CompCandidate, comps: list[CompCandidate]) -> None:
+        """t′ = Σₖ hₖ·tₖ (+ h₀·n) over the sums of the group that share comp's mask (fusion/affine.py)."""
+        names = [c.binding.name for c in comps]
+        sums = {c.binding.name for c in comps if c.binding.op == "sum"}
+        if self.encoder.extents[axis] > 2**24:  # the element count is carried in float32
+            comp.affine = AffineResult(reason=f"{axis} is longer than float32 counts exactly (2^24)")
+            return
+        if not relative_uses(comp.core, sums):
+            comp.affine = AffineResult(reason="a running sum is used additively in the body (its repair would "
+                                              "cancel large terms in floating point)")
+            return
+        basis = {c.binding.name: to_old(c.core, names) for c in comps if c.binding.op == "sum" and c.mask == comp.mask}
+        key = ir.Call("and", (comp.core, *basis.values()))
+        if key not in self.corrections_affine and self.affine_seconds >= AFFINE_TOTAL_SECONDS:
+            comp.affine = AffineResult(reason=f"the affine searches' {AFFINE_TOTAL_SECONDS:g} s were spent")
+            return
+        if key not in self.corrections_affine:
+            if self._affine is None:
+                self._affine = AffineSearcher(self.encoder.axis_order, self.encoder.extents, self.rules)
+            sat = self._saturator
+            if sat is not None:
+                b = self._affine.budget
+                self._affine.budget = Budget(max_nodes=b.max_nodes, max_iterations=b.max_iterations,
+                                             max_seconds=max(0.0, min(AFFINE_BUDGET.max_seconds, sat.remaining())),
+                                             match_limit=b.match_limit)
+            res = self._affine.search(comp.core, basis, set(names), axis)
+            self.affine_seconds += res.seconds
+            if res.found:
+                bad = check_affine(comp.core, basis, res)
+                if bad is not None:
+                    res = AffineResult(reason=bad)
+            self.corrections_affine[key] = res
+        comp.affine = self.corrections_affine[key]
+
     def _validate(self, cand: LoopCandidate) -> None:
         """A group is valid when every rolling component has a correction; then it joins the e-graph."""
         reasons = []
         for c in cand.comps:
-            if c.producers and c.chosen is None:
+            if c.producers and c.chosen is None and c.chosen_affine is None:
+                why = c.correction.reason + (f"; no affine repair: {c.affine.reason}" if c.affine is not None else "")
                 reasons.append(f"no correction for {c.binding.name} = {c.binding.op}_{cand.axis}({ir.show(c.core)}) "
-                               f"over running {', '.join(c.producers)}: {c.correction.reason}")
+                               f"over running {', '.join(c.producers)}: {why}")
         cand.valid = not reasons
         cand.reason = "; ".join(reasons)
         if not cand.valid:
@@ -180,6 +223,10 @@ class FusionSearch:
     def _record(self, cand: LoopCandidate) -> None:
         rolling = [c for c in cand.comps if c.producers]
         for c in rolling:
+            a = c.chosen_affine
+            if a is not None:
+                cand.applications.append(Application("affine_update", describe_affine(c.binding.name, a, c.count_name)))
+                continue
             r = c.chosen
             cand.applications.append(Application(
                 "rolling_update",

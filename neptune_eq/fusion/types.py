@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from neptune_eq import ir
 from neptune_eq.terms import Loop, Term
 
+from .affine import AffineResult
+
 
 @dataclass(frozen=True)
 class Binding:
@@ -97,10 +99,21 @@ class CompCandidate:
     core_term: Term | None = None
     correction: CorrectionResult | None = None
     quotient_term: Term | None = None
+    affine: AffineResult | None = None  # a repair over several carried sums (when no multiplicative one)
 
     @property
     def chosen(self) -> CorrectionResult | None:
         return self.correction if self.correction is not None and self.correction.found else None
+
+    @property
+    def chosen_affine(self) -> AffineResult | None:
+        return self.affine if self.chosen is None and self.affine is not None and self.affine.found else None
+
+    @property
+    def count_name(self) -> str | None:
+        """The carried count of elements this component's repair multiplies h₀ by (None: not needed)."""
+        a = self.chosen_affine
+        return f"count_{self.binding.name}" if a is not None and a.constant is not None else None
 
 
 @dataclass

@@ -203,15 +203,19 @@ class _PassWriter:
         w = self.w
         sc = w.scopes[-1]
         new: dict[str, Val] = {}
+        olds = {c.name: _state(w, c, self.state_names(c)) for c in self.ps.comps}
+        for c in self.ps.comps:  # (an affine repair may read any state's old value)
+            sc.memo[c.ref(OLD)] = olds[c.name]
         for c in self.ps.comps:
-            old = _state(w, c, self.state_names(c))
-            sc.memo[c.ref(OLD)] = old
+            old = olds[c.name]
             mask = valid
             if c.mask is not None and not _is_true(c.mask) and (masked or affine(c.mask) is None):
                 m = w.as_bool(w.value(c.mask))
                 mask = m if mask is None else self._and(mask, m)
             combine = MONOIDS[c.op].combine
-            if c.producers and c.corr is not None:
+            if c.affine:
+                carried = _affine_carried(w, c, olds)
+            elif c.producers and c.corr is not None:
                 h = w.f32(w.value(c.corr))
                 refs = {p: Val(self.state_names(pc), _state_dims(w, pc), "f")
                         for pc in self.ps.comps for p in c.producers if pc.name == p}
@@ -285,7 +289,11 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     for c in ps.comps:
         old = _state(w, c, names[c.name])
         comb = MONOIDS[c.op].combine
-        if c.producers and c.corr is not None:
+        if c.affine:
+            states = {x.name: _state(w, x, names[x.name]) for x in ps.comps}
+            a = _moved(w, ps, c, states, new)
+            b = _moved(w, ps, c, parts, new)
+        elif c.producers and c.corr is not None:
             olds = {p: Val(names[p], _state_dims(w, next(x for x in ps.comps if x.name == p)), "f")
                     for p in c.producers}
             a = _corrected(w, ps, c, old, olds, new)
@@ -303,6 +311,42 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     w.lines.extend(body)
     for c in ps.comps:
         w.scopes[0].memo[c.ref(FINAL)] = _state(w, c, names[c.name])
+
+
+def _affine_carried(w: KernelWriter, c: CompPlan, states: dict[str, Val]) -> Val:
+    """Σₖ hₖ·tₖ over the old states tₖ (the references in hₖ resolve in the current scope). A state
+    still 0 contributes 0 whatever its coefficient: before the first element a max producer is −∞
+    and hₖ may be NaN there, where nothing was accumulated."""
+    total: Val | None = None
+    for name, coef in c.affine:
+        h = w.f32(w.value(coef))
+        st = states[name]
+        codes, dims = w.align([st, h])
+        term = w.bind(f"tl.where({codes[0]} == 0.0, 0.0, {codes[0]} * {codes[1]})", dims, "f", "a")
+        if total is None:
+            total = term
+        else:
+            codes, dims = w.align([total, term])
+            total = w.bind(f"{codes[0]} + {codes[1]}", dims, "f", "a")
+    assert total is not None
+    sdims = _state_dims(w, c)
+    if total.dims != sdims and set(total.dims) <= set(sdims):
+        total = w.bind(f"tl.broadcast_to({w.arrange(total, sdims)}, {block_shape(sdims)})", sdims, "f", "a")
+    return total
+
+
+def _moved(w: KernelWriter, ps: Pass, c: CompPlan, states: dict[str, Val], new: dict[str, Val]) -> Val:
+    """An affine component's partial result moved from the references of `states` to `new` (split-K)."""
+    scope = _Scope(axis=None, variant={x.ref(k) for x in ps.comps for k in ir.RUNNING}, lines=w.lines,
+                   depth=w.depth)
+    w.scopes.append(scope)
+    for x in ps.comps:
+        scope.memo[x.ref(OLD)] = states[x.name]
+        if x.name in new:
+            scope.memo[x.ref(CURRENT)] = new[x.name]
+    out = _affine_carried(w, c, states)
+    w.scopes.pop()
+    return out
 
 
 def _guarded(w: KernelWriter, ps: Pass, c: CompPlan, h: Val, ref: dict[str, Val]) -> Val:

@@ -1,0 +1,391 @@
+"""Affine corrections: t′ = Σₖ hₖ(R, R′)·tₖ + h₀(R, R′)·n, found by saturation.
+
+A multiplicative repair (correction.py) moves one accumulator's reference point on its own:
+g(R′, c) = g(R, c)·h. Many sums need the others: the entropy term Σ e^{x−m}(x − m) moves with
+e^{m−m′} *and* borrows (m − m′)·Σ e^{x−m}; a sum of squares around a running mean borrows the running
+sum and the count (Welford / Chan). Here the body at the new reference, g(R′, c), is rewritten into a
+sum over the bodies bₖ(R, c) of the sums carried in the same pass:
+
+    g(R′, c) = Σₖ hₖ(R, R′)·bₖ(R, c) + h₀(R, R′)        (h free of the loop axis)
+
+so that, summed over the elements already seen, Σ g(R′, c) = Σₖ hₖ·tₖ + h₀·n. How:
+
+1. Rebase. Every largest subterm r′ of g(R′, c) that is free of the loop axis and reads a running
+   value is unioned with r + (r′ − r) and with r·(r′/r), r its old-reference counterpart: identities
+   that give the rules something to expand around.
+2. Expand. The algebra and rules/affine.py's expansions (distribute, split exponentials, reassociate)
+   saturate g(R′, c) in a small e-graph of its own, within a budget.
+3. Extract linearly. After each iteration a dynamic programme looks for the cheapest term of g(R′, c)'s
+   e-class that is *linear* in the e-classes of the bodies bₖ (each used as a leaf, at most once per
+   product, never inside a nonlinear function) with coefficients free of the loop axis. Found: the
+   leaves become the old running values tₖ and the term is split into its coefficients.
+4. Check. The identity is evaluated in float64 on random values before the repair may be used.
+
+Nothing here knows entropy or variance: they are what the rules find (tests/test_affine.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from egglog import EGraph, ruleset, union
+
+from neptune_eq import ir
+from neptune_eq.extract.terms import TermExtractor, op_cost
+from neptune_eq.extract.view import build_view, class_of
+from neptune_eq.ops import OPS
+from neptune_eq.rules import analysis
+from neptune_eq.rules.affine import EXPAND
+from neptune_eq.rules.base import Rule
+from neptune_eq.rules.soundness import eval_ir_sampled
+from neptune_eq.saturate import Budget, Saturator
+from neptune_eq.terms import Encoder
+
+AFFINE_BUDGET = Budget(max_nodes=20_000, max_seconds=2.0, max_iterations=6)
+OLD, CUR = ir.RefKind.OLD, ir.RefKind.CURRENT
+# a basis body used as a leaf of the linear term: the *accumulated* sum tₖ it stands for is the old
+# running value of that reduction, but the leaf must not be confused with old:k appearing inside a
+# coefficient, so it is marked by a kind no correction term holds for a carried reduction
+_LEAF = ir.RefKind.INLINE
+
+
+def _leaf(name: str) -> ir.StateRef:
+    return ir.StateRef(_LEAF, name, ())
+
+
+def _is_leaf(n: ir.Node, names) -> bool:
+    return isinstance(n, ir.StateRef) and n.kind is _LEAF and n.name in names and not n.ref_axes
+# algebra rules that only change how a value is written (exp → exp2, masks hoisted): they would
+# multiply the e-graph of an expansion without bringing a linear form nearer
+_NOT_HERE = frozenset({"exp_to_exp2", "log_to_log2", "mul_const_out", "div_by_const"}
+                      | {f"where_{n}" for n in ("exp", "exp2", "neg", "log", "log2")}
+                      | {f"where_{n}_{s}" for n in ("add", "sub", "mul", "div") for s in "lr"})
+_LINEAR_OPS = ("add", "sub", "neg", "mul", "div", "where")
+
+
+@dataclass
+class AffineResult:
+    """The repair of one sum over the accumulators it borrows: `terms` maps each carried sum's name
+    to its coefficient hₖ; `constant` is h₀ (multiplied by the count of elements seen), or None."""
+
+    terms: dict[str, ir.Node] = field(default_factory=dict)
+    constant: ir.Node | None = None
+    iterations: int = 0
+    nodes: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+
+    @property
+    def found(self) -> bool:
+        return bool(self.terms) or self.constant is not None
+
+
+def _varies(n: ir.Node, axis: str) -> bool:
+    return axis in n.axes
+
+
+def _running(n: ir.Node) -> bool:
+    return any(isinstance(m, ir.StateRef) and m.kind is CUR for m in ir.walk(n))
+
+
+def references(node: ir.Node, axis: str) -> list[ir.Node]:
+    """The largest subterms of `node` free of `axis` that read a running (current) value."""
+    out: list[ir.Node] = []
+
+    def go(n: ir.Node) -> None:
+        if not _varies(n, axis) and _running(n):
+            if n not in out:
+                out.append(n)
+            return
+        for c in n.children():
+            go(c)
+
+    go(node)
+    return out
+
+
+_RELATIVE = frozenset({"log", "log2", "eq", "ne", "lt", "le", "gt", "ge"})  # scale-free uses
+
+
+def relative_uses(core: ir.Node, sums: set[str]) -> bool:
+    """Every running value of the sums `sums` in `core` is used relatively: under a log, as a
+    divisor, or compared. A partial sum is a biased estimate of the final one (Σ over the first n of N elements);
+    its log or a ratio moves by a bounded repair, but a body polynomial in it (Σ (x − s/N)²) would be
+    accumulated around a reference far from the final one and repaired by cancelling large terms:
+    exact over the reals, not in float32. Such bodies get no affine repair."""
+    ok = True
+
+    def go(n: ir.Node, relative: bool) -> None:
+        nonlocal ok
+        if isinstance(n, ir.StateRef) and n.kind is CUR and n.name in sums and not relative:
+            ok = False
+            return
+        if isinstance(n, ir.Call):
+            for k, a in enumerate(n.args):
+                go(a, relative or n.op in _RELATIVE or (n.op == "div" and k == 1))
+
+    go(core, False)
+    return ok
+
+
+def to_old(node: ir.Node, names) -> ir.Node:
+    """`node` with the current values of the reductions `names` replaced by their old values."""
+    names = set(names)
+    return ir.rebuild(node, lambda _o, n: ir.StateRef(OLD, n.name, n.ref_axes)
+                      if isinstance(n, ir.StateRef) and n.kind is CUR and n.name in names else n)
+
+
+class AffineSearcher:
+    """One e-graph for the affine searches of a compile (each query between push() and pop())."""
+
+    def __init__(self, axis_order, extents, rules: list[Rule], budget: Budget = AFFINE_BUDGET):
+        self.axis_order, self.extents, self.budget = tuple(axis_order), dict(extents), budget
+        self.egraph = EGraph()
+        self.base = Encoder(self.egraph, self.axis_order, self.extents)
+        rs = [r for r in rules if r.name not in _NOT_HERE] + EXPAND
+        self.schedule = ruleset(*[r.egglog() for r in rs], name=f"affine_rules_{len(rs)}") | analysis.ANALYSIS
+        self.names = {r.egglog().decl: r.name for r in rs}
+
+    def search(self, core: ir.Node, basis: dict[str, ir.Node], running: set[str], axis: str) -> AffineResult:
+        """Rewrite `core` (a body at the current references of `running`) over the `basis` bodies
+        (name → body at the old references)."""
+        t0 = time.perf_counter()
+        eg = self.egraph
+        eg.push()
+        try:
+            enc = self.base.fresh()
+            g = enc.encode(core)
+            basis_terms = {k: enc.encode(b) for k, b in basis.items()}
+            facts = []
+            for r_new in references(core, axis):
+                r_old = to_old(r_new, running)
+                if r_old == r_new:
+                    continue
+                tn, to = enc.encode(r_new), enc.encode(r_old)
+                facts.append(union(tn).with_(to + (tn - to)))  # r′ = r + (r′ − r)
+                facts.append(union(tn).with_(to * (tn / to)))  # r′ = r·(r′/r)
+            enc.flush()
+            eg.register(g, *basis_terms.values())
+            if facts:
+                eg.register(*facts)
+            bit = 1 << self.axis_order.index(axis)
+            sat = Saturator(eg, self.budget, rule_names=self.names)
+            found: list[ir.Node] = []
+
+            def done() -> bool:
+                view = build_view(eg)
+                tx = TermExtractor(view, self.axis_order, self.extents, enc.loads, enc.syms)
+                leaves = {class_of(eg, view, t): k for k, t in basis_terms.items()}
+                term = linear_term(view, tx, class_of(eg, view, g), leaves, bit)
+                if term is not None:
+                    found.append(term)
+                return term is not None
+
+            if not done():
+                sat.phase("affine", self.schedule, stop_when=done)
+            rep = sat.reports[-1] if sat.reports else None
+            its, nodes = (rep.iterations, rep.nodes) if rep else (0, 0)
+            if not found:
+                why = (f"no sum over {', '.join(basis)} with coefficients free of {axis} in the e-class of "
+                       f"{ir.show(core)}" + (f" after {its} iterations ({rep.stop})" if rep else ""))
+                return AffineResult(iterations=its, nodes=nodes, seconds=time.perf_counter() - t0, reason=why)
+            split = split_linear(found[0], set(basis))
+            if split is None:  # (linear_term only builds linear terms)
+                return AffineResult(reason="the linear term could not be split", seconds=time.perf_counter() - t0)
+            terms, const = split
+            return AffineResult(terms, const, its, nodes, time.perf_counter() - t0)
+        finally:
+            eg.pop()
+
+
+# ---------------------------------------------------------------- linear extraction
+
+
+def linear_term(view, tx: TermExtractor, root: int, leaves: dict[int, str], bit: int) -> ir.Node | None:
+    """The cheapest term of `root` linear in the `leaves` classes (decoded as _leaf(name))
+    with coefficients free of the axis `bit`; None if there is none."""
+    free = lambda c, n: view.free_of(c, bit) and n.op != "red"  # noqa: E731
+    c0 = tx.costs(allow=free)
+    cost0 = {c: v[0] for c, v in c0.items() if v[1] is not None}
+    best1: dict[int, tuple[float, object, tuple[int, ...]]] = {c: (0.5, None, ()) for c in leaves}
+    nodes = [(c, n) for c, ns in view.classes.items() if view.sort.get(c) == "Term"
+             for n in ns if n.op in _LINEAR_OPS]
+    inf = math.inf
+    for _ in range(64):
+        changed = False
+        for c, n in nodes:
+            d = _degree_choice(n, cost0, best1, inf)
+            if d is None:
+                continue
+            cost, degs = d
+            if cost < best1.get(c, (inf,))[0] - 1e-12:
+                best1[c] = (cost, n, degs)
+                changed = True
+        if not changed:
+            break
+    if root not in best1:
+        return None
+
+    def go1(c: int) -> ir.Node:
+        _cost, n, degs = best1[c]
+        if n is None:
+            return _leaf(leaves[c])
+        args = [go1(a) if dg else tx.decode(a, c0) for a, dg in zip(n.args, degs)]
+        return ir.Call(n.op, tuple(args))
+
+    return go1(root)
+
+
+def _degree_choice(n, cost0, best1, inf):
+    """(cost, degree of each argument) of the cheapest way node `n` is linear in the leaves."""
+    own = op_cost(n.op) + 0.01
+    d0 = [cost0.get(a, inf) for a in n.args]
+    d1 = [best1[a][0] if a in best1 else inf for a in n.args]
+    if n.op == "neg":
+        return (own + d1[0], (1,)) if d1[0] < inf else None
+    options = []
+    if n.op in ("add", "sub"):
+        options = [(d1[0] + d1[1], (1, 1)), (d1[0] + d0[1], (1, 0)), (d0[0] + d1[1], (0, 1))]
+    elif n.op == "mul":
+        options = [(d1[0] + d0[1], (1, 0)), (d0[0] + d1[1], (0, 1))]
+    elif n.op == "div":
+        options = [(d1[0] + d0[1], (1, 0))]
+    elif n.op == "where":  # a predicate free of the axis picks between two linear forms
+        options = [(d0[0] + d1[1] + d1[2], (0, 1, 1)), (d0[0] + d0[1] + d1[2], (0, 0, 1)),
+                   (d0[0] + d1[1] + d0[2], (0, 1, 0))]
+    cost, degs = min(options, key=lambda o: o[0])
+    return (own + cost, degs) if cost < inf else None
+
+
+def split_linear(node: ir.Node, names: set[str]) -> tuple[dict[str, ir.Node], ir.Node | None] | None:
+    """node = Σₖ hₖ·leafₖ + h₀ → ({name: hₖ}, h₀ or None); None if node is not linear in the leaves."""
+
+    def lin(n: ir.Node):
+        if _is_leaf(n, names):
+            return {n.name: ir.Const(1.0)}, None
+        if not any(_is_leaf(m, names) for m in ir.walk(n)):
+            return {}, n
+        if not isinstance(n, ir.Call) or n.op not in _LINEAR_OPS:
+            return None
+        if n.op == "where":
+            if any(_is_leaf(m, names) for m in ir.walk(n.args[0])):
+                return None
+            ga, gb = lin(n.args[1]), lin(n.args[2])
+            if ga is None or gb is None:
+                return None
+            zero = ir.Const(0.0)
+            pick = lambda a, b: ir.Call("where", (n.args[0], a or zero, b or zero))  # noqa: E731
+            keys = list(dict.fromkeys([*ga[0], *gb[0]]))
+            k = None if ga[1] is None and gb[1] is None else pick(ga[1], gb[1])
+            return {a: pick(ga[0].get(a), gb[0].get(a)) for a in keys}, k
+        parts = [lin(a) for a in n.args]
+        if any(p is None for p in parts):
+            return None
+        if n.op == "neg":
+            t, k = parts[0]
+            return {a: _neg(h) for a, h in t.items()}, (None if k is None else _neg(k))
+        if n.op in ("add", "sub"):
+            (ta, ka), (tb, kb) = parts
+            sign = _neg if n.op == "sub" else (lambda x: x)
+            terms = dict(ta)
+            for a, h in tb.items():
+                terms[a] = _add(terms[a], sign(h)) if a in terms else sign(h)
+            k = ka if kb is None else (sign(kb) if ka is None else ir.Call(n.op, (ka, kb)))
+            return terms, k
+        (ta, ka), (tb, kb) = parts
+        if n.op == "mul":
+            if ta and tb:
+                return None
+            (t, k), f = ((ta, ka), kb) if ta else ((tb, kb), ka)
+            if f is None:
+                return None
+            return {a: ir.Call("mul", (h, f)) for a, h in t.items()}, (None if k is None else ir.Call("mul", (k, f)))
+        if tb or kb is None:  # div: only by a coefficient
+            return None
+        return {a: ir.Call("div", (h, kb)) for a, h in ta.items()}, (None if ka is None else ir.Call("div", (ka, kb)))
+
+    got = lin(node)
+    if got is None:
+        return None
+    terms, k = got
+    return {a: _simplify(h) for a, h in terms.items()}, (None if k is None else _simplify(k))
+
+
+def _neg(n: ir.Node) -> ir.Node:
+    return ir.Call("neg", (n,))
+
+
+def _add(a: ir.Node, b: ir.Node) -> ir.Node:
+    return ir.Call("add", (a, b))
+
+
+def _simplify(n: ir.Node) -> ir.Node:
+    """Fold the constant arithmetic extraction and split_linear leave (c₁ op c₂, x·1, x ± 0, 0·c)."""
+    def const(m):
+        return m.value if isinstance(m, ir.Const) else None
+
+    def f(_old, m):
+        if not isinstance(m, ir.Call) or m.op not in OPS or m.op not in ("add", "sub", "mul", "div", "neg"):
+            return m
+        vals = [const(a) for a in m.args]
+        if all(v is not None for v in vals) and not (m.op == "div" and vals[1] == 0.0):
+            return ir.Const(float(OPS[m.op].numpy(*[np.float64(v) for v in vals])))
+        if m.op == "mul":
+            a, b = m.args
+            for x, y in ((a, b), (b, a)):
+                if const(x) == 1.0:
+                    return y
+                if const(x) == 0.0 and const(y) is not None:
+                    return ir.Const(0.0)
+        if m.op in ("add", "sub") and const(m.args[1]) == 0.0:
+            return m.args[0]
+        if m.op == "add" and const(m.args[0]) == 0.0:
+            return m.args[1]
+        if m.op == "div" and const(m.args[1]) == 1.0:
+            return m.args[0]
+        return m
+    return ir.rebuild(n, f)
+
+
+# ---------------------------------------------------------------- numeric check
+
+
+def check_affine(core: ir.Node, basis: dict[str, ir.Node], result: AffineResult, samples: int = 256,
+                 seed: int = 0) -> str | None:
+    """g(R′, c) == Σₖ hₖ·bₖ(R, c) + h₀ on random float64 values; a failure message or None."""
+    rng = np.random.default_rng(seed)
+    nodes = [core, *basis.values(), *result.terms.values(), *([result.constant] if result.constant else [])]
+    env: dict[str, np.ndarray] = {}
+    for n in nodes:
+        for m in ir.walk(n):
+            if isinstance(m, ir.StateRef | ir.Load | ir.Index):
+                key = ir.show(m)
+                if key not in env:  # running values (sums, counts) positive, like the real ones
+                    ref = isinstance(m, ir.StateRef)
+                    env[key] = rng.uniform(0.5, 3.0, samples) if ref else rng.normal(0, 2, samples)
+    want = eval_ir_sampled(core, env)
+    got = np.zeros(samples)
+    for k, h in result.terms.items():
+        got = got + eval_ir_sampled(h, env) * eval_ir_sampled(basis[k], env)
+    if result.constant is not None:
+        got = got + eval_ir_sampled(result.constant, env)
+    ok = ~np.isfinite(want) | np.isclose(got, want, rtol=1e-8, atol=1e-10)
+    if not ok.all():
+        i = int(np.argmin(ok))
+        return f"affine repair fails at sample {i}: g(R′, c) = {want[i]!r}, Σ hₖ·bₖ(R, c) + h₀ = {got[i]!r}"
+    return None
+
+
+def describe_affine(name: str, result: AffineResult, count: str | None) -> str:
+    """The repair as the derivation prints it: the accumulators it reads and their coefficients."""
+    parts = [f"{ir.show(h)}·{k}" for k, h in result.terms.items()]
+    if result.constant is not None:
+        parts.append(f"({ir.show(result.constant)})·{count or 'n'}")
+    borrowed = [k for k in result.terms if k != name]
+    return (f"{name} carried with an affine repair {name} ← {' + '.join(parts)}"
+            + (f", reading the running {', '.join(borrowed)}" if borrowed else "")
+            + (f" and the element count {count}" if count else "")
+            + f" (found in {result.iterations} iterations, {result.nodes} e-nodes)")
