@@ -9,12 +9,12 @@ moving divisor); and the one-pass plans end to end in the interpreter against fl
 import numpy as np
 import pytest
 import torch
+from neptune_eq.rules.affine import EXPAND
+from neptune_eq.rules.soundness import rule_verdict
 
 from neptune_eq import ir
 from neptune_eq.frontend import capture
 from neptune_eq.fusion.affine import _leaf, check_affine, relative_uses, split_linear
-from neptune_eq.rules.affine import EXPAND
-from neptune_eq.rules.soundness import rule_verdict
 from neptune_eq.runtime import compile_ir
 
 OLD, CUR = ir.RefKind.OLD, ir.RefKind.CURRENT
