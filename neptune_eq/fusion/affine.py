@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 from egglog import EGraph, ruleset, union
@@ -43,6 +42,8 @@ from neptune_eq.rules.base import Rule
 from neptune_eq.rules.soundness import eval_ir_sampled
 from neptune_eq.saturate import Budget, Saturator
 from neptune_eq.terms import Encoder
+
+from .types import AffineResult
 
 AFFINE_BUDGET = Budget(max_nodes=20_000, max_seconds=2.0, max_iterations=6)
 OLD, CUR = ir.RefKind.OLD, ir.RefKind.CURRENT
@@ -64,23 +65,6 @@ _NOT_HERE = frozenset({"exp_to_exp2", "log_to_log2", "mul_const_out", "div_by_co
                       | {f"where_{n}" for n in ("exp", "exp2", "neg", "log", "log2")}
                       | {f"where_{n}_{s}" for n in ("add", "sub", "mul", "div") for s in "lr"})
 _LINEAR_OPS = ("add", "sub", "neg", "mul", "div", "where")
-
-
-@dataclass
-class AffineResult:
-    """The repair of one sum over the accumulators it borrows: `terms` maps each carried sum's name
-    to its coefficient hₖ; `constant` is h₀ (multiplied by the count of elements seen), or None."""
-
-    terms: dict[str, ir.Node] = field(default_factory=dict)
-    constant: ir.Node | None = None
-    iterations: int = 0
-    nodes: int = 0
-    seconds: float = 0.0
-    reason: str = ""
-
-    @property
-    def found(self) -> bool:
-        return bool(self.terms) or self.constant is not None
 
 
 def _varies(n: ir.Node, axis: str) -> bool:

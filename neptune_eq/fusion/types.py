@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from neptune_eq import ir
 from neptune_eq.terms import Loop, Term
 
-from .affine import AffineResult
-
 
 @dataclass(frozen=True)
 class Binding:
@@ -75,6 +73,23 @@ class CorrectionResult:
     @property
     def found(self) -> bool:
         return self.correction is not None
+
+
+@dataclass
+class AffineResult:
+    """The repair of one sum over the accumulators it borrows: `terms` maps each carried sum's name
+    to its coefficient hₖ; `constant` is h₀ (multiplied by the count of elements seen), or None."""
+
+    terms: dict[str, ir.Node] = field(default_factory=dict)
+    constant: ir.Node | None = None
+    iterations: int = 0
+    nodes: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+
+    @property
+    def found(self) -> bool:
+        return bool(self.terms) or self.constant is not None
 
 
 @dataclass
