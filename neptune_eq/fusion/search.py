@@ -18,7 +18,7 @@ horizontal_fusion  independent reductions over the same axis share one pass.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from egglog import EGraph, union
 
@@ -50,7 +50,7 @@ class FusionSearch:
     corrections: dict[ir.Node, CorrectionResult] = field(default_factory=dict)  # by quotient core pair
     skipped: list[str] = field(default_factory=list)  # axes whose further groups the time budget cut
     capped: list[str] = field(default_factory=list)  # axes with more groups than MAX_GROUPS_PER_AXIS
-    corrections_affine: dict[ir.Node, AffineResult] = field(default_factory=dict)  # by core and basis
+    corrections_affine: dict[tuple, AffineResult] = field(default_factory=dict)  # by core and basis
     affine_seconds: float = 0.0
     _searcher: CorrectionSearcher | None = None
     _affine: AffineSearcher | None = None
@@ -179,26 +179,20 @@ class FusionSearch:
                                               "cancel large terms in floating point)")
             return
         basis = {c.binding.name: to_old(c.core, names) for c in comps if c.binding.op == "sum" and c.mask == comp.mask}
-        key = ir.Call("and", (comp.core, *basis.values()))
-        if key not in self.corrections_affine and self.affine_seconds >= AFFINE_TOTAL_SECONDS:
-            comp.affine = AffineResult(reason=f"the affine searches' {AFFINE_TOTAL_SECONDS:g} s were spent")
-            return
+        key = (comp.core, tuple(basis.items()))
         if key not in self.corrections_affine:
+            if self.affine_seconds >= AFFINE_TOTAL_SECONDS:
+                comp.affine = AffineResult(reason=f"the affine searches' {AFFINE_TOTAL_SECONDS:g} s were spent")
+                return
             if self._affine is None:
                 self._affine = AffineSearcher(self.encoder.axis_order, self.encoder.extents, self.rules)
-            sat = self._saturator
-            if sat is not None:
-                b = self._affine.budget
-                self._affine.budget = Budget(max_nodes=b.max_nodes, max_iterations=b.max_iterations,
-                                             max_seconds=max(0.0, min(AFFINE_BUDGET.max_seconds, sat.remaining())),
-                                             match_limit=b.match_limit)
+            if self._saturator is not None:  # within what the compile's time budget has left
+                left = max(0.0, min(AFFINE_BUDGET.max_seconds, self._saturator.remaining()))
+                self._affine.budget = replace(AFFINE_BUDGET, max_seconds=left)
             res = self._affine.search(comp.core, basis, set(names), axis)
             self.affine_seconds += res.seconds
-            if res.found:
-                bad = check_affine(comp.core, basis, res)
-                if bad is not None:
-                    res = AffineResult(reason=bad)
-            self.corrections_affine[key] = res
+            bad = check_affine(comp.core, basis, res) if res.found else None
+            self.corrections_affine[key] = AffineResult(reason=bad) if bad is not None else res
         comp.affine = self.corrections_affine[key]
 
     def _validate(self, cand: LoopCandidate) -> None:

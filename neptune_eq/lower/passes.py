@@ -3,6 +3,8 @@ an unmasked interior), the per-tile update with its corrections, and split-K's c
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from .. import ir
 from ..masks import affine
 from ..ops import MONOIDS, OPS
@@ -337,16 +339,24 @@ def _affine_carried(w: KernelWriter, c: CompPlan, states: dict[str, Val]) -> Val
 
 def _moved(w: KernelWriter, ps: Pass, c: CompPlan, states: dict[str, Val], new: dict[str, Val]) -> Val:
     """An affine component's partial result moved from the references of `states` to `new` (split-K)."""
-    scope = _Scope(axis=None, variant={x.ref(k) for x in ps.comps for k in ir.RUNNING}, lines=w.lines,
-                   depth=w.depth)
+    with _references(w, ps.comps, states, new):
+        return _affine_carried(w, c, states)
+
+
+@contextmanager
+def _references(w: KernelWriter, comps: list[CompPlan], old: dict[str, Val], new: dict[str, Val]):
+    """A scope where the old and current values of `comps` are `old` and `new` (a split-K combine
+    moving one partial state's reference point)."""
+    scope = _Scope(axis=None, variant={x.ref(k) for x in comps for k in ir.RUNNING}, lines=w.lines, depth=w.depth)
     w.scopes.append(scope)
-    for x in ps.comps:
-        scope.memo[x.ref(OLD)] = states[x.name]
+    for x in comps:
+        scope.memo[x.ref(OLD)] = old[x.name]
         if x.name in new:
             scope.memo[x.ref(CURRENT)] = new[x.name]
-    out = _affine_carried(w, c, states)
-    w.scopes.pop()
-    return out
+    try:
+        yield
+    finally:
+        w.scopes.pop()
 
 
 def _guarded(w: KernelWriter, ps: Pass, c: CompPlan, h: Val, ref: dict[str, Val]) -> Val:
@@ -368,13 +378,7 @@ def _corrected(w: KernelWriter, ps: Pass, c: CompPlan, state: Val, ref: dict[str
                new: dict[str, Val]) -> Val:
     """state ⊗' h(ref → new): move a partial result's reference point from `ref` to `new`."""
     producers = [next(x for x in ps.comps if x.name == p) for p in c.producers]
-    scope = _Scope(axis=None, variant={pc.ref(k) for pc in producers for k in ir.RUNNING}, lines=w.lines,
-                   depth=w.depth)
-    w.scopes.append(scope)
-    for pc in producers:
-        scope.memo[pc.ref(OLD)] = ref[pc.name]
-        scope.memo[pc.ref(CURRENT)] = new[pc.name]
-    h = _guarded(w, ps, c, w.f32(w.value(c.corr)), ref)
-    w.scopes.pop()
+    with _references(w, producers, ref, new):
+        h = _guarded(w, ps, c, w.f32(w.value(c.corr)), ref)
     codes, dims = w.align([state, h])
     return w.bind(OPS[c.dist].triton.format(*codes), dims, "f", "c")
