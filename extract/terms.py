@@ -27,6 +27,12 @@ from .view import EGraphView, ENode
 # cost of one op per element, in FMA-pipe instruction equivalents (special functions count as 4:
 # the SFU issues 16 ops/clk/SM against 64 FMA ops per clk/SM on Hopper, minus overlap)
 SFU_COST = 4.0
+# exp/exp2 of an exponent the nonpos analysis cannot show ≤ 0 may overflow float32 (e^88.7) or fp16
+# (e^11.1) where the program's value is finite: such a node costs this many ops per point more, so a
+# max-shifted equivalent, when the e-graph holds one (rules.algebra.STABILITY), wins over the cheaper
+# unshifted form by far more than the max pass it adds (a few ops per element). Added, not multiplied:
+# among spellings with the same exponentials (e^a against 2^(a·log₂e)) the work still decides.
+OVERFLOW_RISK = 64.0
 _LEAF_COST = {"const": 0.0, "index": 0.5, "load": 1.0, "sym": 0.0}
 
 
@@ -56,6 +62,7 @@ class TermExtractor:
     _size: dict[int, float] = field(default_factory=dict)
     _weights: dict[int, float] = field(default_factory=dict)
     _space: dict[int, int] | None = None
+    overflow_risk: float = OVERFLOW_RISK  # 0.0: price exponents by work alone (numerics-blind)
 
     def size(self, cid: int) -> float:
         """Number of points the class varies over (product of extents of its deps)."""
@@ -78,7 +85,11 @@ class TermExtractor:
         w = self._weights.get(cid)
         if w is None:
             w = self._weights[cid] = self._points(self._spaces().get(cid, 0))
-        return op_cost(n.op) * w
+        return (op_cost(n.op) + (self.overflow_risk if self.may_overflow(n) else 0.0)) * w
+
+    def may_overflow(self, n: ENode) -> bool:
+        """An exponential whose exponent is not known to be ≤ 0."""
+        return n.op in ("exp", "exp2") and n.args[0] not in self.view.nonpos
 
     def _spaces(self) -> dict[int, int]:
         """Per class: its deps plus the axes of every reduction whose body may evaluate it (any member

@@ -29,6 +29,7 @@ class EGraphView:
     deps: dict[int, int] = field(default_factory=dict)
     nonneg: set[int] = field(default_factory=set)
     finite: set[int] = field(default_factory=set)
+    nonpos: set[int] = field(default_factory=set)  # ≤ 0: an exponent that cannot overflow
     _ids: dict = field(default_factory=dict)
     n_nodes: int = 0
 
@@ -82,6 +83,8 @@ def build_view(egraph: EGraph) -> EGraphView:
                 view.nonneg.add(args[0])
             elif op == "finite":
                 view.finite.add(args[0])
+            elif op == "nonpos":
+                view.nonpos.add(args[0])
             elif out_sort in _PRIMS or out_sort == "Unit":
                 continue
             else:

@@ -48,6 +48,7 @@ class CachedCompilation:
     nodes: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     budget_notes: list[str] = field(default_factory=list)
+    numerics_notes: list[str] = field(default_factory=list)
     fusion: None = None  # the e-graph's fusion search is not kept
 
     @property
@@ -65,7 +66,8 @@ def snapshot(c) -> CachedCompilation:
     """The cacheable part of a pipeline.Compilation."""
     options = replace(c.options, rules=(), progress=None)  # user rules are in the key, not the payload
     return CachedCompilation(c.program, options, c.device, list(c.alternatives), c.rejected_notes,
-                             [str(r) for r in c.saturator.reports], c.nodes, dict(c.timings), list(c.budget_notes))
+                             [str(r) for r in c.saturator.reports], c.nodes, dict(c.timings), list(c.budget_notes),
+                             list(c.numerics_notes))
 
 
 def key_of(program: ir.Program, options, device: DeviceSpec) -> str:

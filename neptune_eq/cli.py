@@ -163,6 +163,7 @@ def cmd_compile(args) -> int:
             "timings_s": {**c.timings, "lower": t_lower},
             "derivation": prog.alternative.plan.derivation,
             "budget_notes": c.budget_notes,  # what a budget cut short (empty: nothing)
+            "numerics_notes": c.numerics_notes,  # a stable spelling preferred over a cheaper one
         }))
     return 0 if report is None or report.passed else 1
 
@@ -198,12 +199,12 @@ def cmd_rules_check(args) -> int:
 
 
 def cmd_rules_list(args) -> int:
-    from .rules.algebra import ALGEBRA
+    from .rules.algebra import BUILTIN
     from .rules.user import shipped_rules_files
 
-    for r in ALGEBRA:
+    for r in BUILTIN:
         print(r)
-    print(f"\n{len(ALGEBRA)} built-in algebra rules; shipped rules files (rules=<name>): "
+    print(f"\n{len(BUILTIN)} built-in algebra rules; shipped rules files (rules=<name>): "
           f"{', '.join(shipped_rules_files()) or 'none'}")
     return 0
 

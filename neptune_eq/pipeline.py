@@ -4,6 +4,8 @@
     algebra     algebra rules to saturation (under the budget), analyses to their fixpoint each iteration
     simplify    the merge-only rules to their fixpoint (what a budget cut left pending)
     represent   the cheapest program; its reductions become the bindings fusion works on
+    stabilise   only if it sums exponentials that may overflow: the STABILITY rules add the max-shifted
+                spellings, the extractor (pricing such an exp as a risk) takes one, represent again
     fuse        fusion rules propose loops; corrections are searched by saturating quotients
     split_k     split-K rule offers chunked versions of every validated loop
     plans       exact covers of the bindings by loops → kernel plans
@@ -23,6 +25,7 @@ from egglog import EGraph, i64, ruleset
 from . import ir
 from .device import DeviceSpec, from_torch
 from .extract.cost import Cost, kernel_cost
+from .extract.numerics import stability_notes, summed_overflow_risks
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.terms import TermExtractor
 from .extract.view import EGraphView, build_view, class_of
@@ -32,7 +35,7 @@ from .ir import NeptuneError
 from .lower.names import check_names
 from .plan import Plan
 from .rules import analysis, splitk
-from .rules.algebra import ALGEBRA, simplifies
+from .rules.algebra import ALGEBRA, STABILITY, STABILITY_HELPERS, simplifies
 from .rules.base import Rule
 from .saturate import Budget, BudgetError, Progress, Saturator, egraph_size, stderr_progress
 from .schedule import KernelSchedule, plan_schedules
@@ -118,6 +121,8 @@ class Compilation:
     timings: dict[str, float] = field(default_factory=dict)
     nodes: int = 0
     budget_notes: list[str] = field(default_factory=list)  # what a budget cut short (explain() shows it)
+    numerics_notes: list[str] = field(default_factory=list)  # a stable spelling chosen over a cheaper one
+    overflow_risks: list[ir.Node] = field(default_factory=list)  # exps under a sum that may overflow
     # what plan enumeration could not do: loops dropped (no extractable term), whether it stopped at
     # max_plans (kept as data: the plan space's closures hold the e-graph, which must not outlive the
     # compile's thread in a reference cycle — egglog's EGraph cannot be dropped on another thread)
@@ -161,6 +166,8 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     _timed(c, "saturate", lambda: _algebra(c, algebra))
     _timed(c, "saturate", lambda: _simplify(c, rules))
     _timed(c, "extract", lambda: _represent(c))
+    if c.overflow_risks:
+        _timed(c, "saturate", lambda: _stabilise(c, rules))
     _timed(c, "fuse", lambda: _fuse(c, rules))
     _timed(c, "saturate", lambda: _split_k(c))
     _timed(c, "extract", lambda: _plans(c))
@@ -211,6 +218,28 @@ def _algebra(c: Compilation, algebra) -> None:
         c.egraph, c.encoder, c.roots, c.saturator = fresh.egraph, fresh.encoder, fresh.roots, fresh.saturator
 
 
+def _stabilise(c: Compilation, rules: list[Rule]) -> None:
+    """The cheapest program sums exponentials that may overflow (exp(x)/Σexp(x) written naively): saturate
+    a few iterations more with the STABILITY rules, which add the max-shifted spellings, and extract again
+    (the extractor prices an exp of an exponent not known ≤ 0 as an overflow risk). Its own node budget
+    (what the algebra left plus max_nodes), so a program that filled the algebra's still gets the shift."""
+    before, names = c.overflow_risks, list(c.roots)
+    old = c.representative
+    b = c.options.budget
+    budget = Budget(max_nodes=egraph_size(c.egraph) + b.max_nodes, max_seconds=b.max_seconds, max_iterations=4,
+                    match_limit=b.match_limit)
+    sat = Saturator(c.egraph, budget, c.saturator.progress, c.saturator.rule_names, c.saturator.started)
+    # the shifts, the cancellations they set up (e^M·a / e^M·b), and the merge-only rules: the whole
+    # algebra again would re-expand every new sum (an attention with a bias grew past 10 GB in 4 iterations)
+    use = [*STABILITY, *(r for r in rules if simplifies(r) or r.name in STABILITY_HELPERS)]
+    stabilise = ruleset(*[r.egglog() for r in use], name=f"stabilise_{len(use)}")
+    sat.rule_names.update({r.egglog().decl: r.name for r in STABILITY})
+    c.saturator.reports.append(sat.phase("stabilise", stabilise, analysis=analysis.ANALYSIS))
+    _simplify(c, rules)
+    _represent(c)
+    c.numerics_notes = stability_notes(names, old, c.representative, before, c.overflow_risks)
+
+
 def _simplify(c: Compilation, rules: list[Rule]) -> None:
     """Finish the merges that an algebra phase cut short left pending. A budget can stop saturation
     between deriving Σ_d (x − μ)·rstd = (Σ_d (x − μ))·rstd = 0·rstd and merging 0·rstd with 0: its
@@ -253,6 +282,7 @@ def _represent(c: Compilation) -> None:
     names = list(c.roots)
     terms, classes = tx.best_shared([class_of(c.egraph, view, c.roots[n]) for n in names])
     c.representative = dict(zip(names, terms))
+    c.overflow_risks = summed_overflow_risks(terms, classes, view, c.encoder.axis_order)
     bindings: list[Binding] = []
     by_node: dict[ir.Node, Binding] = {}
     taken: set[str] = set()
@@ -292,14 +322,15 @@ def _fuse(c: Compilation, rules: list[Rule]) -> None:
     assert c.fusion is not None
     c.fusion.rules = rules
     c.fusion.run(c.saturator)
-    # deps of the new loop terms and corrections, which extracting a correction needs. Analysis
-    # rules add no terms (it ends on its own), so it is exempt from the node budget and the
-    # per-phase iteration limit, not from the time budget: a correction whose deps are missing then
-    # cannot be extracted and its fusion is dropped (the unfused plan needs none)
+    # deps of the new loop terms and corrections, which extracting a loop's core and correction needs
+    # (a lone reduction's core too: its references are new terms). Analysis rules add no terms (it
+    # ends on its own), so it is exempt from the node budget and the per-phase iteration limit, and it
+    # gets its own max_seconds rather than what the search left: when the search spent the compile's
+    # time, the unfused plan's terms must still be extractable
     b = c.options.budget
     analysis_budget = Budget(max_nodes=2**62, max_seconds=b.max_seconds, max_iterations=64,
                              match_limit=b.match_limit)
-    sat = Saturator(c.egraph, analysis_budget, c.saturator.progress, c.saturator.rule_names, c.saturator.started)
+    sat = Saturator(c.egraph, analysis_budget, c.saturator.progress, c.saturator.rule_names)
     c.saturator.reports.append(sat.phase("analysis", analysis.ANALYSIS))
 
 

@@ -162,6 +162,10 @@ class CompiledProgram:
                          f"({ratio:.2f}× the chosen plan)")
         lines.append("derivation:")
         lines += [f"  {d}" for d in alt.plan.derivation] or ["  (no fusion rule applied)"]
+        numerics = getattr(c, "numerics_notes", [])
+        if numerics:
+            lines.append("numerics (a stable spelling was preferred):")
+            lines += [f"  {n}" for n in numerics]
         notes = getattr(c, "budget_notes", [])
         if notes:
             lines.append("budget hit (the search was cut short; the plans below are what it found):")

@@ -6,7 +6,7 @@
     Loop    one pass over an axis carrying a tuple state; Loop.split(n) cuts the pass into n chunks
 
 Analyses (rules/analysis.py): deps(t), the bitmask of axes t varies over (merged by AND: an
-e-class is independent of an axis if any of its members is); nonneg(t); pos(t); finite(t).
+e-class is independent of an axis if any of its members is); nonneg(t); pos(t); finite(t); nonpos(t).
 """
 
 from __future__ import annotations
@@ -204,6 +204,7 @@ def extent(axis: StringLike) -> i64: ...
 nonneg = relation("nonneg", Term)
 pos = relation("pos", Term)  # t > 0 or NaN, bounded away from 0 (no rounding of data takes it to 0)
 finite = relation("finite", Term)  # no syntactic ±inf or NaN can reach this term
+nonpos = relation("nonpos", Term)  # t ≤ 0 or NaN (a − maxⱼ a): exp(t) ≤ 1 cannot overflow
 split_factor = relation("split_factor", String, i64)  # (axis, n): n chunks allowed along axis
 
 # elementwise constructors by op name (the op table's vocabulary)
@@ -226,7 +227,7 @@ _FUNCTION_OPS = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "ta
                  "get": "get",
                  "deps": "deps", "axis_bit": "axis_bit", "extent": "extent", "nonneg": "nonneg", "pos": "pos",
                  "finite": "finite",
-                 "split_factor": "split_factor"}
+                 "nonpos": "nonpos", "split_factor": "split_factor"}
 
 
 def op_of_callable(ref) -> str | None:

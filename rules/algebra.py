@@ -23,6 +23,7 @@ from neptune_eq.ops import LN2, LOG2E, OPS
 from neptune_eq.terms import (
     BINARY,
     Term,
+    abs_,
     eq_,
     exp,
     exp2,
@@ -175,7 +176,25 @@ REDUCTIONS = [
     rw("min_of_min2", red("min", ax, min2(a, b)), min2(red("min", ax, a), red("min", ax, b))),  # minⱼ min(a,b)
 ]
 
+# Stability. Σⱼ eᵇ = e^M·Σⱼ e^(b−M) with M = maxⱼ b is an identity for finite b; its exponents b − M ≤ 0
+# cannot overflow, and e^M then cancels in a ratio or leaves the log. Not part of ALGEBRA: the pipeline's
+# stabilise phase adds them when the cheapest program exponentiates a value not known ≤ 0 inside a sum
+# (a program already written max-shifted never sees them), and the extractor prices such an exp as an
+# overflow risk, so the shifted spelling is taken.
+_M = red("max", ax, b)
+_SHIFT = where(eq_(abs_(_M), Term(INF)), Term(0.0), _M)  # M, or 0 where M = ±∞ (a row of −∞, an input ∞)
+STABILITY = [
+    rw("sum_exp_shift", red("sum", ax, exp(b)),  # Σⱼ eᵇ → e^M·Σⱼ e^(b−M)
+       exp(_SHIFT) * red("sum", ax, exp(b - _SHIFT)), varies(b, ax)),
+    rw("sum_exp_mul_shift", red("sum", ax, exp(b) * c),  # Σⱼ eᵇ·c → e^M·Σⱼ e^(b−M)·c
+       exp(_SHIFT) * red("sum", ax, exp(b - _SHIFT) * c), varies(b, ax)),
+    rw("exp_div_exp_mul", exp(a) / (exp(b) * c), exp(a - b) / c),  # eᵃ/(eᵇ·c) → e^(a−b)/c
+    rw("log_exp_mul", log(exp(a) * b), a + log(b), is_finite(a)),  # log(eᵃ·b) → a + log b
+]
+
 ALGEBRA: list[Rule] = [*CONSTANTS, *ARITHMETIC, *EXP_LOG, *INFINITIES, *WHERE, *REDUCTIONS]
+STABILITY_HELPERS = ("div_mul_common",)  # what the stabilise phase runs besides STABILITY and merges: e^M cancels
+BUILTIN: list[Rule] = [*ALGEBRA, *STABILITY]  # every shipped rule (listing, fuzzing, reserved names)
 
 
 def simplifies(rule: Rule) -> bool:

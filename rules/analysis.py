@@ -8,6 +8,8 @@ These rules are derived from the op table, one per constructor arity.
 
 from __future__ import annotations
 
+import math
+
 from egglog import String, eq, f64, i64, rule, ruleset, set_, var, vars_
 
 from neptune_eq.terms import (
@@ -17,6 +19,7 @@ from neptune_eq.terms import (
     abs_,
     axis_bit,
     deps,
+    eq_,
     exp,
     exp2,
     finite,
@@ -24,6 +27,7 @@ from neptune_eq.terms import (
     max2,
     min2,
     nonneg,
+    nonpos,
     pos,
     red,
 )
@@ -34,6 +38,7 @@ from neptune_eq.terms import where as where_
 t, a, b, c = vars_("t a b c", Term)
 da, db, dc = vars_("da db dc", i64)
 x = var("x", f64)
+s = var("s", String)
 op, ax, name = vars_("op ax name", String)
 
 
@@ -63,6 +68,8 @@ NONNEG = ruleset(
     rule(eq(t).to(abs_(a))).then(nonneg(t)),  # |a| ≥ 0
     rule(eq(t).to(a * a)).then(nonneg(t)),  # a·a ≥ 0 (or NaN)
     rule(eq(t).to(Term(x)), x >= f64(0.0)).then(nonneg(t)),  # c ≥ 0
+    rule(eq(t).to(Term.index(s))).then(nonneg(t)),  # a loop index ≥ 0
+    rule(eq(t).to(UNARY["float"](a)), nonneg(a)).then(nonneg(t)),  # float(a) keeps a ≥ 0
     rule(eq(t).to(a * b), nonneg(a), nonneg(b)).then(nonneg(t)),  # a,b ≥ 0 ⇒ a·b ≥ 0
     rule(eq(t).to(a + b), nonneg(a), nonneg(b)).then(nonneg(t)),  # a,b ≥ 0 ⇒ a+b ≥ 0
     rule(eq(t).to(a / b), nonneg(a), nonneg(b)).then(nonneg(t)),  # a,b ≥ 0 ⇒ a/b ≥ 0
@@ -86,8 +93,6 @@ POS = ruleset(
 )
 
 
-
-s = var("s", String)
 _FINITE_UNARY = ("neg", "exp", "exp2", "tanh", "abs", "not", "float")  # float(int index) too
 _FINITE_BINARY = ("add", "sub", "mul", "max2", "min2", "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
 FINITE = ruleset(
@@ -104,4 +109,29 @@ FINITE = ruleset(
     name="finite",                                                 # rsqrt(mean(x²) + ε) factors out of a sum
 )
 
-ANALYSIS = DEPS | NONNEG | POS | FINITE
+# nonpos(t): t ≤ 0 (or NaN) wherever the data is finite, so exp(t) ≤ 1 cannot overflow. What makes an
+# exponent safe is the shift by a maximum; the extractor prices exp of anything else as an overflow risk.
+# Read by the extractor only, never a rule's side condition: it steers which spelling is taken.
+NONPOS = ruleset(
+    rule(eq(t).to(a - red("max", ax, a))).then(nonpos(t)),  # a − maxⱼ a ≤ 0
+    # a − (maxⱼ a = −∞ ? b : maxⱼ a) ≤ 0: torch's guarded softmax; where the guard holds every a is −∞
+    rule(eq(t).to(a - where_(eq_(red("max", ax, a), Term(-math.inf)), b, red("max", ax, a)))).then(nonpos(t)),
+    # a − (|maxⱼ a| = ∞ ? b : maxⱼ a) ≤ 0: STABILITY's shift; the guard holds only for a row of −∞ on
+    # finite data (a row holding +∞ is not finite data)
+    rule(eq(t).to(a - where_(eq_(abs_(red("max", ax, a)), Term(math.inf)), b, red("max", ax, a)))).then(nonpos(t)),
+    rule(eq(t).to(a - max2(a, b))).then(nonpos(t)),  # a − max(a, b) ≤ 0
+    rule(eq(t).to(a - max2(b, a))).then(nonpos(t)),  # a − max(b, a) ≤ 0
+    rule(eq(t).to(Term(x)), x <= f64(0.0)).then(nonpos(t)),  # c ≤ 0
+    rule(eq(t).to(-a), nonneg(a)).then(nonpos(t)),  # a ≥ 0 ⇒ −a ≤ 0
+    rule(eq(t).to(a - b), nonpos(a), nonneg(b)).then(nonpos(t)),  # a ≤ 0, b ≥ 0 ⇒ a − b ≤ 0
+    rule(eq(t).to(a + b), nonpos(a), nonpos(b)).then(nonpos(t)),  # a, b ≤ 0 ⇒ a + b ≤ 0
+    rule(eq(t).to(a * b), nonpos(a), nonneg(b)).then(nonpos(t)),  # a ≤ 0, b ≥ 0 ⇒ a·b ≤ 0
+    rule(eq(t).to(a / b), nonpos(a), nonneg(b)).then(nonpos(t)),  # a ≤ 0, b ≥ 0 ⇒ a/b ≤ 0
+    rule(eq(t).to(min2(a, b)), nonpos(a)).then(nonpos(t)),  # a ≤ 0 ⇒ min(a, b) ≤ 0
+    rule(eq(t).to(max2(a, b)), nonpos(a), nonpos(b)).then(nonpos(t)),  # a, b ≤ 0 ⇒ max(a, b) ≤ 0
+    rule(eq(t).to(where_(c, a, b)), nonpos(a), nonpos(b)).then(nonpos(t)),  # both branches ≤ 0
+    rule(eq(t).to(red(op, ax, a)), nonpos(a)).then(nonpos(t)),  # a reduction of values ≤ 0 (max, min)
+    name="nonpos",
+)
+
+ANALYSIS = DEPS | NONNEG | POS | FINITE | NONPOS

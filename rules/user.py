@@ -38,7 +38,7 @@ from egglog.runtime import RuntimeExpr
 from neptune_eq.ir import NeptuneError, NeptuneWarning
 from neptune_eq.terms import Term
 
-from .algebra import ALGEBRA
+from .algebra import BUILTIN
 from .base import Cond, Rule, extent_of, free_of, is_finite, is_nonneg, nonzero, normal, not_zero, positive, varies
 from .files import RuleFileError, load_rules_file
 from .patterns import PatternError, pattern_of
@@ -186,7 +186,7 @@ def check_rule(rule: Rule, *, strict: bool = False) -> Verdict:
 
 def validate(rule: Rule) -> None:
     """Structural checks egglog would otherwise report obscurely (or not at all)."""
-    if rule.origin != "builtin" and rule.name in {r.name for r in ALGEBRA}:
+    if rule.origin != "builtin" and rule.name in {r.name for r in BUILTIN}:
         raise RuleError(f"{_where(rule)}rule name '{rule.name}' is taken by a built-in rule; choose another name")
     try:
         lhs, rhs = rule.lhs_pattern, rule.rhs_pattern

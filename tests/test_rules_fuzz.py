@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 from egglog import String, var, vars_
-from neptune_eq.rules.algebra import ALGEBRA
+from neptune_eq.rules.algebra import BUILTIN
 from neptune_eq.rules.base import free_of, rw
 from neptune_eq.rules.patterns import pattern_of
 from neptune_eq.rules.soundness import eval_pattern, fuzz_rule, rule_verdict, special_values
@@ -22,7 +22,7 @@ REFINEMENTS = {
 }
 
 
-@pytest.mark.parametrize("rule", ALGEBRA, ids=lambda r: r.name)
+@pytest.mark.parametrize("rule", BUILTIN, ids=lambda r: r.name)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_rule_is_sound(rule, seed):
     verdict = rule_verdict(rule, seed=seed)
@@ -34,7 +34,7 @@ def test_rule_is_sound(rule, seed):
 
 
 def test_rule_names_are_unique():
-    names = [r.name for r in ALGEBRA]
+    names = [r.name for r in BUILTIN]
     assert len(names) == len(set(names))
 
 

@@ -13,6 +13,12 @@ seeded input maker, its useful work, its ceiling and its sizes:
 | bias_attention     | softmax(q kᵀ/√d + bias[h]) v, bias of (heads, L, L) | fp16  | 2×16 heads, L 4096, d 64 |
 | causal_gqa         | causal attention, 32 query / 8 kv heads            | bf16  | 4×32/8 heads, L 4096, d 128 |
 | causal_attention   | causal attention (arange mask)                     | bf16  | 8×16 heads, L 2048, d 64 |
+| softmax_entropy    | −Σ softmax(x)·log_softmax(x) per row (issue 12)     | fp16  | 4096×32768               |
+| kl_rows            | KL(softmax(a) ‖ softmax(b)) per row                | fp16  | 4096×32768               |
+| row_variance       | x.var(-1, unbiased=False)                          | fp16  | 4096×32768               |
+| temperature_softmax| softmax(x / t), t per row                          | fp16  | 4096×32768               |
+| absmax_softmax     | softmax(x / max|x|)                                | fp16  | 4096×32768               |
+| naive_softmax      | exp(x) / Σ exp(x), no max subtracted               | fp16  | 4096×32768               |
 
 Useful work: memory-bound programs count the bytes they must read and write once; matmul-fed
 programs count 2·M·K·N FLOPs; attention counts 4·d FLOPs per head per unmasked (query, key) pair.
@@ -99,6 +105,39 @@ def causal_attention(q, k, v):
     L, S = s.shape[-2:]
     keep = torch.arange(S, device=q.device)[None, :] <= torch.arange(L, device=q.device)[:, None]
     return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+
+# issue 12: reductions whose one-pass plans need corrections over several accumulators, or a stable spelling
+
+
+def softmax_entropy(x):
+    """−Σ p·log p of softmax(x) per row."""
+    return -(torch.softmax(x.float(), -1) * torch.log_softmax(x.float(), -1)).sum(-1)
+
+
+def kl_rows(a, b):
+    """KL(softmax(a) ‖ softmax(b)) per row."""
+    la, lb = torch.log_softmax(a.float(), -1), torch.log_softmax(b.float(), -1)
+    return (la.exp() * (la - lb)).sum(-1)
+
+
+def row_variance(x):
+    return x.float().var(-1, unbiased=False)
+
+
+def temperature_softmax(x, t):
+    """softmax(x / t) with a per-row temperature t (rows × 1)."""
+    return torch.softmax(x / t, -1)
+
+
+def absmax_softmax(x):
+    return torch.softmax(x / x.abs().amax(-1, keepdim=True), -1)
+
+
+def naive_softmax(x):
+    """exp(x) / Σ exp(x) as written, without subtracting the row max."""
+    e = torch.exp(x.float())
+    return e / e.sum(-1, keepdim=True)
 
 
 # ---------------------------------------------------------------- what a program is
@@ -295,6 +334,24 @@ def _program_attention(name, fn, dtype, sizes, tiny, causal, bias, check_count) 
                    attention=AttentionSpec(causal=causal, bias_input=3 if bias else None))
 
 
+def _two_rows_inputs(second: str):
+    """x (rows × N) and a second input: another row block ("rows") or a positive temperature per row."""
+
+    def make(d: Dims, dtype, device, g):
+        x = _randn(g, d["M"], d["N"], dtype=dtype, device=device)
+        if second == "rows":
+            return x, _randn(g, d["M"], d["N"], dtype=dtype, device=device)
+        return x, (0.5 + torch.rand(d["M"], 1, generator=g, device=device)).to(dtype)
+
+    return make
+
+
+def _program_long_rows(name, fn, nbytes, make=_rows_inputs, inputs: int = 1) -> Program:
+    """Issue 12's rows: 4096 of 32768, fp16 (the row length its report asks for)."""
+    return Program(name, fn, "memory", torch.float16, make, sizes=({"M": 4096, "N": 32768},),
+                   tiny={"M": 16, "N": 256}, work=nbytes, ceiling=_copy_of(nbytes), check=Check((0,) * inputs, 256))
+
+
 PROGRAMS: dict[str, Program] = {p.name: p for p in (
     _program_rows("softmax", softmax, _rows_bytes, liger="softmax"),
     _program_rows("log_softmax", log_softmax, _rows_bytes),
@@ -320,6 +377,14 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
     _program_attention("causal_attention", causal_attention, torch.bfloat16,
                        sizes=({"B": 8, "H": 16, "L": 2048, "D": 64},), tiny={"B": 1, "H": 2, "L": 32, "D": 16},
                        causal=True, bias=False, check_count=2),
+    _program_long_rows("softmax_entropy", softmax_entropy, _lse_bytes),
+    _program_long_rows("kl_rows", kl_rows, lambda d, el: 2.0 * d["M"] * d["N"] * el + d["M"] * 4,
+                       make=_two_rows_inputs("rows"), inputs=2),
+    _program_long_rows("row_variance", row_variance, _lse_bytes),
+    _program_long_rows("temperature_softmax", temperature_softmax, _rows_bytes, make=_two_rows_inputs("t"),
+                       inputs=2),
+    _program_long_rows("absmax_softmax", absmax_softmax, _rows_bytes),
+    _program_long_rows("naive_softmax", naive_softmax, _rows_bytes),
 )}
 
 

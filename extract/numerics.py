@@ -1,0 +1,60 @@
+"""Numerics-aware extraction: which exponentials under a sum may overflow, and what explain() says when
+the compiler took a max-shifted spelling instead of the cheapest one.
+
+The extractor (extract/terms.py) prices exp/exp2 of an exponent that the nonpos analysis cannot show to
+be ≤ 0 as OVERFLOW_RISK times its work. When the cheapest program sums such exponentials (a naive
+exp(x)/Σexp(x), log Σ exp(x)), the pipeline's stabilise phase adds the shifted equivalents
+(rules.algebra.STABILITY: Σⱼ eᵇ = e^M·Σⱼ e^(b−M)) and extracts again; this module finds the risks and
+words the difference.
+"""
+
+from __future__ import annotations
+
+from neptune_eq import ir
+from neptune_eq.irtext import show
+
+from .view import EGraphView
+
+FLOAT32_EXP_LIMIT = 88.72  # e^x overflows float32 above this
+FLOAT16_EXP_LIMIT = 11.09
+
+
+def _risky(n: ir.Node, classes: dict[ir.Node, int], view: EGraphView) -> bool:
+    return isinstance(n, ir.Call) and n.op in ("exp", "exp2") and classes.get(n.args[0]) not in view.nonpos
+
+
+def overflow_risks(terms: list[ir.Node], classes: dict[ir.Node, int], view: EGraphView) -> list[ir.Node]:
+    """The distinct exponentials in `terms` whose exponent is not known to be ≤ 0."""
+    return list(dict.fromkeys(n for t in terms for n in ir.walk(t) if _risky(n, classes, view)))
+
+
+def summed_overflow_risks(terms: list[ir.Node], classes: dict[ir.Node, int], view: EGraphView,
+                          axis_order: tuple[str, ...]) -> list[ir.Node]:
+    """The risky exponentials inside the body of a sum that vary along the summed axis: what a max
+    shift over that axis can repair (an exp that is an output of its own, sigmoid's e^−x, or a per-head
+    factor such as ALiBi's slope 2^(−8h/H) has no shifted equivalent and is left alone)."""
+    out: dict[ir.Node, None] = {}
+    for t in terms:
+        for r in ir.walk(t):
+            if isinstance(r, ir.Reduce) and r.op == "sum":
+                bit = 1 << axis_order.index(r.axis)
+                out.update((n, None) for n in overflow_risks([r.body], classes, view)
+                           if view.deps.get(classes.get(n.args[0], -1), 0) & bit)
+    return list(out)
+
+
+def stability_notes(names: list[str], old: dict[str, ir.Node], new: dict[str, ir.Node],
+                    before: list[ir.Node], after: list[ir.Node]) -> list[str]:
+    """One line per output whose program changed while the summed overflow risks went down."""
+    gone = [n for n in before if n not in set(after)]
+    notes = []
+    for name in names:
+        mine = [n for n in gone if any(m is n for m in ir.walk(old[name]))]
+        if old[name] is new[name] or not mine:
+            continue
+        text = show(mine[0])
+        text = text if len(text) <= 60 else text[:57] + "..."
+        notes.append(f"output {name}: the max-shifted form was chosen over a cheaper one that sums {text}, "
+                     f"an exponential of unshifted values: it overflows float32 past e^{FLOAT32_EXP_LIMIT} "
+                     f"(fp16 past e^{FLOAT16_EXP_LIMIT}) where the result is finite")
+    return notes
