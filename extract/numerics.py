@@ -46,10 +46,12 @@ def summed_overflow_risks(terms: list[ir.Node], classes: dict[ir.Node, int], vie
 def stability_notes(names: list[str], old: dict[str, ir.Node], new: dict[str, ir.Node],
                     before: list[ir.Node], after: list[ir.Node]) -> list[str]:
     """One line per output whose program changed while the summed overflow risks went down."""
-    gone = [n for n in before if n not in set(after)]
+    kept = set(after)
+    gone = [n for n in before if n not in kept]
     notes = []
     for name in names:
-        mine = [n for n in gone if any(m is n for m in ir.walk(old[name]))]
+        walked = set(ir.walk(old[name]))
+        mine = [n for n in gone if n in walked]
         if old[name] is new[name] or not mine:
             continue
         text = show(mine[0])

@@ -230,7 +230,7 @@ def _stabilise(c: Compilation, rules: list[Rule]) -> None:
                     match_limit=b.match_limit)
     sat = Saturator(c.egraph, budget, c.saturator.progress, c.saturator.rule_names, c.saturator.started)
     # the shifts, the cancellations they set up (e^M·a / e^M·b), and the merge-only rules: the whole
-    # algebra again would re-expand every new sum (an attention with a bias grew past 10 GB in 4 iterations)
+    # algebra again would re-expand every new sum (an ALiBi attention's compile grew past 10 GB)
     use = [*STABILITY, *(r for r in rules if simplifies(r) or r.name in STABILITY_HELPERS)]
     stabilise = ruleset(*[r.egglog() for r in use], name=f"stabilise_{len(use)}")
     sat.rule_names.update({r.egglog().decl: r.name for r in STABILITY})
