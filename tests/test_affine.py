@@ -135,15 +135,83 @@ def test_temperature_softmax_rolls():
     assert any("rolling over d (max_d, sum_d)" in a.structure for a in p.alternatives)
 
 
-def test_no_repair_for_a_sum_around_a_running_sum_or_a_moving_divisor():
-    _, p = _compiled(variance, torch.randn(4, 64))
+def masked_variance(x):
+    m = x.mean(-1, keepdim=True)
+    keep = torch.arange(x.shape[-1]) < 40
+    return torch.where(keep, (x - m) ** 2, 0.0).sum(-1)
+
+
+def test_no_repair_for_a_masked_sum_around_a_running_sum_or_a_moving_divisor():
+    _, p = _compiled(masked_variance, torch.randn(4, 64))
     assert not any(len(lp.names) > 1 and lp.axis == "d" for lp in p.compilation.fusion.valid
                    if any(c.producers for c in lp.comps))
     reasons = " ".join(lp.reason for lp in p.compilation.fusion.rejected)
-    assert "used additively" in reasons
+    assert "used additively in a masked body" in reasons, reasons
     _, p = _compiled(absmax_softmax, torch.randn(4, 64))
     # Σ exp(x/a − m) with a = max|x| running has no repair: a plan reads the row at least twice
     assert all("rolling over d (max_d, max_d2, sum_d)" not in a.structure for a in p.alternatives)
+
+
+# ---------------------------------------------------------------- a running sum read as a running mean
+
+
+def test_extrapolate_reads_a_final_sum_as_the_running_mean():
+    from neptune_eq.fusion.extrapolate import extrapolate
+    s, n = ir.StateRef(CUR, "s", ("i",)), ir.StateRef(CUR, "n", ("i",))
+    x = ir.Load("x", (ir.Index("i"), ir.Index("d")))
+    mean = ir.Call("div", (s, n))
+    third = ir.Call("mul", (s, ir.Const(1 / 3)))  # S·fl(1/N) with N = 3
+    assert extrapolate(ir.Call("sub", (x, third)), {"s"}, 3, n) == ir.Call("sub", (x, mean))
+    by_n = ir.Call("div", (s, ir.Const(3.0)))
+    assert extrapolate(ir.Call("sub", (x, by_n)), {"s"}, 3, n) == ir.Call("sub", (x, mean))
+    # S itself (no division by N): (S/n)·N
+    whole = ir.Call("mul", (mean, ir.Const(3.0)))
+    assert extrapolate(ir.Call("sub", (x, s)), {"s"}, 3, n) == ir.Call("sub", (x, whole))
+    # a sum divided by a running count is a relative use, a bare one is not
+    assert relative_uses(ir.Call("sub", (x, mean)), {"s"}, frozenset({"n"}))
+    assert not relative_uses(ir.Call("sub", (x, mean)), {"s"})
+
+
+def _stream(c, comps, chunks, rng):
+    """Run comp `c`'s repair over random chunks in float64, as the kernel does (state 0 adds 0)."""
+    from neptune_eq.rules.soundness import eval_ir_sampled
+    a, count = c.chosen_affine, c.count_name
+    names = [o.binding.name for o in comps]
+    old = {k: np.zeros(1) for k in [*names, count]}
+    seen = []
+    for k in chunks:
+        xs = rng.normal(1e4, 1.0, k)
+        seen.extend(xs)
+        new = dict(old)
+        new[count] = old[count] + k
+        new["sum_d"] = old["sum_d"] + xs.sum()
+        env = {f"{kind}:{nm}[i]": v for nm in old for kind, v in (("old", old[nm]), ("cur", new[nm]))}
+        env = {key.replace("[i]", ""): v for key, v in env.items()} | env
+        carried = sum(np.where(old[nm] == 0, 0.0, old[nm] * eval_ir_sampled(h, env)) for nm, h in a.terms.items())
+        if a.constant is not None:
+            carried = carried + np.where(old[count] == 0, 0.0, old[count] * eval_ir_sampled(a.constant, env))
+        tile = sum(eval_ir_sampled(c.core, env | {"x[i, d]": np.array([v])}) for v in xs)
+        new[c.binding.name] = carried + tile
+        old = new
+    seen = np.array(seen)
+    return old[c.binding.name][0], ((seen - seen.mean()) ** 2).sum()
+
+
+def test_variance_is_carried_around_the_running_mean():
+    """Welford / Chan: Σ(x − S/N)² carried around S/n, repaired by n·δ², never reading S additively."""
+    _, p = _compiled(variance, torch.randn(4, 64))
+    found = [(lp, c) for lp, c in _affine_comps(p) if c.chosen_affine.means]
+    assert found, [lp.reason for lp in p.compilation.fusion.rejected]
+    lp, c = found[0]
+    a = c.chosen_affine
+    assert a.means == ("sum_d",) and "sum_d" not in a.terms  # no 2δ·S − 2δ·n·r cancellation
+    assert "cur:sum_d / cur:count_" in ir.show(c.core)
+    got, want = _stream(c, lp.comps, [7, 1, 30, 12], np.random.default_rng(4))
+    assert abs(got - want) <= 1e-9 * want, (got, want)
+    text = next(x.detail for x in lp.applications if x.rule == "affine_update")
+    assert "around the running mean sum_d/count_" in text, text
+    # the two-pass centred plan stays an alternative beside the one-pass one
+    assert any(a.structure.startswith("1 kernel, pass over d (sum_d); pass over d (sum_d2)") for a in p.alternatives)
 
 
 # ---------------------------------------------------------------- end to end (interpreter)
@@ -163,6 +231,37 @@ def test_entropy_one_pass_matches_float64(dtype):
         got = c.call_with(p.pin(i).run, (x,))
         tol = 1e-5 if dtype == torch.float32 else 2e-3
         assert torch.allclose(got.double(), want, rtol=tol, atol=tol), (p.alternatives[i].structure, got, want)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.float16, 1e-3), (torch.bfloat16, 8e-3)])
+def test_welford_variance_one_pass_and_split_match_float64(dtype, tol):
+    """Rows with a mean of 1e4 and a spread of 1, not a tile multiple: one pass, and split-K (Chan)."""
+    torch.manual_seed(2)
+    x = (1e4 + torch.randn(3, 3000)).to(dtype)
+    c, p = _compiled(variance, x)
+    want = variance(x.double())
+    one = [i for i, a in enumerate(p.alternatives) if "rolling over d (count_sum_d2, sum_d, sum_d2)" in a.structure]
+    picked = [next(i for i in one if "split" not in p.alternatives[i].structure),
+              next(i for i in one if "split-K" in p.alternatives[i].structure)]
+    for i in picked:
+        got = c.call_with(p.pin(i).run, (x,))
+        assert torch.allclose(got.double(), want, rtol=tol, atol=0), (p.alternatives[i].structure, got, want)
+
+
+def test_layer_norm_statistics_in_one_pass_match_float64():
+    import torch.nn.functional as F
+
+    def ln(x):
+        return F.layer_norm(x, (x.shape[-1],))
+
+    torch.manual_seed(3)
+    x = 100 + torch.randn(3, 700)
+    c, p = _compiled(ln, x)
+    one = [i for i, a in enumerate(p.alternatives)
+           if a.structure.startswith("1 kernel, rolling over d (count_sum_d2, sum_d, sum_d2); map over d")]
+    assert one, [a.structure for a in p.alternatives]
+    got = c.call_with(p.pin(one[0]).run, (x,))
+    assert torch.allclose(got.double(), ln(x.double()), rtol=0, atol=2e-4)
 
 
 def test_temperature_softmax_rolling_and_split_match_float64():

@@ -94,25 +94,31 @@ def references(node: ir.Node, axis: str) -> list[ir.Node]:
 _RELATIVE = frozenset({"log", "log2", "eq", "ne", "lt", "le", "gt", "ge"})  # scale-free uses
 
 
-def relative_uses(core: ir.Node, sums: set[str]) -> bool:
-    """Every running value of the sums `sums` in `core` is used relatively: under a log, as a
-    divisor, or compared. A partial sum is a biased estimate of the final one (Σ over the first n of N elements);
-    its log or a ratio moves by a bounded repair, but a body polynomial in it (Σ (x − s/N)²) would be
-    accumulated around a reference far from the final one and repaired by cancelling large terms:
-    exact over the reals, not in float32. Such bodies get no affine repair."""
-    ok = True
+def additive_uses(core: ir.Node, sums: set[str], counts: frozenset[str] = frozenset()) -> set[str]:
+    """The sums of `sums` whose running value `core` uses other than relatively (under a log, as a
+    divisor, compared, or divided by a running count of `counts`: a mean). A partial sum is a biased
+    estimate of the final one (Σ over the first n of N elements); its log or a ratio moves by a bounded
+    repair, but a body polynomial in it (Σ (x − s/N)²) would be accumulated around a reference far from
+    the final one and repaired by cancelling large terms: exact over the reals, not in float32."""
+    found: set[str] = set()
 
     def go(n: ir.Node, relative: bool) -> None:
-        nonlocal ok
         if isinstance(n, ir.StateRef) and n.kind is CUR and n.name in sums and not relative:
-            ok = False
+            found.add(n.name)
             return
         if isinstance(n, ir.Call):
+            by_count = (n.op == "div" and isinstance(n.args[1], ir.StateRef) and n.args[1].kind is CUR
+                        and n.args[1].name in counts)
             for k, a in enumerate(n.args):
-                go(a, relative or n.op in _RELATIVE or (n.op == "div" and k == 1))
+                go(a, relative or n.op in _RELATIVE or (n.op == "div" and (k == 1 or by_count)))
 
     go(core, False)
-    return ok
+    return found
+
+
+def relative_uses(core: ir.Node, sums: set[str], counts: frozenset[str] = frozenset()) -> bool:
+    """Every running value of the sums `sums` in `core` is used relatively (additive_uses)."""
+    return not additive_uses(core, sums, counts)
 
 
 def to_old(node: ir.Node, names) -> ir.Node:
@@ -133,9 +139,11 @@ class AffineSearcher:
         self.schedule = ruleset(*[r.egglog() for r in rs], name=f"affine_rules_{len(rs)}") | analysis.ANALYSIS
         self.names = {r.egglog().decl: r.name for r in rs}
 
-    def search(self, core: ir.Node, basis: dict[str, ir.Node], running: set[str], axis: str) -> AffineResult:
+    def search(self, core: ir.Node, basis: dict[str, ir.Node], running: set[str], axis: str,
+               zero: frozenset[str] = frozenset()) -> AffineResult:
         """Rewrite `core` (a body at the current references of `running`) over the `basis` bodies
-        (name → body at the old references)."""
+        (name → body at the old references). The bodies named in `zero` sum to 0 over the elements
+        seen: a term on them costs nothing, since it is dropped (fusion/extrapolate.py)."""
         t0 = time.perf_counter()
         eg = self.egraph
         eg.push()
@@ -151,6 +159,10 @@ class AffineSearcher:
                 tn, to = enc.encode(r_new), enc.encode(r_old)
                 facts.append(union(tn).with_(to + (tn - to)))  # r′ = r + (r′ − r)
                 facts.append(union(tn).with_(to * (tn / to)))  # r′ = r·(r′/r)
+            for k in zero:  # a centred body b − m: b = (b − m) + m, so b can be read through it
+                body = basis[k]
+                if isinstance(body, ir.Call) and body.op == "sub":
+                    facts.append(union(enc.encode(body.args[0])).with_(basis_terms[k] + enc.encode(body.args[1])))
             enc.flush()
             eg.register(g, *basis_terms.values())
             if facts:
@@ -163,7 +175,8 @@ class AffineSearcher:
                 view = build_view(eg)
                 tx = TermExtractor(view, self.axis_order, self.extents, enc.loads, enc.syms)
                 leaves = {class_of(eg, view, t): k for k, t in basis_terms.items()}
-                term = linear_term(view, tx, class_of(eg, view, g), leaves, bit)
+                term = linear_term(view, tx, class_of(eg, view, g), leaves, bit,
+                                   {c for c, k in leaves.items() if k in zero})
                 if term is not None:
                     found.append(term)
                 return term is not None
@@ -180,7 +193,7 @@ class AffineSearcher:
             if split is None:  # (linear_term only builds linear terms)
                 return AffineResult(reason="the linear term could not be split", seconds=time.perf_counter() - t0)
             terms, const = split
-            return AffineResult(terms, const, its, nodes, time.perf_counter() - t0)
+            return AffineResult(terms, const, iterations=its, nodes=nodes, seconds=time.perf_counter() - t0)
         finally:
             eg.pop()
 
@@ -188,20 +201,22 @@ class AffineSearcher:
 # ---------------------------------------------------------------- linear extraction
 
 
-def linear_term(view, tx: TermExtractor, root: int, leaves: dict[int, str], bit: int) -> ir.Node | None:
+def linear_term(view, tx: TermExtractor, root: int, leaves: dict[int, str], bit: int,
+                zero: set[int] = frozenset()) -> ir.Node | None:
     """The cheapest term of `root` linear in the `leaves` classes (decoded as _leaf(name))
-    with coefficients free of the axis `bit`; None if there is none."""
+    with coefficients free of the axis `bit`; None if there is none. A product with a leaf of `zero`
+    (a body that sums to 0) costs nothing: the repair drops it."""
     free = lambda c, n: view.free_of(c, bit) and n.op != "red"  # noqa: E731
     c0 = tx.costs(allow=free)
     cost0 = {c: v[0] for c, v in c0.items() if v[1] is not None}
-    best1: dict[int, tuple[float, object, tuple[int, ...]]] = {c: (0.5, None, ()) for c in leaves}
+    best1: dict[int, tuple[float, object, tuple[int, ...]]] = {c: (0.0 if c in zero else 0.5, None, ()) for c in leaves}
     nodes = [(c, n) for c, ns in view.classes.items() if view.sort.get(c) == "Term"
              for n in ns if n.op in _LINEAR_OPS]
     inf = math.inf
     for _ in range(64):
         changed = False
         for c, n in nodes:
-            d = _degree_choice(n, cost0, best1, inf)
+            d = _degree_choice(n, cost0, best1, inf, zero)
             if d is None:
                 continue
             cost, degs = d
@@ -223,9 +238,11 @@ def linear_term(view, tx: TermExtractor, root: int, leaves: dict[int, str], bit:
     return go1(root)
 
 
-def _degree_choice(n, cost0, best1, inf):
+def _degree_choice(n, cost0, best1, inf, zero=frozenset()):
     """(cost, degree of each argument) of the cheapest way node `n` is linear in the leaves."""
     own = op_cost(n.op) + 0.01
+    if n.op == "mul" and any(a in zero and cost0.get(b, inf) < inf for a, b in (n.args, n.args[::-1])):
+        return 0.0, ((1, 0) if n.args[0] in zero and cost0.get(n.args[1], inf) < inf else (0, 1))
     d0 = [cost0.get(a, inf) for a in n.args]
     d1 = [best1[a][0] if a in best1 else inf for a in n.args]
     if n.op == "neg":
@@ -369,7 +386,10 @@ def describe_affine(name: str, result: AffineResult, count: str | None) -> str:
     if result.constant is not None:
         parts.append(f"({ir.show(result.constant)})·{count or 'n'}")
     borrowed = [k for k in result.terms if k != name]
-    return (f"{name} carried with an affine repair {name} ← {' + '.join(parts)}"
+    means = (f", around the running mean{'s' if len(result.means) > 1 else ''} "
+             f"{', '.join(f'{s}/{count}' for s in result.means)} (the final {', '.join(result.means)} read as "
+             f"mean·N: equal at the end of the pass)" if result.means else "")
+    return (f"{name} carried with an affine repair {name} ← {' + '.join(parts) or '0'}{means}"
             + (f", reading the running {', '.join(borrowed)}" if borrowed else "")
             + (f" and the element count {count}" if count else "")
             + f" (found in {result.iterations} iterations, {result.nodes} e-nodes)")

@@ -28,9 +28,19 @@ from neptune_eq.ops import OPS
 from neptune_eq.saturate import Budget, Saturator
 from neptune_eq.terms import Comp, Comps, Encoder, Loop, Term, get
 
-from .affine import AFFINE_BUDGET, AffineResult, AffineSearcher, check_affine, describe_affine, relative_uses, to_old
+from .affine import (
+    AFFINE_BUDGET,
+    AffineResult,
+    AffineSearcher,
+    additive_uses,
+    check_affine,
+    describe_affine,
+    relative_uses,
+    to_old,
+)
 from .correction import CORRECTION_BUDGET, CorrectionSearcher
-from .types import Application, Binding, CompCandidate, CorrectionResult, LoopCandidate, direct_bindings
+from .extrapolate import centred, extrapolate, mean_shifts, mean_symbols, shifts_back
+from .types import Application, Binding, CompCandidate, CorrectionResult, LoopCandidate, count_name, direct_bindings
 
 MAX_GROUP_SIZE = 8
 MAX_GROUPS_PER_AXIS = 48  # fused groups tried per axis, nearest members first (each may need a search)
@@ -168,18 +178,41 @@ class FusionSearch:
         return cand
 
     def _affine_repair(self, axis: str, comp: CompCandidate, comps: list[CompCandidate]) -> None:
-        """t′ = Σₖ hₖ·tₖ (+ h₀·n) over the sums of the group that share comp's mask (fusion/affine.py)."""
+        """t′ = Σₖ hₖ·tₖ (+ h₀·n) over the sums of the group that share comp's mask (fusion/affine.py);
+        running sums the body reads additively are read as running means (fusion/extrapolate.py)."""
         names = [c.binding.name for c in comps]
         sums = {c.binding.name for c in comps if c.binding.op == "sum"}
-        if self.encoder.extents[axis] > 2**24:  # the element count is carried in float32
+        extent = self.encoder.extents[axis]
+        if extent > 2**24:  # the element count is carried in float32
             comp.affine = AffineResult(reason=f"{axis} is longer than float32 counts exactly (2^24)")
             return
-        if not relative_uses(comp.core, sums):
-            comp.affine = AffineResult(reason="a running sum is used additively in the body (its repair would "
-                                              "cancel large terms in floating point)")
-            return
-        basis = {c.binding.name: to_old(c.core, names) for c in comps if c.binding.op == "sum" and c.mask == comp.mask}
-        key = (comp.core, tuple(basis.items()))
+        core, running, zero, symbols = comp.core, set(names), {}, {}
+        additive = additive_uses(comp.core, sums)
+        if additive:
+            whole = {c.binding.name for c in comps if _unmasked(c)}
+            if not _unmasked(comp) or not additive <= whole:
+                comp.affine = AffineResult(reason=f"a running sum ({', '.join(sorted(additive))}) is used additively "
+                                                  "in a masked body: no running mean stands for it (its repair would "
+                                                  "cancel large terms in floating point)")
+                return
+            count, free = count_name(comp.binding), comp.binding.free
+            core = extrapolate(comp.core, additive, extent, ir.StateRef(ir.RefKind.CURRENT, count, free))
+            if not relative_uses(core, sums, frozenset({count})):
+                comp.affine = AffineResult(reason="a running sum is used additively in the body (its repair would "
+                                                  "cancel large terms in floating point)")
+                return
+            symbols = mean_symbols(additive, free, count)
+            running |= {count} | {f"mean_{s}" for s in additive}
+            by_name = {c.binding.name: c for c in comps}
+            zero = {f"centred_{s}": centred(to_old(by_name[s].core, running), s, free) for s in sorted(additive)}
+        # the search sees each running mean as one symbol, the current one as the old one plus a shift
+        own = ir.substitute(core, symbols)
+        carried = ir.substitute(own, mean_shifts(additive, comp.binding.free))
+        basis = {c.binding.name: to_old(own if c is comp else c.core, running)  # (a sum read as a mean
+                 for c in comps if c.binding.op == "sum" and c.mask == comp.mask  # is read through its
+                 and c.binding.name not in additive}  # centred body instead)
+        basis.update(zero)
+        key = (carried, tuple(basis.items()))
         if key not in self.corrections_affine:
             if self.affine_seconds >= AFFINE_TOTAL_SECONDS:
                 comp.affine = AffineResult(reason=f"the affine searches' {AFFINE_TOTAL_SECONDS:g} s were spent")
@@ -189,11 +222,23 @@ class FusionSearch:
             if self._saturator is not None:  # within what the compile's time budget has left
                 left = max(0.0, min(AFFINE_BUDGET.max_seconds, self._saturator.remaining()))
                 self._affine.budget = replace(AFFINE_BUDGET, max_seconds=left)
-            res = self._affine.search(comp.core, basis, set(names), axis)
+            res = self._affine.search(carried, basis, running, axis, zero=frozenset(zero))
             self.affine_seconds += res.seconds
-            bad = check_affine(comp.core, basis, res) if res.found else None
+            bad = check_affine(carried, basis, res) if res.found else None
+            if bad is None and res.found and additive:
+                shifts, means = shifts_back(additive, comp.binding.free), {v: k for k, v in symbols.items()}
+                back = lambda h: ir.substitute(ir.substitute(h, shifts), means)  # noqa: E731
+                res = replace(res, terms={k: back(h) for k, h in res.terms.items() if k not in zero},
+                              constant=None if res.constant is None else back(res.constant),
+                              core=core, means=tuple(sorted(additive)))
+                if additive & set(res.terms):
+                    bad = (f"the repair found reads the running {', '.join(sorted(additive & set(res.terms)))} "
+                           "additively (it would cancel large terms in floating point)")
             self.corrections_affine[key] = AffineResult(reason=bad) if bad is not None else res
         comp.affine = self.corrections_affine[key]
+        if comp.chosen_affine is not None and comp.affine.core is not None:  # the body reads the running mean
+            comp.core = comp.affine.core
+            comp.core_term = self.encoder.encode(comp.core)
 
     def _validate(self, cand: LoopCandidate) -> None:
         """A group is valid when every rolling component has a correction; then it joins the e-graph."""
@@ -242,6 +287,11 @@ class FusionSearch:
     @property
     def rejected(self) -> list[LoopCandidate]:
         return [c for c in self.candidates if not c.valid]
+
+
+def _unmasked(c: CompCandidate) -> bool:
+    """Every element along the loop axis is a term of the reduction (its mask is true)."""
+    return isinstance(c.mask, ir.Const) and c.mask.value != 0.0
 
 
 def _nearest_groups(members: list, largest: int):

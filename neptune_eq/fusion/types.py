@@ -82,6 +82,8 @@ class AffineResult:
 
     terms: dict[str, ir.Node] = field(default_factory=dict)
     constant: ir.Node | None = None
+    core: ir.Node | None = None  # the body as carried, when it reads running means (fusion/extrapolate.py)
+    means: tuple[str, ...] = ()  # the sums read as running means in that body
     iterations: int = 0
     nodes: int = 0
     seconds: float = 0.0
@@ -126,9 +128,15 @@ class CompCandidate:
 
     @property
     def count_name(self) -> str | None:
-        """The carried count of elements this component's repair multiplies h₀ by (None: not needed)."""
+        """The carried count of elements this component's repair multiplies h₀ by, or its body divides
+        a running sum by (None: not needed)."""
         a = self.chosen_affine
-        return f"count_{self.binding.name}" if a is not None and a.constant is not None else None
+        return count_name(self.binding) if a is not None and (a.constant is not None or a.core is not None) else None
+
+
+def count_name(b: Binding) -> str:
+    """The name of the element count carried for `b`'s affine repair."""
+    return f"count_{b.name}"
 
 
 @dataclass
