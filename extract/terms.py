@@ -33,6 +33,11 @@ SFU_COST = 4.0
 # unshifted form by far more than the max pass it adds (a few ops per element). Added, not multiplied:
 # among spellings with the same exponentials (e^a against 2^(a·log₂e)) the work still decides.
 OVERFLOW_RISK = 64.0
+# a difference of two values ≥ 0 that both accumulate a sum over the same axis (E[x²] − E[x]²) loses the
+# digits the two share: with a mean of 1e4 against a spread of 1, all of float32's. Such a subtraction
+# costs this many ops more per point summed, so a centred equivalent (rules.algebra.STABILITY:
+# Σa²/n − (Σa/n)² = Σ(a − Σa/n)²/n) wins over it despite the pass it adds.
+CANCEL_RISK = 64.0
 _LEAF_COST = {"const": 0.0, "index": 0.5, "load": 1.0, "sym": 0.0}
 
 
@@ -63,6 +68,8 @@ class TermExtractor:
     _weights: dict[int, float] = field(default_factory=dict)
     _space: dict[int, int] | None = None
     overflow_risk: float = OVERFLOW_RISK  # 0.0: price exponents by work alone (numerics-blind)
+    cancel_risk: float = CANCEL_RISK  # 0.0: price differences of sums by work alone
+    _sums: dict[int, int] | None = None
 
     def size(self, cid: int) -> float:
         """Number of points the class varies over (product of extents of its deps)."""
@@ -85,11 +92,45 @@ class TermExtractor:
         w = self._weights.get(cid)
         if w is None:
             w = self._weights[cid] = self._points(self._spaces().get(cid, 0))
-        return (op_cost(n.op) + (self.overflow_risk if self.may_overflow(n) else 0.0)) * w
+        own = (op_cost(n.op) + (self.overflow_risk if self.may_overflow(n) else 0.0)) * w
+        common = self.may_cancel(n) if self.cancel_risk else 0
+        return own + (self.cancel_risk * self._points(self.view.deps.get(cid, 0) | common) if common else 0.0)
 
     def may_overflow(self, n: ENode) -> bool:
         """An exponential whose exponent is not known to be ≤ 0."""
         return n.op in ("exp", "exp2") and n.args[0] not in self.view.nonpos
+
+    def may_cancel(self, n: ENode) -> int:
+        """For a − b with a, b ≥ 0: the axes both sum over (bits; 0 when none, or not such a difference)."""
+        if n.op != "sub" or not all(a in self.view.nonneg for a in n.args):
+            return 0
+        sums = self.summed()
+        return sums.get(n.args[0], 0) & sums.get(n.args[1], 0)
+
+    def summed(self) -> dict[int, int]:
+        """Per class: the axes some sum inside some member of it reduces (bits; over all alternatives)."""
+        if self._sums is None:
+            bit = {ax: 1 << k for k, ax in enumerate(self.axis_order)}
+            acc: dict[int, int] = {}
+            parents: dict[int, list[int]] = {}
+            work = []
+            for c, ns in self.view.classes.items():
+                for n in ns:
+                    if n.op == "red" and n.args[0] == "sum" and n.args[1] in bit:
+                        acc[c] = acc.get(c, 0) | bit[n.args[1]]
+                        work.append(c)
+                    if n.op != "get":
+                        for a in self._child_classes(n):
+                            parents.setdefault(a, []).append(c)
+            while work:
+                c = work.pop()
+                for p in parents.get(c, ()):
+                    m = acc.get(p, 0) | acc[c]
+                    if m != acc.get(p, 0):
+                        acc[p] = m
+                        work.append(p)
+            self._sums = acc
+        return self._sums
 
     def _spaces(self) -> dict[int, int]:
         """Per class: its deps plus the axes of every reduction whose body may evaluate it (any member

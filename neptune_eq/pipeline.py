@@ -25,7 +25,7 @@ from egglog import EGraph, i64, ruleset
 from . import ir
 from .device import DeviceSpec, from_torch
 from .extract.cost import Cost, kernel_cost
-from .extract.numerics import stability_notes, summed_overflow_risks
+from .extract.numerics import cancellation_risks, stability_notes, summed_overflow_risks
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.terms import TermExtractor
 from .extract.view import EGraphView, build_view, class_of
@@ -123,6 +123,7 @@ class Compilation:
     budget_notes: list[str] = field(default_factory=list)  # what a budget cut short (explain() shows it)
     numerics_notes: list[str] = field(default_factory=list)  # a stable spelling chosen over a cheaper one
     overflow_risks: list[ir.Node] = field(default_factory=list)  # exps under a sum that may overflow
+    cancel_risks: list[ir.Node] = field(default_factory=list)  # differences of two sums ≥ 0
     # what plan enumeration could not do: loops dropped (no extractable term), whether it stopped at
     # max_plans (kept as data: the plan space's closures hold the e-graph, which must not outlive the
     # compile's thread in a reference cycle — egglog's EGraph cannot be dropped on another thread)
@@ -166,7 +167,7 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     _timed(c, "saturate", lambda: _algebra(c, algebra))
     _timed(c, "saturate", lambda: _simplify(c, rules))
     _timed(c, "extract", lambda: _represent(c))
-    if c.overflow_risks:
+    if c.overflow_risks or c.cancel_risks:
         _timed(c, "saturate", lambda: _stabilise(c, rules))
     _timed(c, "fuse", lambda: _fuse(c, rules))
     _timed(c, "saturate", lambda: _split_k(c))
@@ -219,11 +220,12 @@ def _algebra(c: Compilation, algebra) -> None:
 
 
 def _stabilise(c: Compilation, rules: list[Rule]) -> None:
-    """The cheapest program sums exponentials that may overflow (exp(x)/Σexp(x) written naively): saturate
-    a few iterations more with the STABILITY rules, which add the max-shifted spellings, and extract again
-    (the extractor prices an exp of an exponent not known ≤ 0 as an overflow risk). Its own node budget
+    """The cheapest program sums exponentials that may overflow (exp(x)/Σexp(x) written naively), or
+    subtracts two sums ≥ 0 (E[x²] − E[x]²): saturate a few iterations more with the STABILITY rules, which
+    add the max-shifted and centred spellings, and extract again (the extractor prices an exp of an
+    exponent not known ≤ 0 as an overflow risk, such a difference as a cancellation risk). Its own node budget
     (what the algebra left plus max_nodes), so a program that filled the algebra's still gets the shift."""
-    before, names = c.overflow_risks, list(c.roots)
+    before, names = [*c.overflow_risks, *c.cancel_risks], list(c.roots)
     old = c.representative
     b = c.options.budget
     budget = Budget(max_nodes=egraph_size(c.egraph) + b.max_nodes, max_seconds=b.max_seconds, max_iterations=4,
@@ -237,7 +239,7 @@ def _stabilise(c: Compilation, rules: list[Rule]) -> None:
     c.saturator.reports.append(sat.phase("stabilise", stabilise, analysis=analysis.ANALYSIS))
     _simplify(c, rules)
     _represent(c)
-    c.numerics_notes = stability_notes(names, old, c.representative, before, c.overflow_risks)
+    c.numerics_notes = stability_notes(names, old, c.representative, before, [*c.overflow_risks, *c.cancel_risks])
 
 
 def _simplify(c: Compilation, rules: list[Rule]) -> None:
@@ -283,6 +285,7 @@ def _represent(c: Compilation) -> None:
     terms, classes = tx.best_shared([class_of(c.egraph, view, c.roots[n]) for n in names])
     c.representative = dict(zip(names, terms))
     c.overflow_risks = summed_overflow_risks(terms, classes, view, c.encoder.axis_order)
+    c.cancel_risks = cancellation_risks(terms, classes, view)
     bindings: list[Binding] = []
     by_node: dict[ir.Node, Binding] = {}
     taken: set[str] = set()

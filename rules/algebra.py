@@ -177,11 +177,13 @@ REDUCTIONS = [
 ]
 
 # Stability. Σⱼ eᵇ = e^M·Σⱼ e^(b−M) with M = maxⱼ b is an identity for finite b; its exponents b − M ≤ 0
-# cannot overflow, and e^M then cancels in a ratio or leaves the log. Not part of ALGEBRA: the pipeline's
-# stabilise phase adds them when the cheapest program exponentiates a value not known ≤ 0 inside a sum
-# (a program already written max-shifted never sees them), and the extractor prices such an exp as an
-# overflow risk, so the shifted spelling is taken.
+# cannot overflow, and e^M then cancels in a ratio or leaves the log. Σa²/n − (Σa/n)² = Σ(a − Σa/n)²/n
+# (the centred variance) subtracts no two large sums. Not part of ALGEBRA: the pipeline's stabilise phase
+# adds them when the cheapest program exponentiates a value not known ≤ 0 inside a sum, or subtracts two
+# sums ≥ 0 (a program already written stably never sees them), and the extractor prices such an exp as
+# an overflow risk and such a difference as a cancellation risk, so the stable spelling is taken.
 _M = red("max", ax, b)
+_S, _N = red("sum", ax, a), Term(f64.from_i64(n))  # (a sum and the extent it is divided by, for the centring)
 _SHIFT = where(eq_(abs_(_M), Term(INF)), Term(0.0), _M)  # M, or 0 where M = ±∞ (a row of −∞, an input ∞)
 STABILITY = [
     rw("sum_exp_shift", red("sum", ax, exp(b)),  # Σⱼ eᵇ → e^M·Σⱼ e^(b−M)
@@ -190,6 +192,8 @@ STABILITY = [
        exp(_SHIFT) * red("sum", ax, exp(b - _SHIFT) * c), varies(b, ax)),
     rw("exp_div_exp_mul", exp(a) / (exp(b) * c), exp(a - b) / c),  # eᵃ/(eᵇ·c) → e^(a−b)/c
     rw("log_exp_mul", log(exp(a) * b), a + log(b), is_finite(a)),  # log(eᵃ·b) → a + log b
+    rw("mean_sq_centred", red("sum", ax, a * a) / _N - (_S / _N) * (_S / _N),  # Σa²/n − (Σa/n)² → Σ(a − Σa/n)²/n
+       red("sum", ax, (a - _S / _N) * (a - _S / _N)) / _N, extent_of(n, ax)),
 ]
 
 ALGEBRA: list[Rule] = [*CONSTANTS, *ARITHMETIC, *EXP_LOG, *INFINITIES, *WHERE, *REDUCTIONS]

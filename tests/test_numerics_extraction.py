@@ -1,4 +1,5 @@
-"""Numerics-aware extraction (issue 12): a naive exp(x)/Σexp(x) is extracted in its max-shifted form.
+"""Numerics-aware extraction (issue 12): a naive exp(x)/Σexp(x) is extracted in its max-shifted form,
+E[x²] − E[x]² in its centred form.
 
 The e-graph gets the shifted spelling from rules.algebra.STABILITY (Σⱼ eᵇ = e^M·Σⱼ e^(b−M)); the
 extractor prices exp of an exponent not known ≤ 0 as an overflow risk, so the shifted form wins and
@@ -8,7 +9,7 @@ there where the float64 result is finite.
 
 import pytest
 import torch
-from neptune_eq.extract.numerics import overflow_risks
+from neptune_eq.extract.numerics import cancellation_risks, overflow_risks
 from neptune_eq.extract.terms import TermExtractor
 from neptune_eq.extract.view import build_view, class_of
 
@@ -16,6 +17,7 @@ import neptune_eq
 from neptune_eq import ir
 from neptune_eq.frontend import capture
 from neptune_eq.pipeline import compile_program
+from neptune_eq.runtime import compile_ir
 
 
 def naive_softmax(x):
@@ -104,3 +106,38 @@ def test_nonpos_analysis_marks_shifted_exponents_only():
 def test_torch_softmax_never_enters_the_stabilise_phase():
     c = compile_program(capture(lambda x: torch.log_softmax(x, -1), torch.randn(2, 8)).program)
     assert not c.overflow_risks and "stabilise" not in " ".join(str(r) for r in c.saturator.reports)
+
+
+# ---------------------------------------------------------------- cancellation: E[x²] − E[x]²
+
+
+def moments_variance(x):
+    return (x * x).mean(-1) - x.mean(-1) ** 2
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.float16, 2e-3)])
+def test_a_difference_of_moments_is_extracted_centred(dtype, tol):
+    """E[x²] − E[x]² at a mean of 1e4 and a spread of 1: float32 computing it as written is wrong by
+    tens of times the answer; the centred form the e-graph holds matches float64, and explain() says so."""
+    torch.manual_seed(5)
+    x = (1e4 + torch.randn(3, 700)).to(dtype)
+    c = capture(moments_variance, x)
+    p = compile_ir(c.program)
+    want = moments_variance(x.double())
+    if dtype == torch.float32:  # what the formula as written gives in float32
+        assert ((moments_variance(x).double() - want).abs() / want).max() > 1.0
+    got = c.call_with(p.run, (x,))
+    assert torch.allclose(got.double(), want, rtol=tol, atol=0), (got, want)
+    assert "the centred form was chosen" in p.explain()
+    comp = p.compilation
+    assert comp.numerics_notes and not comp.cancel_risks
+    view = build_view(comp.egraph)
+    roots = [class_of(comp.egraph, view, comp.roots[n]) for n in comp.roots]
+    blind = TermExtractor(view, comp.encoder.axis_order, dict(comp.program.axes), comp.encoder.loads,
+                          comp.encoder.syms, cancel_risk=0.0)  # priced by work alone, the difference is cheaper
+    assert cancellation_risks(*blind.best_shared(roots), view)
+
+
+def test_a_centred_variance_never_enters_the_stabilise_phase():
+    c = compile_program(capture(lambda x: x.var(-1), torch.randn(2, 8)).program)
+    assert not c.cancel_risks and "stabilise" not in " ".join(str(r) for r in c.saturator.reports)
