@@ -19,6 +19,11 @@ seeded input maker, its useful work, its ceiling and its sizes:
 | temperature_softmax| softmax(x / t), t per row                          | fp16  | 4096×32768               |
 | absmax_softmax     | softmax(x / max|x|)                                | fp16  | 4096×32768               |
 | naive_softmax      | exp(x) / Σ exp(x), no max subtracted               | fp16  | 4096×32768               |
+| moments_variance   | E[x²] − E[x]² in float32 (cancels as written)      | fp16  | 4096×32768, 512×262144   |
+| layer_norm_rows    | F.layer_norm(x, (N,)), no affine                   | fp16  | 4096×32768, 512×262144   |
+
+row_variance also runs at 512×262144: a 512 KB row that no program holds on chip, so a plan reading
+it once (Welford's running mean, issue 12) and one reading it twice differ by a pass over HBM.
 
 Useful work: memory-bound programs count the bytes they must read and write once; matmul-fed
 programs count 2·M·K·N FLOPs; attention counts 4·d FLOPs per head per unmasked (query, key) pair.
@@ -132,6 +137,17 @@ def temperature_softmax(x, t):
 
 def absmax_softmax(x):
     return torch.softmax(x / x.abs().amax(-1, keepdim=True), -1)
+
+
+def moments_variance(x):
+    """The variance as E[x²] − E[x]², as it is often written: catastrophic cancellation in float32 when the
+    mean is large against the spread (the compiler extracts the centred form instead)."""
+    xf = x.float()
+    return (xf * xf).mean(-1) - xf.mean(-1) ** 2
+
+
+def layer_norm_rows(x):
+    return F.layer_norm(x, (x.shape[-1],))
 
 
 def naive_softmax(x):
@@ -346,9 +362,11 @@ def _two_rows_inputs(second: str):
     return make
 
 
-def _program_long_rows(name, fn, nbytes, make=_rows_inputs, inputs: int = 1) -> Program:
-    """Issue 12's rows: 4096 of 32768, fp16 (the row length its report asks for)."""
-    return Program(name, fn, "memory", torch.float16, make, sizes=({"M": 4096, "N": 32768},),
+def _program_long_rows(name, fn, nbytes, make=_rows_inputs, inputs: int = 1, streamed: bool = False) -> Program:
+    """Issue 12's rows: 4096 of 32768, fp16 (the row length its report asks for); `streamed`: also
+    512 rows of 262144, too long for any plan to hold a row on chip."""
+    sizes = ({"M": 4096, "N": 32768},) + (({"M": 512, "N": 262144},) if streamed else ())
+    return Program(name, fn, "memory", torch.float16, make, sizes=sizes,
                    tiny={"M": 16, "N": 256}, work=nbytes, ceiling=_copy_of(nbytes), check=Check((0,) * inputs, 256))
 
 
@@ -380,11 +398,13 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
     _program_long_rows("softmax_entropy", softmax_entropy, _lse_bytes),
     _program_long_rows("kl_rows", kl_rows, lambda d, el: 2.0 * d["M"] * d["N"] * el + d["M"] * 4,
                        make=_two_rows_inputs("rows"), inputs=2),
-    _program_long_rows("row_variance", row_variance, _lse_bytes),
+    _program_long_rows("row_variance", row_variance, _lse_bytes, streamed=True),
     _program_long_rows("temperature_softmax", temperature_softmax, _rows_bytes, make=_two_rows_inputs("t"),
                        inputs=2),
     _program_long_rows("absmax_softmax", absmax_softmax, _rows_bytes),
     _program_long_rows("naive_softmax", naive_softmax, _rows_bytes),
+    _program_long_rows("moments_variance", moments_variance, _lse_bytes, streamed=True),
+    _program_long_rows("layer_norm_rows", layer_norm_rows, _rows_bytes, streamed=True),
 )}
 
 
