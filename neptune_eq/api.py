@@ -176,9 +176,10 @@ class Compiled:
         return self.program.verify(**kw)
 
     def tune(self, *args, candidates: int = 3, progress: bool = True) -> Compiled:
-        """Measure on the GPU at `args` (CUDA tensors): time the cost model's `candidates` best plans,
-        keep the fastest, then autotune its kernels' tiles, warps and stages (cached on disk under
-        the cache directory). Later calls with this signature run the tuned kernels. Returns self."""
+        """Measure on the GPU at `args` (CUDA tensors): time the cost model's `candidates` best plans
+        and the best-ranked plan of each other split-K choice (tune.tuning_candidates), keep the
+        fastest, then autotune its kernels' tiles, warps and stages (cached on disk under the cache
+        directory). Later calls with this signature run the tuned kernels. Returns self."""
         from .tune import autotune, cache_path, choose_plan
 
         if not torch.cuda.is_available() or not all(a.is_cuda for a in args if isinstance(a, torch.Tensor)):

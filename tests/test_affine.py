@@ -274,3 +274,4 @@ def test_temperature_softmax_rolling_and_split_match_float64():
     for i in picked:
         got = c.call_with(p.pin(i).run, (x, t))
         assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-7), p.alternatives[i].structure
+

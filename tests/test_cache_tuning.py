@@ -126,3 +126,19 @@ def test_unsupported_locking_proceeds_unlocked(tmp_path, monkeypatch):
         store_tuning(path, {"k": GOOD})
     monkeypatch.undo()
     assert load_tuning(path) == {"k": GOOD}
+
+
+def test_tuning_times_the_best_plan_of_every_split_besides_the_models_top():
+    import torch
+
+    from neptune_eq.frontend import capture
+    from neptune_eq.runtime import compile_ir
+    from neptune_eq.tune import tuning_candidates
+
+    alts = compile_ir(capture(lambda x: x.var(-1), torch.randn(3, 5000)).program).alternatives
+    picked = tuning_candidates(alts, 3)
+    assert picked[:3] == alts[:3]
+    splits = lambda a: tuple(s for _, _, s in a.plan.groups)  # noqa: E731
+    assert {splits(a) for a in picked} == {splits(a) for a in alts}  # every split is timed once
+    for a in picked[3:]:  # each the best-ranked of its split
+        assert next(b for b in alts if splits(b) == splits(a)) is a
