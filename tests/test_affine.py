@@ -209,7 +209,11 @@ def test_variance_is_carried_around_the_running_mean():
     got, want = _stream(c, lp.comps, [7, 1, 30, 12], np.random.default_rng(4))
     assert abs(got - want) <= 1e-9 * want, (got, want)
     text = next(x.detail for x in lp.applications if x.rule == "affine_update")
-    assert "around the running mean sum_d/count_" in text, text
+    shift = "(cur:sum_d / cur:count_sum_d2 - old:sum_d / old:count_sum_d2)"
+    assert text.split(" (found in")[0] == (  # snapshot of a multi-accumulator derivation: Chan's n·δ²
+        f"sum_d2 carried with an affine repair sum_d2 ← 1·sum_d2 + ({shift} * {shift})·count_sum_d2, around the "
+        "running mean sum_d/count_sum_d2 (the final sum_d read as mean·N: equal at the end of the pass) and the "
+        "element count count_sum_d2"), text
     # the two-pass centred plan stays an alternative beside the one-pass one
     assert any(a.structure.startswith("1 kernel, pass over d (sum_d); pass over d (sum_d2)") for a in p.alternatives)
 

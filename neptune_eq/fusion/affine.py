@@ -323,8 +323,13 @@ def _add(a: ir.Node, b: ir.Node) -> ir.Node:
     return ir.Call("add", (a, b))
 
 
+def _is_neg(n: ir.Node) -> bool:
+    return isinstance(n, ir.Call) and n.op == "neg"
+
+
 def _simplify(n: ir.Node) -> ir.Node:
-    """Fold the constant arithmetic extraction and split_linear leave (c₁ op c₂, x·1, x ± 0, 0·c)."""
+    """Fold the constant arithmetic and signs extraction and split_linear leave (c₁ op c₂, x·1, x ± 0,
+    0·c, −(−a), (−a)·b)."""
     def const(m):
         return m.value if isinstance(m, ir.Const) else None
 
@@ -341,6 +346,12 @@ def _simplify(n: ir.Node) -> ir.Node:
                     return y
                 if const(x) == 0.0 and const(y) is not None:
                     return ir.Const(0.0)
+        if m.op == "neg" and isinstance(m.args[0], ir.Call) and m.args[0].op == "neg":  # −(−a) → a
+            return m.args[0].args[0]
+        if m.op == "mul" and (_is_neg(m.args[0]) or _is_neg(m.args[1])):  # (−a)·b → −(a·b), exact in IEEE
+            (a, b), (na, nb) = m.args, (_is_neg(m.args[0]), _is_neg(m.args[1]))
+            inner = ir.Call("mul", (a.args[0] if na else a, b.args[0] if nb else b))
+            return inner if na and nb else ir.Call("neg", (inner,))
         if m.op in ("add", "sub") and const(m.args[1]) == 0.0:
             return m.args[0]
         if m.op == "add" and const(m.args[0]) == 0.0:
