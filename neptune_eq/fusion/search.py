@@ -230,10 +230,8 @@ class FusionSearch:
                 back = lambda h: ir.substitute(ir.substitute(h, shifts), means)  # noqa: E731
                 res = replace(res, terms={k: back(h) for k, h in res.terms.items() if k not in zero},
                               constant=None if res.constant is None else back(res.constant),
-                              core=core, means=tuple(sorted(additive)))
-                if additive & set(res.terms):
-                    bad = (f"the repair found reads the running {', '.join(sorted(additive & set(res.terms)))} "
-                           "additively (it would cancel large terms in floating point)")
+                              core=core, means=tuple(sorted(additive)))  # (S itself is no basis body:
+                # the repair cannot read it additively, only through the centred body, whose term is dropped)
             self.corrections_affine[key] = AffineResult(reason=bad) if bad is not None else res
         comp.affine = self.corrections_affine[key]
         if comp.chosen_affine is not None and comp.affine.core is not None:  # the body reads the running mean
