@@ -135,6 +135,11 @@ class Compilation:
         return self.alternatives[0]
 
     @property
+    def numerics_risks(self) -> list[ir.Node]:
+        """What the stabilise phase can repair in the representative program."""
+        return [*self.overflow_risks, *self.cancel_risks]
+
+    @property
     def rejected_notes(self) -> list[str]:
         """The fusions the rules could not justify, one line each (loop, axis, why)."""
         rejected = self.fusion.rejected if self.fusion else []
@@ -167,7 +172,7 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     _timed(c, "saturate", lambda: _algebra(c, algebra))
     _timed(c, "saturate", lambda: _simplify(c, rules))
     _timed(c, "extract", lambda: _represent(c))
-    if c.overflow_risks or c.cancel_risks:
+    if c.numerics_risks:
         _timed(c, "saturate", lambda: _stabilise(c, rules))
     _timed(c, "fuse", lambda: _fuse(c, rules))
     _timed(c, "saturate", lambda: _split_k(c))
@@ -225,7 +230,7 @@ def _stabilise(c: Compilation, rules: list[Rule]) -> None:
     add the max-shifted and centred spellings, and extract again (the extractor prices an exp of an
     exponent not known ≤ 0 as an overflow risk, such a difference as a cancellation risk). Its own node budget
     (what the algebra left plus max_nodes), so a program that filled the algebra's still gets the shift."""
-    before, names = [*c.overflow_risks, *c.cancel_risks], list(c.roots)
+    before, names = c.numerics_risks, list(c.roots)
     old = c.representative
     b = c.options.budget
     budget = Budget(max_nodes=egraph_size(c.egraph) + b.max_nodes, max_seconds=b.max_seconds, max_iterations=4,
@@ -239,7 +244,7 @@ def _stabilise(c: Compilation, rules: list[Rule]) -> None:
     c.saturator.reports.append(sat.phase("stabilise", stabilise, analysis=analysis.ANALYSIS))
     _simplify(c, rules)
     _represent(c)
-    c.numerics_notes = stability_notes(names, old, c.representative, before, [*c.overflow_risks, *c.cancel_risks])
+    c.numerics_notes = stability_notes(names, old, c.representative, before, c.numerics_risks)
 
 
 def _simplify(c: Compilation, rules: list[Rule]) -> None:

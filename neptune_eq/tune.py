@@ -368,8 +368,8 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
 def tuning_candidates(alternatives: list, top: int) -> list:
     """The model's `top` best alternatives, then the best-ranked one of each other way of splitting the
     passes (split-K factors per loop group). The model is least sure of parallelism: on 512 rows of
-    262144 (H100, 2026-11-24) it ranked the one-pass variance's split-K 8 plan eleventh, at 149 µs
-    predicted, while it measured 107 µs against 147 µs for its first choice that runs one row per program."""
+    262144 (H100, 2026-11-24) it ranked the one-pass variance's split-K 8 plan twelfth (149 µs predicted,
+    107 µs measured) behind plans without a split, of 4 rows per program (291 µs) or one (147 µs)."""
     picked = list(alternatives[:top])
     seen = {_splits(a) for a in picked}
     for a in alternatives[top:]:

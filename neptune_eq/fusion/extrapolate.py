@@ -47,27 +47,15 @@ def _mean_of(n: ir.Node, names: set[str], extent: int) -> ir.StateRef | None:
 def extrapolate(core: ir.Node, names: set[str], extent: int, count: ir.StateRef) -> ir.Node:
     """`core` with the running values of the sums `names` replaced by their extrapolation from the
     running mean: S/N → S/n, S → (S/n)·N (n = `count`, the elements seen; exact at the pass's end)."""
-    def f(_old: ir.Node, n: ir.Node) -> ir.Node:
-        s = _mean_of(n, names, extent)
+    def f(old: ir.Node, new: ir.Node) -> ir.Node:  # judged on the original node: a mean S/N is replaced
+        s = _mean_of(old, names, extent)                 # whole, whatever its rebuilt children became
         if s is not None:
             return ir.Call("div", (s, count))
-        if _is_ref(n, names):
-            return ir.Call("mul", (ir.Call("div", (n, count)), ir.Const(float(extent))))
-        return n
+        if _is_ref(old, names):
+            return ir.Call("mul", (ir.Call("div", (old, count)), ir.Const(float(extent))))
+        return new
 
-    return _rebuild_top_down(core, f)
-
-
-def _rebuild_top_down(n: ir.Node, f) -> ir.Node:
-    """Like ir.rebuild, but a node `f` replaces is not entered (a mean S/N is replaced whole)."""
-    m = f(n, n)
-    if m is not n:
-        return m
-    if isinstance(n, ir.Reduce):
-        return ir.Reduce(n.op, n.axis, _rebuild_top_down(n.body, f))
-    if not isinstance(n, ir.Call):
-        return n
-    return ir.Call(n.op, tuple(_rebuild_top_down(a, f) for a in n.args))
+    return ir.rebuild(core, f)
 
 
 def mean_symbols(names, free, count: str) -> dict[ir.Node, ir.Node]:
