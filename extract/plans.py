@@ -118,11 +118,18 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
     for inline in policies:
         scheduled = [b.name for b in space.bindings if b.name not in inline]
         loops = [(k, lp) for k, lp in enumerate(space.loops) if lp.valid and not set(lp.names) & inline]
-        for cover in _covers(scheduled, loops):
-            explored += 1
-            if explored > 50 * space.max_plans:  # the covers of many overlapping groups grow exponentially
-                space.truncated = True
-                return plans
+        # the covers of many overlapping groups grow exponentially: at most 50·max_plans are looked at,
+        # fewest passes first, so that a cut-short space keeps the fused plans (each cover brings a plan
+        # per split choice, and the unfused cover alone may fill max_plans)
+        room = 50 * space.max_plans - explored
+        if room <= 0:
+            break
+        covers = list(itertools.islice(_covers(scheduled, loops), room + 1))
+        if len(covers) > room:
+            space.truncated = True
+            covers.pop()
+        explored += len(covers)
+        for cover in sorted(covers, key=len):
             split_choices = [[1, *space.splits.get(idx, [])] for idx, _ in cover]
             for splits in itertools.product(*split_choices):
                 if sum(s > 1 for s in splits) > 1:

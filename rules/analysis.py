@@ -24,6 +24,7 @@ from neptune_eq.terms import (
     exp2,
     finite,
     get,
+    log,
     max2,
     min2,
     nonneg,
@@ -119,6 +120,10 @@ NONPOS = ruleset(
     # a − (|maxⱼ a| = ∞ ? b : maxⱼ a) ≤ 0: STABILITY's shift; the guard holds only for a row of −∞ on
     # finite data (a row holding +∞ is not finite data)
     rule(eq(t).to(a - where_(eq_(abs_(red("max", ax, a)), Term(math.inf)), b, red("max", ax, a)))).then(nonpos(t)),
+    # a − (b + log Σⱼ e^{a−b}) ≤ 0 for any shift b: the sum holds e^{a−b} among its nonnegative terms, so
+    # its log is at least a − b (a log-softmax, as log_softmax is written out: no max of it is needed)
+    rule(eq(t).to(a - (b + log(red("sum", ax, exp(a - b)))))).then(nonpos(t)),
+    rule(eq(t).to((a - b) - log(red("sum", ax, exp(a - b))))).then(nonpos(t)),  # the same, reassociated
     rule(eq(t).to(a - max2(a, b))).then(nonpos(t)),  # a − max(a, b) ≤ 0
     rule(eq(t).to(a - max2(b, a))).then(nonpos(t)),  # a − max(b, a) ≤ 0
     rule(eq(t).to(Term(x)), x <= f64(0.0)).then(nonpos(t)),  # c ≤ 0

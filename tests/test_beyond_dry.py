@@ -107,7 +107,7 @@ def test_check_fails_wrong_and_nonfinite():
 def test_full_sizes_and_ceilings():
     """The issue's sizes, their work and ceilings (nothing allocated)."""
     full = {c.label: c for c in cases()}
-    assert len(full) == 23
+    assert len(full) == 25
     long = full["row_variance M=512 N=262144"]  # a row no program holds on chip (Welford's case)
     assert long.ceiling == CopyCeiling(512 * 262144 * 2 + 512 * 2) and "layer_norm_rows M=512 N=262144" in full
     kl = full["kl_rows M=4096 N=32768"]  # issue 12's programs at its row length

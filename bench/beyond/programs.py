@@ -13,8 +13,8 @@ seeded input maker, its useful work, its ceiling and its sizes:
 | bias_attention     | softmax(q kᵀ/√d + bias[h]) v, bias of (heads, L, L) | fp16  | 2×16 heads, L 4096, d 64 |
 | causal_gqa         | causal attention, 32 query / 8 kv heads            | bf16  | 4×32/8 heads, L 4096, d 128 |
 | causal_attention   | causal attention (arange mask)                     | bf16  | 8×16 heads, L 2048, d 64 |
-| softmax_entropy    | −Σ softmax(x)·log_softmax(x) per row (issue 12)     | fp16  | 4096×32768               |
-| kl_rows            | KL(softmax(a) ‖ softmax(b)) per row                | fp16  | 4096×32768               |
+| softmax_entropy    | −Σ softmax(x)·log_softmax(x) per row (issue 12)     | fp16  | 4096×32768, 512×262144   |
+| kl_rows            | KL(softmax(a) ‖ softmax(b)) per row                | fp16  | 4096×32768, 512×262144   |
 | row_variance       | x.var(-1, unbiased=False)                          | fp16  | 4096×32768               |
 | temperature_softmax| softmax(x / t), t per row                          | fp16  | 4096×32768               |
 | absmax_softmax     | softmax(x / max|x|)                                | fp16  | 4096×32768               |
@@ -22,8 +22,9 @@ seeded input maker, its useful work, its ceiling and its sizes:
 | moments_variance   | E[x²] − E[x]² in float32 (cancels as written)      | fp16  | 4096×32768, 512×262144   |
 | layer_norm_rows    | F.layer_norm(x, (N,)), no affine                   | fp16  | 4096×32768, 512×262144   |
 
-row_variance also runs at 512×262144: a 512 KB row that no program holds on chip, so a plan reading
-it once (Welford's running mean, issue 12) and one reading it twice differ by a pass over HBM.
+row_variance, softmax_entropy and kl_rows also run at 512×262144: a 512 KB row that no program holds
+on chip, so a plan reading it once (the affine repairs of issue 12: Welford's running mean, the
+entropy's and KL's borrowed normalisers) and one reading it two or three times differ by passes over HBM.
 
 Useful work: memory-bound programs count the bytes they must read and write once; matmul-fed
 programs count 2·M·K·N FLOPs; attention counts 4·d FLOPs per head per unmasked (query, key) pair.
@@ -395,9 +396,9 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
     _program_attention("causal_attention", causal_attention, torch.bfloat16,
                        sizes=({"B": 8, "H": 16, "L": 2048, "D": 64},), tiny={"B": 1, "H": 2, "L": 32, "D": 16},
                        causal=True, bias=False, check_count=2),
-    _program_long_rows("softmax_entropy", softmax_entropy, _lse_bytes),
+    _program_long_rows("softmax_entropy", softmax_entropy, _lse_bytes, streamed=True),
     _program_long_rows("kl_rows", kl_rows, lambda d, el: 2.0 * d["M"] * d["N"] * el + d["M"] * 4,
-                       make=_two_rows_inputs("rows"), inputs=2),
+                       make=_two_rows_inputs("rows"), inputs=2, streamed=True),
     _program_long_rows("row_variance", row_variance, _lse_bytes, streamed=True),
     _program_long_rows("temperature_softmax", temperature_softmax, _rows_bytes, make=_two_rows_inputs("t"),
                        inputs=2),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 from egglog import EGraph, ruleset, union
@@ -143,7 +144,48 @@ class AffineSearcher:
                zero: frozenset[str] = frozenset()) -> AffineResult:
         """Rewrite `core` (a body at the current references of `running`) over the `basis` bodies
         (name → body at the old references). The bodies named in `zero` sum to 0 over the elements
-        seen: a term on them costs nothing, since it is dropped (fusion/extrapolate.py)."""
+        seen: a term on them costs nothing, since it is dropped (fusion/extrapolate.py).
+
+        A body with several running references (KL: the two log-sum-exps) moves them one at a time:
+        g(R₁′, R₂′) is rewritten over g(R₁, R₂′) and the basis, that over g(R₁, R₂), and the repairs
+        compose. Each step is a search as small as one reference's; all at once, the e-graph must hold
+        every order of the expansions and outgrows its budget."""
+        refs = references(core, axis)
+        own = next((k for k, b in basis.items() if b == to_old(core, running)), None)
+        if len(refs) < 2 or own is None:
+            return self._search(core, basis, running, axis, zero, refs)
+        steps, cur = [], core
+        for r in refs:
+            nxt = ir.substitute(cur, {r: to_old(r, running)})
+            steps.append((cur, nxt, r))
+            cur = nxt
+        if cur != basis[own]:
+            return self._search(core, basis, running, axis, zero, refs)
+        terms: dict[str, ir.Node] = {}
+        constant: ir.Node | None = None
+        scale: ir.Node = ir.Const(1.0)  # the product of the own-body coefficients of the steps so far
+        its = nodes = 0
+        seconds = 0.0
+        for cur, nxt, r in steps:
+            res = self._search(cur, {**basis, own: nxt}, running, axis, zero, [r])
+            its, nodes, seconds = its + res.iterations, max(nodes, res.nodes), seconds + res.seconds
+            if not res.found:
+                return replace(res, iterations=its, nodes=nodes, seconds=seconds,
+                               reason=f"moving the reference {ir.show(r)}: {res.reason}")
+            for k, h in res.terms.items():
+                if k != own:
+                    term = _simplify(ir.Call("mul", (scale, h)))
+                    terms[k] = _add(terms[k], term) if k in terms else term
+            if res.constant is not None:
+                term = _simplify(ir.Call("mul", (scale, res.constant)))
+                constant = term if constant is None else _add(constant, term)
+            scale = _simplify(ir.Call("mul", (scale, res.terms.get(own, ir.Const(0.0)))))
+        terms = {own: scale, **terms}
+        return AffineResult(terms, constant, iterations=its, nodes=nodes, seconds=seconds)
+
+    def _search(self, core: ir.Node, basis: dict[str, ir.Node], running: set[str], axis: str,
+                zero: frozenset[str], refs: list[ir.Node]) -> AffineResult:
+        """One search: `core` rewritten over `basis` with the references `refs` rebased."""
         t0 = time.perf_counter()
         eg = self.egraph
         eg.push()
@@ -152,7 +194,7 @@ class AffineSearcher:
             g = enc.encode(core)
             basis_terms = {k: enc.encode(b) for k, b in basis.items()}
             facts = []
-            for r_new in references(core, axis):
+            for r_new in refs:
                 r_old = to_old(r_new, running)
                 if r_old == r_new:
                     continue
@@ -388,6 +430,43 @@ def check_affine(core: ir.Node, basis: dict[str, ir.Node], result: AffineResult,
     if not ok.all():
         i = int(np.argmin(ok))
         return f"affine repair fails at sample {i}: g(R′, c) = {want[i]!r}, Σ hₖ·bₖ(R, c) + h₀ = {got[i]!r}"
+    return None
+
+
+def span_test(core: ir.Node, basis: dict[str, ir.Node], axis: str, draws: int = 4, points: int = 48,
+              seed: int = 0) -> str | None:
+    """A necessary condition for any affine repair, tested before the e-graph search: with the values
+    free of `axis` (old, current and final states, per-row inputs) held fixed, g(R′, c) must lie in the
+    span of the basis bodies bₖ(R, c) and the constant 1 over the elements c. Least squares on random
+    float64 values; a message naming the misfit when it does not (then no search can find a repair),
+    else None. It prunes groups that lack an accumulator the repair needs (Σ e^{a−m}·(…) with the
+    running Σ e^{a−m} outside the group) without spending an e-graph budget on them."""
+    rng = np.random.default_rng(seed)
+    leaves = {ir.show(m): m for n in (core, *basis.values()) for m in ir.walk(n)
+              if isinstance(m, ir.StateRef | ir.Load | ir.Index)}
+    worst = 0.0
+    for _ in range(draws):
+        env = {}
+        for key, m in leaves.items():
+            if axis in m.axes:  # one value per element c
+                env[key] = rng.normal(0, 2, points)
+            else:  # one value for the draw, the same at every element
+                v = rng.uniform(0.5, 3.0) if isinstance(m, ir.StateRef) else rng.normal(0, 2)
+                env[key] = np.full(points, v)
+        with np.errstate(all="ignore"):
+            y = np.broadcast_to(eval_ir_sampled(core, env), (points,))
+            cols = [np.broadcast_to(eval_ir_sampled(b, env), (points,)) for b in basis.values()]
+        a = np.stack([*cols, np.ones(points)], axis=1)
+        ok = np.isfinite(y) & np.isfinite(a).all(axis=1)
+        if ok.sum() < a.shape[1] + 8:
+            continue  # too few finite points to judge this draw
+        y, a = y[ok], a[ok]
+        scale = max(np.linalg.norm(y), np.linalg.norm(a, axis=0).max(), 1e-300)
+        h, *_ = np.linalg.lstsq(a, y, rcond=None)
+        worst = max(worst, float(np.linalg.norm(a @ h - y)) / scale)
+    if worst > 1e-7:
+        return (f"{ir.show(core)} is not a combination of {', '.join(basis) or 'no carried sum'} (and the count) "
+                f"with coefficients free of {axis}: least-squares misfit {worst:.1e} on random values")
     return None
 
 

@@ -69,6 +69,38 @@ def mean_symbols(names, free, count: str) -> dict[ir.Node, ir.Node]:
     return out
 
 
+def opaque_symbols(nodes, axis: str, free) -> dict[ir.Node, ir.Node]:
+    """Subterms free of `axis` that are fixed for the pass (final states, per-row inputs) or a function
+    of one running value and nothing else (log S′, the −∞ guard of a max) → one symbol each, for the
+    affine search: they are coefficients to the repair, whose inside the rules need not see. The
+    current and old forms of one subterm get one name (so the rebasing R′ = R + (R′ − R) pairs
+    them), and the rules may distribute over a symbol, which is finite, where they may not over
+    log S (−∞ at S = 0, before the first element; a state still 0 contributes nothing to a repair,
+    lower/passes.py). The e-graph of a KL divergence's body stays small enough to find its repair."""
+    out: dict[ir.Node, ir.Node] = {}
+    names: dict[ir.Node, str] = {}
+
+    def go(n: ir.Node) -> None:
+        if n in out or isinstance(n, ir.Const | ir.StateRef) or not isinstance(n, ir.Call | ir.Load):
+            return
+        if axis not in n.axes:
+            leaves = {m for m in ir.walk(n) if isinstance(m, ir.StateRef | ir.Load | ir.Index)}
+            refs = {(m.kind, m.name) for m in leaves if isinstance(m, ir.StateRef) and m.kind in (CUR, OLD)}
+            if not refs or (len(refs) == 1 and len(leaves) == 1):  # fixed, or a function of one running value
+                (kind, state), = refs or {(ir.RefKind.FINAL, "")}
+                key = ir.rebuild(n, lambda _o, m: ir.StateRef(OLD, m.name, m.ref_axes)
+                                 if isinstance(m, ir.StateRef) and m.kind is CUR else m)
+                name = names.setdefault(key, f"{state or 'fixed'}'{len(names)}")
+                out[n] = ir.StateRef(kind, name, tuple(a for a in free if a in n.axes))
+                return
+        for c in n.children():
+            go(c)
+
+    for n in nodes:
+        go(n)
+    return out
+
+
 def mean_shifts(names, free) -> dict[ir.Node, ir.Node]:
     """The current mean as the old one moved by a shift symbol, mean′ = mean + δ: the search's
     coefficients then come out in δ (Chan's n·δ²), not as differences of two large means."""

@@ -36,10 +36,11 @@ from .affine import (
     check_affine,
     describe_affine,
     relative_uses,
+    span_test,
     to_old,
 )
 from .correction import CORRECTION_BUDGET, CorrectionSearcher
-from .extrapolate import centred, extrapolate, mean_shifts, mean_symbols, shifts_back
+from .extrapolate import centred, extrapolate, mean_shifts, mean_symbols, opaque_symbols, shifts_back
 from .types import Application, Binding, CompCandidate, CorrectionResult, LoopCandidate, count_name, direct_bindings
 
 MAX_GROUP_SIZE = 8
@@ -64,6 +65,7 @@ class FusionSearch:
     affine_seconds: float = 0.0
     _searcher: CorrectionSearcher | None = None
     _affine: AffineSearcher | None = None
+    _pending: list[LoopCandidate] = field(default_factory=list)  # groups awaiting affine searches
     _saturator: Saturator | None = None
 
     @property
@@ -113,6 +115,12 @@ class FusionSearch:
                     break
                 tried += 1
                 self.candidates.append(self._build(axis, list(group)))
+        # affine searches cost seconds each and share one budget: the largest groups first, since a
+        # group that carries every accumulator a repair borrows is the one-pass plan (its sub-groups'
+        # repairs, found first, would spend the budget on plans it makes slower)
+        for cand in sorted(self._pending, key=lambda c: -len(c.comps)):
+            self._finish(cand)
+        self._pending.clear()
         self.encoder.flush()
 
     def _search_budget(self) -> Budget:
@@ -164,18 +172,30 @@ class FusionSearch:
                 comp.correction = self.corrections[key]
                 comp.quotient_term = self.encoder.encode(comp.correction.quotient)
             comps.append(comp)
-        for comp in comps:
-            if comp.producers and comp.chosen is None and comp.binding.op == "sum":
-                self._affine_repair(axis, comp, comps)
         cand = LoopCandidate(axis, comps)
+        if any(self._needs_affine(c) for c in comps):
+            self._pending.append(cand)  # after every group's multiplicative searches (run)
+        else:
+            self._finish(cand)
+        return cand
+
+    @staticmethod
+    def _needs_affine(c: CompCandidate) -> bool:
+        return bool(c.producers) and c.chosen is None and c.binding.op == "sum"
+
+    def _finish(self, cand: LoopCandidate) -> None:
+        """The affine repairs of `cand`'s components, then its Loop term; valid ones join the e-graph."""
+        for comp in cand.comps:
+            if self._needs_affine(comp):
+                self._affine_repair(cand.axis, comp, cand.comps)
         cs = Comps()
+        comps = cand.comps
         for c in comps:
             corr = c.quotient_term if c.quotient_term is not None else Term.sym("no_correction")
             cs = cs.add(Comp(c.binding.name, c.binding.op, c.mask_term, c.core_term, corr))
-        cand.term = Loop(axis, cs)
+        cand.term = Loop(cand.axis, cs)
         self.egraph.register(cand.term)
         self._validate(cand)
-        return cand
 
     def _affine_repair(self, axis: str, comp: CompCandidate, comps: list[CompCandidate]) -> None:
         """t′ = Σₖ hₖ·tₖ (+ h₀·n) over the sums of the group that share comp's mask (fusion/affine.py);
@@ -212,10 +232,18 @@ class FusionSearch:
                  for c in comps if c.binding.op == "sum" and c.mask == comp.mask  # is read through its
                  and c.binding.name not in additive}  # centred body instead)
         basis.update(zero)
+        opaque = opaque_symbols([carried, *basis.values()], axis, comp.binding.free)  # (coefficients)
+        if opaque:
+            carried, basis = ir.substitute(carried, opaque), {k: ir.substitute(b, opaque) for k, b in basis.items()}
+            running |= {m.name for m in opaque.values() if m.kind in ir.RUNNING}
         key = (carried, tuple(basis.items()))
         if key not in self.corrections_affine:
             if self.affine_seconds >= AFFINE_TOTAL_SECONDS:
                 comp.affine = AffineResult(reason=f"the affine searches' {AFFINE_TOTAL_SECONDS:g} s were spent")
+                return
+            misfit = span_test(carried, basis, axis)
+            if misfit is not None:  # no repair exists: spend no e-graph budget on it
+                comp.affine = self.corrections_affine[key] = AffineResult(reason=f"no affine repair exists: {misfit}")
                 return
             if self._affine is None:
                 self._affine = AffineSearcher(self.encoder.axis_order, self.encoder.extents, self.rules)
@@ -225,13 +253,15 @@ class FusionSearch:
             res = self._affine.search(carried, basis, running, axis, zero=frozenset(zero))
             self.affine_seconds += res.seconds
             bad = check_affine(carried, basis, res) if res.found else None
-            if bad is None and res.found and additive:
+            if bad is None and res.found and (additive or opaque):
                 shifts, means = shifts_back(additive, comp.binding.free), {v: k for k, v in symbols.items()}
-                back = lambda h: ir.substitute(ir.substitute(h, shifts), means)  # noqa: E731
+                unlog = {v: k for k, v in opaque.items()}
+                back = lambda h: ir.substitute(ir.substitute(ir.substitute(h, unlog), shifts), means)  # noqa: E731
                 res = replace(res, terms={k: back(h) for k, h in res.terms.items() if k not in zero},
                               constant=None if res.constant is None else back(res.constant),
-                              core=core, means=tuple(sorted(additive)))  # (S itself is no basis body:
-                # the repair cannot read it additively, only through the centred body, whose term is dropped)
+                              core=core if additive else None, means=tuple(sorted(additive)))  # (S itself is
+                # no basis body: the repair cannot read it additively, only through the centred body, whose
+                # term is dropped)
             self.corrections_affine[key] = AffineResult(reason=bad) if bad is not None else res
         comp.affine = self.corrections_affine[key]
         if comp.chosen_affine is not None and comp.affine.core is not None:  # the body reads the running mean
