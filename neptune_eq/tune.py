@@ -383,25 +383,68 @@ def _splits(alt) -> tuple[int, ...]:
     return tuple(split for _axis, _names, split in alt.plan.groups)
 
 
+def stress_report(compiled, device: str):
+    """`compiled`'s plan on every input set of neptune_eq.verify (normal, offset 50, scale 30) against
+    float64, at its own shapes (sampled rows of a large program), each output held to its dtype's
+    default tolerance."""
+    from .numeric import compute_dtype
+    from .verify import STRESS_SETS, verify
+
+    program = compiled.program
+    return verify(compiled.run, program, device=device, sets=tuple(STRESS_SETS), seed=0,
+                  compute=compute_dtype(program), restrict=sample_rows(program))
+
+
 def choose_plan(compiled, inputs: dict, *, candidates: int = 3, progress=True, rep_ms: int = 40,
-                margin: float = 0.05):
+                margin: float = 0.05, timer=None):
     """Time the cost model's `candidates` best alternatives and the best of each other split (default
     schedules; tuning_candidates) on the GPU and return the compiled program pinned to the fastest.
     The model ranks; a lower-ranked plan replaces a higher-ranked one only when it measures faster by
     more than `margin` (timings within one process on an H100 moved by several per cent, so a closer
-    call is noise, and the tuning that follows the choice moves times by more than that)."""
+    call is noise, and the tuning that follows the choice moves times by more than that).
+
+    Before it is timed, each plan runs the stress sets (stress_report): one whose error exceeds the
+    tolerance is never chosen while a plan within it exists. When every timed candidate fails, the
+    other alternatives are checked in the model's order and the first that passes is taken; when none
+    does, the model's choice stays and the log says so. `timer(launcher, inputs, rep_ms) -> ms`
+    replaces do_bench's median (tests)."""
     log = _logger(progress)
-    best = None
+    timer = timer or _median_ms
+    device = next(iter(inputs.values())).device.type
+    target = "cuda" if device == "cuda" else "interpreter"
+    best, tried = None, set()
     for alt in tuning_candidates(compiled.alternatives, candidates):
         p = compiled.pin(alt.id)
+        tried.add(alt.id)
         try:
-            launcher = p.launcher("cuda")
+            report = stress_report(p, device)
+            if not report.passed:
+                log(f"  plan #{alt.id} {alt.structure} rejected: {report}")
+                continue
+            launcher = p.launcher(target)
             launcher(inputs)
-            ms = _median_ms(launcher, inputs, rep_ms)
+            ms = timer(launcher, inputs, rep_ms)
         except Exception as e:  # a plan that does not compile on this GPU just loses
             log(f"  plan #{alt.id} failed: {repr(e)[:120]}")
             continue
         log(f"  plan #{alt.id} {alt.structure}: predicted {alt.cost.time * 1e6:.1f} µs, measured {ms * 1e3:.1f} µs")
         if best is None or ms < (1 - margin) * best[0]:
             best = (ms, p)
-    return best[1] if best else compiled
+    if best is not None:
+        return best[1]
+    for alt in compiled.alternatives[:_STRESS_FALLBACK]:
+        if alt.id in tried:
+            continue
+        p = compiled.pin(alt.id)
+        try:
+            if stress_report(p, device).passed:
+                log(f"  plan #{alt.id} {alt.structure}: the first alternative within the tolerance on the stress sets")
+                return p
+        except Exception as e:
+            log(f"  plan #{alt.id} failed: {repr(e)[:120]}")
+    log(f"  no plan among the model's first {_STRESS_FALLBACK} passed the stress sets: keeping #{compiled.choice} "
+        "(see prog.verify(sets=...) for its errors)")
+    return compiled
+
+
+_STRESS_FALLBACK = 16  # alternatives checked, in the model's order, when every timed candidate fails

@@ -142,3 +142,50 @@ def test_tuning_times_the_best_plan_of_every_split_besides_the_models_top():
     assert {splits(a) for a in picked} == {splits(a) for a in alts}  # every split is timed once
     for a in picked[3:]:  # each the best-ranked of its split
         assert next(b for b in alts if splits(b) == splits(a)) is a
+
+
+def test_choose_plan_never_takes_a_plan_that_fails_the_stress_sets(monkeypatch):
+    """The fastest plan is rejected when its error on a stress set exceeds the tolerance (here its
+    outputs are perturbed on the offset set, the one where cancellation shows): the choice is the
+    fastest plan that passes; when no timed plan passes, the next alternative that does."""
+    import torch
+
+    from neptune_eq.frontend import capture
+    from neptune_eq.runtime import CompiledProgram, compile_ir
+    from neptune_eq.tune import choose_plan
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 300)
+    prog = compile_ir(capture(lambda x: torch.softmax(x, -1), x).program)
+    assert len(prog.alternatives) >= 4
+    bad: set[int] = set()
+    run = CompiledProgram.run
+
+    def perturbed(self, inputs, out_dtypes=None):
+        outs = run(self, inputs, out_dtypes)
+        if self.choice in bad and inputs["x"].mean() > 10:  # the offset set: 50 + N(0, 1)
+            outs = {k: v * 1.01 for k, v in outs.items()}
+        return outs
+
+    monkeypatch.setattr(CompiledProgram, "run", perturbed)
+    timer = lambda launcher, inputs, rep: 1.0 if launcher is fastest[0] else 2.0  # noqa: E731
+    fastest = [None]
+    orig_launcher = CompiledProgram.launcher
+
+    def launcher(self, target, *a, **kw):
+        out = orig_launcher(self, target, *a, **kw)
+        if self.choice == 0:
+            fastest[0] = out
+        return out
+
+    monkeypatch.setattr(CompiledProgram, "launcher", launcher)
+    assert choose_plan(prog, {"x": x}, candidates=3, progress=False, timer=timer).choice == 0
+    bad.add(0)  # the fastest plan now fails on the offset set
+    picked = choose_plan(prog, {"x": x}, candidates=3, progress=False, timer=timer)
+    assert picked.choice != 0 and picked.choice in {a.id for a in prog.alternatives[:3]}
+    bad.update(a.id for a in prog.alternatives[:3])  # every plan of the top three fails ...
+    from neptune_eq.tune import tuning_candidates
+    bad.update(a.id for a in tuning_candidates(prog.alternatives, 3))  # ... and every timed one
+    picked = choose_plan(prog, {"x": x}, candidates=3, progress=False, timer=timer)
+    assert picked.choice not in bad
+    assert picked.verify(sets=("normal", "offset", "wide"), seed=1).passed
