@@ -365,14 +365,18 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
     return current
 
 
-def tuning_candidates(alternatives: list, top: int) -> list:
+def tuning_candidates(alternatives: list, top: int, splits: int = 6) -> list:
     """The model's `top` best alternatives, then the best-ranked one of each other way of splitting the
-    passes (split-K factors per loop group). The model is least sure of parallelism: on 512 rows of
-    262144 (H100, 2026-11-24) it ranked the one-pass variance's split-K 8 plan twelfth (149 µs predicted,
-    107 µs measured) behind plans without a split, of 4 rows per program (291 µs) or one (147 µs)."""
+    passes (split-K factors per loop group), the first `splits` of those in the model's order. The model
+    is least sure of parallelism: on 512 rows of 262144 (H100, 2026-11-24) it ranked the one-pass
+    variance's split-K 8 plan twelfth (149 µs predicted, 107 µs measured) behind plans without a split,
+    of 4 rows per program (291 µs) or one (147 µs). Bounded: a program of five reductions has some
+    forty split choices, and each timed plan is compiled and checked on the stress sets first."""
     picked = list(alternatives[:top])
     seen = {_splits(a) for a in picked}
     for a in alternatives[top:]:
+        if len(picked) >= top + splits:
+            break
         if _splits(a) not in seen:
             seen.add(_splits(a))
             picked.append(a)

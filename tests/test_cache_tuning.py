@@ -136,12 +136,14 @@ def test_tuning_times_the_best_plan_of_every_split_besides_the_models_top():
     from neptune_eq.tune import tuning_candidates
 
     alts = compile_ir(capture(lambda x: x.var(-1), torch.randn(3, 5000)).program).alternatives
-    picked = tuning_candidates(alts, 3)
+    picked = tuning_candidates(alts, 3, splits=100)
     assert picked[:3] == alts[:3]
     splits = lambda a: tuple(s for _, _, s in a.plan.groups)  # noqa: E731
     assert {splits(a) for a in picked} == {splits(a) for a in alts}  # every split is timed once
     for a in picked[3:]:  # each the best-ranked of its split
         assert next(b for b in alts if splits(b) == splits(a)) is a
+    few = tuning_candidates(alts, 3, splits=2)
+    assert len({splits(a) for a in alts}) > 5 and few == picked[:5]  # bounded, in the model's order
 
 
 def test_choose_plan_never_takes_a_plan_that_fails_the_stress_sets(monkeypatch):
