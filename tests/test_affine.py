@@ -279,3 +279,33 @@ def test_temperature_softmax_rolling_and_split_match_float64():
         got = c.call_with(p.pin(i).run, (x, t))
         assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-7), p.alternatives[i].structure
 
+
+
+def _reduction_passes(structure: str) -> int:
+    return structure.count("pass over d") + structure.count("rolling over d")
+
+
+@pytest.mark.parametrize("fn,dtype,passes", [
+    (entropy, torch.bfloat16, 1),
+    (temp_softmax, torch.float16, 1),
+    (temp_softmax, torch.bfloat16, 1),
+    (absmax_softmax, torch.float32, 2),
+    (absmax_softmax, torch.bfloat16, 2),
+], ids=lambda v: getattr(v, "__name__", str(v)))
+def test_fewest_pass_plans_in_every_dtype(fn, dtype, passes):
+    """Issue 12's programs, rows of 700 (no tile multiple): the plan with the fewest passes over the
+    row (absmax: max|x| first, then the softmax's max and sum rolled) matches float64 within the
+    dtype's default tolerance, and so does the model's choice."""
+    from neptune_eq.verify import default_tolerance, rel_err
+
+    torch.manual_seed(4)
+    x = (torch.randn(3, 700) * 4).to(dtype)
+    xs = (x, (torch.rand(3, 1) + 0.5).to(dtype)) if fn is temp_softmax else (x,)
+    c, p = _compiled(fn, *xs)
+    want = fn(*(t.double() for t in xs))
+    fewest = min(range(len(p.alternatives)), key=lambda i: _reduction_passes(p.alternatives[i].structure))
+    assert _reduction_passes(p.alternatives[fewest].structure) == passes, p.alternatives[fewest].structure
+    tol = default_tolerance(dtype, [dtype])
+    for i in (fewest, 0):
+        got = c.call_with(p.pin(i).run, xs)
+        assert rel_err(got, want)[0] <= tol, (p.alternatives[i].structure, rel_err(got, want))
