@@ -34,7 +34,7 @@ from .device import from_torch
 from .ir import NeptuneError
 from .lower.launch import default_cache_dir
 from .pipeline import Options, compile_program
-from .runtime import CompiledProgram, with_user_rules
+from .runtime import CompiledProgram, refuse_grad, with_user_rules
 
 _OPTION_FIELDS = {f.name for f in fields(Options)}
 # Process-wide caches (not configuration): one compile cache per cache directory, the custom ops
@@ -220,6 +220,11 @@ def _custom_op(captured, prog: CompiledProgram):
         @op.register_fake
         def _(xs):
             return [xs[0].new_empty(shape, dtype=dt) for _, shape, dt in outs]
+
+        def refuse(ctx, inputs, output):  # autograd asks for this only when an input requires grad
+            refuse_grad(program, [n for n, x in zip(names, inputs[0]) if x.requires_grad] or names)
+
+        op.register_autograd(lambda ctx, grads: None, setup_context=refuse)  # (never reached)
 
         _OPS[qualname] = op
 
