@@ -29,12 +29,13 @@ from pathlib import Path
 import torch
 
 from . import ir
+from .autograd import attach
 from .cache import CompileCache, key_of, snapshot
 from .device import from_torch
 from .ir import NeptuneError
 from .lower.launch import default_cache_dir
 from .pipeline import Options, compile_program
-from .runtime import CompiledProgram, refuse_grad, with_user_rules
+from .runtime import CompiledProgram, with_user_rules
 
 _OPTION_FIELDS = {f.name for f in fields(Options)}
 # Process-wide caches (not configuration): one compile cache per cache directory, the custom ops
@@ -81,6 +82,7 @@ class _Variant:
     environment changes), and the custom op running the same program for calls traced by dynamo."""
 
     run: object  # frontend.compiled.CompiledFunction
+    compile_fn: object = None  # program → CompiledProgram (cached): re-captures and the backward
     op: object = None
     _op_of: object = field(default=None, repr=False)  # the CompiledProgram `op` runs
 
@@ -88,12 +90,13 @@ class _Variant:
     def of(cls, captured, prog: CompiledProgram, options: Options, cache: CompileCache) -> _Variant:
         from .frontend.compiled import CompiledFunction  # the frontend loads on first use, not at import
 
-        run = CompiledFunction(captured, prog, recompile=lambda program: compile_cached(program, options, cache))
-        return cls(run)._with_op()
+        compile_fn = lambda program: compile_cached(program, options, cache)  # noqa: E731
+        return cls(CompiledFunction(captured, prog, recompile=compile_fn), compile_fn)._with_op()
 
     def _with_op(self) -> _Variant:
         if self._op_of is not self.run.compiled:  # (re)built outside dynamo: registering an op cannot be traced
-            self.op, self._op_of = _custom_op(self.captured, self.run.compiled), self.run.compiled
+            self.op = _custom_op(self.captured, self.run.compiled, self.compile_fn)
+            self._op_of = self.run.compiled
         return self
 
     @property
@@ -107,6 +110,10 @@ class _Variant:
     def __call__(self, args):
         if torch.compiler.is_compiling():
             # the same checks as a plain call, the kernels as one custom op
+            return self.captured.call_with(self.op, args)
+        if self.captured.needs_grad(args):  # through the op, whose autograd runs the derived backward
+            self.run._follow_environment(args)
+            self._with_op()
             return self.captured.call_with(self.op, args)
         out = self.run(*args)
         self._with_op()
@@ -202,8 +209,9 @@ class Compiled:
         return self._variant(args)(args)
 
 
-def _custom_op(captured, prog: CompiledProgram):
-    """A torch.library op running `prog` on the program's inputs (in program order), with a fake kernel."""
+def _custom_op(captured, prog: CompiledProgram, compile_fn=None):
+    """A torch.library op running `prog` on the program's inputs (in program order), with a fake kernel
+    and the derived backward (neptune_eq.autograd; `compile_fn` compiles the backward program)."""
     program = captured.program
     names = list(program.inputs)
     outs = [(o.name, program.output_shape(o), dt) for o, dt in zip(program.outputs, captured.output_dtypes)]
@@ -221,10 +229,8 @@ def _custom_op(captured, prog: CompiledProgram):
         def _(xs):
             return [xs[0].new_empty(shape, dtype=dt) for _, shape, dt in outs]
 
-        def refuse(ctx, inputs, output):  # autograd asks for this only when an input requires grad
-            refuse_grad(program, [n for n, x in zip(names, inputs[0]) if x.requires_grad] or names)
-
-        op.register_autograd(lambda ctx, grads: None, setup_context=refuse)  # (never reached)
+        attach(op, qualname, program, names, outs,
+               compile_fn or (lambda p: compile_cached(p, Options(), _cache_for(None))))
 
         _OPS[qualname] = op
 

@@ -95,7 +95,8 @@ OPS: dict[str, Op] = {
            commutative=True, associative=True),
         Op("or", 2, _np_guard(np.logical_or), "({0} | {1})", unit="cmp", infix="|", predicate=True,
            commutative=True, associative=True),
-        Op("not", 1, _np_guard(np.logical_not), "(~{0})", unit="cmp", predicate=True),
+        # (x == 0), not ~x: Triton's interpreter cannot invert a 0-d boolean (a row statistic's test)
+        Op("not", 1, _np_guard(np.logical_not), "({0} == 0)", unit="cmp", predicate=True),
         # an integer made a float (torch's promotion of int · float, .float()): what follows is float
         # arithmetic, not int64 (which would overflow where torch's float does not)
         Op("float", 1, _np_guard(lambda x: np.asarray(x, dtype=float)), "{0}", weight=0.5, integer_ok=False),

@@ -8,6 +8,7 @@ from functools import cached_property
 import torch
 
 from . import ir
+from .grad import NoBackward
 from .ir import NeptuneError
 from .lower.launch import Launcher, check_inputs, input_specs, load_module
 from .lower.triton import write_module
@@ -18,19 +19,17 @@ from .schedule import KernelSchedule
 from .verify import VerifyReport, verify
 
 
-class NoBackward(NeptuneError):
-    """A call that would need gradients: no backward is derived yet, and a detached result would train wrongly."""
-
-
-def refuse_grad(program: ir.Program, needs: list[str]) -> None:
+def refuse_grad(program: ir.Program, needs: list[str], why: str = "") -> None:
     """Raise NoBackward naming the inputs in `needs` (those that require grad while grad mode is on)."""
     if needs:
         raise NoBackward(
             f"{program.name}: input{'s' if len(needs) > 1 else ''} {', '.join(repr(n) for n in needs)} "
-            f"require{'' if len(needs) > 1 else 's'} grad, and neptune_eq derives no backward yet: the result would "
-            "be cut from the autograd graph (a model would train wrongly), so the call is refused. Run it under "
-            "torch.no_grad() or torch.inference_mode(), or pass the input .detach()ed if no gradient should "
-            "flow to it")
+            f"require{'' if len(needs) > 1 else 's'} grad, "
+            + (why or "and a compiled program runs its forward alone (neptune_eq.compile(fn, ...) and "
+                      "neptune_eq.attention derive the backward)")
+            + ": the result would be cut from the autograd graph (a model would train wrongly), so the call is "
+            "refused. Run it under torch.no_grad() or torch.inference_mode(), or pass the input .detach()ed if no "
+            "gradient should flow to it")
 
 
 def grad_needed(inputs: dict[str, torch.Tensor]) -> list[str]:
@@ -136,7 +135,7 @@ class CompiledProgram:
     def run(self, inputs: dict[str, torch.Tensor], out_dtypes=None) -> dict[str, torch.Tensor]:
         """The outputs for `inputs` (all on one device: CUDA runs the compiled kernels, CPU Triton's
         interpreter). Raises NeptuneError naming the first input of the wrong dtype, shape or device,
-        and NoBackward when an input requires grad (grad mode on): no backward is derived yet."""
+        and NoBackward when an input requires grad (grad mode on): this runs the forward alone."""
         refuse_grad(self.program, grad_needed(inputs))
         check_inputs(self.program, inputs, self._input_specs)
         device = _one_device(inputs)

@@ -116,6 +116,14 @@ class Captured:
     _device_constants: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
     # ---------------------------------------------------------------- binding
+    def needs_grad(self, args) -> bool:
+        """Autograd would ask for a gradient of this call: grad mode is on and an argument or a tensor
+        fn reads from its environment (a module's parameter) requires grad."""
+        if not torch.is_grad_enabled():
+            return False
+        return (any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+                or any(t.requires_grad for t in self.constants.values()))
+
     def inputs(self, *args, cached: bool = True) -> dict[str, torch.Tensor]:
         """The program's inputs for a call fn(*args) (checked against the example shapes; all on one
         device, CPU or CUDA); closure tensors come from copies kept per device unless not `cached`."""

@@ -50,6 +50,10 @@ class CompiledFunction:
     def __call__(self, *args):
         self._follow_environment(args)
         cap = self.captured
+        if cap.needs_grad(args):  # (neptune_eq.compile's calls take the custom op then, which has a backward)
+            from ..runtime import grad_needed, refuse_grad
+
+            refuse_grad(cap.program, grad_needed(cap.inputs(*args, cached=False)))
         checked = None
         if cap.index_checks or cap.mutations:
             checked = cap.inputs(*args)

@@ -1,0 +1,241 @@
+"""Reverse-mode differentiation of a reduction program: the backward is another reduction program.
+
+`backward_program(p)` reads p's inputs and one cotangent per floating output (`grad_<output>`, the
+output's shape) and writes the gradient of each floating input (`grad_<input>`, the input's shape).
+It is plain IR, so it goes through the same pipeline as any program: saturation, fusion with
+synthesized corrections, split-K, the cost model, lowering. Nothing here knows attention or
+softmax; the forward's reductions are recomputed where the backward reads them.
+
+Adjoints are propagated over the expression DAG in reverse topological order; a node's adjoint
+varies over (at most) the node's own axes, a contribution that varies over more is summed over the
+extra axes. Local derivatives, one per operator:
+
+    a + b, a − b      ḡ, ±ḡ                 max2 / min2    ḡ to the larger / smaller (halved on a tie)
+    a·b               ḡ·b, ḡ·a              where(c, a, b) where(c, ḡ, 0), where(c, 0, ḡ); c none
+    a / b             ḡ/b, −ḡ·(a/b)/b       exp, exp2       ḡ·eᵃ, ḡ·2ᵃ·ln 2
+    log, log2         ḡ/a, ḡ/(a·ln 2)       tanh            ḡ·(1 − tanh²a)
+    sqrt, rsqrt       ḡ/(2√a), −ḡ·a^{-3/2}/2  abs           ḡ·sign(a)
+    Σ_d body          ḡ to every element    max_d / min_d  ḡ shared by the elements equal to it (torch's amax)
+
+Comparisons, predicates and integer casts carry no gradient. A gathered input (x[idx[i]]: its
+gradient is a scatter) and floor division or modulo of a value that depends on a floating input
+are refused with NoBackward naming them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import ir
+from .ir import Call, Const, Index, Load, NeptuneError, Reduce
+
+_NO_GRAD = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "float"})
+
+
+class NoBackward(NeptuneError):
+    """A call that would need gradients the compiler does not derive; the message names the cause."""
+
+
+def _c(v: float) -> Const:
+    return Const(float(v))
+
+
+def _call(op: str, *args: ir.Node) -> Call:
+    return Call(op, tuple(args))
+
+
+def grad_name(name: str, taken) -> str:
+    """`grad_<name>`, made unique among `taken`."""
+    out, k = f"grad_{name}", 1
+    while out in taken:
+        k += 1
+        out = f"grad_{name}{k}"
+    return out
+
+
+def _sum_over(expr: ir.Node, axes, order) -> ir.Node:
+    for a in sorted(axes, key=order.index, reverse=True):
+        expr = Reduce("sum", a, expr)
+    return expr
+
+
+def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
+    """∂n/∂argₖ · g for each argument (None: no gradient flows to it)."""
+    a = n.args
+    op = n.op
+    if op in _NO_GRAD:
+        return [None] * len(a)
+    if op == "add":
+        return [g, g]
+    if op == "sub":
+        return [g, _call("neg", g)]
+    if op == "neg":
+        return [_call("neg", g)]
+    if op == "mul":
+        return [_call("mul", g, a[1]), _call("mul", g, a[0])]
+    if op == "div":
+        return [_call("div", g, a[1]), _call("neg", _call("div", _call("mul", g, n), a[1]))]
+    if op == "exp":
+        return [_call("mul", g, n)]
+    if op == "exp2":
+        return [_call("mul", g, _call("mul", n, _c(math.log(2.0))))]
+    if op == "log":
+        return [_call("div", g, a[0])]
+    if op == "log2":
+        return [_call("div", g, _call("mul", a[0], _c(math.log(2.0))))]
+    if op == "tanh":
+        return [_call("mul", g, _call("sub", _c(1.0), _call("mul", n, n)))]
+    if op == "sqrt":
+        return [_call("div", _call("mul", g, _c(0.5)), n)]
+    if op == "rsqrt":
+        return [_call("mul", _call("mul", g, _c(-0.5)), _call("mul", n, _call("mul", n, n)))]
+    if op == "abs":
+        return [_call("where", _call("gt", a[0], _c(0.0)), g,
+                      _call("where", _call("lt", a[0], _c(0.0)), _call("neg", g), _c(0.0)))]
+    if op in ("max2", "min2"):
+        win = "gt" if op == "max2" else "lt"
+        half = _call("mul", g, _c(0.5))
+
+        def share(x, y):
+            return _call("where", _call(win, x, y), g, _call("where", _call("eq", x, y), half, _c(0.0)))
+        return [share(a[0], a[1]), share(a[1], a[0])]
+    if op == "where":
+        return [None, _call("where", a[0], g, _c(0.0)), _call("where", a[0], _c(0.0), g)]
+    raise NoBackward(f"no derivative of '{op}' ({ir.show(n)}) is derived")
+
+
+def _reads_float(n: ir.Node, floats: set[str]) -> bool:
+    return any(isinstance(m, Load) and m.tensor in floats for m in ir.walk(n))
+
+
+@dataclass(frozen=True)
+class Backward:
+    """A derived backward: `program` reads the forward's inputs and `cotangents[output]` (the upstream
+    gradient of each floating output) and writes `grads[input]` for each input differentiated."""
+
+    program: ir.Program
+    cotangents: dict[str, str]  # forward output → backward input
+    grads: dict[str, str]  # forward input → backward output
+
+
+def backward_program(program: ir.Program, wrt: list[str] | None = None) -> Backward:
+    """The program computing the gradients of `program`'s floating inputs (or those in `wrt`) from
+    its inputs and one cotangent per floating output (see the module docstring)."""
+    floats = [n for n, s in program.inputs.items() if s.dtype in ir.FLOAT_DTYPES]
+    wrt = [n for n in (wrt if wrt is not None else floats) if n in floats]
+    if not wrt:
+        raise NoBackward(f"{program.name}: no floating input to differentiate")
+    order = list(program.axes)
+    taken = set(program.inputs) | {o.name for o in program.outputs}
+    inputs = dict(program.inputs)
+    contribs: dict[ir.Node, list[ir.Node]] = {}
+
+    def add(node: ir.Node, c: ir.Node) -> None:
+        extra = c.axes - node.axes
+        contribs.setdefault(node, []).append(_sum_over(c, extra, order) if extra else c)
+
+    cotangents: dict[str, str] = {}
+    for o in program.outputs:
+        if (o.dtype or "float32") not in ir.FLOAT_DTYPES:
+            continue
+        name = cotangents[o.name] = grad_name(o.name, taken)
+        taken.add(name)
+        inputs[name] = ir.TensorSpec(name, o.axes, o.dtype or "float32")
+        add(o.expr, Load(name, tuple(Index(a) for a in o.axes)))
+
+    topo: list[ir.Node] = []
+    seen: set[ir.Node] = set()
+    for o in program.outputs:
+        stack = [(o.expr, False)]
+        while stack:
+            n, done = stack.pop()
+            if done:
+                topo.append(n)
+                continue
+            if n in seen:
+                continue
+            seen.add(n)
+            stack.append((n, True))
+            stack.extend((c, False) for c in n.children() if c not in seen)
+    grads: dict[str, list[ir.Node]] = {}
+    wanted = set(wrt)
+    for n in reversed(topo):
+        parts = contribs.pop(n, None)
+        if not parts:
+            continue
+        g = parts[0]
+        for p in parts[1:]:
+            g = _call("add", g, p)
+        if isinstance(n, Load):
+            if n.tensor in wanted:
+                grads.setdefault(n.tensor, []).append(_load_grad(program, n, g))
+        elif isinstance(n, Call):
+            if n.op in ("floordiv", "mod"):
+                if _reads_float(n, wanted):
+                    raise NoBackward(f"{program.name}: no gradient through '{n.op}' ({ir.show(n)})")
+                continue
+            for arg, c in zip(n.args, _local(n, g)):
+                if c is not None and _reads_float(arg, wanted):
+                    add(arg, c)
+        elif isinstance(n, Reduce):
+            if not _reads_float(n.body, wanted):
+                continue
+            if n.op == "sum":
+                add(n.body, g)
+            else:  # max/min: shared by the elements that attain it
+                hit = _call("eq", n.body, n)
+                count = Reduce("sum", n.axis, _call("where", hit, _c(1.0), _c(0.0)))
+                add(n.body, _call("where", hit, _call("div", g, count), _c(0.0)))
+    outputs, names = [], {}
+    for name in wrt:
+        spec = program.inputs[name]
+        parts = grads.get(name)
+        expr: ir.Node = _c(0.0)
+        axes = spec.axes
+        if parts:
+            expr, axes = parts[0]
+            for p, frm in parts[1:]:
+                expr = _call("add", expr, _rename(program, name, p, frm, axes))
+        out = names[name] = grad_name(name, taken)
+        taken.add(out)
+        outputs.append(ir.Output(out, axes, expr, spec.dtype))
+    back = ir.Program(f"{program.name}_backward", dict(program.axes), inputs, outputs).validate()
+    return Backward(back, cotangents, names)
+
+
+def _load_grad(program: ir.Program, n: Load, g: ir.Node) -> tuple[ir.Node, tuple[str, ...]]:
+    """The adjoint g of the element n = x[idx] as a value over axes naming x's positions: the load's
+    own axis where a position is indexed by one (no renaming: the forward's subterms stay shared), x's
+    axis where it is gathered. A gathered position p (an integer expression eₚ) becomes a one-hot test
+    eₚ == sₚ, summed over the axes the gather varies over but x is not indexed by: the gradient of an
+    embedding lookup x[ids[t], d] is Σ_t [ids[t] == v]·ḡ[t, d], of a cross-entropy's x[i, t[i]] the
+    one-hot ḡ[i]·[v == t[i]]."""
+    spec = program.inputs[n.tensor]
+    plain = [i.axis for i in n.index if isinstance(i, Index)]
+    gathered = [(e, s) for e, s in zip(n.index, spec.axes) if not isinstance(e, Index)]
+    if len(set(plain)) != len(plain):
+        raise NoBackward(f"{program.name}: the gradient of {ir.show(n)} (an axis read twice) is not derived yet")
+    axes = tuple(i.axis if isinstance(i, Index) else s for i, s in zip(n.index, spec.axes))
+    if not gathered:
+        return g, axes
+    free = set(g.axes).union(*(e.axes for e, _ in gathered))
+    if len(set(axes)) != len(axes) or free & {s for _, s in gathered}:
+        raise NoBackward(f"{program.name}: the gradient of the gathered {ir.show(n)} would reuse an axis of "
+                         "its expression for the gathered position")
+    cond = None
+    for e, s in gathered:
+        test = _call("eq", e, Index(s))
+        cond = test if cond is None else _call("and", cond, test)
+    val = _call("where", cond, g, _c(0.0))
+    return _sum_over(val, free - set(plain), list(program.axes)), axes
+
+
+def _rename(program: ir.Program, name: str, expr: ir.Node, frm: tuple[str, ...], to: tuple[str, ...]) -> ir.Node:
+    """`expr` over axes `frm` read as over `to` (one input loaded with different axes)."""
+    renames = {a: b for a, b in zip(frm, to) if a != b}
+    bound = {m.axis for m in ir.walk(expr) if isinstance(m, Reduce)}
+    if bound & (set(renames) | set(renames.values())) or (expr.axes - set(renames)) & set(renames.values()):
+        raise NoBackward(f"{program.name}: the gradients of the loads of '{name}' over {frm} and {to} cannot "
+                         "be summed without renaming an axis their expressions use")
+    return ir.substitute(expr, {Index(a): Index(b) for a, b in renames.items()})

@@ -1,0 +1,161 @@
+"""Issue 13: gradients derived by the same engine (neptune_eq/grad.py, neptune_eq/autograd.py).
+
+The backward of a compiled function is a reduction program derived by reverse-mode differentiation
+of its IR and compiled through the same pipeline; every check below runs the generated kernels
+(Triton's interpreter) against torch's autograd on the plain function in float64.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neptune_eq
+from neptune_eq.frontend import capture
+from neptune_eq.grad import NoBackward, backward_program
+from neptune_eq.reference import evaluate
+from neptune_eq.runtime import compile_ir
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+def log_softmax(x):
+    return torch.log_softmax(x, -1)
+
+
+def logsumexp(x):
+    return torch.logsumexp(x, -1)
+
+
+def rmsnorm_mm(x, w, W):
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w) @ W
+
+
+def layernorm_mm(x, g, b, W):
+    return F.layer_norm(x, (x.shape[-1],), g, b) @ W
+
+
+def cross_entropy(logits, t):
+    return F.cross_entropy(logits, t)
+
+
+def causal(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+FAMILIES = [
+    (softmax, (_randn(3, 5),)),
+    (log_softmax, (_randn(3, 5),)),
+    (logsumexp, (_randn(3, 5),)),
+    (rmsnorm_mm, (_randn(3, 6), _randn(6, seed=1), _randn(6, 4, seed=2))),
+    (layernorm_mm, (_randn(3, 6), _randn(6, seed=1), _randn(6, seed=2), _randn(6, 4, seed=3))),
+    (cross_entropy, (_randn(4, 5), torch.tensor([0, 3, 4, 1]))),
+    (causal, (_randn(1, 1, 4, 3), _randn(1, 1, 4, 3, seed=1), _randn(1, 1, 4, 3, seed=2))),
+]
+
+
+@pytest.mark.parametrize("fn,xs", FAMILIES, ids=[f.__name__ for f, _ in FAMILIES])
+def test_gradcheck_in_float64(fn, xs):
+    prog = neptune_eq.compile(fn, *xs)
+    leaves = tuple(x.clone().requires_grad_() if x.is_floating_point() else x for x in xs)
+    assert torch.autograd.gradcheck(lambda *a: prog(*a), leaves, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def test_the_backward_program_matches_autograd_on_the_reference_evaluator():
+    """The derivation itself (no kernels): the backward program's float64 value is torch's gradient."""
+    x, w, W = _randn(3, 8), _randn(8, seed=1), _randn(8, 5, seed=2)
+    c = capture(rmsnorm_mm, x, w, W)
+    back = backward_program(c.program)
+    g = _randn(3, 5, seed=3)
+    got = evaluate(back.program, {**c.inputs(x, w, W), back.cotangents["out0"]: g})
+    leaves = [t.clone().requires_grad_() for t in (x, w, W)]
+    rmsnorm_mm(*leaves).backward(g)
+    for name, leaf in zip(("x", "w", "W"), leaves):
+        assert torch.allclose(got[back.grads[name]], leaf.grad, atol=1e-12), name
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_low_precision_gradients_against_float64(dtype, tol):
+    q, k, v = (_randn(1, 2, 24, 8, seed=s).to(dtype) for s in range(3))
+    prog = neptune_eq.compile(causal, q, k, v)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    prog(*leaves).float().pow(2).sum().backward()
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    causal(*ref).pow(2).sum().backward()
+    for a, b in zip(leaves, ref):
+        err = ((a.grad.double() - b.grad).norm() / b.grad.norm()).item()
+        assert err < tol, err
+
+
+def test_fully_masked_rows_get_zero_gradients():
+    q, k, v = (_randn(1, 2, 8, 4, seed=s).float().requires_grad_() for s in range(3))
+
+    def keep(b, h, qi, kv):
+        return (qi > 1) & (kv <= qi)  # query rows 0 and 1 see no key
+
+    out = neptune_eq.attention(q, k, v, mask_mod=keep)
+    out.pow(2).sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    assert q.grad[:, :, :2].abs().max() == 0 and out[:, :, :2].abs().max() == 0
+
+
+def test_a_learnable_score_mod_tensor_gets_its_gradient():
+    """ALiBi with learnable slopes read by the score_mod: the gradient reaches the slopes."""
+    slopes = torch.nn.Parameter(torch.tensor([0.25, 0.5], dtype=torch.float64))
+
+    def alibi(s, b, h, qi, kv):
+        return s - slopes[h] * (qi - kv)
+
+    q, k, v = (_randn(1, 2, 6, 4, seed=s).requires_grad_() for s in range(3))
+    neptune_eq.attention(q, k, v, score_mod=alibi).sum().backward()
+    ref_slopes = slopes.detach().clone().requires_grad_()
+    s = q.detach() @ k.detach().transpose(-1, -2) / 2.0
+    s = s - ref_slopes[None, :, None, None] * (torch.arange(6.0)[:, None] - torch.arange(6.0)[None])
+    (torch.softmax(s, -1) @ v.detach()).sum().backward()
+    assert torch.allclose(slopes.grad, ref_slopes.grad, atol=1e-10)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.linspace(-0.2, 0.2, 2).reshape(2, 1, 1))
+        self.attend_compiled = neptune_eq.compile(self.attend, *(torch.zeros(1, 2, 8, 4) for _ in range(3)))
+
+    def attend(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.5 + self.bias, -1) @ v
+
+    def forward(self, q, k, v):
+        return self.attend_compiled(q, k, v)
+
+
+def test_torch_compile_with_backward_matches_eager():
+    block = Block()
+    xs = [_randn(1, 2, 8, 4, seed=s).float().requires_grad_() for s in range(3)]
+    torch.compile(block, backend="aot_eager")(*xs).pow(2).sum().backward()
+    got = [t.grad.clone() for t in (*xs, block.bias)]
+    for t in (*xs, block.bias):
+        t.grad = None
+    block.attend(*xs).pow(2).sum().backward()
+    for a, b in zip(got, (*xs, block.bias)):
+        assert torch.allclose(a, b.grad, atol=1e-5), (a, b.grad)
+
+
+def test_what_is_not_derived_is_refused_at_the_call():
+    x = _randn(3, 5)
+    prog = neptune_eq.compile(softmax, x)
+    leaf = x.clone().requires_grad_()
+    with pytest.raises(NoBackward, match="second derivative"):
+        torch.autograd.grad(prog(leaf).pow(2).sum(), leaf, create_graph=True)
+    bare = compile_ir(capture(softmax, x).program)  # a CompiledProgram runs its forward alone
+    with pytest.raises(NoBackward, match=r"input 'x' requires grad"):
+        bare(x.clone().requires_grad_())
+    with torch.no_grad():
+        assert torch.allclose(bare(x.clone().requires_grad_()), softmax(x))
+
