@@ -143,6 +143,10 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
                         space.bad_loops.add(e.loop)
                         space.dropped.append(e.why)
                         continue
+                    except LookupError as e:  # an output's term, cut the same way: this plan only
+                        if str(e) not in space.dropped:
+                            space.dropped.append(f"an output of a plan: {e}")
+                        continue
                     if plan is None:
                         continue
                     sig = _signature(plan)

@@ -2,11 +2,12 @@
 the derived backward program (neptune_eq.grad) through its own custom op.
 
 The forward op saves its inputs; the backward op recomputes what it needs from them (the backward
-program is compiled like any program, on first use: saturation and fusion decide what is recomputed
-in which pass). Both are torch.library ops with fake kernels, so eager autograd and torch.compile
-(AOTAutograd traces the backward op as one node) take the same path. What cannot be differentiated
-(a gathered input's scatter, floor division of a float, a second derivative) raises NoBackward at the
-call that would need it, naming the cause — never a detached result.
+program is compiled like any program, at the first forward call that needs gradients: saturation and
+fusion decide what is recomputed in which pass). Both are torch.library ops with fake kernels, so
+eager autograd and torch.compile (AOTAutograd traces the backward op as one node) take the same
+path. What cannot be differentiated (floor division of a float, an axis read twice, a second
+derivative) raises NoBackward at the call that would need it, naming the cause — never a detached
+result.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ def attach(op, qualname: str, program: ir.Program, names: list[str], outs: list[
     diff = [k for k, n in enumerate(names) if n in back.grads]
 
     def setup(ctx, inputs, output):
+        # the backward program is compiled here, on the thread of the forward call: autograd runs the
+        # backward of CUDA tensors on a thread of its own, and the e-graphs of a compile must be freed
+        # on the thread that made them (egglog's are unsendable)
+        _compiled_backward(qualname, back, compile_fn)
         ctx.save_for_backward(*inputs[0])
 
     def backward(ctx, grads):
@@ -57,6 +62,13 @@ def attach(op, qualname: str, program: ir.Program, names: list[str], outs: list[
     op.register_autograd(backward, setup_context=setup)
 
 
+def _compiled_backward(qualname: str, back: Backward, compile_fn):
+    run = _BACKWARD_RUNNERS.get(qualname)
+    if run is None:
+        run = _BACKWARD_RUNNERS[qualname] = compile_fn(back.program)
+    return run
+
+
 def _backward_op(qualname: str, program: ir.Program, back: Backward, names: list[str], outs: list[tuple],
                  compile_fn):
     got = _BACKWARD_OPS.get(qualname)
@@ -68,9 +80,7 @@ def _backward_op(qualname: str, program: ir.Program, back: Backward, names: list
 
     @torch.library.custom_op(qualname + "_backward", mutates_args=())
     def bop(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        run = _BACKWARD_RUNNERS.get(qualname)
-        if run is None:
-            run = _BACKWARD_RUNNERS[qualname] = compile_fn(back.program)
+        run = _compiled_backward(qualname, back, compile_fn)
         inputs = dict(zip(names, xs))
         for name, g in zip(cot_names, xs[len(names):]):
             want = getattr(torch, spec[name].dtype)

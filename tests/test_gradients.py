@@ -159,3 +159,22 @@ def test_what_is_not_derived_is_refused_at_the_call():
     with torch.no_grad():
         assert torch.allclose(bare(x.clone().requires_grad_()), softmax(x))
 
+
+
+def test_every_schedule_of_a_backward_with_a_tie_count_runs():
+    """The max's adjoint is shared by the elements attaining it: Σ_d [x == max] is an integer count whose
+    body is the constant 1 under a mask; in a tile of several rows the count varies over the rows too."""
+    x = torch.randn(8, 512, generator=torch.Generator().manual_seed(0))
+    c = capture(softmax, x)
+    back = backward_program(c.program)
+    prog = compile_ir(back.program)
+    g = torch.randn(8, 512, generator=torch.Generator().manual_seed(1))
+    inputs = {"x": x, back.cotangents["out0"]: g}
+    want = evaluate(back.program, {k: v.double() for k, v in inputs.items()})[back.grads["x"]]
+    kinds = {}
+    for i, alt in enumerate(prog.alternatives):
+        kinds.setdefault(alt.structure.split("[")[-1].split(" ")[0].rstrip("];"), i)
+    assert {"rows", "resident", "streamed"} <= set(kinds), kinds
+    for i in kinds.values():
+        got = prog.pin(i).run(inputs)[back.grads["x"]]
+        assert torch.allclose(got.double(), want, atol=1e-6), prog.alternatives[i].structure

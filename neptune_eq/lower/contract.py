@@ -58,7 +58,9 @@ class ContractOps:
             v, kind, ident = Val(f"({v.code}).to(tl.int64)", v.dims, "i"), "i", INT_IDENTITY[op]
         else:
             v, kind = self.f32(v), "f"
-        dims = tuple(a for a in self.canon if a in set(v.dims) | {axis})
+        # (a count's body is the constant 1: its mask gives the other axes it varies over)
+        # (a count's body is the constant 1: its mask gives the other axes it varies over)
+        dims = tuple(a for a in self.canon if a in set(v.dims) | {axis} | set(mask.dims if mask is not None else ()))
         code = self.arrange(v, dims)
         if axis not in v.dims:
             code = f"tl.full({block_shape(dims)}, {code}, {self.dtype_of(kind)})" if _literal(v.code) is not None \
