@@ -7,6 +7,7 @@ select_interpreter_if_no_gpu()  # before anything imports triton (see _interpret
 __version__ = "0.1.0"
 
 from .api import Compiled, attention, compile  # noqa: E402
+from .grad import NoBackward  # noqa: E402
 from .ir import NeptuneError, NeptuneWarning  # noqa: E402
 from .saturate import Budget  # noqa: E402
 
@@ -21,4 +22,4 @@ def explore(fn, *example_inputs, **options):
     return _explore(fn, *example_inputs, **options)
 
 
-__all__ = ["Budget", "Compiled", "NeptuneError", "NeptuneWarning", "attention", "compile", "explore"]
+__all__ = ["Budget", "Compiled", "NeptuneError", "NeptuneWarning", "NoBackward", "attention", "compile", "explore"]
