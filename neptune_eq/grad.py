@@ -17,7 +17,11 @@ extra axes. Local derivatives, one per operator:
     sqrt, rsqrt       ḡ/(2√a), −ḡ·a^{-3/2}/2  abs           ḡ·sign(a)
     Σ_d body          ḡ to every element    max_d / min_d  ḡ shared by the elements equal to it (torch's amax)
 
-Comparisons, predicates and integer casts carry no gradient. A gathered input (x[idx[i]]: its
+A max or min the outputs are invariant to — the shift of a softmax, a log-sum-exp, attention —
+has adjoint 0: it is dropped rather than computed as a sum that cancels (and its ties counted).
+Invariance is tested, not assumed: the program is evaluated in float64 at small extents with the
+reduction moved by random per-row amounts (shift_invariant); `x − max x` is not invariant and gets
+its adjoint. Comparisons, predicates and integer casts carry no gradient. A gathered input (x[idx[i]]: its
 gradient is a scatter) and floor division or modulo of a value that depends on a floating input
 are refused with NoBackward naming them.
 """
@@ -183,6 +187,8 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None) -> Backw
                 continue
             if n.op == "sum":
                 add(n.body, g)
+            elif shift_invariant(program, n):  # a shift the outputs do not see: its adjoint is 0
+                continue
             else:  # max/min: shared by the elements that attain it
                 hit = _call("eq", n.body, n)
                 count = Reduce("sum", n.axis, _call("where", hit, _c(1.0), _c(0.0)))
@@ -239,3 +245,40 @@ def _rename(program: ir.Program, name: str, expr: ir.Node, frm: tuple[str, ...],
         raise NoBackward(f"{program.name}: the gradients of the loads of '{name}' over {frm} and {to} cannot "
                          "be summed without renaming an axis their expressions use")
     return ir.substitute(expr, {Index(a): Index(b) for a, b in renames.items()})
+
+
+def shift_invariant(program: ir.Program, r: Reduce, seed: int = 0, extent: int = 6) -> bool:
+    """The outputs do not change when `r` moves by any amount per element of its free axes: ∂out/∂r = 0
+    everywhere, so r's adjoint can be dropped. Tested on random float64 values (two draws, large
+    shifts ~ N(0, 9)) of the program at extents ≤ `extent`; False when it cannot be evaluated there."""
+    import torch
+
+    from .reference import evaluate, random_inputs
+
+    try:
+        p = program.with_extents({a: min(n, extent) for a, n in program.axes.items()})
+    except NeptuneError:
+        return False
+    free = tuple(a for a in p.axes if a in r.axes)
+    name = grad_name("shift", set(p.inputs))
+    moved = _call("add", r, Load(name, tuple(Index(a) for a in free)))
+    outs = [ir.Output(o.name, o.axes, ir.substitute(o.expr, {r: moved}), "float64") for o in p.outputs]
+    q = ir.Program(p.name, dict(p.axes), {**p.inputs, name: ir.TensorSpec(name, free, "float64")}, outs)
+    floats = {n: "float64" for n, s in p.inputs.items() if s.dtype in ir.FLOAT_DTYPES}
+    for k in range(2):
+        xs = random_inputs(p, seed=seed + k, dtypes=floats)
+        gen = torch.Generator().manual_seed(seed + 100 + k)
+        shift = 3.0 * torch.randn(tuple(p.axes[a] for a in free), generator=gen, dtype=torch.float64)
+        try:
+            want, got = evaluate(p, xs), evaluate(q, {**xs, name: shift})
+        except Exception:
+            return False
+        for o in p.outputs:
+            a, b = want[o.name].double(), got[o.name].double()
+            fin = torch.isfinite(a)
+            if not torch.equal(fin, torch.isfinite(b)):
+                return False
+            scale = max(1.0, a[fin].abs().max().item()) if fin.any() else 1.0
+            if not torch.allclose(a[fin], b[fin], rtol=1e-9, atol=1e-9 * scale):
+                return False
+    return True

@@ -161,11 +161,34 @@ def test_what_is_not_derived_is_refused_at_the_call():
 
 
 
+def centred(x):
+    return x - x.amax(-1, keepdim=True)
+
+
+def test_a_shift_the_outputs_do_not_see_gets_no_adjoint():
+    """softmax's max is a shift (dropped: no tie count, no cancelling sum); x − max x is not."""
+    from neptune_eq import ir
+    from neptune_eq.grad import shift_invariant
+
+    x = _randn(3, 7)
+    for fn, invariant in ((softmax, True), (logsumexp, True), (centred, False)):
+        program = capture(fn, x).program
+        (m,) = {n for n in ir.walk(program.outputs[0].expr) if isinstance(n, ir.Reduce) and n.op == "max"}
+        assert shift_invariant(program, m) is invariant, fn.__name__
+        back = backward_program(program).program
+        counts = [n for n in ir.walk(back.outputs[0].expr) if isinstance(n, ir.Call) and n.op == "eq"  # x == max
+                  and any(isinstance(a, ir.Reduce) and a.op == "max" for a in n.args)
+                  and not any(isinstance(a, ir.Const) for a in n.args)]  # (not the guard max == -inf)
+        assert bool(counts) is not invariant, (fn.__name__, back)
+    prog = neptune_eq.compile(centred, x)
+    assert torch.autograd.gradcheck(lambda a: prog(a), (x.clone().requires_grad_(),), eps=1e-6, atol=1e-5)
+
+
 def test_every_schedule_of_a_backward_with_a_tie_count_runs():
     """The max's adjoint is shared by the elements attaining it: Σ_d [x == max] is an integer count whose
     body is the constant 1 under a mask; in a tile of several rows the count varies over the rows too."""
     x = torch.randn(8, 512, generator=torch.Generator().manual_seed(0))
-    c = capture(softmax, x)
+    c = capture(centred, x)
     back = backward_program(c.program)
     prog = compile_ir(back.program)
     g = torch.randn(8, 512, generator=torch.Generator().manual_seed(1))
