@@ -29,8 +29,8 @@ def attach(op, qualname: str, program: ir.Program, names: list[str], outs: list[
     shape, dtype) in op order; `compile_fn(program)` compiles the backward program (cached)."""
     try:
         back = backward_program(program)
-    except NoBackward as e:
-        why = str(e)
+    except Exception as e:  # a forward runs whatever the derivation hits; a call needing gradients refuses
+        why = str(e) if isinstance(e, NoBackward) else f"{program.name}: the backward could not be derived ({e!r})"
 
         def refuse(ctx, inputs, output):  # asked for only when an input requires grad
             raise NoBackward(f"{why} (so no gradient can flow through {program.name})")

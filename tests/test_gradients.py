@@ -201,3 +201,14 @@ def test_every_schedule_of_a_backward_with_a_tie_count_runs():
     for i in kinds.values():
         got = prog.pin(i).run(inputs)[back.grads["x"]]
         assert torch.allclose(got.double(), want, atol=1e-6), prog.alternatives[i].structure
+
+
+def test_an_operation_without_a_derivative_is_named_at_the_forward_call():
+    def floored(x):
+        return torch.floor_divide(x, 0.5).sum(-1)
+
+    x = _randn(3, 5)
+    prog = neptune_eq.compile(floored, x)
+    assert torch.allclose(prog(x), floored(x))  # the forward alone runs
+    with pytest.raises(NoBackward, match="floordiv"):
+        prog(x.clone().requires_grad_())
