@@ -112,7 +112,7 @@ class _Variant:
             # the same checks as a plain call, the kernels as one custom op
             return self.captured.call_with(self.op, args)
         if self.captured.needs_grad(args):  # through the op, whose autograd runs the derived backward
-            self.run._follow_environment(args)
+            self.run.follow_environment(args)
             self._with_op()
             return self.captured.call_with(self.op, args)
         out = self.run(*args)

@@ -19,17 +19,16 @@ from .schedule import KernelSchedule
 from .verify import VerifyReport, verify
 
 
-def refuse_grad(program: ir.Program, needs: list[str], why: str = "") -> None:
+def refuse_grad(program: ir.Program, needs: list[str]) -> None:
     """Raise NoBackward naming the inputs in `needs` (those that require grad while grad mode is on)."""
     if needs:
         raise NoBackward(
             f"{program.name}: input{'s' if len(needs) > 1 else ''} {', '.join(repr(n) for n in needs)} "
-            f"require{'' if len(needs) > 1 else 's'} grad, "
-            + (why or "and a compiled program runs its forward alone (neptune_eq.compile(fn, ...) and "
-                      "neptune_eq.attention derive the backward)")
-            + ": the result would be cut from the autograd graph (a model would train wrongly), so the call is "
-            "refused. Run it under torch.no_grad() or torch.inference_mode(), or pass the input .detach()ed if no "
-            "gradient should flow to it")
+            f"require{'' if len(needs) > 1 else 's'} grad, and a compiled program runs its forward alone "
+            "(neptune_eq.compile(fn, ...) and neptune_eq.attention derive the backward): the result would be "
+            "cut from the autograd graph (a model would train wrongly), so the call is refused. Run it under "
+            "torch.no_grad() or torch.inference_mode(), or pass the input .detach()ed if no gradient should "
+            "flow to it")
 
 
 def grad_needed(inputs: dict[str, torch.Tensor]) -> list[str]:

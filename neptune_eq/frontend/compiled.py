@@ -48,7 +48,7 @@ class CompiledFunction:
         self._bound = {}
 
     def __call__(self, *args):
-        self._follow_environment(args)
+        self.follow_environment(args)
         cap = self.captured
         if cap.needs_grad(args):  # (neptune_eq.compile's calls take the custom op then, which has a backward)
             from ..runtime import grad_needed, refuse_grad
@@ -81,7 +81,7 @@ class CompiledFunction:
             self._bound[key] = (launcher, launcher.bind(inputs, self._order, self._out_dtypes) if views else None)
         return cap.finish(args, outs)
 
-    def _follow_environment(self, args) -> None:
+    def follow_environment(self, args) -> None:
         from .capture import StaleCapture
 
         try:

@@ -189,8 +189,7 @@ class FusionSearch:
             if self._needs_affine(comp):
                 self._affine_repair(cand.axis, comp, cand.comps)
         cs = Comps()
-        comps = cand.comps
-        for c in comps:
+        for c in cand.comps:
             corr = c.quotient_term if c.quotient_term is not None else Term.sym("no_correction")
             cs = cs.add(Comp(c.binding.name, c.binding.op, c.mask_term, c.core_term, corr))
         cand.term = Loop(cand.axis, cs)
@@ -255,8 +254,8 @@ class FusionSearch:
             bad = check_affine(carried, basis, res) if res.found else None
             if bad is None and res.found and (additive or opaque):
                 shifts, means = shifts_back(additive, comp.binding.free), {v: k for k, v in symbols.items()}
-                unlog = {v: k for k, v in opaque.items()}
-                back = lambda h: ir.substitute(ir.substitute(ir.substitute(h, unlog), shifts), means)  # noqa: E731
+                reveal = {v: k for k, v in opaque.items()}
+                back = lambda h: ir.substitute(ir.substitute(ir.substitute(h, reveal), shifts), means)  # noqa: E731
                 res = replace(res, terms={k: back(h) for k, h in res.terms.items() if k not in zero},
                               constant=None if res.constant is None else back(res.constant),
                               core=core if additive else None, means=tuple(sorted(additive)))  # (S itself is
