@@ -21,9 +21,10 @@ A max or min the outputs are invariant to — the shift of a softmax, a log-sum-
 has adjoint 0: it is dropped rather than computed as a sum that cancels (and its ties counted).
 Invariance is tested, not assumed: the program is evaluated in float64 at small extents with the
 reduction moved by random per-row amounts (shift_invariant); `x − max x` is not invariant and gets
-its adjoint. Comparisons, predicates and integer casts carry no gradient. A gathered input (x[idx[i]]: its
-gradient is a scatter) and floor division or modulo of a value that depends on a floating input
-are refused with NoBackward naming them.
+its adjoint. Comparisons, predicates and integer casts carry no gradient. A gathered input's
+gradient is a one-hot sum over the gather (x[i, t[i]] → [v == t[i]]·ḡ[i]: cross-entropy). An input
+read with one axis twice (a diagonal) and floor division or modulo of a value that depends on a
+floating input are refused with NoBackward naming them.
 """
 
 from __future__ import annotations
