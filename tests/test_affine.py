@@ -290,6 +290,7 @@ def _reduction_passes(structure: str) -> int:
     (temp_softmax, torch.float16, 1),
     (temp_softmax, torch.bfloat16, 1),
     (absmax_softmax, torch.float32, 2),
+    (absmax_softmax, torch.float16, 2),
     (absmax_softmax, torch.bfloat16, 2),
 ], ids=lambda v: getattr(v, "__name__", str(v)))
 def test_fewest_pass_plans_in_every_dtype(fn, dtype, passes):
