@@ -65,6 +65,12 @@ def _sum_over(expr: ir.Node, axes, order) -> ir.Node:
     return expr
 
 
+def _zero_keeps(g: ir.Node, c: ir.Node) -> ir.Node:
+    """c, or 0 where the cotangent g is 0: a value the forward guarded (where(l == 0, 0, x/l)) passes
+    back a zero cotangent, which must stay 0 through 1/l = ∞ (0·∞ is NaN), as a symbolic zero would."""
+    return _call("where", _call("eq", g, _c(0.0)), _c(0.0), c)
+
+
 def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
     """∂n/∂argₖ · g for each argument (None: no gradient flows to it)."""
     a = n.args
@@ -79,16 +85,17 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
         return [_call("neg", g)]
     if op == "mul":
         return [_call("mul", g, a[1]), _call("mul", g, a[0])]
-    if op == "div":
-        return [_call("div", g, a[1]), _call("neg", _call("div", _call("mul", g, n), a[1]))]
+    if op == "div":  # (a zero cotangent contributes 0, also where b = 0: a guarded a/b's masked rows)
+        return [_zero_keeps(g, _call("div", g, a[1])),
+                _zero_keeps(g, _call("neg", _call("div", _call("mul", g, n), a[1])))]
     if op == "exp":
         return [_call("mul", g, n)]
     if op == "exp2":
         return [_call("mul", g, _call("mul", n, _c(math.log(2.0))))]
     if op == "log":
-        return [_call("div", g, a[0])]
+        return [_zero_keeps(g, _call("div", g, a[0]))]
     if op == "log2":
-        return [_call("div", g, _call("mul", a[0], _c(math.log(2.0))))]
+        return [_zero_keeps(g, _call("div", g, _call("mul", a[0], _c(math.log(2.0)))))]
     if op == "tanh":
         return [_call("mul", g, _call("sub", _c(1.0), _call("mul", n, n)))]
     if op == "sqrt":

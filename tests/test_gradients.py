@@ -212,3 +212,21 @@ def test_an_operation_without_a_derivative_is_named_at_the_forward_call():
     assert torch.allclose(prog(x), floored(x))  # the forward alone runs
     with pytest.raises(NoBackward, match="floordiv"):
         prog(x.clone().requires_grad_())
+
+
+def test_a_guarded_division_passes_back_zero_not_nan():
+    """where(l == 0, 0, x / l) on a row of zeros: the cotangent reaching x / l is 0 there, and stays 0
+    through 1/l = ∞ (torch's autograd gives NaN: the double-where trap)."""
+    def normalised(x):
+        total = x.sum(-1, keepdim=True)
+        return torch.where(total == 0, 0.0, x / total)
+
+    x = torch.rand(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x[1] = 0
+    prog = neptune_eq.compile(normalised, x)
+    leaf = x.clone().requires_grad_()
+    prog(leaf).backward(_randn(3, 5, seed=4))
+    assert torch.isfinite(leaf.grad).all() and leaf.grad[1].abs().max() == 0
+    ref = x.clone().requires_grad_()
+    normalised(ref).backward(_randn(3, 5, seed=4))
+    assert torch.allclose(leaf.grad[[0, 2]], ref.grad[[0, 2]], atol=1e-12)
