@@ -184,8 +184,9 @@ class Compiled:
 
     def tune(self, *args, candidates: int = 3, progress: bool = True) -> Compiled:
         """Measure on the GPU at `args` (CUDA tensors): time the cost model's `candidates` best plans
-        and the best-ranked plan of each other split-K choice (tune.tuning_candidates), keep the
-        fastest, then autotune its kernels' tiles, warps and stages (cached on disk under the cache
+        and the best-ranked plans of up to six other split-K choices (tune.tuning_candidates), each
+        first checked on the stress sets against float64 (a plan over tolerance is never kept); keep
+        the fastest, then autotune its kernels' tiles, warps and stages (cached on disk under the cache
         directory). Later calls with this signature run the tuned kernels. Returns self."""
         from .tune import autotune, cache_path, choose_plan
 
