@@ -117,10 +117,6 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
     raise NoBackward(f"no derivative of '{op}' ({ir.show(n)}) is derived")
 
 
-def _reads_float(n: ir.Node, floats: set[str]) -> bool:
-    return any(isinstance(m, Load) and m.tensor in floats for m in ir.walk(n))
-
-
 @dataclass(frozen=True)
 class Backward:
     """A derived backward: `program` reads the forward's inputs and `cotangents[output]` (the upstream
@@ -156,22 +152,13 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None) -> Backw
         inputs[name] = ir.TensorSpec(name, o.axes, o.dtype or "float32")
         add(o.expr, Load(name, tuple(Index(a) for a in o.axes)))
 
-    topo: list[ir.Node] = []
-    seen: set[ir.Node] = set()
-    for o in program.outputs:
-        stack = [(o.expr, False)]
-        while stack:
-            n, done = stack.pop()
-            if done:
-                topo.append(n)
-                continue
-            if n in seen:
-                continue
-            seen.add(n)
-            stack.append((n, True))
-            stack.extend((c, False) for c in n.children() if c not in seen)
-    grads: dict[str, list[ir.Node]] = {}
+    topo = list(dict.fromkeys(n for o in program.outputs for n in ir.walk(o.expr)))  # children first
     wanted = set(wrt)
+    reads: set[ir.Node] = set()  # the nodes whose value depends on an input differentiated
+    for n in topo:
+        if (isinstance(n, Load) and n.tensor in wanted) or any(c in reads for c in n.children()):
+            reads.add(n)
+    grads: dict[str, list[ir.Node]] = {}
     for n in reversed(topo):
         parts = contribs.pop(n, None)
         if not parts:
@@ -184,14 +171,14 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None) -> Backw
                 grads.setdefault(n.tensor, []).append(_load_grad(program, n, g))
         elif isinstance(n, Call):
             if n.op in ("floordiv", "mod"):
-                if _reads_float(n, wanted):
+                if n in reads:
                     raise NoBackward(f"{program.name}: no gradient through '{n.op}' ({ir.show(n)})")
                 continue
             for arg, c in zip(n.args, _local(n, g)):
-                if c is not None and _reads_float(arg, wanted):
+                if c is not None and arg in reads:
                     add(arg, c)
         elif isinstance(n, Reduce):
-            if not _reads_float(n.body, wanted):
+            if n.body not in reads:
                 continue
             if n.op == "sum":
                 add(n.body, g)
