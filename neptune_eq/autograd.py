@@ -37,7 +37,7 @@ def attach(op, qualname: str, program: ir.Program, names: list[str], outs: list[
 
         op.register_autograd(lambda ctx, grads: None, setup_context=refuse)
         return
-    bop = _backward_op(qualname, program, back, names, outs, compile_fn)
+    bop = _backward_op(qualname, back, names, outs, compile_fn)
     diff = [k for k, n in enumerate(names) if n in back.grads]
 
     def setup(ctx, inputs, output):
@@ -69,8 +69,7 @@ def _compiled_backward(qualname: str, back: Backward, compile_fn):
     return run
 
 
-def _backward_op(qualname: str, program: ir.Program, back: Backward, names: list[str], outs: list[tuple],
-                 compile_fn):
+def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tuple], compile_fn):
     got = _BACKWARD_OPS.get(qualname)
     if got is not None:
         return got

@@ -261,7 +261,7 @@ class _Tuner:
     def rel_err(self, out: dict) -> float:
         """Largest normwise relative error of `out` against float64 (on sampled rows of a large program)."""
         from .reference import evaluate
-        from .verify import rel_err
+        from .verify import rel_err, restricted
 
         if self.ref is None:
             restrict = sample_rows(self.program)
@@ -270,10 +270,7 @@ class _Tuner:
         restrict, ref = self.ref
         err = 0.0
         for o in self.program.outputs:
-            got = out[o.name]
-            for a, idx in restrict.items():
-                got = got.index_select(o.axes.index(a), idx.to(got.device))
-            err = max(err, rel_err(got, ref[o.name])[0])
+            err = max(err, rel_err(restricted(out[o.name], o.axes, restrict), ref[o.name])[0])
         return err
 
     def trial(self, current: list[KernelSchedule], ki: int, cand: KernelSchedule, label: str) -> Trial | None:

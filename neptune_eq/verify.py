@@ -181,6 +181,13 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, int]:
     return num / denom, bad
 
 
+def restricted(t: torch.Tensor, axes, restrict: dict | None) -> torch.Tensor:
+    """Output `t` (over `axes`) at the indices `restrict` keeps ({axis: indices}, tune.sample_rows)."""
+    for a, idx in (restrict or {}).items():
+        t = t.index_select(tuple(axes).index(a), idx.to(t.device))
+    return t
+
+
 def _inputs_read(program: ir.Program) -> dict[str, list[str]]:
     """Per output, the program inputs its expression loads (their dtypes bound its accuracy)."""
     return {o.name: sorted({n.tensor for n in ir.walk(o.expr) if isinstance(n, ir.Load) and n.tensor in program.inputs})
@@ -213,9 +220,7 @@ def verify(run, program: ir.Program, *, device="cpu", sets: tuple[str, ...] = ("
                                            for n, t in inputs.items()}, restrict=restrict)
         errs, nonfin, tols = {}, {}, {}
         for out in program.outputs:
-            got = outs[out.name]
-            for a, idx in (restrict or {}).items():
-                got = got.index_select(out.axes.index(a), idx.to(got.device))
+            got = restricted(outs[out.name], out.axes, restrict)
             errs[out.name], nonfin[out.name] = rel_err(got, ref[out.name])
             tols[out.name] = tolerance if tolerance is not None else default_tolerance(
                 got.dtype, [inputs[n].dtype for n in reads[out.name]], compute=compute)
