@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from neptune_eq import ir
 from neptune_eq.device import DeviceSpec
-from neptune_eq.masks import affine
+from neptune_eq.masks import affine_part
 from neptune_eq.ops import OPS
 from neptune_eq.plan import Combine, KernelPlan, Pass, Plan
 from neptune_eq.schedule import KernelSchedule, grouped_pair, inner_axes
@@ -120,8 +120,8 @@ class _Counter:
     def count(self, exprs: list[ir.Node], loop: str | None, reps: float, seen: set, kloop: bool = False) -> None:
         for e in exprs:
             for n in ir.walk(e):  # a contraction lowered to tl.dot: its product is tensor-core work
-                if isinstance(n, ir.Reduce) and n.op == "sum" and isinstance(n.body, ir.Call) \
-                        and n.body.op == "mul" and n.axis in self.block_axes | {loop}:
+                if isinstance(n, ir.Reduce) and n.op == "sum" and ir.is_product(n.body) \
+                        and n.axis in self.block_axes | {loop}:
                     seen.add(n.body)
             for n in ir.walk(e):
                 if n in seen:
@@ -165,9 +165,7 @@ def _pass_tiles(ps: Pass, k: KernelPlan, program: ir.Program, tiles: dict[str, i
         return total
     cons_all = []
     for c in ps.comps:
-        cons = affine(c.mask) if c.mask is not None and not (isinstance(c.mask, ir.Const) and c.mask.value) else []
-        if cons is None:
-            return total
+        cons = affine_part(c.mask) if c.mask is not None and not (isinstance(c.mask, ir.Const) and c.mask.value) else []
         cons_all.append(cons)
     rows = [a for a in k.grid if tiles.get(a, 1) > 1 and any(a in dict(x.coef) for cs in cons_all for x in cs)]
     if len(rows) != 1 or any(not cs for cs in cons_all):
@@ -228,7 +226,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
             core = comp.core
             el = c.size(core.axes | {ph.axis}, ph.axis) * iters
             dims = [a for a in core.axes | {ph.axis} if a in c.block_axes or a == ph.axis]
-            dot = comp.op == "sum" and isinstance(core, ir.Call) and core.op == "mul" and len(dims) == 3
+            dot = comp.op == "sum" and ir.is_product(core) and len(dims) == 3
             if dot:
                 c.tc += 2.0 * el  # a tile contraction: tl.dot
                 exprs = list(core.args)
@@ -298,7 +296,7 @@ def _tile_elements(k: KernelPlan, sched: KernelSchedule, program: ir.Program, pl
         for c in ps.comps:
             axes = sorted(set(c.core.axes) & ({*tiled, ps.axis} | inner))
             t = [sched.tiles.get(a, 1) for a in axes]
-            if c.op == "sum" and isinstance(c.core, ir.Call) and c.core.op == "mul" and len(t) == 3 and min(t) >= 16:
+            if c.op == "sum" and ir.is_product(c.core) and len(t) == 3 and min(t) >= 16:
                 # a dot: operands staged through shared memory, the accumulator is the state
                 size = max(t[0] * t[1], t[1] * t[2], t[0] * t[2]) / 2
             else:

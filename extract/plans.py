@@ -90,7 +90,7 @@ class PlanSpace:
 
 def _tile_contraction(b: Binding) -> bool:
     """A sum of products into two free axes: per tile a tl.dot, over a long axis a K-loop of them."""
-    return b.op == "sum" and len(b.free) >= 2 and isinstance(b.node.body, ir.Call) and b.node.body.op == "mul"
+    return b.op == "sum" and len(b.free) >= 2 and ir.is_product(b.node.body)
 
 
 def _covers(names: list[str], loops: list[tuple[int, LoopCandidate]]):

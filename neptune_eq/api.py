@@ -41,7 +41,7 @@ _OPTION_FIELDS = {f.name for f in fields(Options)}
 # Process-wide caches (not configuration): one compile cache per cache directory, the custom ops
 # already registered (torch.library's own registry is process-wide), compiled attention variants.
 _CACHES: dict[str, CompileCache] = {}
-_OPS: dict[str, object] = {}
+_OPS: dict[str, tuple] = {}  # qualname → (inference op, training call)
 _RUNNERS: dict[str, CompiledProgram] = {}  # op → the program it runs (tune() swaps in tuned schedules)
 
 
@@ -177,7 +177,12 @@ class Compiled:
         return self.program.source
 
     def explain(self) -> str:
-        return self.program.explain()
+        """The chosen plan, its runners-up and derivation; once a call needed gradients, also which
+        backward was chosen (what the forward saves) and the alternative's prediction."""
+        from .autograd import training_report
+
+        report = training_report(self._first().op.qualname)
+        return self.program.explain() + (f"\n{report}" if report else "")
 
     def verify(self, **kw):
         return self.program.verify(**kw)
@@ -219,8 +224,7 @@ def _custom_op(captured, prog: CompiledProgram, compile_fn=None):
     digest = hashlib.sha256(f"{program.text(exact=True)}|{prog.alternative.structure}".encode()).hexdigest()[:16]
     qualname = f"neptune_eq::p{digest}"
     _RUNNERS[qualname] = prog
-    op = _OPS.get(qualname)
-    if op is None:
+    if qualname not in _OPS:
         @torch.library.custom_op(qualname, mutates_args=())
         def op(xs: list[torch.Tensor]) -> list[torch.Tensor]:
             res = _RUNNERS[qualname].run(dict(zip(names, xs)), {n: dt for n, _, dt in outs})
@@ -230,15 +234,18 @@ def _custom_op(captured, prog: CompiledProgram, compile_fn=None):
         def _(xs):
             return [xs[0].new_empty(shape, dtype=dt) for _, shape, dt in outs]
 
-        attach(op, qualname, program, names, outs,
-               compile_fn or (lambda p: compile_cached(p, Options(), _cache_for(None))))
-
-        _OPS[qualname] = op
+        train = attach(op, qualname, program, names, outs,
+                       compile_fn or (lambda p: compile_cached(p, Options(), _cache_for(None))))
+        _OPS[qualname] = (op, train)
+    op, train = _OPS[qualname]
 
     def call(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        res = op([inputs[n] for n in names])
+        xs = [inputs[n] for n in names]
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+        res = train(xs) if grad else op(xs)  # (the training op also writes what its backward reads)
         return {n: r for (n, _, _), r in zip(outs, res)}
 
+    call.qualname = qualname
     return call
 
 

@@ -1,87 +1,198 @@
-"""Gradients of compiled functions: the custom op of a compiled program gets a backward that runs
-the derived backward program (neptune_eq.grad) through its own custom op.
+"""Gradients of compiled functions: a call that needs gradients runs the program's training op, whose
+autograd formula runs a derived backward program (neptune_eq.grad) through a custom op of its own.
 
-The forward op saves its inputs; the backward op recomputes what it needs from them (the backward
-program is compiled like any program, at the first forward call that needs gradients: saturation and
-fusion decide what is recomputed in which pass). Both are torch.library ops with fake kernels, so
-eager autograd and torch.compile (AOTAutograd traces the backward op as one node) take the same
-path. What cannot be differentiated (floor division of a float, an axis read twice, a second
-derivative) raises NoBackward at the call that would need it, naming the cause — never a detached
-result.
+Two backwards are derived and ranked by the cost model at the first call that needs gradients:
+
+    recompute   the forward saves its inputs; the backward recomputes every reduction it reads
+    saved       the forward also writes its row statistics (a softmax's max and sum) and the backward
+                reads those and the outputs (neptune_eq.grad_saved: D = rowsum(dO∘O) for attention)
+
+The training op always writes the statistics (a few vectors); the chosen backward decides what is kept.
+`training_report(qualname)` says which was chosen and why (Compiled.explain shows it). All ops are
+torch.library ops with fake kernels, so eager autograd and torch.compile (AOTAutograd traces the
+backward op as one node) take the same path. What cannot be differentiated (floor division of a float,
+an axis read twice, a second derivative) raises NoBackward at the call that needs it, naming the cause
+— never a detached result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from . import ir
 from .grad import Backward, NoBackward, backward_program
 
-_BACKWARD_OPS: dict[str, object] = {}  # forward op qualname → its backward op
-_BACKWARD_RUNNERS: dict[str, object] = {}  # forward op qualname → the compiled backward (on first use)
+_BACKWARD_OPS: dict[str, object] = {}  # backward op qualname → the op
+_RUNNERS: dict[str, object] = {}  # program key → its compiled program (on first use)
+_TRAINING: dict[str, _Training] = {}  # forward op qualname → what its training calls run
+
+
+@dataclass
+class _Training:
+    """The backward alternatives of one forward program and, once ranked, the one chosen."""
+
+    program: ir.Program
+    recompute: Backward | None
+    saved: Backward | None
+    why: str = ""  # why neither could be derived
+    chosen: Backward | None = None
+    report: list[str] = field(default_factory=list)
+
+    @property
+    def forward(self) -> ir.Program:  # the training forward: the outputs, then the statistics
+        return self.saved.saved.forward if self.saved is not None else self.program
+
+    @property
+    def stats(self) -> list[str]:
+        return list(self.saved.saved.stats) if self.saved is not None else []
+
+
+def _derive(program: ir.Program) -> _Training:
+    found: dict[str, Backward | None] = {}
+    errors = []
+    for mode in ("recompute", "saved"):
+        try:
+            found[mode] = backward_program(program, saved=mode == "saved")
+        except Exception as e:  # a forward runs whatever the derivation hits; a call needing gradients refuses
+            found[mode] = None
+            errors.append(str(e) if isinstance(e, NoBackward) else
+                          f"{program.name}: the backward could not be derived ({e!r})")
+    saved = found["saved"]
+    if saved is not None and not (saved.saved.stats or saved.saved.outputs):
+        saved = None  # it reads nothing the forward saves: the same program as recompute
+    return _Training(program, found["recompute"], saved, errors[0] if errors else "")
+
+
+def _compiled(key: str, program: ir.Program, compile_fn):
+    run = _RUNNERS.get(key)
+    if run is None:
+        run = _RUNNERS[key] = compile_fn(program)
+    return run
+
+
+def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
+    """The backward the cost model predicts fastest with its forward (compiled here, on the thread of
+    the forward call: autograd runs the backward of CUDA tensors on a thread of its own, and the
+    e-graphs of a compile must be freed on the thread that made them — egglog's are unsendable)."""
+    if t.chosen is not None:
+        return t.chosen
+    options = []
+    for mode, back in (("saved", t.saved), ("recompute", t.recompute)):
+        if back is None:
+            continue
+        bwd = _compiled(f"{qualname}:{mode}", back.program, compile_fn)
+        fwd = _compiled(f"{qualname}:forward", t.forward if mode == "saved" else t.program, compile_fn)
+        total = fwd.alternative.predicted_time + bwd.alternative.predicted_time
+        what = ("saves " + ", ".join([*back.saved.outputs, *(f"{k} = {ir.show(r)}" for k, r in
+                                                              back.saved.stats.items())])
+                if mode == "saved" else "saves the inputs alone, recomputes every reduction")
+        options.append((total, mode, back, f"{mode}: {what}; predicted fwd {fwd.alternative.predicted_time * 1e6:.1f}"
+                                           f" + bwd {bwd.alternative.predicted_time * 1e6:.1f} µs "
+                                           f"({bwd.alternative.structure})"))
+    options.sort(key=lambda o: o[0])
+    t.chosen = options[0][2]
+    t.report = [f"backward: chose {options[0][1]} (the cost model's fastest forward + backward)"]
+    t.report += ["  " + o[3] for o in options]
+    _RUNNERS[f"{qualname}:chosen"] = _RUNNERS[f"{qualname}:{options[0][1]}"]
+    return t.chosen
+
+
+def training_report(qualname: str) -> str:
+    """Which backward the training calls of op `qualname` run, with the alternatives' predictions
+    ('' before the first call that needed gradients)."""
+    t = _TRAINING.get(qualname)
+    return "\n".join(t.report) if t is not None else ""
 
 
 def attach(op, qualname: str, program: ir.Program, names: list[str], outs: list[tuple],
-           compile_fn: Callable[[ir.Program], object]) -> None:
-    """Register `op`'s autograd formula. `names`: the program inputs in op order; `outs`: (output name,
-    shape, dtype) in op order; `compile_fn(program)` compiles the backward program (cached)."""
-    try:
-        back = backward_program(program)
-    except Exception as e:  # a forward runs whatever the derivation hits; a call needing gradients refuses
-        why = str(e) if isinstance(e, NoBackward) else f"{program.name}: the backward could not be derived ({e!r})"
+           compile_fn: Callable[[ir.Program], object]) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """Give `op` (the inference op) a training twin and return the call running it: xs → outputs
+    (`names`: the program inputs in op order; `outs`: (output name, shape, dtype) in op order;
+    `compile_fn(program)` compiles a program, cached)."""
+    t = _TRAINING.get(qualname)
+    if t is None:
+        t = _TRAINING[qualname] = _derive(program)
 
-        def refuse(ctx, inputs, output):  # asked for only when an input requires grad
-            raise NoBackward(f"{why} (so no gradient can flow through {program.name})")
+    def refuse(ctx, inputs, output):  # the inference op is never called with gradients
+        raise NoBackward(f"{program.name}: the inference op was called where gradients are needed")
 
-        op.register_autograd(lambda ctx, grads: None, setup_context=refuse)
-        return
-    bop = _backward_op(qualname, back, names, outs, compile_fn)
-    diff = [k for k, n in enumerate(names) if n in back.grads]
+    op.register_autograd(lambda ctx, grads: None, setup_context=refuse)
+    if t.recompute is None and t.saved is None:
+        def refused(xs):
+            raise NoBackward(f"{t.why} (so no gradient can flow through {program.name})")
+        return refused
+    train = _training_op(qualname, t, names, outs, compile_fn)
+    n_out = len(outs)
+    return lambda xs: train(xs)[:n_out]
+
+
+def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple], compile_fn):
+    got = _BACKWARD_OPS.get(qualname + "_train")
+    if got is not None:
+        return got
+    forward, stats = t.forward, t.stats
+    stat_specs = [(forward.output_shape(o), getattr(torch, o.dtype)) for o in forward.outputs if o.name in stats]
+    dtypes = {n: dt for n, _, dt in outs} | {s: dt for s, (_, dt) in zip(stats, stat_specs)}
+
+    @torch.library.custom_op(qualname + "_train", mutates_args=())
+    def top(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        res = _compiled(f"{qualname}:forward", forward, compile_fn).run(dict(zip(names, xs)), dtypes)
+        return [res[n] for n, _, _ in outs] + [res[s] for s in stats]
+
+    @top.register_fake
+    def _(xs):
+        return ([xs[0].new_empty(shape, dtype=dt) for _, shape, dt in outs]
+                + [xs[0].new_empty(shape, dtype=dt) for shape, dt in stat_specs])
+
+    out_names = [n for n, _, _ in outs]
 
     def setup(ctx, inputs, output):
-        # the backward program is compiled here, on the thread of the forward call: autograd runs the
-        # backward of CUDA tensors on a thread of its own, and the e-graphs of a compile must be freed
-        # on the thread that made them (egglog's are unsendable)
-        _compiled_backward(qualname, back, compile_fn)
-        ctx.save_for_backward(*inputs[0])
+        back = _choose(qualname, t, compile_fn)
+        kept = []
+        if back.saved is not None:
+            by = dict(zip(out_names + stats, output))
+            kept = [by[n] for n in (*back.saved.outputs, *back.saved.stats)]
+        ctx.back = back
+        ctx.save_for_backward(*inputs[0], *kept)
 
     def backward(ctx, grads):
         if torch.is_grad_enabled():
-            raise NoBackward(f"{program.name}: a second derivative (create_graph=True) is not derived")
+            raise NoBackward(f"{t.program.name}: a second derivative (create_graph=True) is not derived")
+        back = ctx.back
         xs = list(ctx.saved_tensors)
         cots = [g if g is not None else torch.zeros(shape, dtype=dt, device=xs[0].device)
                 for g, (name, shape, dt) in zip(grads, outs) if name in back.cotangents]
-        res = bop(xs + cots)
-        out: list = [None] * len(xs)
+        res = _backward_op(qualname, back, names, outs, compile_fn)(xs + cots)
+        diff = [k for k, n in enumerate(names) if n in back.grads]
+        out: list = [None] * len(names)
         for k, r in zip(diff, res):
             out[k] = r
         return out
 
-    op.register_autograd(backward, setup_context=setup)
-
-
-def _compiled_backward(qualname: str, back: Backward, compile_fn):
-    run = _BACKWARD_RUNNERS.get(qualname)
-    if run is None:
-        run = _BACKWARD_RUNNERS[qualname] = compile_fn(back.program)
-    return run
+    top.register_autograd(backward, setup_context=setup)
+    _BACKWARD_OPS[qualname + "_train"] = top
+    return top
 
 
 def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tuple], compile_fn):
-    got = _BACKWARD_OPS.get(qualname)
+    mode = "saved" if back.saved is not None else "recompute"
+    key = f"{qualname}_{mode}_backward"
+    got = _BACKWARD_OPS.get(key)
     if got is not None:
         return got
+    extra = [*back.saved.outputs, *back.saved.stats] if back.saved is not None else []
     cot_names = [back.cotangents[n] for n, _, _ in outs if n in back.cotangents]
     wrt = [n for n in names if n in back.grads]
     spec = back.program.inputs
 
-    @torch.library.custom_op(qualname + "_backward", mutates_args=())
+    @torch.library.custom_op(key, mutates_args=())
     def bop(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        run = _compiled_backward(qualname, back, compile_fn)
-        inputs = dict(zip(names, xs))
-        for name, g in zip(cot_names, xs[len(names):]):
+        run = _compiled(f"{qualname}:{mode}", back.program, compile_fn)
+        inputs = dict(zip(names + extra, xs))
+        for name, g in zip(cot_names, xs[len(names) + len(extra):]):
             want = getattr(torch, spec[name].dtype)
             inputs[name] = g.reshape(back.program.input_shape(name)).to(want).contiguous()
         res = run.run(inputs)
@@ -92,8 +203,8 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
         by = dict(zip(names, xs))
         return [torch.empty_like(by[n]) for n in wrt]
 
-    _BACKWARD_OPS[qualname] = bop
+    _BACKWARD_OPS[key] = bop
     return bop
 
 
-__all__ = ["attach"]
+__all__ = ["attach", "training_report"]

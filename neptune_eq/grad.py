@@ -30,9 +30,10 @@ floating input are refused with NoBackward naming them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import ir
+from .grad_saved import Saved, hoist, save
 from .ir import Call, Const, Index, Load, NeptuneError, Reduce
 
 _NO_GRAD = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "float"})
@@ -71,6 +72,15 @@ def _zero_keeps(g: ir.Node, c: ir.Node) -> ir.Node:
     return _call("where", _call("eq", g, _c(0.0)), _c(0.0), c)
 
 
+def _zero_guard(g: ir.Node, b: ir.Node) -> tuple[ir.Node, ir.Node] | None:
+    """(b == 0, g′) when g is where(b == 0, 0, g′): the forward's guard of x/b against an empty row."""
+    if isinstance(g, Call) and g.op == "where" and g.args[1] == _c(0.0):
+        c = g.args[0]
+        if isinstance(c, Call) and c.op == "eq" and c.args == (b, _c(0.0)):
+            return c, g.args[2]
+    return None
+
+
 def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
     """∂n/∂argₖ · g for each argument (None: no gradient flows to it)."""
     a = n.args
@@ -86,6 +96,11 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
     if op == "mul":
         return [_call("mul", g, a[1]), _call("mul", g, a[0])]
     if op == "div":  # (a zero cotangent contributes 0, also where b = 0: a guarded a/b's masked rows)
+        guard = _zero_guard(g, a[1])
+        if guard is not None:  # g = where(b == 0, 0, g′): 0 there, g′/b elsewhere (b ≠ 0)
+            c, g = guard
+            return [_call("where", c, _c(0.0), _call("div", g, a[1])),
+                    _call("where", c, _c(0.0), _call("neg", _call("div", _call("mul", g, n), a[1])))]
         return [_zero_keeps(g, _call("div", g, a[1])),
                 _zero_keeps(g, _call("neg", _call("div", _call("mul", g, n), a[1])))]
     if op == "exp":
@@ -125,11 +140,15 @@ class Backward:
     program: ir.Program
     cotangents: dict[str, str]  # forward output → backward input
     grads: dict[str, str]  # forward input → backward output
+    saved: Saved | None = None  # what the forward saves for it (None: it reads the inputs alone)
 
 
-def backward_program(program: ir.Program, wrt: list[str] | None = None) -> Backward:
+def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved: bool = False) -> Backward:
     """The program computing the gradients of `program`'s floating inputs (or those in `wrt`) from
-    its inputs and one cotangent per floating output (see the module docstring)."""
+    its inputs and one cotangent per floating output (see the module docstring); with `saved`, also
+    from the forward's outputs and row statistics (neptune_eq.grad_saved)."""
+    if saved:
+        program = replace(program, outputs=[replace(o, expr=hoist(o.expr)) for o in program.outputs])
     floats = [n for n, s in program.inputs.items() if s.dtype in ir.FLOAT_DTYPES]
     wrt = [n for n in (wrt if wrt is not None else floats) if n in floats]
     if not wrt:
@@ -201,8 +220,13 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None) -> Backw
         out = names[name] = grad_name(name, taken)
         taken.add(out)
         outputs.append(ir.Output(out, axes, expr, spec.dtype))
+    kept = None
+    if saved:
+        exprs, more, kept = save(program, [o.expr for o in outputs], taken)
+        outputs = [replace(o, expr=e) for o, e in zip(outputs, exprs)]
+        inputs.update(more)
     back = ir.Program(f"{program.name}_backward", dict(program.axes), inputs, outputs).validate()
-    return Backward(back, cotangents, names)
+    return Backward(back, cotangents, names, kept)
 
 
 def _load_grad(program: ir.Program, n: Load, g: ir.Node) -> tuple[ir.Node, tuple[str, ...]]:
@@ -291,16 +315,17 @@ def shift_invariant(program: ir.Program, r: Reduce, seed: int = 0, extent: int =
 
 def _index_constants(program: ir.Program) -> bool:
     """Some operation combines an index with a constant (a mask `j < 10`, a window `i − j <= 128`):
-    what it selects depends on the extents."""
+    what it selects depends on the extents. A constant that only fills a masked position
+    (`where(i >= j, s, -inf)`) or scales a value is not such a combination."""
     for o in program.outputs:
         for n in ir.walk(o.expr):
-            if isinstance(n, Call) and any(isinstance(a, Const) for a in n.args) and any(map(_uses_index, n.args)):
+            if (isinstance(n, Call) and n.op != "where" and any(isinstance(a, Const) for a in n.args)
+                    and any(map(_index_only, n.args))):
                 return True
     return False
 
 
-def _uses_index(n: ir.Node) -> bool:
-    """n computes with an axis index itself (not only through the position of an element it loads)."""
-    if isinstance(n, Index):
-        return True
-    return not isinstance(n, Load) and any(_uses_index(c) for c in n.children())
+def _index_only(n: ir.Node) -> bool:
+    """n is a function of axis indices alone (`i - j`, `j`), not of any element loaded."""
+    nodes = list(ir.walk(n))
+    return any(isinstance(m, Index) for m in nodes) and not any(isinstance(m, (Load, Reduce)) for m in nodes)

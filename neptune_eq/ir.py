@@ -297,6 +297,12 @@ def substitute(node: Node, mapping: dict[Node, Node]) -> Node:
     return rebuild(node, lambda old, new: mapping.get(old, mapping.get(new, new)))
 
 
+def is_product(node: Node) -> bool:
+    """A product a·b or a quotient a/b (whose divisor scales an operand): the body of a sum that can
+    become a tl.dot."""
+    return isinstance(node, Call) and node.op in ("mul", "div")
+
+
 def count_nodes(node: Node) -> int:
     return sum(1 for _ in walk(node))
 

@@ -140,6 +140,14 @@ def _linear(n: ir.Node) -> tuple[dict[str, int], float] | None:
     return None
 
 
+def affine_part(pred: ir.Node) -> list[Affine]:
+    """The affine conjuncts of `pred` (those of an `and` that are not affine dropped): every element
+    where pred holds meets them, so they bound the tiles a loop must visit."""
+    if isinstance(pred, ir.Call) and pred.op == "and":
+        return affine_part(pred.args[0]) + affine_part(pred.args[1])
+    return affine(pred) or []
+
+
 def affine(pred: ir.Node) -> list[Affine] | None:
     """Affine constraints (all must hold) equivalent to `pred`, or None if it is not affine."""
     if isinstance(pred, ir.Call) and pred.op == "and":

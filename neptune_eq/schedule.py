@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from . import ir
 from .plan import Combine, KernelPlan, Pass, Plan
 
+_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+
 
 def next_pow2(n: int) -> int:
     p = 1
@@ -168,7 +170,52 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
         tiles[a] = max(16, next_pow2(program.axes[a]))
     big = max((tiles.get(a, 1) for a in primary), default=1)
     warps = 8 if (has_dot and big >= 128) else 4
-    return KernelSchedule(tiles, num_warps=warps, num_stages=3 if has_dot else 2, steps=steps)
+    sched = KernelSchedule(tiles, num_warps=warps, num_stages=3 if has_dot else 2, steps=steps)
+    return fit_shared(sched, k, program, plan, primary) if has_dot else sched
+
+
+# Hopper's 227 KiB of shared memory per block, less what Triton takes beside the staged tiles
+# (layout conversions of reductions and transposes): a schedule over it fails at launch
+SHARED_BUDGET = 185 * 1024
+
+
+def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSchedule) -> int:
+    """Shared memory the kernel's tiles take: every 2-D tile (a dot operand) loaded in a loop once per
+    pipeline stage, each one loaded outside the loops (held for the whole pass) once."""
+    loop_axes = {p.axis for p in k.passes()}
+    seen, total = set(), 0
+    for ld in loads_in(k, plan):
+        key = (ld.tensor, tuple(sorted(ld.axes)))
+        if key in seen:
+            continue
+        seen.add(key)
+        if sum(sched.tiles.get(a, 1) > 1 for a in ld.axes) > 2:
+            continue  # (a 3-D block is no tensor-core operand: it lives in registers)
+        spec = program.inputs.get(ld.tensor) or plan.buffers.get(ld.tensor)
+        size = _ELEMENT_BYTES.get(getattr(spec, "dtype", "float32"), 4) * math.prod(
+            sched.tiles.get(a, 1) for a in ld.axes)
+        total += size * (sched.num_stages if ld.axes & loop_axes else 1)
+    return total
+
+
+def fit_shared(sched: KernelSchedule, k: KernelPlan, program: ir.Program, plan: Plan,
+               rows: list[str]) -> KernelSchedule:
+    """`sched` with fewer pipeline stages, then smaller row and loop tiles, until its tiles fit in
+    SHARED_BUDGET (a backward pass streaming three head-dim-128 tiles per step needs it)."""
+    loops = [p.axis for p in k.passes()]
+    while shared_bytes(k, program, plan, sched) > SHARED_BUDGET:
+        if sched.num_stages > 2:
+            sched = replace(sched, num_stages=sched.num_stages - 1)
+            continue
+        big = [a for a in rows if sched.tiles.get(a, 1) > 64 and sched.steps.get(a) is None]
+        if big:
+            sched = sched.with_tiles(**{big[0]: sched.tiles[big[0]] // 2})
+            continue
+        long = [a for a in loops if sched.tiles.get(a, 1) > 32]
+        if not long:
+            break
+        sched = sched.with_tiles(**{a: sched.tiles[a] // 2 for a in long})
+    return sched
 
 
 INT32_MAX = 2**31 - 1

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from . import ir
 from .plan import Combine, KernelPlan, Plan
-from .schedule import KernelSchedule, inner_axes, next_pow2
+from .schedule import SHARED_BUDGET, KernelSchedule, inner_axes, next_pow2, shared_bytes
 
 # the most elements of one loop tile a program keeps on chip (fp32 registers of up to 32 warps)
 RESIDENT_MAX = 32768
@@ -95,7 +95,19 @@ def _warps(elements: int) -> int:
 
 def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule) -> list[Variant]:
     """The schedules kernel `k` may run with, the default (`base`, with long inline contractions as
-    K-loops) first."""
+    K-loops) first; a schedule whose tiles overflow shared memory runs with fewer pipeline stages,
+    or is not offered if even two do not fit (the default is always kept)."""
+    out = []
+    for n, v in enumerate(_kernel_variants(k, plan, program, base)):
+        s = v.schedule
+        while s.num_stages > 2 and shared_bytes(k, program, plan, s) > SHARED_BUDGET:
+            s = replace(s, num_stages=s.num_stages - 1)
+        if n == 0 or s.resident or shared_bytes(k, program, plan, s) <= SHARED_BUDGET:
+            out.append(Variant(v.kind, s))
+    return out
+
+
+def _kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule) -> list[Variant]:
     base = _with_kloops(k, plan, program, base)
     out = [Variant("streamed" + _kloop_label(k, plan, program, base), base)]
     loops = [p.axis for p in k.passes()]

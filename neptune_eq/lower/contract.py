@@ -24,8 +24,13 @@ class ContractOps:
     """KernelWriter's reductions (a mixin)."""
 
     def factors(self, n: ir.Node) -> list[ir.Node]:
+        """The factors of a product; a divisor is the factor 1/b (a per-row divisor then scales its
+        operand: Σ_i a·b / l[i] is a dot)."""
         if isinstance(n, ir.Call) and n.op == "mul":
             return self.factors(n.args[0]) + self.factors(n.args[1])
+        if isinstance(n, ir.Call) and n.op == "div" and not (isinstance(n.args[0], ir.Const)
+                                                            and n.args[0].value == 1.0):
+            return [*self.factors(n.args[0]), ir.Call("div", (ir.Const(1.0), n.args[1]))]
         return [n]
 
     def contract(self, op: str, axis: str, body: ir.Node, mask: Val | None, acc: Val | None = None,
@@ -147,9 +152,14 @@ class ContractOps:
             side = "left" if md <= {m, k} else ("right" if md <= {n, k} else None)
             if side is None:
                 return None
-        a = self.operand(left, (m, k), mask if mask is not None and set(mask.dims) <= {m, k} else None)
-        b = self.operand(right, (k, n), mask if mask is not None and set(mask.dims) <= {n, k}
-                         and not set(mask.dims) <= {m, k} else None)
+        # a mask over k alone also goes to the second operand when that is computed: a masked-out lane
+        # of it may hold inf or NaN (1/l of an empty row), which a zero in the first would not cancel
+        # (0·NaN is NaN); a loaded operand holds data (or the zero of a masked load) there
+        md = set(mask.dims) if mask is not None else set()
+        computed = not all(isinstance(f, ir.Load | ir.Const) for f in right)
+        a = self.operand(left, (m, k), mask if mask is not None and md <= {m, k} else None)
+        b = self.operand(right, (k, n), mask if mask is not None and md <= {n, k}
+                         and (not md <= {m, k} or (md <= {k} and computed)) else None)
         if a.native and not b.native:
             b = Val(f"{b.code}.to({_TL_DTYPE[a.kind]})", b.dims, a.kind)
         elif b.native and not a.native:

@@ -188,6 +188,13 @@ class KernelWriter(MemoryOps, ContractOps):
         self.scopes[-1].memo[n] = v
         return v
 
+    def lanes_valid(self, axis: str) -> Val | None:
+        """Which lanes of a block axis lie inside its extent (None: all of them)."""
+        if axis not in self.vector or not self.tail_masks.get(axis, True):
+            return None
+        code = self.row_masks.get(axis) or f"({self.vector[axis]} < {self.extent(axis)})"
+        return Val(code, (axis,), "b")
+
     def _value(self, n: ir.Node) -> Val:
         if isinstance(n, ir.Const):
             return Val(_fmt_float(n.value), (), "f")
@@ -203,8 +210,8 @@ class KernelWriter(MemoryOps, ContractOps):
             raise KeyError(f"symbol {n.key} is not available in kernel {self.k.name}")
         if isinstance(n, ir.Load):
             return self.load(n)
-        if isinstance(n, ir.Reduce):
-            return self.contract(n.op, n.axis, n.body, None)
+        if isinstance(n, ir.Reduce):  # (over a padded tile, the lanes past the extent are masked out)
+            return self.contract(n.op, n.axis, n.body, self.lanes_valid(n.axis))
         assert isinstance(n, ir.Call)
         op = OPS[n.op]
         if all(isinstance(a, ir.Const) for a in n.args):

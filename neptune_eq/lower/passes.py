@@ -6,7 +6,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .. import ir
-from ..masks import affine
+from ..masks import affine, affine_part
 from ..ops import MONOIDS, OPS
 from ..plan import Combine, CompPlan, Pass
 from .kernel import KernelWriter
@@ -92,11 +92,10 @@ class _PassWriter:
         lows, highs, flows, fhighs = [], [], [], []
         all_affine = True
         for c in self.ps.comps:
-            cons = affine(c.mask) if c.mask is not None and not _is_true(c.mask) else ([] if c.mask is None
-                                                                                     or _is_true(c.mask) else None)
-            if cons is None:
-                all_affine = False
-                continue
+            masked_by = c.mask is not None and not _is_true(c.mask)
+            cons = affine_part(c.mask) if masked_by else []
+            if masked_by and affine(c.mask) is None:
+                all_affine = False  # the rest of the mask is evaluated per element in every tile
             c_low, c_high, c_flow, c_fhigh = [], [], [], []
             for a in cons:
                 cj = a.coefficient(j)

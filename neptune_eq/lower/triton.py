@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import ir
-from ..masks import affine
+from ..masks import affine_part
 from ..plan import Combine, KernelPlan, Plan
 from ..schedule import KernelSchedule, grouped_pair
 from .kernel import KernelWriter
@@ -30,7 +30,7 @@ def _work_grows_with(k: KernelPlan) -> set[str]:
     out: set[str] = set()
     for ps in k.passes():
         for c in ps.comps:
-            cons = affine(c.mask) if c.mask is not None else None
+            cons = affine_part(c.mask) if c.mask is not None else None
             for a in cons or ():
                 cj = a.coefficient(ps.axis)
                 for x, v in a.coef:

@@ -1,0 +1,45 @@
+"""Fill the compile cache for bench/grad_attention.py: one process per (operator, length) compiles
+the forward, both derived backwards and the training forward (one fwd+bwd call on the GPU), in
+parallel — compiling is single-threaded Python, and the benchmark then finds every plan cached.
+
+    python bench/grad_warm.py --ops causal_pf global_pf --L 1024 16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+
+def warm(op: str, L: int) -> None:
+    from cases import Case
+
+    import neptune_eq
+
+    case = Case(op, L)
+    leaves = [x.detach().clone().requires_grad_() for x in case.inputs("cuda")]
+    prog = neptune_eq.compile(case.fn, *leaves)
+    prog(*leaves).sum().backward()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", nargs="+", required=True)
+    ap.add_argument("--L", nargs="+", type=int, required=True)
+    ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        warm(args.one[0], int(args.one[1]))
+        return
+    t0 = time.time()
+    procs = {(op, L): subprocess.Popen([sys.executable, __file__, "--ops", op, "--L", str(L), "--one", op, str(L)])
+             for op in args.ops for L in args.L}
+    for key, p in procs.items():
+        p.wait()
+        print(f"warm {key}: rc {p.returncode} at {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

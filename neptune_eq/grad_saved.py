@@ -1,0 +1,166 @@
+"""What a forward saves for its backward: its outputs and its row statistics.
+
+A backward derived from the inputs alone recomputes every reduction of the forward it reads (the max
+and the sum of a softmax) and sums that cancel (Σ_j P·dP). Saving trades those passes for a few
+vectors the forward computes anyway. Two steps, both exact and neither keyed on a program:
+
+1. `hoist` pulls factors that do not vary over a sum's axis out of the sum before differentiating:
+
+       Σ_j where(c, 0, x)·y = where(c, 0, Σ_j x·y)      c free of j
+       Σ_j (x / l)·y        = (Σ_j x·y) / l              l free of j
+
+   so an output O = Σ_j (p/l)·v becomes U/l with U = Σ_j p·v. Differentiating U/l gives the adjoint of
+   l as −Σ_e dO·(U/l)/l: the U/l there is O itself, and Σ_e dO·O is FlashAttention-2's D = rowsum(dO∘O)
+   — found by the chain rule on the hoisted form, not written.
+2. `save` replaces, in the backward's expressions, each forward output by a load of the output and
+   each statistic by a load of a saved vector. A statistic is a reduction of the forward whose axes are
+   a proper subset of the axes of some tensor the program holds (a row max or sum of x[i, d], never
+   the scores s[i, j] of a contraction): saving it never costs more memory than a tensor already held.
+
+The forward then writes the statistics the backward reads as extra outputs (`Saved.forward`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import ir
+from .ir import Call, Const, Load, Reduce
+
+
+def hoist(node: ir.Node) -> ir.Node:
+    """`node` with the factors free of a sum's axis pulled out of the sum (the rules above)."""
+    return ir.rebuild(node, lambda old, new: _pull(new) if isinstance(new, Reduce) and new.op == "sum" else new)
+
+
+def _pull(r: Reduce) -> ir.Node:
+    body = r.body
+    if isinstance(body, Call) and body.op == "mul":
+        a, b = body.args
+        for f, y in ((a, b), (b, a)):
+            got = _factor(f, y, r.axis)
+            if got is not None:
+                return got
+    return r
+
+
+def _is_zero(n: ir.Node) -> bool:
+    return isinstance(n, Const) and n.value == 0.0
+
+
+def _factor(f: ir.Node, y: ir.Node, axis: str) -> ir.Node | None:
+    """Σ_axis f·y with the axis-free part of f outside the sum, or None."""
+    if not isinstance(f, Call):
+        return None
+    if f.op == "where" and axis not in f.args[0].axes:
+        c, t, e = f.args
+        if _is_zero(t):
+            return Call("where", (c, t, _pull(Reduce("sum", axis, Call("mul", (e, y))))))
+        if _is_zero(e):
+            return Call("where", (c, _pull(Reduce("sum", axis, Call("mul", (t, y)))), e))
+    if f.op == "div" and axis not in f.args[1].axes:
+        return Call("div", (_pull(Reduce("sum", axis, Call("mul", (f.args[0], y)))), f.args[1]))
+    return None
+
+
+def statistics(program: ir.Program) -> list[Reduce]:
+    """The reductions of the forward worth saving: axes a proper subset of those of a tensor held."""
+    held = [set(s.axes) for s in program.inputs.values()] + [set(o.axes) for o in program.outputs]
+    outs = {o.expr for o in program.outputs}
+    found: dict[Reduce, None] = {}
+    for o in program.outputs:
+        for n in ir.walk(o.expr):
+            if isinstance(n, Reduce) and n not in outs and any(set(n.axes) < h for h in held):
+                found[n] = None
+    return list(found)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """The saving variant of a backward: `forward` is the program computing the original outputs and
+    then `stats` (name → the forward reduction it holds, each an extra output in float32, float64 in a
+    float64 program); the backward
+    reads the forward outputs in `outputs` and the stats by name."""
+
+    forward: ir.Program
+    stats: dict[str, Reduce]
+    outputs: tuple[str, ...]
+
+
+def save(program: ir.Program, exprs: list[ir.Node], taken: set[str]) -> tuple[list[ir.Node], dict, Saved]:
+    """The backward expressions `exprs` reading saved values: returns them rewritten, the new backward
+    inputs (name → TensorSpec) and the Saved record. `program` is the hoisted forward."""
+    order = list(program.axes)
+    loads: dict[ir.Node, ir.Node] = {}
+    guarded: dict[ir.Node, ir.Node] = {}
+    for o in program.outputs:
+        load = Load(o.name, tuple(ir.Index(a) for a in o.axes))
+        loads[o.expr] = load
+        inner = _guarded_value(o.expr)
+        if inner is not None and _only_parent(program, inner, o.expr):
+            guarded[inner] = load
+    wide = "float64" if any(s.dtype == "float64" for s in program.inputs.values()) else "float32"
+    stats: dict[str, Reduce] = {}
+    for r in statistics(program):
+        name = _fresh(f"saved_{len(stats)}", taken)
+        taken.add(name)
+        stats[name] = r
+        loads[r] = Load(name, tuple(ir.Index(a) for a in sorted(r.axes, key=order.index)))
+    rewritten = [_replace(e, loads, guarded) for e in exprs]
+    used = {n.tensor for e in rewritten for n in ir.walk(e) if isinstance(n, Load)}
+    stats = {k: r for k, r in stats.items() if k in used}
+    read = tuple(o.name for o in program.outputs if o.name in used)
+    inputs = {o.name: ir.TensorSpec(o.name, o.axes, o.dtype or "float32") for o in program.outputs if o.name in read}
+    for k, r in stats.items():
+        inputs[k] = ir.TensorSpec(k, tuple(sorted(r.axes, key=order.index)), wide)
+    outs = list(program.outputs) + [ir.Output(k, inputs[k].axes, r, wide) for k, r in stats.items()]
+    forward = ir.Program(program.name, dict(program.axes), dict(program.inputs), outs).validate()
+    return rewritten, inputs, Saved(forward, stats, read)
+
+
+def _guarded_value(expr: ir.Node) -> ir.Node | None:
+    """x of an output where(c, 0, x) / where(c, x, 0): the output equals x wherever x's adjoint is not 0."""
+    if isinstance(expr, Call) and expr.op == "where":
+        _, t, e = expr.args
+        if _is_zero(t):
+            return e
+        if _is_zero(e):
+            return t
+    return None
+
+
+def _only_parent(program: ir.Program, node: ir.Node, parent: ir.Node) -> bool:
+    for o in program.outputs:
+        for n in ir.walk(o.expr):
+            if n is not parent and n != parent and node in n.children():
+                return False
+    return True
+
+
+def _replace(expr: ir.Node, loads: dict, guarded: dict) -> ir.Node:
+    """Saved values for forward subterms. A guarded output's inner value x is replaced everywhere but as
+    a divisor: it occurs in the backward only in its own local derivative, times its adjoint, which is
+    0 where the guard holds (and the saved output there is 0, not x)."""
+
+    def step(old, new):
+        got = loads.get(old)
+        if got is not None:
+            return got
+        if isinstance(new, Call) and guarded:
+            args = tuple(guarded.get(o, a) if not (new.op == "div" and k == 1) else a
+                         for k, (o, a) in enumerate(zip(old.args, new.args)))
+            return Call(new.op, args)
+        return new
+
+    return ir.rebuild(expr, step)
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    out, k = name, 1
+    while out in taken:
+        k += 1
+        out = f"{name}_{k}"
+    return out
+
+
+__all__ = ["Saved", "hoist", "save", "statistics"]
