@@ -14,7 +14,7 @@ import torch
 import triton.testing
 
 import neptune_eq
-from neptune_eq.autograd import _BACKWARD_RUNNERS
+from neptune_eq.autograd import training_report
 
 
 def softmax(x):
@@ -83,9 +83,7 @@ def main():
             except Exception as e:  # one peer failing does not stop the others
                 print(f"{name} {label}: failed {str(e)[-3000:]}", flush=True)
         print("  forward plan:", prog.program.alternative.structure, flush=True)
-        for run in _BACKWARD_RUNNERS.values():
-            if run.program.name.startswith(prog.program.program.name):
-                print("  backward plan:", run.alternative.structure, flush=True)
+        print("  " + training_report(prog._first().op.qualname).replace("\n", "\n  "), flush=True)
 
 
 if __name__ == "__main__":

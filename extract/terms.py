@@ -70,6 +70,7 @@ class TermExtractor:
     overflow_risk: float = OVERFLOW_RISK  # 0.0: price exponents by work alone (numerics-blind)
     cancel_risk: float = CANCEL_RISK  # 0.0: price differences of sums by work alone
     _sums: dict[int, int] | None = None
+    held: frozenset[int] = frozenset()  # classes of inputs holding a computed value: never recomputed
 
     def size(self, cid: int) -> float:
         """Number of points the class varies over (product of extents of its deps)."""
@@ -88,7 +89,7 @@ class TermExtractor:
     def weight(self, cid: int, n: ENode) -> float:
         """Cost of node `n` of class `cid`: its op's cost times the points it is evaluated at."""
         if n.op == "red":  # the reduction's result, once per point of its free axes
-            return op_cost(n.op) * self.size(cid)
+            return math.inf if cid in self.held else op_cost(n.op) * self.size(cid)
         w = self._weights.get(cid)
         if w is None:
             w = self._weights[cid] = self._points(self._spaces().get(cid, 0))

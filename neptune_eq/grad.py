@@ -96,6 +96,8 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
     if op == "mul":
         return [_call("mul", g, a[1]), _call("mul", g, a[0])]
     if op == "div":  # (a zero cotangent contributes 0, also where b = 0: a guarded a/b's masked rows)
+        if isinstance(a[1], Const) and a[1].value != 0 and math.isfinite(a[1].value):  # a/c: no 1/0 to guard
+            return [_call("div", g, a[1]), _call("neg", _call("div", _call("mul", g, n), a[1]))]
         guard = _zero_guard(g, a[1])
         if guard is not None:  # g = where(b == 0, 0, g′): 0 there, g′/b elsewhere (b ≠ 0)
             c, g = guard

@@ -112,7 +112,7 @@ def save(program: ir.Program, exprs: list[ir.Node], taken: set[str]) -> tuple[li
     read = tuple(o.name for o in program.outputs if o.name in used)
     inputs = {o.name: ir.TensorSpec(o.name, o.axes, o.dtype or "float32") for o in program.outputs if o.name in read}
     for k, r in stats.items():
-        inputs[k] = ir.TensorSpec(k, tuple(sorted(r.axes, key=order.index)), wide)
+        inputs[k] = ir.TensorSpec(k, tuple(sorted(r.axes, key=order.index)), wide, holds=r)
     outs = list(program.outputs) + [ir.Output(k, inputs[k].axes, r, wide) for k, r in stats.items()]
     forward = ir.Program(program.name, dict(program.axes), dict(program.inputs), outs).validate()
     return rewritten, inputs, Saved(forward, stats, read)

@@ -11,7 +11,7 @@ import enum
 import math
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from .ops import MONOIDS, OPS
@@ -318,6 +318,9 @@ class TensorSpec:
     name: str
     axes: tuple[str, ...]
     dtype: str = "float32"
+    # the value the input holds, when a program computed it (a saved row max of the forward): the
+    # e-graph knows the load equals it (what the numerics analysis proves of the one holds for the other)
+    holds: Node | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -434,7 +437,7 @@ class Program:
         for k, v in dtypes.items():
             if k not in inputs:
                 raise ProgramError(f"with_dtypes: unknown input '{k}' (inputs: {', '.join(inputs)})")
-            inputs[k] = TensorSpec(k, inputs[k].axes, v)
+            inputs[k] = replace(inputs[k], dtype=v)
         outs = [Output(o.name, o.axes, o.expr, outputs or o.dtype) for o in self.outputs]
         return Program(self.name, dict(self.axes), inputs, outs).validate()
 
@@ -447,7 +450,8 @@ class Program:
         lines = [f"program {self.name}"]
         lines.append("  axes: " + ", ".join(f"{a}={n}" for a, n in self.axes.items()))
         for s in self.inputs.values():
-            lines.append(f"  input {s.name}[{', '.join(s.axes)}]: {s.dtype}")
+            lines.append(f"  input {s.name}[{', '.join(s.axes)}]: {s.dtype}"
+                         + (f" = {show_shared([s.holds], exact=exact)[1][0]}" if s.holds is not None else ""))
         lets, texts = show_shared([o.expr for o in self.outputs], exact=exact)
         lines += [f"  {k} = {v}" for k, v in lets]
         for o, text in zip(self.outputs, texts):

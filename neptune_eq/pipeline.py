@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from egglog import EGraph, i64, ruleset
+from egglog import EGraph, i64, ruleset, union
 
 from . import ir
 from .device import DeviceSpec, from_torch
@@ -129,6 +129,7 @@ class Compilation:
     # compile's thread in a reference cycle — egglog's EGraph cannot be dropped on another thread)
     dropped_loops: list[str] = field(default_factory=list)
     plans_truncated: bool = False
+    held: list[Term] = field(default_factory=list)  # loads of inputs that hold a computed value
 
     @property
     def best(self) -> Alternative:
@@ -222,6 +223,7 @@ def _algebra(c: Compilation, algebra) -> None:
                                       max_iterations=rep.iterations - 1)
         again.stop = f"node budget (iteration {rep.iterations} undone: {rep.nodes} e-nodes)"
         c.egraph, c.encoder, c.roots, c.saturator = fresh.egraph, fresh.encoder, fresh.roots, fresh.saturator
+        c.held = fresh.held
 
 
 def _stabilise(c: Compilation, rules: list[Rule]) -> None:
@@ -269,17 +271,26 @@ def _encode(program: ir.Program, options: Options, progress, started: float | No
     eg = EGraph()
     enc = Encoder(eg, tuple(program.axes), dict(program.axes))
     roots = {o.name: enc.encode(o.expr) for o in program.outputs}
+    # an input that holds a computed value (a saved statistic) is that value: the analyses see what it
+    # is (s − m ≤ 0 for a saved max m), the extractor never recomputes it (_extractor)
+    held = {}
+    for ld in list(enc.loads.values()):
+        spec = program.inputs.get(ld.tensor)
+        if spec is not None and spec.holds is not None and ld.index == tuple(ir.Index(a) for a in spec.axes):
+            held[enc.encode(ld)] = enc.encode(spec.holds)
     enc.flush()
-    eg.register(*roots.values())
+    eg.register(*roots.values(), *(union(a).with_(b) for a, b in held.items()))
     device = options.device or from_torch()
     sat = Saturator(eg, options.budget, progress, started=started if started is not None else t0)
-    c = Compilation(program, options, device, eg, enc, roots, sat)
+    c = Compilation(program, options, device, eg, enc, roots, sat, held=list(held))
     c.timings["encode"] = time.perf_counter() - t0
     return c
 
 
 def _extractor(c: Compilation, view: EGraphView) -> TermExtractor:
-    return TermExtractor(view, c.encoder.axis_order, dict(c.program.axes), c.encoder.loads, c.encoder.syms)
+    held = frozenset(class_of(c.egraph, view, t) for t in c.held)
+    return TermExtractor(view, c.encoder.axis_order, dict(c.program.axes), c.encoder.loads, c.encoder.syms,
+                         held=held)
 
 
 def _represent(c: Compilation) -> None:
