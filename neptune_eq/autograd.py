@@ -69,7 +69,12 @@ def _derive(program: ir.Program) -> _Training:
 def _compiled(key: str, program: ir.Program, compile_fn):
     run = _RUNNERS.get(key)
     if run is None:
-        run = _RUNNERS[key] = compile_fn(program)
+        # (compiled outside any fake-tensor mode: dynamo and AOTAutograd run setup_context under one,
+        # and the compile computes with real tensors — the float64 checks of the derivation and search)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            run = _RUNNERS[key] = compile_fn(program)
     return run
 
 
@@ -96,7 +101,6 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
     t.chosen = options[0][2]
     t.report = [f"backward: chose {options[0][1]} (the cost model's fastest forward + backward)"]
     t.report += ["  " + o[3] for o in options]
-    _RUNNERS[f"{qualname}:chosen"] = _RUNNERS[f"{qualname}:{options[0][1]}"]
     return t.chosen
 
 

@@ -365,14 +365,18 @@ def _split_k(c: Compilation) -> None:
 
 
 def _plans(c: Compilation) -> None:
+    # the bindings' terms are encoded before the view is built: a large one is named by a new `let`,
+    # which the view must already hold
+    binding_terms = [c.encoder.encode(b.node) for b in c.bindings]
+    c.encoder.flush()
+    if binding_terms:
+        c.egraph.register(*binding_terms)
     view = c.view = build_view(c.egraph)
     tx = _extractor(c, view)
     cid = lambda t: class_of(c.egraph, view, t)  # noqa: E731
     no_red = lambda _c, n: n.op != "red"  # noqa: E731
     bits = c.axis_bits()
-    binding_leaves = {}
-    for b in c.bindings:
-        binding_leaves[cid(c.encoder.encode(b.node))] = b
+    binding_leaves = {cid(t): b for t, b in zip(binding_terms, c.bindings)}
     cache: dict = {}
 
     tables: dict = {}

@@ -1,0 +1,163 @@
+"""What the forward saves for its backward (neptune_eq.grad_saved): the hoisting is exact, both
+backwards agree with torch's autograd in float64, attention's saved backward is FlashAttention-2's
+structure (D = rowsum(dO∘O), one pass per gradient group), and the cost model's choice is shown."""
+
+from __future__ import annotations
+
+import torch
+
+import neptune_eq
+from neptune_eq import ir
+from neptune_eq.autograd import training_report
+from neptune_eq.frontend import capture
+from neptune_eq.grad import backward_program
+from neptune_eq.grad_saved import hoist
+from neptune_eq.ir import Index, Load, Reduce
+from neptune_eq.reference import evaluate, random_inputs
+from neptune_eq.runtime import compile_ir
+from neptune_eq.schedule import SHARED_BUDGET, shared_bytes
+
+
+def _causal(q, k, v):
+    L = q.shape[-2]
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    keep = torch.arange(L)[:, None] >= torch.arange(L)[None]
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+
+def _masked_rows(q, k, v):  # query rows 0 and 1 see no key: the guarded rows of the softmax
+    L = q.shape[-2]
+    keep = (torch.arange(L)[:, None] >= torch.arange(L)[None]) & (torch.arange(L)[:, None] > 1)
+    s = (q @ k.transpose(-1, -2)).masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, -1) @ v  # (captured with the empty rows' softmax guarded to 0)
+
+
+FAMILIES = {
+    "softmax": (lambda x: torch.softmax(x, -1), [(5, 9)]),
+    "logsumexp": (lambda x: torch.logsumexp(x, -1), [(5, 9)]),
+    "cross_entropy": (lambda x, t: torch.nn.functional.cross_entropy(x, t), [(6, 7), "t"]),
+    "layernorm_mm": (lambda x, W: torch.nn.functional.layer_norm(x, (8,)) @ W, [(5, 8), (8, 6)]),
+    "rmsnorm_mm": (lambda x, w, W: (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w) @ W,
+                   [(5, 8), (8,), (8, 6)]),
+    "causal": (_causal, [(1, 2, 6, 4)] * 3),
+}
+
+
+def _args(shapes, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for s in shapes:
+        out.append(torch.randint(0, 7, (6,), generator=gen) if s == "t" else
+                   torch.randn(*s, generator=gen, dtype=torch.float64))
+    return out
+
+
+def test_hoisting_pulls_a_row_factor_and_guard_out_of_the_sum():
+    """Σ_j where(l == 0, 0, p/l)·v = where(l == 0, 0, (Σ_j p·v)/l): the text changes, the value does not
+    (also on a row where l = 0)."""
+    c = capture(_masked_rows, *_args([(1, 2, 6, 4)] * 3))
+    prog = c.program
+    hoisted = ir.Program(prog.name, dict(prog.axes), dict(prog.inputs),
+                         [ir.Output(o.name, o.axes, hoist(o.expr), o.dtype) for o in prog.outputs]).validate()
+    assert ir.show(hoisted.outputs[0].expr) != ir.show(prog.outputs[0].expr)
+    top = hoisted.outputs[0].expr
+    assert top.op == "where" and top.args[2].op == "div" and isinstance(top.args[2].args[0], Reduce)
+    xs = random_inputs(prog, seed=3, dtypes={n: "float64" for n in prog.inputs})
+    a, b = evaluate(prog, xs)["out0"], evaluate(hoisted, xs)["out0"]
+    assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert a[0, :2].abs().max() == 0  # the rows with no key
+
+
+def test_both_backwards_match_torch_autograd_in_float64():
+    """The recompute and the saved backward programs, evaluated in float64 (the saved one on the values
+    its training forward writes), give torch's gradients for every family."""
+    for name, (fn, shapes) in FAMILIES.items():
+        args = _args(shapes)
+        leaves = [a.clone().requires_grad_() if a.is_floating_point() else a for a in args]
+        out = fn(*leaves)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+        out.backward(g)
+        c = capture(fn, *args)
+        inputs = c.inputs(*args)
+        for saved in (False, True):
+            back = backward_program(c.program, saved=saved)
+            feed = dict(inputs)
+            feed[back.cotangents["out0"]] = g.reshape(c.program.output_shape(c.program.outputs[0]))
+            if saved:
+                assert back.saved is not None and (back.saved.stats or back.saved.outputs), name
+                fwd = evaluate(back.saved.forward, inputs)
+                feed.update({k: fwd[k] for k in (*back.saved.outputs, *back.saved.stats)})
+            got = evaluate(back.program, feed)
+            for leaf, arg_name in zip(leaves, c.program.inputs):
+                if not leaf.is_floating_point():
+                    continue
+                want = leaf.grad.reshape(c.program.input_shape(arg_name))
+                have = got[back.grads[arg_name]]
+                assert torch.isfinite(have).all(), (name, saved, arg_name)
+                assert torch.allclose(have, want, rtol=1e-9, atol=1e-9), (name, saved, arg_name)
+
+
+def test_saved_attention_backward_is_flashattention2():
+    """Causal attention's saved backward reads the output and the row statistics, computes D as
+    Σ_e dO·O (no pass over the keys for it), and runs as two fused passes: dQ over key tiles, dK and
+    dV together over query tiles, the scores recomputed per tile, nothing of size L² stored (the model's
+    choice at a training length; at a few hundred keys it may store the scores instead)."""
+    xs = [torch.randn(1, 16, 2048, 64, dtype=torch.float16) for _ in range(3)]
+    c = capture(_causal, *xs)
+    back = backward_program(c.program, saved=True)
+    prog = back.program
+    assert set(back.saved.outputs) == {"out0"} and len(back.saved.stats) == 2
+    assert all(prog.inputs[k].holds is not None for k in back.saved.stats)
+    d_terms = [n for o in prog.outputs for n in ir.walk(o.expr)
+               if isinstance(n, Reduce) and n.axis == "e" and any(isinstance(m, Load) and m.tensor == "out0"
+                                                                  for m in ir.walk(n.body))]
+    assert d_terms, "D = Σ_e dO·O"
+    assert not any(isinstance(n, Reduce) and n.op == "max" for o in prog.outputs for n in ir.walk(o.expr))
+    compiled = compile_ir(prog)
+    alt = compiled.alternative
+    assert alt.structure.startswith("2 kernels, pass over j (sum_j); pass over i (sum_i, sum_i2)"), alt.structure
+    assert not alt.plan.buffers, "no intermediate is materialised"
+    derivation = "\n".join(alt.plan.derivation)
+    assert "horizontal_fusion: sum_i, sum_i2 share one pass over i" in derivation
+    for k, s in zip(alt.plan.kernels, alt.schedules):
+        assert shared_bytes(k, prog, alt.plan, s) <= SHARED_BUDGET
+
+
+def test_head_dim_128_backward_schedules_fit_shared_memory():
+    """Three head-dim-128 tiles streamed per step at three stages overflow Hopper's shared memory (the
+    launch failed on the H100): the default schedules drop to two stages."""
+    xs = [torch.randn(1, 2, 512, 128, dtype=torch.float16) for _ in range(3)]
+    back = backward_program(capture(_causal, *xs).program, saved=True)
+    alt = compile_ir(back.program).alternative
+    for k, s in zip(alt.plan.kernels, alt.schedules):
+        assert shared_bytes(k, back.program, alt.plan, s) <= SHARED_BUDGET, (k.name, s)
+    assert any(s.num_stages == 2 for s in alt.schedules)
+
+
+def test_a_held_statistic_spares_the_stabilising_max():
+    """An input that holds max_j x: the numerics analysis knows x − m ≤ 0, so Σ_j exp(x − m) needs no
+    max pass of its own; the same input without `holds` gets one (exp of an unknown exponent)."""
+    x = Load("x", (Index("i"), Index("j")))
+    body = Reduce("sum", "j", ir.Call("exp", (ir.Call("sub", (x, Load("m", (Index("i"),)))),)))
+
+    def structure(holds):
+        prog = ir.Program("held", {"i": 8, "j": 4096},
+                          {"x": ir.TensorSpec("x", ("i", "j")), "m": ir.TensorSpec("m", ("i",), holds=holds)},
+                          [ir.Output("o", ("i",), body)]).validate()
+        return compile_ir(prog).alternative.structure
+
+    assert "max_j" in structure(None)
+    assert "max_j" not in structure(Reduce("max", "j", x))
+
+
+def test_explain_shows_the_ranked_backwards(tmp_path):
+    x = torch.randn(4, 33)
+    prog = neptune_eq.compile(lambda t: torch.log_softmax(t, -1), x, cache_dir=tmp_path)
+    leaf = x.clone().requires_grad_()
+    prog(leaf).sum().backward()
+    text = prog.explain()
+    assert "backward: chose" in text and "recompute:" in text and "saved:" in text
+    assert training_report(prog._first().op.qualname) in text
+    ref = leaf.detach().clone().requires_grad_()
+    torch.log_softmax(ref, -1).sum().backward()
+    assert torch.allclose(leaf.grad, ref.grad, atol=1e-5)
