@@ -24,7 +24,7 @@ from neptune_eq.plan import Combine, KernelPlan, Pass, Plan
 from neptune_eq.schedule import KernelSchedule, grouped_pair, inner_axes
 from neptune_eq.space import gemm_axes
 
-_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+_BYTES = ir.DTYPE_BYTES
 
 
 @dataclass

@@ -89,7 +89,7 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
         if back is None:
             continue
         bwd = _compiled(f"{qualname}:{mode}", back.program, compile_fn)
-        fwd = _compiled(f"{qualname}:forward", t.forward if mode == "saved" else t.program, compile_fn)
+        fwd = _compiled(f"{qualname}:forward", t.forward, compile_fn)  # (the training op's, in both modes)
         total = fwd.alternative.predicted_time + bwd.alternative.predicted_time
         what = ("saves " + ", ".join([*back.saved.outputs, *(f"{k} = {ir.show(r)}" for k, r in
                                                               back.saved.stats.items())])

@@ -77,10 +77,9 @@ def statistics(program: ir.Program) -> list[Reduce]:
 
 @dataclass(frozen=True)
 class Saved:
-    """The saving variant of a backward: `forward` is the program computing the original outputs and
-    then `stats` (name → the forward reduction it holds, each an extra output in float32, float64 in a
-    float64 program); the backward
-    reads the forward outputs in `outputs` and the stats by name."""
+    """The saving variant of a backward: `forward` computes the original outputs, then `stats` (name →
+    the forward reduction it holds; extra outputs in float32, float64 in a float64 program); the
+    backward reads the forward outputs named in `outputs` and the stats by name."""
 
     forward: ir.Program
     stats: dict[str, Reduce]
@@ -132,7 +131,7 @@ def _guarded_value(expr: ir.Node) -> ir.Node | None:
 def _only_parent(program: ir.Program, node: ir.Node, parent: ir.Node) -> bool:
     for o in program.outputs:
         for n in ir.walk(o.expr):
-            if n is not parent and n != parent and node in n.children():
+            if n != parent and node in n.children():
                 return False
     return True
 
@@ -146,7 +145,7 @@ def _replace(expr: ir.Node, loads: dict, guarded: dict) -> ir.Node:
         got = loads.get(old)
         if got is not None:
             return got
-        if isinstance(new, Call) and guarded:
+        if isinstance(new, Call) and any(o in guarded for o in old.args):
             args = tuple(guarded.get(o, a) if not (new.op == "div" and k == 1) else a
                          for k, (o, a) in enumerate(zip(old.args, new.args)))
             return Call(new.op, args)

@@ -311,6 +311,7 @@ def count_nodes(node: Node) -> int:
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "bool")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field, replace
 from . import ir
 from .plan import Combine, KernelPlan, Pass, Plan
 
-_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
-
 
 def next_pow2(n: int) -> int:
     p = 1
@@ -192,7 +190,7 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
         if sum(sched.tiles.get(a, 1) > 1 for a in ld.axes) > 2:
             continue  # (a 3-D block is no tensor-core operand: it lives in registers)
         spec = program.inputs.get(ld.tensor) or plan.buffers.get(ld.tensor)
-        size = _ELEMENT_BYTES.get(getattr(spec, "dtype", "float32"), 4) * math.prod(
+        size = ir.DTYPE_BYTES.get(getattr(spec, "dtype", "float32"), 4) * math.prod(
             sched.tiles.get(a, 1) for a in ld.axes)
         total += size * (sched.num_stages if ld.axes & loop_axes else 1)
     return total

@@ -34,9 +34,9 @@ class MemoryOps:
                 entries.append((u, stride))
             elif isinstance(e, ir.Index) and e.axis in self.vector:
                 entries.append((Val(self.vector[e.axis], (e.axis,), "i"), stride))
-                if self.tail_masks.get(e.axis, True):
-                    code = self.row_masks.get(e.axis) or f"({self.vector[e.axis]} < {self.extent(e.axis)})"
-                    masks.append(Val(code, (e.axis,), "b"))
+                valid = self.lanes_valid(e.axis)
+                if valid is not None:
+                    masks.append(valid)
             elif isinstance(e, ir.Index) and e.axis is ir.CHUNK:
                 entries.append((Val("pid_chunk", (), "i"), stride))
             else:
