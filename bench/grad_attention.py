@@ -31,7 +31,7 @@ def _neptune(case: Case, q, k, v):
     return (lambda: prog(q, k, v)), prog
 
 
-def _impls(case: Case, q, k, v) -> dict:
+def implementations(case: Case, q, k, v) -> dict:
     out = {}
     run, prog = _neptune(case, q, k, v)
     out["neptune_eq"] = (run, prog)
@@ -41,19 +41,44 @@ def _impls(case: Case, q, k, v) -> dict:
     return out
 
 
-def _leaves(case: Case, seed: int = 0):
+def leaves(case: Case, seed: int = 0) -> list[torch.Tensor]:
     return [x.detach().clone().requires_grad_() for x in case.inputs("cuda", seed=seed)]
 
 
-def _grads(run, leaves, g):
-    for x in leaves:
+def grads(run, xs, g) -> list[torch.Tensor]:
+    for x in xs:
         x.grad = None
     run().backward(g)
-    return [x.grad for x in leaves]
+    return [x.grad for x in xs]
 
 
-def _rel(a, b) -> float:
+def rel_err(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def check(op: str, L: int, log=print) -> dict[str, float]:
+    """Each implementation's largest relative gradient error (of q, k, v) against float64 autograd of
+    the plain operator at length L; an implementation that is n/a or fails is left out (and logged)."""
+    small = Case(op, L)
+    xs = leaves(small)
+    torch.manual_seed(1)
+    g = torch.randn_like(small.fn(*xs))
+    ref64 = [x.detach().double().requires_grad_() for x in xs]
+    ref = grads(lambda: small.fn(*ref64), ref64, g.double())
+    errs = {}
+    for name, (fn, extra) in implementations(small, *xs).items():
+        if fn is None:
+            log(f"{op} {name}: n/a ({extra})")
+            continue
+        try:
+            errs[name] = max(rel_err(a, b) for a, b in zip(grads(fn, xs, g), ref))
+        except Exception as e:  # one peer failing does not stop the others
+            log(f"{op} {name}: failed at L={L}: {str(e)[-1500:]}")
+    return errs
+
+
+def tolerance(name: str) -> float:
+    return TOLERANCE["neptune_eq" if name == "neptune_eq" else "peer"]
 
 
 def main():
@@ -65,58 +90,39 @@ def main():
     args = ap.parse_args()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d")}
-    print(meta, flush=True)
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    log(meta)
     rows = []
     for op in args.ops:
-        # ---- check at the check length against float64 autograd of the plain operator
-        small = Case(op, args.check_L)
-        leaves = _leaves(small)
-        torch.manual_seed(1)
-        g = torch.randn_like(small.fn(*leaves))
-        ref64 = [x.detach().double().requires_grad_() for x in leaves]
-        ref = _grads(lambda f=small.fn, xs=ref64: f(*xs), ref64, g.double())
         ok = {}
-        for name, (fn, extra) in _impls(small, *leaves).items():
-            if fn is None:
-                print(f"{op} {name}: n/a ({extra})", flush=True)
-                continue
-            try:
-                err = max(_rel(a, b) for a, b in zip(_grads(fn, leaves, g), ref))
-            except Exception as e:  # one peer failing does not stop the others
-                print(f"{op} {name}: failed at L={args.check_L}: {str(e)[-1500:]}", flush=True)
-                continue
-            tol = TOLERANCE["neptune_eq" if name == "neptune_eq" else "peer"]
-            ok[name] = err <= tol
-            print(f"{op} {name}: grad rel err {err:.1e} at L={args.check_L} ({'ok' if ok[name] else 'OVER'} {tol})",
-                  flush=True)
-        del ref64, ref
+        for name, err in check(op, args.check_L, log).items():
+            ok[name] = err <= tolerance(name)
+            log(f"{op} {name}: grad rel err {err:.1e} at L={args.check_L} "
+                f"({'ok' if ok[name] else 'OVER'} {tolerance(name)})")
         # ---- time at the target length
         case = Case(op, args.L)
-        leaves = _leaves(case)
+        xs = leaves(case)
         g = torch.randn(case.inputs("cuda")[0].shape, device="cuda", dtype=case.dtype)
-        for name, (fn, extra) in _impls(case, *leaves).items():
+        for name, (fn, extra) in implementations(case, *xs).items():
             if fn is None or not ok.get(name):
                 continue
             try:
                 t0 = time.time()
-                _grads(fn, leaves, g)  # first call: compiles (neptune_eq: the backward too)
+                grads(fn, xs, g)  # first call: compiles (neptune_eq: the backward too)
                 first = time.time() - t0
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-                ms = triton.testing.do_bench(lambda fn=fn, xs=leaves, g=g: _grads(fn, xs, g), warmup=5, rep=50,
+                ms = triton.testing.do_bench(lambda fn=fn, xs=xs, g=g: grads(fn, xs, g), warmup=5, rep=50,
                                              return_mode="median")
                 peak = torch.cuda.max_memory_allocated() / 2**30
             except Exception as e:
-                print(f"{op} {name}: failed at L={args.L}: {str(e)[-1500:]}", flush=True)
+                log(f"{op} {name}: failed at L={args.L}: {str(e)[-1500:]}")
                 continue
-            row = {"op": op, "L": args.L, "impl": name, "fwd_bwd_ms": ms, "peak_GiB": peak, "first_s": first}
-            rows.append(row)
-            print(f"{op} L={args.L} {name}: fwd+bwd {ms:.2f} ms, peak {peak:.1f} GiB (first call {first:.0f} s)",
-                  flush=True)
+            rows.append({"op": op, "L": args.L, "impl": name, "fwd_bwd_ms": ms, "peak_GiB": peak, "first_s": first})
+            log(f"{op} L={args.L} {name}: fwd+bwd {ms:.2f} ms, peak {peak:.1f} GiB (first call {first:.0f} s)")
             if name == "neptune_eq":
-                prog = extra
-                print("  forward plan:", prog.program.alternative.structure, flush=True)
-                print("  " + training_report(prog._first().op.qualname).replace("\n", "\n  "), flush=True)
+                log("  forward plan: " + extra.program.alternative.structure)
+                log("  " + training_report(extra._first().op.qualname).replace("\n", "\n  "))
         torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:

@@ -9,6 +9,7 @@ tables, plot); this file lets pytest-benchmark's own statistics and comparisons 
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -21,9 +22,11 @@ if not torch.cuda.is_available():
     pytest.skip("benchmarks need a CUDA GPU", allow_module_level=True)
 
 from cases import HEADS, TOLERANCE, Case, reference, rel_err_rows
+from grad_attention import PREFILL, check, grads, implementations, leaves, tolerance
 from peers import PEERS
 
 SIZE = {"pf": 4096, "dc": 16384}
+GRAD_CHECK_L = 1024
 
 
 def _impl(case: Case, name: str):
@@ -57,6 +60,33 @@ def test_attention(benchmark, op, impl):
 
     benchmark.extra_info.update(op=op, L=case.L, useful_flops=case.useful_flops(), io_bytes=case.io_bytes())
     benchmark.pedantic(run, warmup_rounds=5, rounds=30, iterations=1)
+
+
+@functools.cache
+def _grad_errors(op: str) -> dict[str, float]:
+    return check(op, GRAD_CHECK_L, log=lambda msg: None)
+
+
+@pytest.mark.parametrize("impl", ["neptune_eq", "sdpa", "flex"])
+@pytest.mark.parametrize("op", PREFILL)
+def test_attention_fwd_bwd(benchmark, op, impl):
+    """Forward + backward (gradients of q, k and v), each implementation's gradients first checked
+    against float64 autograd of the plain operator at GRAD_CHECK_L."""
+    errs = _grad_errors(op)
+    if impl not in errs:
+        pytest.skip(f"{impl} does not run {op}")
+    assert errs[impl] <= tolerance(impl), f"{impl} fails the float64 gradient check: {errs[impl]:.2e}"
+    case = Case(op, SIZE["pf"])
+    xs = leaves(case)
+    g = torch.randn(case.inputs("cuda")[0].shape, device="cuda", dtype=case.dtype)
+    fn = implementations(case, *xs)[impl][0]
+
+    def run():
+        grads(fn, xs, g)
+        torch.cuda.synchronize()
+
+    benchmark.extra_info.update(op=op, L=case.L, check_L=GRAD_CHECK_L, grad_rel_err=errs[impl])
+    benchmark.pedantic(run, warmup_rounds=3, rounds=20, iterations=1)
 
 
 @pytest.mark.parametrize("op,L", [("causal_pf", 2048), ("gqa_dc", 8192)])

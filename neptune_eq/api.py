@@ -187,6 +187,17 @@ class Compiled:
     def verify(self, **kw):
         return self.program.verify(**kw)
 
+    def library_ops(self) -> dict[str, object]:
+        """The torch.library ops the example signature's calls run (for torch.library.opcheck; each
+        takes the program's input tensors as one list): 'inference', and 'training' where a backward
+        was derived (it returns the outputs, then the statistics its backward may read)."""
+        ns, name = self._first().op.qualname.split("::")
+        lib = getattr(torch.ops, ns)
+        ops = {"inference": getattr(lib, name).default}
+        if hasattr(lib, name + "_train"):
+            ops["training"] = getattr(lib, name + "_train").default
+        return ops
+
     def tune(self, *args, candidates: int = 3, progress: bool = True) -> Compiled:
         """Measure on the GPU at `args` (CUDA tensors): time the cost model's `candidates` best plans
         and the best-ranked plans of up to six other split-K choices (tune.tuning_candidates), each

@@ -244,10 +244,15 @@ class Guards:
             if not g.holds():
                 return Changed(g, stale=True)
         written = None
+        tracing = torch.compiler.is_compiling()
         for g in self.tensors:
             t = g.source.read()
             if t is not g.tensor:
                 return Changed(g, stale=True)
+            if tracing and g.refresh:
+                # a traced graph reads the tensor itself at every call (its version is a data-dependent
+                # value dynamo cannot branch on), so a write in place needs nothing refreshed
+                continue
             if t._version != g.version:
                 if not g.refresh:
                     return Changed(g, stale=True)

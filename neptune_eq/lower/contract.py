@@ -152,14 +152,19 @@ class ContractOps:
             side = "left" if md <= {m, k} else ("right" if md <= {n, k} else None)
             if side is None:
                 return None
-        # a mask over k alone also goes to the second operand when that is computed: a masked-out lane
-        # of it may hold inf or NaN (1/l of an empty row), which a zero in the first would not cancel
-        # (0·NaN is NaN); a loaded operand holds data (or the zero of a masked load) there
+        # A computed operand may hold inf or NaN in a masked-out lane (1/l of an empty row, or of a
+        # padding row loaded as 0), which a zero in the other operand would not cancel (0·NaN is NaN);
+        # a loaded operand holds data (or the zero of a masked load) there. So a mask over k alone
+        # also goes to a computed second operand, and a computed operand the mask does not reach gets
+        # the k axis' bounds.
         md = set(mask.dims) if mask is not None else set()
-        computed = not all(isinstance(f, ir.Load | ir.Const) for f in right)
-        a = self.operand(left, (m, k), mask if mask is not None and md <= {m, k} else None)
-        b = self.operand(right, (k, n), mask if mask is not None and md <= {n, k}
-                         and (not md <= {m, k} or (md <= {k} and computed)) else None)
+        computed = [not all(isinstance(f, ir.Load | ir.Const) for f in side) for side in (left, right)]
+        a_mask = mask if mask is not None and md <= {m, k} else None
+        b_mask = mask if mask is not None and md <= {n, k} and (not md <= {m, k} or (md <= {k} and computed[1])) \
+            else None
+        valid_k = self.lanes_valid(k)
+        a = self.operand(left, (m, k), a_mask if a_mask is not None or not computed[0] else valid_k)
+        b = self.operand(right, (k, n), b_mask if b_mask is not None or not computed[1] else valid_k)
         if a.native and not b.native:
             b = Val(f"{b.code}.to({_TL_DTYPE[a.kind]})", b.dims, a.kind)
         elif b.native and not a.native:
