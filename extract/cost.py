@@ -122,7 +122,7 @@ class _Counter:
             for n in ir.walk(e):  # a contraction lowered to tl.dot: its product is tensor-core work
                 if isinstance(n, ir.Reduce) and n.op == "sum" and ir.is_product(n.body) \
                         and n.axis in self.block_axes | {loop}:
-                    seen.add(n.body)
+                    seen.update(ir.dot_structure(n.body)[0])
             for n in ir.walk(e):
                 if n in seen:
                     continue
@@ -229,7 +229,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
             dot = comp.op == "sum" and ir.is_product(core) and len(dims) == 3
             if dot:
                 c.tc += 2.0 * el  # a tile contraction: tl.dot
-                exprs = list(core.args)
+                exprs = ir.dot_structure(core)[1]
             else:
                 c.alu += el  # the tile reduction
                 exprs = [core]

@@ -99,3 +99,26 @@ def class_of(egraph: EGraph, view: EGraphView, expr) -> int:
     """The e-class id (in `view`) of a registered expression."""
     value = egraph._state.typed_expr_to_value(expr.__egg_typed_expr__)
     return view.class_of_value(value)
+
+
+def positive_multiples(view: EGraphView, classes: frozenset[int]) -> frozenset[int]:
+    """`classes` and, transitively, every class holding c·x, x·c or x/c of one of them with c a finite
+    constant > 0. A held statistic m = maxⱼ(s/√d) also stands for maxⱼ(s·log₂e/√d) = m·√d·log₂e
+    (rules.algebra's max_scale relates the two): neither may be recomputed."""
+    positive = {cid for cid, ns in view.classes.items()
+                if any(n.op == "const" and isinstance(n.args[0], float) and 0.0 < n.args[0] < float("inf")
+                       for n in ns)}
+    out = set(classes)
+    grown = True
+    while grown:
+        grown = False
+        for cid, ns in view.classes.items():
+            if cid not in out and any(n.op in ("mul", "div") and _scales(n, out, positive) for n in ns):
+                out.add(cid)
+                grown = True
+    return frozenset(out)
+
+
+def _scales(n: ENode, of: set[int], positive: set[int]) -> bool:
+    a, b = n.args
+    return (a in of and b in positive) or (n.op == "mul" and b in of and a in positive)

@@ -283,11 +283,13 @@ def shift_invariant(program: ir.Program, r: Reduce, seed: int = 0, extent: int =
 
     if math.prod(program.axes.values()) <= _WHOLE:
         p = program
-    elif _index_constants(program):
-        return False
     else:
+        pinned = _pinned_axes(program)
+        small = {a: n if a in pinned else min(n, extent) for a, n in program.axes.items()}
+        if math.prod(small.values()) > _WHOLE:
+            return False
         try:
-            p = program.with_extents({a: min(n, extent) for a, n in program.axes.items()})
+            p = program.with_extents(small)
         except NeptuneError:
             return False
     free = tuple(a for a in p.axes if a in r.axes)
@@ -315,16 +317,23 @@ def shift_invariant(program: ir.Program, r: Reduce, seed: int = 0, extent: int =
     return True
 
 
-def _index_constants(program: ir.Program) -> bool:
-    """Some operation combines an index with a constant (a mask `j < 10`, a window `i − j <= 128`):
-    what it selects depends on the extents. A constant that only fills a masked position
-    (`where(i >= j, s, -inf)`) or scales a value is not such a combination."""
+def _pinned_axes(program: ir.Program) -> set[str]:
+    """The axes a test at smaller extents must keep at their own: those an operation combines with a
+    constant (a mask `j < 10`, a window `i − j <= 128`, a head group `h // 8`: what it selects depends
+    on the extents), and the axes of a tensor read at a computed index (k[h // 8] reads every kv head).
+    A constant that only fills a masked position (`where(i >= j, s, -inf)`) or scales a value is not
+    such a combination."""
+    pinned: set[str] = set()
     for o in program.outputs:
         for n in ir.walk(o.expr):
             if (isinstance(n, Call) and n.op != "where" and any(isinstance(a, Const) for a in n.args)
                     and any(map(_index_only, n.args))):
-                return True
-    return False
+                pinned |= {m.axis for m in ir.walk(n) if isinstance(m, Index)}
+            if isinstance(n, Load) and n.tensor in program.inputs:
+                for ax, e in zip(program.inputs[n.tensor].axes, n.index):
+                    if not isinstance(e, Index):
+                        pinned |= {ax} | {m.axis for m in ir.walk(e) if isinstance(m, Index)}
+    return pinned
 
 
 def _index_only(n: ir.Node) -> bool:

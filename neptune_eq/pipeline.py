@@ -28,7 +28,7 @@ from .extract.cost import Cost, kernel_cost
 from .extract.numerics import cancellation_risks, stability_notes, summed_overflow_risks
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.terms import TermExtractor
-from .extract.view import EGraphView, build_view, class_of
+from .extract.view import EGraphView, build_view, class_of, positive_multiples
 from .fusion.search import MAX_GROUPS_PER_AXIS, FusionSearch
 from .fusion.types import Binding
 from .ir import NeptuneError
@@ -277,7 +277,8 @@ def _encode(program: ir.Program, options: Options, progress, started: float | No
     for ld in list(enc.loads.values()):
         spec = program.inputs.get(ld.tensor)
         if spec is not None and spec.holds is not None and ld.index == tuple(ir.Index(a) for a in spec.axes):
-            held[enc.encode(ld)] = enc.encode(spec.holds)
+            for value, spelled in _held_forms(ld, spec.holds):
+                held[enc.encode(spelled)] = enc.encode(value)
     enc.flush()
     eg.register(*roots.values(), *(union(a).with_(b) for a, b in held.items()))
     device = options.device or from_torch()
@@ -287,8 +288,26 @@ def _encode(program: ir.Program, options: Options, progress, started: float | No
     return c
 
 
+def _held_forms(load: ir.Load, value: ir.Node) -> list[tuple[ir.Node, ir.Node]]:
+    """(value, its spelling from the load) pairs a held input stands for: the value itself and, for a
+    max or min of a positively scaled body, the unscaled one (maxⱼ(c·x) = c·maxⱼ x, so maxⱼ x = m/c).
+    The algebra rewrites only forwards, so without the second the e-graph would know maxⱼ x only as a
+    reduction to recompute — a score scale (softmax(q·k/√d)) made the backward recompute its max."""
+    forms = [(value, load)]
+    if isinstance(value, ir.Reduce) and value.op in ("max", "min") and isinstance(value.body, ir.Call) \
+            and value.body.op in ("mul", "div"):
+        op, (a, b) = value.body.op, value.body.args
+        scaled = {"mul": [(a, b), (b, a)], "div": [(a, b)]}.get(op, [])  # (x, c): c·x, x·c or x/c
+        for x, c in scaled:
+            if isinstance(c, ir.Const) and math.isfinite(c.value) and c.value > 0 and not isinstance(x, ir.Const):
+                unscaled = ir.Call("mul", (load, c)) if op == "div" else ir.Call("div", (load, c))
+                forms.append((ir.Reduce(value.op, value.axis, x), unscaled))
+                break
+    return forms
+
+
 def _extractor(c: Compilation, view: EGraphView) -> TermExtractor:
-    held = frozenset(class_of(c.egraph, view, t) for t in c.held)
+    held = positive_multiples(view, frozenset(class_of(c.egraph, view, t) for t in c.held))
     return TermExtractor(view, c.encoder.axis_order, dict(c.program.axes), c.encoder.loads, c.encoder.syms,
                          held=held)
 

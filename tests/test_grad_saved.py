@@ -123,6 +123,46 @@ def test_saved_attention_backward_is_flashattention2():
         assert shared_bytes(k, prog, alt.plan, s) <= SHARED_BUDGET
 
 
+def _global(q, k, v):  # the softmax written out, the score scale a division (examples/neptune_ops.py)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    return (p @ v) / p.sum(-1, keepdim=True)
+
+
+def _gqa(q, k, v):  # 8 query heads per kv head, broadcast by repeat_interleave
+    k, v = k.repeat_interleave(8, dim=1), v.repeat_interleave(8, dim=1)
+    L = q.shape[-2]
+    keep = torch.arange(L)[None, :] <= torch.arange(L)[:, None]
+    return torch.softmax(torch.where(keep, q @ k.transpose(-1, -2) / 8.0, float("-inf")), -1) @ v
+
+
+def test_global_and_grouped_attention_backwards_are_two_passes():
+    """Two spellings that used to add work to the backward, at a training length (the model's choice):
+
+    - global: the saved max of s/√d also stands for the max of the log₂e-scaled scores, so no
+      stabilising max pass is added; the unguarded 1/l's zero-cotangent guard where(dO = 0, 0, ·)
+      masks a dot operand, so dP = dO·Vᵀ stays on the tensor cores and S is never stored;
+    - GQA: the head group h // 8 no longer stops the test that the softmax's shift is invisible to the
+      output, so the backward has no max-selection term (and no extra pass over the keys for it)."""
+    for fn, heads in ((_global, (4, 4)), (_gqa, (16, 2))):
+        xs = [torch.randn(1, h, 8192, 64, dtype=torch.float16) for h in (heads[0], heads[1], heads[1])]
+        back = backward_program(capture(fn, *xs).program, saved=True)
+        prog, stats = back.program, set(back.saved.stats)
+
+        def selects_the_max(n, stats=stats):  # s == m: where the max's adjoint would flow
+            return isinstance(n, ir.Call) and n.op == "eq" and not any(isinstance(a, ir.Const) for a in n.args) \
+                and any(isinstance(a, Load) and a.tensor in stats for a in n.args)
+
+        assert not any(isinstance(n, Reduce) and n.op == "max" for o in prog.outputs for n in ir.walk(o.expr))
+        assert not any(selects_the_max(n) for o in prog.outputs for n in ir.walk(o.expr)), fn.__name__
+        alt = compile_ir(prog).alternative
+        assert "max_j" not in alt.structure, (fn.__name__, alt.structure)
+        assert not any({"i", "j"} <= set(b.axes) for b in alt.plan.buffers.values()), "no L² buffer"
+        assert alt.structure.startswith(("2 kernels, pass over j (sum_j); pass over i (sum_i, sum_i2)",
+                                         "3 kernels, pass over j (sum_j); pass over i (sum_i, sum_i2); pass over h")), \
+            (fn.__name__, alt.structure)
+
+
 def test_head_dim_128_backward_schedules_fit_shared_memory():
     """Three head-dim-128 tiles streamed per step at three stages overflow Hopper's shared memory (the
     launch failed on the H100): the default schedules drop to two stages."""

@@ -125,7 +125,8 @@ class ContractOps:
             return None
         m, n = out
         left, right, post = [], [], []
-        for f in self.factors(body):
+        factors, preds = self.masked_factors(body)
+        for f in factors:
             fd = set(self.eff_dims(f))
             if k not in fd:
                 # a per-row (or per-column) factor scales its operand: the tensor cores then
@@ -163,8 +164,20 @@ class ContractOps:
         b_mask = mask if mask is not None and md <= {n, k} and (not md <= {m, k} or (md <= {k} and computed[1])) \
             else None
         valid_k = self.lanes_valid(k)
-        a = self.operand(left, (m, k), a_mask if a_mask is not None or not computed[0] else valid_k)
-        b = self.operand(right, (k, n), b_mask if b_mask is not None or not computed[1] else valid_k)
+        a_mask = a_mask if a_mask is not None or not computed[0] else valid_k
+        b_mask = b_mask if b_mask is not None or not computed[1] else valid_k
+        for p in preds:  # a where's zero branch masks the operand it varies with: exact when the other
+            pd = set(p.dims)  # operand is data (finite) or gets the mask too
+            to_a, to_b = pd <= {m, k}, pd <= {n, k} and not pd <= {m, k}
+            if not (to_a or to_b):
+                return None
+            to_a, to_b = to_a or (pd <= {k} and computed[0]), to_b or (pd <= {k} and computed[1])
+            if (not to_a and computed[0]) or (not to_b and computed[1]):
+                return None
+            a_mask = self.both(a_mask, p) if to_a else a_mask
+            b_mask = self.both(b_mask, p) if to_b else b_mask
+        a = self.operand(left, (m, k), a_mask)
+        b = self.operand(right, (k, n), b_mask)
         if a.native and not b.native:
             b = Val(f"{b.code}.to({_TL_DTYPE[a.kind]})", b.dims, a.kind)
         elif b.native and not a.native:
@@ -185,6 +198,29 @@ class ContractOps:
         for f in post:
             r = self._mul(r, self.f32(self.value(f)))
         return r
+
+    def masked_factors(self, body: ir.Node) -> tuple[list[ir.Node], list[Val]]:
+        """The factors of `body` with each where(c, 0, x) / where(c, x, 0) among them opened: x's
+        factors, and the predicate under which it is not 0 (¬c / c) as a boolean value."""
+        factors, preds = [], []
+        todo = self.factors(body)
+        while todo:
+            f = todo.pop(0)
+            if isinstance(f, ir.Call) and f.op == "where" and ir.Const(0.0) in f.args[1:]:
+                c, x, y = f.args
+                keep = ir.Call("not", (c,)) if x == ir.Const(0.0) else c
+                preds.append(self.as_bool(self.value(keep)))
+                todo.extend(self.factors(y if x == ir.Const(0.0) else x))
+                continue
+            factors.append(f)
+        return factors, preds
+
+    def both(self, a: Val | None, b: Val) -> Val:
+        """a ∧ b (b when a is None)."""
+        if a is None:
+            return b
+        codes, dims = self.align([a, b])
+        return self.bind(f"({codes[0]} & {codes[1]})", dims, "b", "m")
 
     def _mul(self, a: Val, b: Val) -> Val:
         codes, dims = self.align([a, b])
