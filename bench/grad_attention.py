@@ -124,9 +124,9 @@ def main():
                 log("  forward plan: " + extra.program.alternative.structure)
                 log("  " + training_report(extra._first().op.qualname).replace("\n", "\n  "))
         torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        if args.out:  # (after every operator: a run cut short keeps what it measured)
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

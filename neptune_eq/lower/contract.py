@@ -227,11 +227,20 @@ class ContractOps:
         return self.bind(f"{codes[0]} * {codes[1]}", dims, "f")
 
     def operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
-        if len(factors) == 1 and isinstance(factors[0], ir.Load) and mask is None:
+        if len(factors) == 1 and isinstance(factors[0], ir.Load):
             v = self.load(factors[0], order=tuple(a for a in order if a in self.eff_dims(factors[0])))
             if v.dims != order:
                 v = Val(self.arrange(v, order), order, v.kind)
+            if mask is not None:  # masked in its own dtype: a 16-bit operand stays one for the tensor cores
+                if not set(mask.dims) <= set(order):
+                    return self._computed_operand(factors, order, mask)
+                codes, dims = self.align([mask, v])
+                w = self.bind(f"tl.where({codes[0]}, {codes[1]}, 0.0)", dims, v.kind, "p")
+                v = Val(self.arrange(w, order), order, v.kind)
             return v
+        return self._computed_operand(factors, order, mask)
+
+    def _computed_operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
         prod = self.f32(self.value(factors[0]))
         for f in factors[1:]:
             prod = self._mul(prod, self.f32(self.value(f)))
