@@ -87,6 +87,7 @@ def main():
     ap.add_argument("--L", type=int, default=16384)
     ap.add_argument("--check-L", type=int, default=1024)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--tune", action="store_true", help="prog.tune() neptune_eq's forward and backward first")
     args = ap.parse_args()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d")}
@@ -110,6 +111,10 @@ def main():
                 t0 = time.time()
                 grads(fn, xs, g)  # first call: compiles (neptune_eq: the backward too)
                 first = time.time() - t0
+                if args.tune and name == "neptune_eq":
+                    t0 = time.time()
+                    extra.tune(*xs, progress=False)  # (xs require grad: the training kernels too)
+                    log(f"  tuned in {time.time() - t0:.0f} s")
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 ms = triton.testing.do_bench(lambda fn=fn, xs=xs, g=g: grads(fn, xs, g), warmup=5, rep=50,
@@ -118,7 +123,8 @@ def main():
             except Exception as e:
                 log(f"{op} {name}: failed at L={args.L}: {str(e)[-1500:]}")
                 continue
-            rows.append({"op": op, "L": args.L, "impl": name, "fwd_bwd_ms": ms, "peak_GiB": peak, "first_s": first})
+            rows.append({"op": op, "L": args.L, "impl": name, "fwd_bwd_ms": ms, "peak_GiB": peak, "first_s": first,
+                         "tuned": bool(args.tune and name == "neptune_eq")})
             log(f"{op} L={args.L} {name}: fwd+bwd {ms:.2f} ms, peak {peak:.1f} GiB (first call {first:.0f} s)")
             if name == "neptune_eq":
                 log("  forward plan: " + extra.program.alternative.structure)

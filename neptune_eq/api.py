@@ -203,7 +203,10 @@ class Compiled:
         and the best-ranked plans of up to six other split-K choices (tune.tuning_candidates), each
         first checked on the stress sets against float64 (a plan over tolerance is never kept); keep
         the fastest, then autotune its kernels' tiles, warps and stages (cached on disk under the cache
-        directory). Later calls with this signature run the tuned kernels. Returns self."""
+        directory). Later calls with this signature run the tuned kernels. When an argument requires
+        grad, the kernels of training calls are tuned too: the training forward and the chosen
+        backward (fed random cotangents). Returns self."""
+        from .autograd import tune_training
         from .tune import autotune, cache_path, choose_plan
 
         if not torch.cuda.is_available() or not all(a.is_cuda for a in args if isinstance(a, torch.Tensor)):
@@ -212,10 +215,13 @@ class Compiled:
         variant = self._variant(args)
         if not isinstance(variant, _Variant):
             raise NeptuneError("tune(): these shapes have a zero-size dimension; nothing is compiled for them")
-        inputs = variant.captured.inputs(*args)
+        inputs = {n: x.detach() for n, x in variant.captured.inputs(*args).items()}
         best = choose_plan(variant.prog, inputs, candidates=candidates, progress=progress)
         autotune(best, inputs, progress=progress, cache_file=cache_path(self.cache.directory))
-        self.variants[_signature(args)] = _Variant.of(variant.captured, best, self.options, self.cache)
+        tuned = self.variants[_signature(args)] = _Variant.of(variant.captured, best, self.options, self.cache)
+        if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            tune_training(tuned.op.qualname, inputs, lambda compiled, feed: autotune(
+                compiled, feed, progress=progress, cache_file=cache_path(self.cache.directory)))
         return self
 
     # ---- calling

@@ -40,6 +40,8 @@ class _Training:
     why: str = ""  # why neither could be derived
     chosen: Backward | None = None
     report: list[str] = field(default_factory=list)
+    compile_fn: Callable[[ir.Program], object] | None = None
+    outs: list[tuple] = field(default_factory=list)  # (output name, shape, dtype) in op order
 
     @property
     def forward(self) -> ir.Program:  # the training forward: the outputs, then the statistics
@@ -111,6 +113,32 @@ def training_report(qualname: str) -> str:
     return "\n".join(t.report) if t is not None else ""
 
 
+def tune_training(qualname: str, inputs: dict[str, torch.Tensor], tune: Callable[[object, dict], object]) -> str:
+    """Tune the kernels a training call of op `qualname` runs at `inputs` (program input name → CUDA
+    tensor): `tune(compiled, inputs)` on the training forward, then on the chosen backward, fed the
+    statistics that forward writes and random cotangents. Returns the backward's mode."""
+    t = _TRAINING.get(qualname)
+    if t is None or (t.recompute is None and t.saved is None):
+        raise NoBackward(t.why if t is not None else f"{qualname}: no training op")
+    back = _choose(qualname, t, t.compile_fn)
+    fwd = _compiled(f"{qualname}:forward", t.forward, t.compile_fn)
+    inputs = {n: x.detach() for n, x in inputs.items()}
+    tune(fwd, inputs)
+    written = fwd.run(inputs, {n: dt for n, _, dt in t.outs} | {s: getattr(torch, o.dtype) for o in t.forward.outputs
+                                                                  if (s := o.name) in t.stats})
+    mode = "saved" if back.saved is not None else "recompute"
+    spec = back.program.inputs
+    feed = dict(inputs)
+    if back.saved is not None:
+        feed |= {n: written[n] for n in (*back.saved.outputs, *back.saved.stats)}
+    gen = torch.Generator(device=next(iter(inputs.values())).device).manual_seed(0)
+    for name in back.cotangents.values():
+        feed[name] = torch.randn(back.program.input_shape(name), generator=gen, device=gen.device,
+                                 dtype=getattr(torch, spec[name].dtype))
+    tune(_compiled(f"{qualname}:{mode}", back.program, t.compile_fn), feed)
+    return mode
+
+
 def attach(op, qualname: str, program: ir.Program, names: list[str], outs: list[tuple],
            compile_fn: Callable[[ir.Program], object]) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
     """Give `op` (the inference op) a training twin and return the call running it: xs → outputs
@@ -119,6 +147,7 @@ def attach(op, qualname: str, program: ir.Program, names: list[str], outs: list[
     t = _TRAINING.get(qualname)
     if t is None:
         t = _TRAINING[qualname] = _derive(program)
+    t.compile_fn, t.outs = compile_fn, outs
 
     def refuse(ctx, inputs, output):  # the inference op is never called with gradients
         raise NoBackward(f"{program.name}: the inference op was called where gradients are needed")
@@ -211,4 +240,4 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
     return bop
 
 
-__all__ = ["attach", "training_report"]
+__all__ = ["attach", "training_report", "tune_training"]

@@ -79,3 +79,23 @@ def test_attention_backward_inside_torch_compile():
         slopes.mul_(2.0)
     out = step(q, k, v)
     assert (out.double() - reference(q.double(), k.double(), v.double(), slopes.detach().double())).abs().max() < 1e-5
+
+
+def test_tuning_feeds_the_training_kernels_what_they_read():
+    """Compiled.tune(...) with inputs that require grad also tunes the training forward and the chosen
+    backward (tune.autotune needs a GPU; here a stand-in runs each program on the feed it would get)."""
+    from neptune_eq.autograd import tune_training
+
+    def scaled_softmax(x, w):
+        return torch.softmax(x * w, -1)
+
+    x, w = torch.randn(3, 5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    prog = neptune_eq.compile(scaled_softmax, x, w)
+    seen = []
+
+    def run(compiled, feed):
+        seen.append(compiled.program.name)
+        assert all(torch.isfinite(v).all() for v in compiled.run(feed).values())
+
+    mode = tune_training(prog._first().op.qualname, {"x": x, "w": w}, run)
+    assert mode in ("saved", "recompute") and len(seen) == 2 and seen[1].endswith("_backward"), seen
