@@ -59,7 +59,22 @@ def _options(rules, kw) -> Options:
     return with_user_rules(Options(**kw), rules)
 
 
-def compile_cached(program: ir.Program, options: Options, cache: CompileCache) -> CompiledProgram:
+@dataclass
+class Stats:
+    """What a compiled function has done (Compiled.stats()): a new length or dtype is a new signature,
+    captured and compiled again (or found in the compile cache)."""
+
+    captures: int = 0  # traces of fn: a new signature, or its environment changed
+    compiles: int = 0  # programs searched and lowered (compile-cache misses), backward programs included
+    cache_hits: int = 0  # programs found in the compile cache
+    calls: int = 0  # calls from Python (a torch.compile'd graph runs the op without Python: not counted)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+def compile_cached(program: ir.Program, options: Options, cache: CompileCache,
+                   stats: Stats | None = None) -> CompiledProgram:
     """The ranked plans of `program`, from the cache or a fresh compile (which is then cached)."""
     device = options.device or from_torch()
     options = replace(options, device=device, cache_dir=cache.directory)  # kernel modules and tuning go there too
@@ -68,6 +83,10 @@ def compile_cached(program: ir.Program, options: Options, cache: CompileCache) -
     if hit is None:
         hit = snapshot(compile_program(program, options))
         cache.put(key, hit)
+        if stats is not None:
+            stats.compiles += 1
+    elif stats is not None:
+        stats.cache_hits += 1
     return CompiledProgram(hit)
 
 
@@ -87,10 +106,11 @@ class _Variant:
     _op_of: object = field(default=None, repr=False)  # the CompiledProgram `op` runs
 
     @classmethod
-    def of(cls, captured, prog: CompiledProgram, options: Options, cache: CompileCache) -> _Variant:
+    def of(cls, captured, prog: CompiledProgram, options: Options, cache: CompileCache,
+           stats: Stats | None = None) -> _Variant:
         from .frontend.compiled import CompiledFunction  # the frontend loads on first use, not at import
 
-        compile_fn = lambda program: compile_cached(program, options, cache)  # noqa: E731
+        compile_fn = lambda program: compile_cached(program, options, cache, stats)  # noqa: E731
         return cls(CompiledFunction(captured, prog, recompile=compile_fn), compile_fn)._with_op()
 
     def _with_op(self) -> _Variant:
@@ -129,6 +149,12 @@ class Compiled:
     cache: CompileCache
     variants: dict[tuple, _Variant] = field(default_factory=dict)  # by signature (_signature)
     first: tuple | None = None
+    counts: Stats = field(default_factory=Stats)
+
+    def stats(self) -> dict[str, int]:
+        """{'captures', 'compiles', 'cache_hits', 'calls', 'signatures'}: e.g. whether a call at a new
+        length captured and compiled again (today every new shape does; issue 14)."""
+        return self.counts.as_dict() | {"signatures": len(self.variants)}
 
     # ---- the example signature's program (what the attributes describe)
     def _variant(self, args):
@@ -144,8 +170,10 @@ class Compiled:
             except ZeroSizeCapture:
                 got = self.variants[sig] = EagerFunction(self.fn)
                 return got
-            prog = compile_cached(captured.program, self.options, self.cache)
-            got = self.variants[sig] = _Variant.of(captured, prog, self.options, self.cache)
+            finally:
+                self.counts.captures += 1
+            prog = compile_cached(captured.program, self.options, self.cache, self.counts)
+            got = self.variants[sig] = _Variant.of(captured, prog, self.options, self.cache, self.counts)
             if self.first is None:
                 self.first = sig
         return got
@@ -218,7 +246,8 @@ class Compiled:
         inputs = {n: x.detach() for n, x in variant.captured.inputs(*args).items()}
         best = choose_plan(variant.prog, inputs, candidates=candidates, progress=progress)
         autotune(best, inputs, progress=progress, cache_file=cache_path(self.cache.directory))
-        tuned = self.variants[_signature(args)] = _Variant.of(variant.captured, best, self.options, self.cache)
+        tuned = self.variants[_signature(args)] = _Variant.of(variant.captured, best, self.options, self.cache,
+                                                              self.counts)
         if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             tune_training(tuned.op.qualname, inputs, lambda compiled, feed: autotune(
                 compiled, feed, progress=progress, cache_file=cache_path(self.cache.directory)))
@@ -229,7 +258,13 @@ class Compiled:
         if torch.compiler.is_compiling():
             # traced by dynamo: only tensor reshapes and one custom op (the example signature's)
             return self._first()(args)
-        return self._variant(args)(args)
+        variant = self._variant(args)
+        before = getattr(variant, "captured", None)
+        out = variant(args)
+        if getattr(variant, "captured", None) is not before:  # fn's environment changed: captured again
+            self.counts.captures += 1
+        self.counts.calls += 1
+        return out
 
 
 def _custom_op(captured, prog: CompiledProgram, compile_fn=None):
@@ -290,16 +325,20 @@ _ATTENTION: dict[tuple, _Variant] = {}  # (mods, signature, options) → neptune
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod=None, mask_mod=None,
-              enable_gqa: bool = False, scale: float | None = None, *, cache_dir=None, **options) -> torch.Tensor:
+              enable_gqa: bool = False, scale: float | None = None, *, return_lse: bool = False, cache_dir=None,
+              **options):
     """FlexAttention-compatible attention: `score_mod(score, b, h, q_idx, kv_idx)` rewrites the
     scaled score, `mask_mod(b, h, q_idx, kv_idx)` keeps a pair when True. q is [B, Hq, L, D], k and v
-    [B, Hkv, S, D] (Hkv may divide Hq with enable_gqa=True). A query row with no kept key gives 0."""
+    [B, Hkv, S, D] (Hkv may divide Hq with enable_gqa=True). A query row with no kept key gives 0.
+    With return_lse=True the result is (out, lse), lse [B, Hq, L] float32 the natural log-sum-exp of
+    each row's modified, masked scores (-inf for a row with no kept key), computed by the same
+    kernels (the e-graph shares the row max and sum between the two outputs)."""
     from .frontend import attention_capture
     from .frontend.capture import ZeroSizeCapture
     from .frontend.compiled import EagerFunction
     from .frontend.flex import attention_function
 
-    key = (score_mod, mask_mod, enable_gqa, scale, _signature((q, k, v)), repr(sorted(options.items())),
+    key = (score_mod, mask_mod, enable_gqa, scale, return_lse, _signature((q, k, v)), repr(sorted(options.items())),
            str(cache_dir))
     got = _ATTENTION.get(key)
     if got is None:
@@ -308,10 +347,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod=None,
                                "dtypes and modifiers first (capturing cannot run while dynamo traces)")
         try:
             captured = attention_capture(q, k, v, score_mod=score_mod, mask_mod=mask_mod, enable_gqa=enable_gqa,
-                                         scale=scale)
+                                         scale=scale, return_lse=return_lse)
         except ZeroSizeCapture:
             got = _ATTENTION[key] = EagerFunction(attention_function(q, k, v, score_mod, mask_mod, enable_gqa,
-                                                                     scale))
+                                                                     scale, return_lse))
             return got((q, k, v))
         opts, cache = _options((), options), _cache_for(Path(cache_dir) if cache_dir else None)
         got = _ATTENTION[key] = _Variant.of(captured, compile_cached(captured.program, opts, cache), opts, cache)

@@ -40,10 +40,11 @@ from .source import CaptureError
 
 def attention_function(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod: Callable | None = None,
                        mask_mod: Callable | None = None, enable_gqa: bool = False,
-                       scale: float | None = None) -> Callable:
+                       scale: float | None = None, return_lse: bool = False) -> Callable:
     """flex attention with these modifiers as a plain PyTorch function of (q, k, v) at these shapes:
     what attention_capture traces, and what runs eagerly where there is nothing to compile (a
-    zero-size dimension)."""
+    zero-size dimension). With return_lse it returns (out, lse): lse [B, Hq, Lq] float32, the natural
+    log-sum-exp of each row's modified, masked scores (-inf for a row with no kept key)."""
     _check_shapes(q, k, v, enable_gqa)
     if scale is None and q.shape[-1] == 0:
         raise CaptureError("the default scale 1/sqrt(head_dim) needs head_dim > 0; pass scale=")
@@ -69,19 +70,20 @@ def attention_function(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_
                 keep = torch.tensor(bool(keep), device=q.device)
             score = torch.where(keep, score, -math.inf)
         # a row with every key masked gives 0, as FlexAttention (torch.softmax would give nan)
-        return torch.ops.aten._safe_softmax(score, -1) @ v
+        out = torch.ops.aten._safe_softmax(score, -1) @ v
+        return (out, torch.logsumexp(score.float(), -1)) if return_lse else out
 
     return flex_attention
 
 
 def attention_capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod: Callable | None = None,
                       mask_mod: Callable | None = None, enable_gqa: bool = False,
-                      scale: float | None = None) -> Captured:
+                      scale: float | None = None, return_lse: bool = False) -> Captured:
     """Trace flex attention with these modifiers at the shapes of q [B, Hq, Lq, D], k [B, Hkv, Lkv, D],
     v [B, Hkv, Lkv, Dv]; call the result's `reference(q, k, v)` or `compile()` like flex_attention.
     What the modifiers read from their environment (a captured `cap`, a `slopes` tensor) is guarded:
     a compiled call re-captures when it changes."""
-    fn = attention_function(q, k, v, score_mod, mask_mod, enable_gqa, scale)
+    fn = attention_function(q, k, v, score_mod, mask_mod, enable_gqa, scale, return_lse)
     return capture(fn, q, k, v, name="flex_attention")
 
 
