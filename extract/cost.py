@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from neptune_eq import ir
+from neptune_eq.contraction import is_product, opened
 from neptune_eq.device import DeviceSpec
 from neptune_eq.masks import affine_part
 from neptune_eq.ops import OPS
@@ -120,9 +121,9 @@ class _Counter:
     def count(self, exprs: list[ir.Node], loop: str | None, reps: float, seen: set, kloop: bool = False) -> None:
         for e in exprs:
             for n in ir.walk(e):  # a contraction lowered to tl.dot: its product is tensor-core work
-                if isinstance(n, ir.Reduce) and n.op == "sum" and ir.is_product(n.body) \
+                if isinstance(n, ir.Reduce) and n.op == "sum" and is_product(n.body) \
                         and n.axis in self.block_axes | {loop}:
-                    seen.update(ir.dot_structure(n.body)[0])
+                    seen.update(opened(n.body).structure)
             for n in ir.walk(e):
                 if n in seen:
                     continue
@@ -226,10 +227,10 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
             core = comp.core
             el = c.size(core.axes | {ph.axis}, ph.axis) * iters
             dims = [a for a in core.axes | {ph.axis} if a in c.block_axes or a == ph.axis]
-            dot = comp.op == "sum" and ir.is_product(core) and len(dims) == 3
+            dot = comp.op == "sum" and is_product(core) and len(dims) == 3
             if dot:
                 c.tc += 2.0 * el  # a tile contraction: tl.dot
-                exprs = ir.dot_structure(core)[1]
+                exprs = [*opened(core).factors, *opened(core).conditions]
             else:
                 c.alu += el  # the tile reduction
                 exprs = [core]
@@ -296,7 +297,7 @@ def _tile_elements(k: KernelPlan, sched: KernelSchedule, program: ir.Program, pl
         for c in ps.comps:
             axes = sorted(set(c.core.axes) & ({*tiled, ps.axis} | inner))
             t = [sched.tiles.get(a, 1) for a in axes]
-            if c.op == "sum" and ir.is_product(c.core) and len(t) == 3 and min(t) >= 16:
+            if c.op == "sum" and is_product(c.core) and len(t) == 3 and min(t) >= 16:
                 # a dot: operands staged through shared memory, the accumulator is the state
                 size = max(t[0] * t[1], t[1] * t[2], t[0] * t[2]) / 2
             else:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from neptune_eq import ir
+from neptune_eq.contraction import is_product
 from neptune_eq.fusion.types import Binding, LoopCandidate, direct_bindings
 from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
@@ -90,7 +91,7 @@ class PlanSpace:
 
 def _tile_contraction(b: Binding) -> bool:
     """A sum of products into two free axes: per tile a tl.dot, over a long axis a K-loop of them."""
-    return b.op == "sum" and len(b.free) >= 2 and ir.is_product(b.node.body)
+    return b.op == "sum" and len(b.free) >= 2 and is_product(b.node.body)
 
 
 def _covers(names: list[str], loops: list[tuple[int, LoopCandidate]]):

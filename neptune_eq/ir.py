@@ -297,34 +297,6 @@ def substitute(node: Node, mapping: dict[Node, Node]) -> Node:
     return rebuild(node, lambda old, new: mapping.get(old, mapping.get(new, new)))
 
 
-def is_product(node: Node) -> bool:
-    """A product a·b or a quotient a/b (whose divisor scales an operand), or one under where(c, 0, ·) /
-    where(c, ·, 0) (the where masks an operand): the body of a sum that can become a tl.dot."""
-    return dot_structure(node) is not None
-
-
-def dot_structure(node: Node) -> tuple[list[Node], list[Node]] | None:
-    """(the structural nodes: the zero-branch wheres and the product tree under them, the rest: the
-    factors and the wheres' conditions) for a body is_product accepts, else None."""
-    wrappers, rest = [], []
-    while isinstance(node, Call) and node.op == "where" and Const(0.0) in node.args[1:]:
-        c, x, y = node.args
-        wrappers.append(node)
-        rest.append(c)
-        node = y if x == Const(0.0) else x
-    if not (isinstance(node, Call) and node.op in ("mul", "div")):
-        return None
-    todo = [node]  # the product tree, flattened: its factors are the operands' (a divisor scales one)
-    while todo:
-        n = todo.pop()
-        if isinstance(n, Call) and n.op in ("mul", "div"):
-            wrappers.append(n)
-            todo.extend(n.args)
-        else:
-            rest.append(n)
-    return wrappers, rest
-
-
 def count_nodes(node: Node) -> int:
     return sum(1 for _ in walk(node))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from .. import ir
+from ..contraction import opened
 from ..numeric import INT_IDENTITY
 from ..ops import MONOIDS, OPS
 from .values import (
@@ -22,16 +23,6 @@ from .values import (
 
 class ContractOps:
     """KernelWriter's reductions (a mixin)."""
-
-    def factors(self, n: ir.Node) -> list[ir.Node]:
-        """The factors of a product; a divisor is the factor 1/b (a per-row divisor then scales its
-        operand: Σ_i a·b / l[i] is a dot)."""
-        if isinstance(n, ir.Call) and n.op == "mul":
-            return self.factors(n.args[0]) + self.factors(n.args[1])
-        if isinstance(n, ir.Call) and n.op == "div" and not (isinstance(n.args[0], ir.Const)
-                                                            and n.args[0].value == 1.0):
-            return [*self.factors(n.args[0]), ir.Call("div", (ir.Const(1.0), n.args[1]))]
-        return [n]
 
     def contract(self, op: str, axis: str, body: ir.Node, mask: Val | None, acc: Val | None = None,
                  integer: bool = False) -> Val:
@@ -200,20 +191,10 @@ class ContractOps:
         return r
 
     def masked_factors(self, body: ir.Node) -> tuple[list[ir.Node], list[Val]]:
-        """The factors of `body` with each where(c, 0, x) / where(c, x, 0) among them opened: x's
-        factors, and the predicate under which it is not 0 (¬c / c) as a boolean value."""
-        factors, preds = [], []
-        todo = self.factors(body)
-        while todo:
-            f = todo.pop(0)
-            if isinstance(f, ir.Call) and f.op == "where" and ir.Const(0.0) in f.args[1:]:
-                c, x, y = f.args
-                keep = ir.Call("not", (c,)) if x == ir.Const(0.0) else c
-                preds.append(self.as_bool(self.value(keep)))
-                todo.extend(self.factors(y if x == ir.Const(0.0) else x))
-                continue
-            factors.append(f)
-        return factors, preds
+        """The factors of `body` (contraction.opened: a divisor b is the factor 1/b, a zero-branch where
+        is opened) and the conditions under which it is not 0, as boolean values."""
+        parts = opened(body)
+        return list(parts.factors), [self.as_bool(self.value(c)) for c in parts.conditions]
 
     def both(self, a: Val | None, b: Val) -> Val:
         """a ∧ b (b when a is None)."""
