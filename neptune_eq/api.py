@@ -150,6 +150,8 @@ class Compiled:
     variants: dict[tuple, _Variant] = field(default_factory=dict)  # by signature (_signature)
     first: tuple | None = None
     counts: Stats = field(default_factory=Stats)
+    dynamic: object = None  # compile(dynamic=...): True or {argument index: [dimensions]}
+    family: object = None  # frontend.dynamic.DynamicFunction serving every length of the dynamic axes
 
     def stats(self) -> dict[str, int]:
         """{'captures', 'compiles', 'cache_hits', 'calls', 'signatures'}: e.g. whether a call at a new
@@ -178,7 +180,32 @@ class Compiled:
                 self.first = sig
         return got
 
+    def _family_for(self, args):
+        """The dynamic function serving `args`, built (captured, its lengths resolved) on first use."""
+        from .frontend import capture
+        from .frontend.capture import ZeroSizeCapture
+        from .frontend.dynamic import DynamicFunction, example_signature, resolve
+
+        if self.dynamic is None or self.dynamic is False:
+            return None
+        if self.family is None:
+            try:
+                captured = capture(self.fn, *args)
+            except ZeroSizeCapture:
+                return None
+            finally:
+                self.counts.captures += 1
+            lengths = resolve(captured, self.dynamic, args, self.counts)
+            if not lengths.groups:
+                return None
+            compile_fn = lambda program: compile_cached(program, self.options, self.cache, self.counts)  # noqa: E731
+            self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args))
+            self.family.op = _dynamic_op(self.family)
+        return self.family
+
     def _first(self) -> _Variant:
+        if self.first is None and self.family is not None:
+            return self.family
         if self.first is None:
             raise NeptuneError("nothing was compiled: every signature seen so far has a zero-size dimension "
                                "(the function itself runs for those)")
@@ -257,7 +284,15 @@ class Compiled:
     def __call__(self, *args):
         if torch.compiler.is_compiling():
             # traced by dynamo: only tensor reshapes and one custom op (the example signature's)
+            if self.family is not None:
+                return self.family.traced(args, self.family.op)
             return self._first()(args)
+        family = self._family_for(args)
+        if family is not None and not family.captured.needs_grad(args):
+            ns = family.serves(args)
+            if ns is not None:
+                self.counts.calls += 1
+                return family(args, ns)
         variant = self._variant(args)
         before = getattr(variant, "captured", None)
         out = variant(args)
@@ -301,12 +336,35 @@ def _custom_op(captured, prog: CompiledProgram, compile_fn=None):
     return call
 
 
-def compile(fn, *example_inputs, rules=(), cache_dir: str | Path | None = None, **options) -> Compiled:
+def _dynamic_op(family):
+    """A torch.library op running a dynamic function's program at the lengths of its inputs (each
+    bucket's compile chosen at the call), with a fake kernel shaped by those lengths."""
+    qualname = f"neptune_eq::d{family.digest()}"
+    _RUNNERS[qualname] = family
+    if qualname not in _OPS:
+        @torch.library.custom_op(qualname, mutates_args=())
+        def op(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+            return _RUNNERS[qualname].run_inputs(xs)
+
+        @op.register_fake
+        def _(xs):
+            return _RUNNERS[qualname].fake_outputs(xs)
+
+        _OPS[qualname] = (op, None)
+    op = _OPS[qualname][0]
+    op.qualname = qualname
+    return op
+
+
+def compile(fn, *example_inputs, rules=(), cache_dir: str | Path | None = None, dynamic=None,
+            **options) -> Compiled:
     """Capture `fn` at the example inputs, search its fused plans and return a callable like `fn`.
 
     `options` are the fields of neptune_eq.pipeline.Options (budget, split_factors, device, ...);
     `rules` adds user rewrite rules (files, Rule objects or egglog rewrites; checked for soundness).
     An ir.Program may be passed instead of a function (then without example inputs).
+    `dynamic=True` serves every length of every dimension that can change (one compile per bucket of
+    lengths; see neptune_eq.frontend.dynamic), `dynamic={argument index: [dimensions]}` those named.
     """
     opts = _options(rules, options)
     cache = _cache_for(Path(cache_dir) if cache_dir else None)
@@ -316,8 +374,11 @@ def compile(fn, *example_inputs, rules=(), cache_dir: str | Path | None = None, 
         return compile_cached(fn, opts, cache)
     if not callable(fn):
         raise NeptuneError(f"compile() needs a function or an ir.Program, got {type(fn).__name__}")
-    out = Compiled(fn, opts, cache)
-    out._variant(example_inputs)
+    out = Compiled(fn, opts, cache, dynamic=dynamic)
+    if out._family_for(example_inputs) is None:
+        out._variant(example_inputs)
+    else:
+        _ = out.family.prog  # the example's bucket, compiled now
     return out
 
 

@@ -334,12 +334,17 @@ class Program:
     axes: dict[str, int] = field(default_factory=dict)
     inputs: dict[str, TensorSpec] = field(default_factory=dict)
     outputs: list[Output] = field(default_factory=list)
+    # axes whose length is only known at the call: `axes` holds the largest length the compile serves
+    # (a bucket's bound); the e-graph holds no value for them and the kernels take them as arguments
+    dynamic: frozenset[str] = frozenset()
 
     def validate(self) -> Program:
         """Raise ProgramError naming the first problem found."""
         for ax, n in self.axes.items():
             if not isinstance(n, int) or n < 1:
                 raise ProgramError(f"axis '{ax}' of program '{self.name}' has extent {n!r}; expected an int >= 1")
+        for ax in self.dynamic:
+            self._check_axis(ax, "the dynamic axes")
         for spec in self.inputs.values():
             for ax in spec.axes:
                 self._check_axis(ax, f"input '{spec.name}'")
@@ -424,7 +429,11 @@ class Program:
             if k not in axes:
                 self._check_axis(k, "with_extents")
             axes[k] = v
-        return Program(self.name, axes, dict(self.inputs), list(self.outputs)).validate()
+        return Program(self.name, axes, dict(self.inputs), list(self.outputs), self.dynamic).validate()
+
+    def with_dynamic(self, axes) -> Program:
+        """The same program with the lengths of `axes` only known at the call (up to their extents here)."""
+        return Program(self.name, dict(self.axes), dict(self.inputs), list(self.outputs), frozenset(axes)).validate()
 
     def with_dtypes(self, dtypes: dict[str, str], outputs: str | None = None) -> Program:
         """The same program with other input dtypes (and, if given, one dtype for every output)."""
@@ -434,7 +443,7 @@ class Program:
                 raise ProgramError(f"with_dtypes: unknown input '{k}' (inputs: {', '.join(inputs)})")
             inputs[k] = replace(inputs[k], dtype=v)
         outs = [Output(o.name, o.axes, o.expr, outputs or o.dtype) for o in self.outputs]
-        return Program(self.name, dict(self.axes), inputs, outs).validate()
+        return Program(self.name, dict(self.axes), inputs, outs, self.dynamic).validate()
 
     def __str__(self) -> str:
         return self.text()
@@ -443,7 +452,8 @@ class Program:
         """The program, readable; `exact` (the compile cache's key) writes constants bit for bit and
         every output's dtype, so programs that differ in either never share a key."""
         lines = [f"program {self.name}"]
-        lines.append("  axes: " + ", ".join(f"{a}={n}" for a, n in self.axes.items()))
+        lines.append("  axes: " + ", ".join(f"{a}{'<=' if a in self.dynamic else '='}{n}"
+                                            for a, n in self.axes.items()))
         for s in self.inputs.values():
             lines.append(f"  input {s.name}[{', '.join(s.axes)}]: {s.dtype}"
                          + (f" = {show_shared([s.holds], exact=exact)[1][0]}" if s.holds is not None else ""))

@@ -269,7 +269,7 @@ def _timed(c: Compilation, key: str, fn) -> None:
 def _encode(program: ir.Program, options: Options, progress, started: float | None = None) -> Compilation:
     t0 = time.perf_counter()
     eg = EGraph()
-    enc = Encoder(eg, tuple(program.axes), dict(program.axes))
+    enc = Encoder(eg, tuple(program.axes), dict(program.axes), program.dynamic)
     roots = {o.name: enc.encode(o.expr) for o in program.outputs}
     # an input that holds a computed value (a saved statistic) is that value: the analyses see what it
     # is (s − m ≤ 0 for a saved max m), the extractor never recomputes it (_extractor)

@@ -269,6 +269,7 @@ class Encoder:
     egraph: EGraph
     axis_order: tuple[str, ...]
     extents: dict[str, int]
+    dynamic: frozenset[str] = frozenset()  # axes of unknown length: no extent fact (Σⱼ b ↛ n·b)
     loads: dict[str, ir.Load] = field(default_factory=dict)
     syms: dict[str, ir.StateRef] = field(default_factory=dict)  # Term.sym key → the reference
     _memo: dict[ir.Node, Term] = field(default_factory=dict)
@@ -283,13 +284,14 @@ class Encoder:
         self.egraph.register(Term(f64(0.0)), Term(f64(1.0)))
         for ax in self.axis_order:
             self._pending.append(set_(axis_bit(ax)).to(i64(1 << self.axis_order.index(ax))))
-            self._pending.append(set_(extent(ax)).to(i64(self.extents[ax])))
+            if ax not in self.dynamic:
+                self._pending.append(set_(extent(ax)).to(i64(self.extents[ax])))
         self.flush()
 
     def fresh(self) -> Encoder:
         """An encoder into the same e-graph that shares the axis facts but not the memo."""
         out = Encoder.__new__(Encoder)
-        out.egraph, out.axis_order, out.extents = self.egraph, self.axis_order, self.extents
+        out.egraph, out.axis_order, out.extents, out.dynamic = self.egraph, self.axis_order, self.extents, self.dynamic
         out.loads, out.syms, out._memo, out._pending, out._size, out._lets = {}, {}, {}, [], {}, self._lets
         return out
 

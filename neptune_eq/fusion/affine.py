@@ -132,10 +132,11 @@ def to_old(node: ir.Node, names) -> ir.Node:
 class AffineSearcher:
     """One e-graph for the affine searches of a compile (each query between push() and pop())."""
 
-    def __init__(self, axis_order, extents, rules: list[Rule], budget: Budget = AFFINE_BUDGET):
+    def __init__(self, axis_order, extents, rules: list[Rule], budget: Budget = AFFINE_BUDGET,
+                 dynamic: frozenset[str] = frozenset()):
         self.axis_order, self.extents, self.budget = tuple(axis_order), dict(extents), budget
         self.egraph = EGraph()
-        self.base = Encoder(self.egraph, self.axis_order, self.extents)
+        self.base = Encoder(self.egraph, self.axis_order, self.extents, dynamic)
         rs = [r for r in rules if r.name not in _NOT_HERE] + EXPAND
         self.schedule = ruleset(*[r.egglog() for r in rs], name=f"affine_rules_{len(rs)}") | analysis.ANALYSIS
         self.names = {r.egglog().decl: r.name for r in rs}

@@ -37,10 +37,11 @@ class CorrectionSearcher:
     """One e-graph for all correction searches of a compile: the rules are registered once and
     every query runs between push() and pop(), so queries cannot see each other."""
 
-    def __init__(self, axis_order, extents, rules: list[Rule], budget: Budget = CORRECTION_BUDGET):
+    def __init__(self, axis_order, extents, rules: list[Rule], budget: Budget = CORRECTION_BUDGET,
+                 dynamic: frozenset[str] = frozenset()):
         self.axis_order, self.extents, self.rules, self.budget = tuple(axis_order), dict(extents), rules, budget
         self.egraph = EGraph()
-        self.base = Encoder(self.egraph, self.axis_order, self.extents)  # axis facts, registered once
+        self.base = Encoder(self.egraph, self.axis_order, self.extents, dynamic)  # axis facts, registered once
         self.schedule = ruleset(*[r.egglog() for r in rules], name=f"corr_rules_{len(rules)}") | analysis.ANALYSIS
         self.names = {r.egglog().decl: r.name for r in rules}
 

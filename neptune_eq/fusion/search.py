@@ -166,7 +166,8 @@ class FusionSearch:
                 key = ir.Call("and", (core, old))
                 if key not in self.corrections:
                     if self._searcher is None:
-                        self._searcher = CorrectionSearcher(self.encoder.axis_order, self.encoder.extents, self.rules)
+                        self._searcher = CorrectionSearcher(self.encoder.axis_order, self.encoder.extents, self.rules,
+                                                            dynamic=self.encoder.dynamic)
                     self._searcher.budget = self._search_budget()
                     self.corrections[key] = self._searcher.correction_for(core, old, b.op, axis)
                 comp.correction = self.corrections[key]
@@ -207,6 +208,10 @@ class FusionSearch:
             return
         core, running, zero, symbols = comp.core, set(names), {}, {}
         additive = additive_uses(comp.core, sums)
+        if additive and axis in self.encoder.dynamic:
+            comp.affine = AffineResult(reason=f"a running sum is used additively and {axis}'s length is only known at "
+                                              "the call: no running mean divides by a known count")
+            return
         if additive:
             whole = {c.binding.name for c in comps if _unmasked(c)}
             if not _unmasked(comp) or not additive <= whole:
@@ -245,7 +250,8 @@ class FusionSearch:
                 comp.affine = self.corrections_affine[key] = AffineResult(reason=f"no affine repair exists: {misfit}")
                 return
             if self._affine is None:
-                self._affine = AffineSearcher(self.encoder.axis_order, self.encoder.extents, self.rules)
+                self._affine = AffineSearcher(self.encoder.axis_order, self.encoder.extents, self.rules,
+                                                  dynamic=self.encoder.dynamic)
             if self._saturator is not None:  # within what the compile's time budget has left
                 left = max(0.0, min(AFFINE_BUDGET.max_seconds, self._saturator.remaining()))
                 self._affine.budget = replace(AFFINE_BUDGET, max_seconds=left)

@@ -81,7 +81,7 @@ class ContractOps:
         self.lines, self.depth = body_lines, outer_depth + 1
         self.scopes.append(_Scope(axis=axis, variant=set(), lines=body_lines, depth=outer_depth + 1))
         self.vector[axis], self.starts[axis] = f"offs_{a}", f"start_{a}"
-        self.tail_masks[axis] = self.program.axes[axis] % self.tiles[axis] != 0
+        self.tail_masks[axis] = not self.tiled_exactly(axis, self.tiles[axis])
         try:
             self.emit(f"offs_{a} = start_{a} + tl.arange(0, BLOCK_{a})")
             valid = Val(f"(offs_{a} < {self.extent(axis)})", (axis,), "b") if self.tail_masks[axis] else None

@@ -64,6 +64,18 @@ class KernelWriter(MemoryOps, ContractOps):
         self.n_tmp += 1
         return f"{stem}{self.n_tmp}"
 
+    def tiled_exactly(self, axis: str, tile: int) -> bool:
+        """Do tiles of `tile` cover `axis` with no lane past its end? Never known for a dynamic axis."""
+        return axis not in self.program.dynamic and self.program.axes[axis] % tile == 0
+
+    def one_tile(self, axis: str, tile: int | None) -> bool:
+        """Is `axis` exactly one tile of `tile` lanes (no lane past its end)? Never known for a dynamic axis."""
+        return axis not in self.program.dynamic and self.program.axes[axis] == tile
+
+    def size(self, axis: str) -> str:
+        """The length of `axis` in code: a literal where the kernel is compiled for it, else n_<axis>."""
+        return self.extent(axis) if axis in self.program.dynamic else str(self.program.axes[axis])
+
     def extent(self, axis: str) -> str:
         if axis not in self.extents:
             self.extents.append(axis)

@@ -109,21 +109,35 @@ class Launcher:
         self._runners: dict = {}  # specialisation key → Triton's launcher of the compiled kernel
         self._out_shapes = [(o.name, self.program.output_shape(o), _TORCH_DTYPES[o.dtype or "float32"])
                             for o in program.outputs]
+        # a dynamic axis's length is read from the first input that has it (input name, dimension)
+        self._lengths = {a: next((n, d) for n, s in program.inputs.items() for d, b in enumerate(s.axes) if b == a)
+                         for a in sorted(program.dynamic)}
         self._calls = []
         pdl = any(ks.pdl for ks in kernels) and _has_grid_dependency_control()
         for ks in kernels:
-            n_prog = ks.chunks
-            for a, step in ks.grid:
-                n_prog *= math.ceil(program.axes[a] / step)
-            extents = [program.axes[a] for a in ks.extents]
             consts = dict(ks.constexprs)
             if "USE_PDL" in consts:  # see lower/triton.py: _dependent_launches
                 consts["USE_PDL"] = pdl
             opts = {"num_warps": ks.schedule.num_warps, "num_stages": ks.schedule.num_stages}
             if ks.pdl and pdl:
                 opts["launch_pdl"] = True
-            self._calls.append((getattr(module, ks.name), [t.name for t in ks.tensors], extents, (n_prog,),
+            extents, grid = _sizes(ks, program.axes)
+            self._calls.append((getattr(module, ks.name), [t.name for t in ks.tensors], extents, grid,
                                 consts, {**consts, **opts}))
+
+    def _at(self, inputs: dict[str, torch.Tensor]) -> tuple[list, list, dict[str, int] | None]:
+        """This call's launches and output shapes: the compiled ones, or for a dynamic program those
+        of the lengths the inputs have (with the lengths, which check_inputs has checked)."""
+        if not self._lengths:
+            return self._calls, self._out_shapes, None
+        axes = dict(self.program.axes)
+        for a, (name, d) in self._lengths.items():
+            axes[a] = inputs[name].shape[d]
+        calls = [(fn, names, *_sizes(ks, axes), kw, cuda_kw)
+                 for ks, (fn, names, _, _, kw, cuda_kw) in zip(self.kernels, self._calls)]
+        outs = [(name, tuple(axes[a] for a in o.axes), dt) for o, (name, _, dt) in zip(self.program.outputs,
+                                                                                     self._out_shapes)]
+        return calls, outs, axes
 
     def _wide_for(self, inputs: dict[str, torch.Tensor]) -> Launcher | None:
         """The 64-bit-offset launcher where some input's element offsets pass int32, else None."""
@@ -133,19 +147,19 @@ class Launcher:
             self._wide_launcher = self._widened()
         return self._wide_launcher
 
-    def buffer_shape(self, name: str) -> tuple[int, ...]:
+    def buffer_shape(self, name: str, axes: dict[str, int] | None = None) -> tuple[int, ...]:
         buf = self.plan.buffers[name]
         chunks = next((k.chunks for k in self.plan.kernels if k.chunks > 1
                        and any(s.target == name for s in k.epilogue)), 1)
-        return tuple(chunks if a is ir.CHUNK else self.program.axes[a] for a in buf.axes)
+        return tuple(chunks if a is ir.CHUNK else (axes or self.program.axes)[a] for a in buf.axes)
 
-    def _buffer(self, device, name: str) -> torch.Tensor:
+    def _buffer(self, device, name: str, axes: dict[str, int] | None = None) -> torch.Tensor:
         key = (device, name)
+        shape = self.buffer_shape(name, axes)
         t = self._buffers.get(key)
-        if t is None:
+        if t is None or t.shape != shape:  # (a dynamic program's buffers follow the call's lengths)
             buf = self.plan.buffers[name]
-            t = self._buffers[key] = torch.empty(self.buffer_shape(name), dtype=_TORCH_DTYPES[buf.dtype],
-                                                 device=device)
+            t = self._buffers[key] = torch.empty(shape, dtype=_TORCH_DTYPES[buf.dtype], device=device)
         return t
 
     def __call__(self, inputs: dict[str, torch.Tensor], out_dtypes: dict[str, torch.dtype] | None = None,
@@ -170,14 +184,15 @@ class Launcher:
                 self._allocator_checked = True
         tensors: dict[str, torch.Tensor] = dict(inputs)
         outs = {}
-        for name, shape, dt in self._out_shapes:
+        calls, out_shapes, axes = self._at(inputs)
+        for name, shape, dt in out_shapes:
             outs[name] = tensors[name] = torch.empty(shape, dtype=(out_dtypes or {}).get(name) or dt, device=device)
         for name in self.plan.buffers:
-            tensors[name] = self._buffer(device, name)
+            tensors[name] = self._buffer(device, name, axes)
         cuda = device.type == "cuda"
         if not cuda:
             require_interpreter()
-        for ki, (fn, names, extents, grid, interp_kw, cuda_kw) in enumerate(self._calls):
+        for ki, (fn, names, extents, grid, interp_kw, cuda_kw) in enumerate(calls):
             args, _ = _launch_args([tensors[n] for n in names], extents)
             if not cuda:
                 with quiet_ieee():  # inf and NaN are results here, as on the GPU, not warnings
@@ -186,16 +201,24 @@ class Launcher:
             # Triton specialises a kernel on its constexprs (here strides and extents) and on each
             # pointer's dtype and 16-byte alignment; a kernel compiled for the same key is launched
             # directly, without the JIT's per-call argument binding (tens of µs on a slow host)
-            key = _spec_key(ki, device, [tensors[n] for n in names])
+            key = self._key(ki, device, [tensors[n] for n in names])
             runner = self._runners.get(key)
             if runner is None or compiled is not None:
                 ck = fn[grid](*args, **cuda_kw)
-                self._runners[key] = ck[(grid[0], 1, 1)]  # Triton's runner takes a full 3-d grid
+                self._runners[key] = ck
                 if compiled is not None:
                     compiled.append(ck)
             else:
-                runner(*args, *interp_kw.values())
+                runner[(grid[0], 1, 1)](*args, *interp_kw.values())  # Triton's runner takes a full 3-d grid
         return outs
+
+    def _key(self, ki: int, device, tensors: list[torch.Tensor]) -> tuple:
+        """What Triton specialises kernel `ki` on (see _spec_key): a dynamic program's strides are
+        arguments, specialised on 1 and on divisibility by 16 only."""
+        if not self._lengths:
+            return _spec_key(ki, device, tensors)
+        return (ki, device.index, *((x.dtype, x.data_ptr() % 16 == 0, tuple((s == 1, s % 16 == 0) for s in x.stride()))
+                                    for x in tensors))
 
     def bind(self, inputs: dict[str, torch.Tensor], order: list[str], out_dtypes: dict[str, torch.dtype] | None = None
              ) -> BoundCall | None:
@@ -211,19 +234,21 @@ class Launcher:
         if device.type != "cuda" or self._descriptors:
             return None
         slot = {name: k for k, name in enumerate(order)}
-        outs = [(name, shape, (out_dtypes or {}).get(name) or dt) for name, shape, dt in self._out_shapes]
+        calls, out_shapes, axes = self._at(inputs)
+        outs = [(name, shape, (out_dtypes or {}).get(name) or dt) for name, shape, dt in out_shapes]
         # stand-ins laid out as the call's outputs will be (fresh allocations: contiguous, aligned)
         tensors = {**inputs, **{name: torch.empty(shape, dtype=dt, device=device) for name, shape, dt in outs}}
         for k, (name, _, _) in enumerate(outs):
             slot[name] = len(order) + k
         for name in self.plan.buffers:
-            tensors[name] = self._buffer(device, name)
+            tensors[name] = self._buffer(device, name, axes)
         launches = []
-        for ki, (_, names, extents, _, interp_kw, _) in enumerate(self._calls):
+        for ki, (_, names, extents, grid, interp_kw, _) in enumerate(calls):
             xs = [tensors[n] for n in names]
-            runner = self._runners.get(_spec_key(ki, device, xs))
-            if runner is None:
+            ck = self._runners.get(self._key(ki, device, xs))
+            if ck is None:
                 return None
+            runner = ck[(grid[0], 1, 1)]
             argv, at = _launch_args(xs, extents)
             slots = tuple((pos, slot[n]) for pos, n in zip(at, names) if n in slot)
             for pos, n, x in zip(at, names, xs):
@@ -271,6 +296,14 @@ def _launch_args(tensors: list[torch.Tensor], extents: list[int]) -> tuple[list,
     return args, at
 
 
+def _sizes(ks: KernelSource, axes: dict[str, int]) -> tuple[list[int], tuple[int]]:
+    """Kernel `ks`'s extent arguments and grid at axis lengths `axes`."""
+    n_prog = ks.chunks
+    for a, step in ks.grid:
+        n_prog *= math.ceil(axes[a] / step)
+    return [axes[a] for a in ks.extents], (n_prog,)
+
+
 def _has_grid_dependency_control() -> bool:
     """Programmatic dependent launch needs compute capability 9.0 or later (Hopper)."""
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
@@ -311,12 +344,19 @@ def _ensure_allocator() -> None:
 def check_inputs(program: ir.Program, inputs: dict[str, torch.Tensor], specs: tuple | None = None) -> None:
     """Raise NeptuneError naming the first input that is missing, extra, or of the wrong type,
     dtype or shape. With `specs` (input_specs(program), computed once) the common case, all fine,
-    is a few comparisons: it runs on every call."""
+    is a few comparisons: it runs on every call. A dynamic axis takes its length from the first
+    input that has it (at most the length the program was compiled for)."""
     specs = specs if specs is not None else input_specs(program)
+    if program.dynamic:
+        lengths = call_lengths(program, inputs)
+        specs = tuple((name, dt, tuple(lengths.get(a, n) for a, n in zip(program.inputs[name].axes, shape)))
+                      for name, dt, shape in specs)
     ts = [inputs.get(name) for name, _, _ in specs]
     if len(inputs) == len(specs) and all(isinstance(t, torch.Tensor) and t.dtype == dt and t.shape == shape
                                          for t, (_, dt, shape) in zip(ts, specs)):
         return
+    if program.dynamic:
+        program = program.with_extents(lengths)
     for name, spec in program.inputs.items():
         if name not in inputs:
             raise NeptuneError(f"missing input '{name}' (expected axes {spec.axes})")
@@ -333,6 +373,23 @@ def check_inputs(program: ir.Program, inputs: dict[str, torch.Tensor], specs: tu
     extra = set(inputs) - set(program.inputs)
     if extra:
         raise NeptuneError(f"unexpected inputs {sorted(extra)} (program inputs: {sorted(program.inputs)})")
+
+
+def call_lengths(program: ir.Program, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
+    """The lengths of a dynamic program's dynamic axes in this call (each from the first input of the
+    right rank that has the axis); raises NeptuneError for one past what the program was compiled for."""
+    out: dict[str, int] = {}
+    for name, spec in program.inputs.items():
+        t = inputs.get(name)
+        if isinstance(t, torch.Tensor) and t.dim() == len(spec.axes):
+            for a, n in zip(spec.axes, t.shape):
+                if a in program.dynamic and a not in out:
+                    out[a] = n
+    for a, n in out.items():
+        if not 1 <= n <= program.axes[a]:
+            raise NeptuneError(f"axis '{a}' has length {n} in this call; the program was compiled for lengths "
+                               f"1 to {program.axes[a]} of it")
+    return out
 
 
 def input_specs(program: ir.Program) -> tuple:

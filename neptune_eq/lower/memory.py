@@ -44,8 +44,8 @@ class MemoryOps:
                 if v.kind not in ("i", "b"):  # an integer-valued index the algebra wrote with float ops
                     v = self.bind(f"({v.code}).to(tl.int64)", v.dims, "i")
                 entries.append((v, stride))
-                n = self.program.axes[axes[k]]
-                if not index_within(e, self.program.axes, n):
+                n = self.size(axes[k])
+                if self.program.dynamic & (e.axes | {axes[k]}) or not index_within(e, self.program.axes, int(n)):
                     # a data-dependent (or possibly out-of-bounds) index: lanes outside [0, n) read
                     # nothing (never memory past the tensor) and give NaN, not a plausible number
                     in_range.append(self.bind(f"({v.code} >= 0) & ({v.code} < {n})", v.dims, "b", "m"))

@@ -191,7 +191,7 @@ class _PassWriter:
             w.hoist_lines, w.hoist_depth = w.lines, w.depth
             w.vector[self.axis] = f"offs_{j}"
             w.starts[self.axis] = "0"
-            w.tail_masks[self.axis] = w.program.axes[self.axis] != self.tile
+            w.tail_masks[self.axis] = not w.one_tile(self.axis, self.tile)
             w.emit(f"offs_{j} = tl.arange(0, BLOCK_{j})")
         sc.variant |= {c.ref(k) for c in self.ps.comps for k in ir.RUNNING}
         masked = w.tail_masks[self.axis]

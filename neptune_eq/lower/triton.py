@@ -80,7 +80,7 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
             w.starts[a] = f"t_{ia} * {step}"
             if step < tile:  # a padded tile: rows past the step belong to the next program
                 w.row_masks[a] = f"((tl.arange(0, BLOCK_{ia}) < {step}) & (offs_{ia} < {n}))"
-            w.tail_masks[a] = program.axes[a] % tile != 0 or step < tile  # specialised shapes: no mask if tiles divide
+            w.tail_masks[a] = not w.tiled_exactly(a, tile) or step < tile  # no mask where tiles divide a known length
         else:
             w.scalar[a] = f"t_{ia}"
     for a in sorted(w.inner - w.kloops):
@@ -89,7 +89,7 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
             w.emit(f"offs_{ia} = tl.arange(0, BLOCK_{ia})")
             w.vector[a] = f"offs_{ia}"
             w.starts[a] = "0"
-            w.tail_masks[a] = program.axes[a] != sched.tiles.get(a)
+            w.tail_masks[a] = not w.one_tile(a, sched.tiles.get(a))
     w.hoist_lines, w.hoist_depth = w.lines, w.depth
     for ph in k.phases:
         if isinstance(ph, Combine):
@@ -100,12 +100,16 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
         w.store(st)
     # signature
     # strides and extents are compile-time constants: a program is compiled per shape anyway, the
-    # compiler folds the index arithmetic, and a launch passes only pointers (see lower/launch.py)
+    # compiler folds the index arithmetic, and a launch passes only pointers (see lower/launch.py).
+    # A dynamic axis's length is an argument, never specialised on (one compile serves every length),
+    # and so are the strides of a tensor that has one (Triton specialises those on 1 and on 16 | s)
+    dyn = program.dynamic
     params = []
     for t in w.tensors.values():
         params.append(f"{_ident(t.name)}_ptr")
-        params += [f"{_ident(t.name)}_s{i}: tl.constexpr" for i in range(len(t.axes))]
-    params += [f"n_{_ident(a)}: tl.constexpr" for a in w.extents]
+        const = "" if dyn & set(t.axes) else ": tl.constexpr"
+        params += [f"{_ident(t.name)}_s{i}{const}" for i in range(len(t.axes))]
+    params += [f"n_{_ident(a)}" + ("" if a in dyn else ": tl.constexpr") for a in w.extents]
     consts = {}
     for a, tile in sched.tiles.items():
         consts[f"BLOCK_{_ident(a)}"] = tile
@@ -115,7 +119,9 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     else:
         chunks = 1
     params += [f"{c}: tl.constexpr" for c in consts]
-    header = f"@triton.jit\ndef {fn_name}({', '.join(params)}):\n"
+    free = [f"n_{_ident(a)}" for a in w.extents if a in dyn]
+    jit = f"@triton.jit(do_not_specialize={free!r})" if free else "@triton.jit"
+    header = f"{jit}\ndef {fn_name}({', '.join(params)}):\n"
     src = header + "\n".join(w.lines) + "\n"
     return KernelSource(fn_name, src, list(w.tensors.values()), list(w.extents),
                         [(a, sched.step(a)) for a, _ in grid], k.chunks, consts, sched, dict(w.descriptors),

@@ -1,0 +1,140 @@
+"""One compile for every length (issue 14): dynamic axes through capture, e-graph, lowering and the
+launch; buckets; torch.compile(dynamic=True). Interpreter, small shapes, float64 references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neptune_eq
+from neptune_eq.frontend.dynamic import NotDynamic, bucket
+from neptune_eq.ir import NeptuneError
+from neptune_eq.reference import evaluate
+from neptune_eq.runtime import compile_ir
+
+
+def causal(q, k, v):
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    L, S = q.shape[-2], k.shape[-2]
+    keep = torch.arange(L)[:, None] >= torch.arange(S)[None, :]
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+
+def tied(q, k, v):  # the mask is built [L, L] from q's length: q and k must keep one length
+    L = q.shape[-2]
+    s = (q @ k.transpose(-1, -2)).masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _close(out, ref, tol=2e-5):
+    assert out.shape == ref.shape
+    assert (out.double() - ref).abs().max().item() < tol
+
+
+def _qkv(L, S=None, d=8, heads=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    S = S or L
+    return [torch.randn(1, heads, n, d, generator=g) for n in (L, S, S)]
+
+
+def test_buckets():
+    assert [bucket(n) for n in (2, 16, 17, 32, 33, 3000, 4096, 4097)] == [16, 16, 32, 32, 64, 4096, 4096, 8192]
+
+
+def test_one_compile_serves_every_length_of_its_bucket():
+    # lengths below one tile (5), not tile multiples (17, 23, 31), query and key lengths apart
+    prog = neptune_eq.compile(causal, *_qkv(24), dynamic=True)
+    groups = prog.family.lengths.groups
+    assert ("i",) in groups and ("j",) in groups  # q and k lengths are free of each other
+    for L, S in ((17, 17), (31, 23), (20, 32)):  # all in the bucket of 32
+        before = prog.stats()
+        xs = _qkv(L, S, seed=L)
+        _close(prog(*xs), causal(*[x.double() for x in xs]))
+        after = prog.stats()
+        assert (after["captures"], after["compiles"] + after["cache_hits"]) == \
+               (before["captures"], before["compiles"] + before["cache_hits"])
+    xs = _qkv(5, 3)  # another bucket (16): one compile, no capture
+    captures = prog.stats()["captures"]
+    _close(prog(*xs), causal(*[x.double() for x in xs]))
+    assert prog.stats()["captures"] == captures and len(prog.family.programs) == 2
+
+
+def test_tied_lengths_move_together_and_untied_calls_compile_their_own():
+    prog = neptune_eq.compile(tied, *_qkv(20), dynamic=True)
+    assert ("i", "j") in prog.family.lengths.groups
+    xs = _qkv(27)
+    _close(prog(*xs), tied(*[x.double() for x in xs]))
+    xs = _qkv(6)
+    _close(prog(*xs), tied(*[x.double() for x in xs]))
+    assert prog.stats()["signatures"] == 0  # both served by the dynamic function
+
+
+def test_a_length_read_as_a_number_is_refused_or_kept_static():
+    def centred(x):  # x.shape[1] enters the program as a constant
+        return x - x.sum(1, keepdim=True) / x.shape[1]
+
+    x = torch.randn(4, 6, dtype=torch.float64)
+    with pytest.raises(NotDynamic, match=r"dimension 1 of argument 'x'.*depends on its length"):
+        neptune_eq.compile(centred, x, dynamic={0: [1]})
+    prog = neptune_eq.compile(centred, torch.randn(4, 6), dynamic={0: [0]})  # the rows may change
+    for n in (3, 9):
+        y = torch.randn(n, 6)
+        _close(prog(y), centred(y.double()))
+    assert prog.stats()["signatures"] == 0
+    y = torch.randn(4, 7)  # another row length: a compile of its own (correct, counted)
+    _close(prog(y), centred(y.double()))
+    assert prog.stats()["signatures"] == 1
+
+
+def test_the_egraph_holds_no_extent_for_a_dynamic_axis():
+    # Σⱼ (3·x[i] − y[i, j]): with a known extent the algebra writes 3n·x[i] − Σⱼ y; a dynamic j must not
+    def f(x, y):
+        return (x[:, None] * 3.0 - y).sum(1)
+
+    prog = neptune_eq.compile(f, torch.randn(3), torch.randn(3, 20), dynamic={1: [1]})
+    for n in (2, 7, 32):
+        x, y = torch.randn(3), torch.randn(3, n)
+        _close(prog(x, y), f(x.double(), y.double()))
+
+
+def test_program_level_dynamic_axes_and_the_bucket_bound():
+    prog = neptune_eq.compile(causal, *_qkv(8))
+    p = prog.captured.program.with_extents({"i": 16, "j": 16}).with_dynamic({"i", "j"})
+    assert "i<=16" in p.text()
+    cp = compile_ir(p)
+    assert "do_not_specialize" in cp.source
+    for n in (1, 9, 16):
+        xs = {k: torch.randn(2, n, 8) for k in "qkv"}
+        ref = evaluate(p.with_extents({"i": n, "j": n}), {k: x.double() for k, x in xs.items()})["out0"]
+        _close(cp.run(xs)["out0"], ref)
+    with pytest.raises(NeptuneError, match="axis 'i' has length 17 in this call"):
+        cp.run({k: torch.randn(2, 17, 8) for k in "qkv"})
+
+
+def test_cross_entropy_sum_over_dynamic_tokens():
+    def loss(logits, target):
+        return F.cross_entropy(logits, target, reduction="sum")
+
+    prog = neptune_eq.compile(loss, torch.randn(12, 10), torch.randint(0, 10, (12,)), dynamic=True)
+    for n in (3, 13):
+        x, t = torch.randn(n, 10), torch.randint(0, 10, (n,))
+        _close(prog(x, t), loss(x.double(), t))
+
+
+def test_torch_compile_dynamic_across_three_lengths_without_a_new_capture():
+    from torch._dynamo.testing import CompileCounter
+
+    prog = neptune_eq.compile(causal, *_qkv(20), dynamic=True)
+
+    def model(q, k, v):
+        return prog(q * 2, k, v) + 1
+
+    counter = CompileCounter()
+    run = torch.compile(model, dynamic=True, fullgraph=True, backend=counter)
+    captures = prog.stats()["captures"]
+    for L in (18, 25, 29):
+        q, k, v = _qkv(L, seed=L)
+        _close(run(q, k, v), causal(q.double() * 2, k.double(), v.double()) + 1)
+    assert counter.frame_count == 1  # one dynamo graph for the three lengths
+    assert prog.stats()["captures"] == captures
