@@ -138,3 +138,15 @@ def test_torch_compile_dynamic_across_three_lengths_without_a_new_capture():
         _close(run(q, k, v), causal(q.double() * 2, k.double(), v.double()) + 1)
     assert counter.frame_count == 1  # one dynamo graph for the three lengths
     assert prog.stats()["captures"] == captures
+
+
+def test_a_tensor_read_along_two_axes_ties_them():
+    def self_attention(x):  # x is both the queries (axis i) and the keys (axis j)
+        return torch.softmax(x @ x.T, -1) @ x
+
+    prog = neptune_eq.compile(self_attention, torch.randn(20, 8), dynamic=True)
+    assert [g for g in prog.family.lengths.groups if len(g) == 2]  # i and j move together
+    for n in (7, 26):
+        x = torch.randn(n, 8)
+        _close(prog(x), self_attention(x.double()))
+    assert prog.stats()["signatures"] == 0

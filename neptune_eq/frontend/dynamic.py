@@ -132,11 +132,10 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
     groups: list[tuple[str, ...]] = []
     static: list[tuple[str, str]] = []
     taken: set[str] = set()
-    reachable = {a for axes in maps.values() for a in axes or () if a is not None}
     for a in [a for a in p0.axes if a in named]:
         if a in taken:
             continue
-        same = tuple(x for x in p0.axes if x in reachable and x not in taken and p0.axes[x] == p0.axes[a])
+        same = tuple(x for x in p0.axes if x not in taken and p0.axes[x] == p0.axes[a])
         why = None
         for group in dict.fromkeys([(a,), same]):
             why = probe([*groups, group], only=len(groups))
@@ -210,7 +209,10 @@ def _quiet():
 
 
 def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps) -> str | None:
-    want = c0.program.with_extents(moved).text(exact=True).splitlines()
+    try:
+        want = c0.program.with_extents(moved).text(exact=True).splitlines()
+    except ir.ProgramError as e:  # another axis reads a tensor along it: they must move together
+        return f"it is tied to another axis ({e})"
     got = c1.program.text(exact=True).splitlines()
     if want != got:
         k = next((k for k, (x, y) in enumerate(zip(want, got)) if x != y), min(len(want), len(got)))
@@ -285,10 +287,15 @@ class DynamicFunction:
         baked value as in the example; no length 1), else None."""
         if len(args) != len(self.example):
             return None
+        device = None
         for a, ex in zip(args, self.example):
             if ex[0] == "tensor":
                 if not isinstance(a, torch.Tensor) or (a.dim(), a.dtype, a.device.type) != ex[2:]:
                     return None
+                if device is None:
+                    device = a.device
+                elif a.device != device:
+                    return None  # (the checked path names the mixed devices)
             elif isinstance(a, torch.Tensor) or not same_value(a, ex[1]):
                 return None
         for pos, dims in self._static_dims:
@@ -339,7 +346,11 @@ class DynamicFunction:
         inputs = self.inputs(args, ns)
         run_checks(cap.index_checks, inputs)
         cap.check_aliases(args)
-        results = self.program_for(ns).run(inputs, self._out_dtypes)
+        # serves() checked every shape, dtype and device against the example and the lengths: the
+        # launcher runs without the program's own input checks (a decode step is tens of µs of GPU)
+        prog = self.program_for(ns)
+        results = prog.launcher("cuda" if next(iter(inputs.values())).is_cuda else "interpreter")(
+            inputs, self._out_dtypes)
         outs = [results[o.name] for o in cap.program.outputs]
         outs = [r if r.shape == s else r.reshape(s) for r, s in zip(outs, self.output_shapes(ns))]
         return cap.finish(args, outs)

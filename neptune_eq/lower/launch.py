@@ -110,8 +110,7 @@ class Launcher:
         self._out_shapes = [(o.name, self.program.output_shape(o), _TORCH_DTYPES[o.dtype or "float32"])
                             for o in program.outputs]
         # a dynamic axis's length is read from the first input that has it (input name, dimension)
-        self._lengths = {a: next((n, d) for n, s in program.inputs.items() for d, b in enumerate(s.axes) if b == a)
-                         for a in sorted(program.dynamic)}
+        self._lengths = {a: length_source(program, a) for a in sorted(program.dynamic)}
         self._calls = []
         pdl = any(ks.pdl for ks in kernels) and _has_grid_dependency_control()
         for ks in kernels:
@@ -379,17 +378,31 @@ def call_lengths(program: ir.Program, inputs: dict[str, torch.Tensor]) -> dict[s
     """The lengths of a dynamic program's dynamic axes in this call (each from the first input of the
     right rank that has the axis); raises NeptuneError for one past what the program was compiled for."""
     out: dict[str, int] = {}
-    for name, spec in program.inputs.items():
+    for a in [a for a in program.axes if a in program.dynamic]:  # (program order: the first named is stable)
+        name, d = length_source(program, a)
         t = inputs.get(name)
-        if isinstance(t, torch.Tensor) and t.dim() == len(spec.axes):
-            for a, n in zip(spec.axes, t.shape):
-                if a in program.dynamic and a not in out:
-                    out[a] = n
+        if isinstance(t, torch.Tensor) and t.dim() == len(program.inputs[name].axes):
+            out[a] = t.shape[d]
     for a, n in out.items():
         if not 1 <= n <= program.axes[a]:
             raise NeptuneError(f"axis '{a}' has length {n} in this call; the program was compiled for lengths "
                                f"1 to {program.axes[a]} of it")
     return out
+
+
+def length_source(program: ir.Program, axis: str) -> tuple[str, int]:
+    """(input, dimension) that has the length of dynamic `axis`: the first input declared over it,
+    else the first input a load reads at it (x[j, d] with x declared [i, d]: j's length is i's)."""
+    for name, spec in program.inputs.items():
+        if axis in spec.axes:
+            return name, spec.axes.index(axis)
+    for o in program.outputs:
+        for n in ir.walk(o.expr):
+            if isinstance(n, ir.Load):
+                for d, e in enumerate(n.index):
+                    if isinstance(e, ir.Index) and e.axis == axis:
+                        return n.tensor, d
+    raise NeptuneError(f"dynamic axis '{axis}' is read by no input: its length cannot be known at the call")
 
 
 def input_specs(program: ir.Program) -> tuple:

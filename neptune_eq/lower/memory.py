@@ -45,7 +45,10 @@ class MemoryOps:
                     v = self.bind(f"({v.code}).to(tl.int64)", v.dims, "i")
                 entries.append((v, stride))
                 n = self.size(axes[k])
-                if self.program.dynamic & (e.axes | {axes[k]}) or not index_within(e, self.program.axes, int(n)):
+                # (an axis read at an axis of the same group has its length; a computed index over a
+                # dynamic axis is not known to stay inside the call's lengths)
+                dyn = not isinstance(e, ir.Index) and self.program.dynamic & (e.axes | {axes[k]})
+                if dyn or not index_within(e, self.program.axes, self.program.axes[axes[k]]):
                     # a data-dependent (or possibly out-of-bounds) index: lanes outside [0, n) read
                     # nothing (never memory past the tensor) and give NaN, not a plausible number
                     in_range.append(self.bind(f"({v.code} >= 0) & ({v.code} < {n})", v.dims, "b", "m"))

@@ -1,0 +1,142 @@
+"""Issue 14: the Neptune operators at lengths never compiled before, served by one dynamic compile
+(neptune_eq.compile(..., dynamic=True)), against a static compile at that very length — both
+checked against float64 first, timed in one process (medians of triton.testing.do_bench).
+
+For each (operator, length L) the dynamic function is compiled at the example length L − 7 (the
+same bucket, a length it never saw), then called at L: the host time of that first call (no
+capture, no saturation, no Triton compile: the stats say so) and of a repeated call, beside a
+static compile's call.
+
+    python bench/dynamic_lengths.py --warm --ops causal_pf gqa_pf --L 3000 5000   # fill the cache
+    python bench/dynamic_lengths.py --ops causal_pf gqa_pf --L 3000 5000 --out dyn.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import torch
+
+OFFSET = 7  # the example length is L − OFFSET: same bucket, never L itself
+
+
+def _compile(op: str, L: int):
+    from cases import Case
+
+    import neptune_eq
+
+    dyn = neptune_eq.compile(Case(op, L - OFFSET).fn, *Case(op, L - OFFSET).inputs("cuda"), dynamic=True)
+    static = neptune_eq.compile(Case(op, L).fn, *Case(op, L).inputs("cuda"))
+    return dyn, static
+
+
+def _host_us(fn, args) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn(*args)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e6
+
+
+def measure(op: str, L: int) -> dict:
+    import triton.testing as tt
+    from cases import TOLERANCE, Case, reference, rel_err_rows
+
+    dyn, static = _compile(op, L)
+    case = Case(op, L)
+    xs = case.inputs("cuda")
+    warm = Case(op, L - OFFSET).inputs("cuda")
+    for _ in range(3):  # the bucket warm in this process: its kernels loaded and launched at L − 7
+        dyn(*warm)
+    groups = dyn.family.lengths.groups if dyn.family else ()
+    row = {"op": op, "L": L, "example_L": L - OFFSET, "dynamic_axes": [list(g) for g in groups]}
+    before = dyn.stats()
+    row["host_us_first_call_new_length"] = _host_us(dyn, xs)
+    after = dyn.stats()
+    row["new_length_recompiled"] = {k: after[k] - before[k] for k in ("captures", "compiles", "cache_hits")}
+    row["host_us_repeat_dynamic"] = sorted(_host_us(dyn, xs) for _ in range(21))[10]
+    static(*xs)
+    row["host_us_repeat_static"] = sorted(_host_us(static, xs) for _ in range(21))[10]
+    ref, rows = reference(case, static.captured, "cuda")
+    for name, prog in (("dynamic", dyn), ("static", static)):
+        err = rel_err_rows(prog(*xs).float(), ref, rows)
+        row[f"{name}_rel_err"] = err
+        if not err <= TOLERANCE["neptune_eq"]:
+            row[f"{name}_ms"] = None
+            continue
+        row[f"{name}_ms"] = tt.do_bench(lambda p=prog: p(*xs), warmup=25, rep=200, return_mode="median")
+        row[f"{name}_plan"] = (dyn.family.program_for(dyn.family.serves(xs)) if name == "dynamic" and dyn.family
+                               else prog.program).alternative.structure
+    if row.get("dynamic_ms") and row.get("static_ms"):
+        row["dynamic_over_static"] = row["dynamic_ms"] / row["static_ms"]
+    return row
+
+
+def profile(op: str, L: int, calls: int = 300) -> None:
+    """Where the host time of dynamic calls goes (cProfile over `calls` calls at alternating lengths)."""
+    import cProfile
+    import pstats
+
+    from cases import Case
+
+    dyn, _ = _compile(op, L)
+    xs = [Case(op, L - OFFSET + k).inputs("cuda") for k in range(4)]
+    for x in xs:
+        dyn(*x)
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for k in range(calls):
+        dyn(*xs[k % 4])
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", nargs="+", required=True)
+    ap.add_argument("--L", nargs="+", type=int, required=True)
+    ap.add_argument("--out")
+    ap.add_argument("--warm", action="store_true", help="compile every case in parallel processes, then exit")
+    ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true", help="cProfile dynamic calls of the first op and length")
+    args = ap.parse_args()
+    if args.profile:
+        profile(args.ops[0], args.L[0])
+        return
+    if args.one:
+        _compile(args.one[0], int(args.one[1]))
+        return
+    if args.warm:
+        t0 = time.time()
+        procs = {(op, L): subprocess.Popen([sys.executable, __file__, "--ops", op, "--L", str(L), "--one", op, str(L)])
+                 for op in args.ops for L in args.L}
+        for key, p in procs.items():
+            p.wait()
+            print(f"warm {key}: rc {p.returncode} at {time.time() - t0:.0f} s", flush=True)
+        return
+    import triton
+
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "date": time.strftime("%Y-%m-%d")}
+    rows = []
+    for op in args.ops:
+        for L in args.L:
+            try:
+                rows.append(measure(op, L))
+            except Exception as e:  # one case failing is reported, the rest still run
+                rows.append({"op": op, "L": L, "error": f"{type(e).__name__}: {e}"[:500]})
+            print(json.dumps(rows[-1]), flush=True)
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
