@@ -95,6 +95,20 @@ def all_cases(ops=None, sizes=None) -> list[Case]:
     return out
 
 
+def warm_in_parallel(script: str, ops, lengths) -> None:
+    """Run `script --one OP L` for every (operator, length) in its own process at once (compiling is
+    single-threaded Python; the compile cache on disk then holds every plan), reporting each end."""
+    import subprocess
+    import time
+
+    t0 = time.time()
+    procs = {(op, L): subprocess.Popen([sys.executable, script, "--ops", op, "--L", str(L), "--one", op, str(L)])
+             for op in ops for L in lengths}
+    for key, p in procs.items():
+        p.wait()
+        print(f"warm {key}: rc {p.returncode} at {time.time() - t0:.0f} s", flush=True)
+
+
 def reference_rows(case: Case, device) -> torch.Tensor | None:
     """Query rows the float64 check looks at (None: all of them)."""
     if case.kind == "dc" or case.L <= 4096:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 
 import torch
@@ -114,12 +112,9 @@ def main():
         _compile(args.one[0], int(args.one[1]))
         return
     if args.warm:
-        t0 = time.time()
-        procs = {(op, L): subprocess.Popen([sys.executable, __file__, "--ops", op, "--L", str(L), "--one", op, str(L)])
-                 for op in args.ops for L in args.L}
-        for key, p in procs.items():
-            p.wait()
-            print(f"warm {key}: rc {p.returncode} at {time.time() - t0:.0f} s", flush=True)
+        from cases import warm_in_parallel
+
+        warm_in_parallel(__file__, args.ops, args.L)
         return
     import triton
 

@@ -8,9 +8,6 @@ parallel — compiling is single-threaded Python, and the benchmark then finds e
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-import time
 
 
 def warm(op: str, L: int) -> None:
@@ -33,12 +30,9 @@ def main():
     if args.one:
         warm(args.one[0], int(args.one[1]))
         return
-    t0 = time.time()
-    procs = {(op, L): subprocess.Popen([sys.executable, __file__, "--ops", op, "--L", str(L), "--one", op, str(L)])
-             for op in args.ops for L in args.L}
-    for key, p in procs.items():
-        p.wait()
-        print(f"warm {key}: rc {p.returncode} at {time.time() - t0:.0f} s", flush=True)
+    from cases import warm_in_parallel
+
+    warm_in_parallel(__file__, args.ops, args.L)
 
 
 if __name__ == "__main__":

@@ -291,8 +291,17 @@ class Compiled:
         if family is not None and not family.captured.needs_grad(args):
             ns = family.serves(args)
             if ns is not None:
+                from .frontend.capture import StaleCapture
+
                 self.counts.calls += 1
-                return family(args, ns)
+                try:
+                    return family(args, ns)
+                except StaleCapture:  # fn's environment changed: capture and resolve its lengths again
+                    self.family = None
+                    family = self._family_for(args)
+                    if family is not None and family.serves(args) is not None:
+                        return family(args, ns)
+                    self.counts.calls -= 1
         variant = self._variant(args)
         before = getattr(variant, "captured", None)
         out = variant(args)

@@ -10,7 +10,7 @@ import torch
 from . import ir
 from .grad import NoBackward
 from .ir import NeptuneError
-from .lower.launch import Launcher, check_inputs, input_specs, load_module
+from .lower.launch import Launcher, check_inputs, input_specs, length_sources, load_module
 from .lower.triton import write_module
 from .lower.values import KernelSource
 from .numeric import compute_dtype
@@ -90,6 +90,10 @@ class CompiledProgram:
     def _input_specs(self) -> tuple:
         return input_specs(self.program)
 
+    @cached_property
+    def _length_sources(self) -> dict:
+        return length_sources(self.program)
+
     @property
     def _prefix(self) -> str:
         return "nq_" + "".join(ch if ch.isalnum() else "_" for ch in self.program.name)
@@ -136,7 +140,7 @@ class CompiledProgram:
         interpreter). Raises NeptuneError naming the first input of the wrong dtype, shape or device,
         and NoBackward when an input requires grad (grad mode on): this runs the forward alone."""
         refuse_grad(self.program, grad_needed(inputs))
-        check_inputs(self.program, inputs, self._input_specs)
+        check_inputs(self.program, inputs, self._input_specs, self._length_sources)
         device = _one_device(inputs)
         target = "cuda" if device.type == "cuda" else "interpreter"
         return self.launcher(target)(inputs, out_dtypes)

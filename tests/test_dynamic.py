@@ -150,3 +150,18 @@ def test_a_tensor_read_along_two_axes_ties_them():
         x = torch.randn(n, 8)
         _close(prog(x), self_attention(x.double()))
     assert prog.stats()["signatures"] == 0
+
+
+def test_a_changed_global_captures_the_dynamic_function_again():
+    scale = {"s": 2.0}
+
+    def f(x):
+        return torch.softmax(x * scale["s"], -1)
+
+    prog = neptune_eq.compile(f, torch.randn(20, 8), dynamic={0: [0]})
+    x = torch.randn(9, 8)
+    _close(prog(x), f(x.double()))
+    scale["s"] = 3.0  # read from the environment: guarded
+    _close(prog(x), f(x.double()))
+    with pytest.raises(NeptuneError, match="expected True or a dict"):
+        neptune_eq.compile(f, x, dynamic="yes")

@@ -107,6 +107,8 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
     p0 = c0.program
     maps = {b.position: arg_axes(b, p0) for b in c0.args if b.is_tensor}
     named: dict[str, str] = {}  # axis → how the user named it
+    if not (spec is True or isinstance(spec, dict)):
+        raise NeptuneError(f"dynamic={spec!r}: expected True or a dict {{argument index: [dimensions]}}")
     if spec is True:  # every axis but the innermost dimension of a matrix (a head or model dimension)
         inner = {axes[-1] for axes in maps.values() if axes is not None and len(axes) >= 2}
         for axes in maps.values():
@@ -270,9 +272,14 @@ class DynamicFunction:
 
     def __post_init__(self) -> None:
         self._out_dtypes = {o.name: dt for o, dt in zip(self.captured.program.outputs, self.captured.output_dtypes)}
-        self._static_dims = [(b.position, [d for d in range(len(b.shape)) if (b.position, d) not in
-                                           {(p, q) for p, q, _ in self.lengths.dims}]) for b in self.captured.args
-                             if b.is_tensor]
+        dynamic = {(pos, d) for pos, d, _ in self.lengths.dims}
+        self._static_dims = [(b.position, [d for d in range(len(b.shape)) if (b.position, d) not in dynamic])
+                             for b in self.captured.args if b.is_tensor]
+        # each argument the program reads: (position, input, the group of each input dimension or its extent)
+        group = {a: g for g, axes in enumerate(self.lengths.groups) for a in axes}
+        p0 = self.captured.program
+        self._shapes = [(b.position, b.input, [(group.get(a), p0.axes[a]) for a in p0.inputs[b.input].axes])
+                        for b in self.captured.args if b.input is not None]
 
     @property
     def prog(self):
@@ -319,13 +326,11 @@ class DynamicFunction:
         """The program's inputs for a call at group lengths `ns`; closure tensors from the copies kept
         per device unless not `cached` (read afresh: what a traced graph does)."""
         cap = self.captured
-        at = {a: n for group, n in zip(self.lengths.groups, ns) for a in group}
         out = {}
-        for b, a in zip(cap.args, args):
-            if b.input is not None:
-                shape = tuple(at.get(x, n) for x, n in zip(cap.program.inputs[b.input].axes,
-                                                           cap.program.input_shape(b.input)))
-                out[b.input] = a if a.shape == shape else a.reshape(shape)
+        for pos, name, dims in self._shapes:
+            a = args[pos]
+            shape = tuple(n if g is None else ns[g] for g, n in dims)
+            out[name] = a if a.shape == shape else a.reshape(shape)
         device = next((t.device for t in out.values()), None)
         if cached:
             out.update(cap._constants_on(device))

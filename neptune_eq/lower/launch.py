@@ -106,11 +106,12 @@ class Launcher:
         self._fallback, self._fallback_launcher = fallback, None
         self._allocator_checked = False  # Triton's scratch allocator set (once, on the first CUDA call)
         self._buffers: dict = {}  # (device, name) → tensor, reused across calls
-        self._runners: dict = {}  # specialisation key → Triton's launcher of the compiled kernel
+        self._runners: dict = {}  # specialisation key → Triton's compiled kernel
+        self._fixed: dict = {}  # specialisation key → its runner at the one grid of a static program
         self._out_shapes = [(o.name, self.program.output_shape(o), _TORCH_DTYPES[o.dtype or "float32"])
                             for o in program.outputs]
         # a dynamic axis's length is read from the first input that has it (input name, dimension)
-        self._lengths = {a: length_source(program, a) for a in sorted(program.dynamic)}
+        self._lengths = length_sources(program)
         self._calls = []
         pdl = any(ks.pdl for ks in kernels) and _has_grid_dependency_control()
         for ks in kernels:
@@ -201,14 +202,15 @@ class Launcher:
             # pointer's dtype and 16-byte alignment; a kernel compiled for the same key is launched
             # directly, without the JIT's per-call argument binding (tens of µs on a slow host)
             key = self._key(ki, device, [tensors[n] for n in names])
-            runner = self._runners.get(key)
-            if runner is None or compiled is not None:
-                ck = fn[grid](*args, **cuda_kw)
-                self._runners[key] = ck
+            ck = self._runners.get(key)
+            if ck is None or compiled is not None:
+                ck = self._runners[key] = fn[grid](*args, **cuda_kw)
+                if not self._lengths:  # one grid: Triton's runner for it (it takes a full 3-d grid) kept
+                    self._fixed[key] = ck[(grid[0], 1, 1)]
                 if compiled is not None:
                     compiled.append(ck)
             else:
-                runner[(grid[0], 1, 1)](*args, *interp_kw.values())  # Triton's runner takes a full 3-d grid
+                (self._fixed.get(key) or ck[(grid[0], 1, 1)])(*args, *interp_kw.values())
         return outs
 
     def _key(self, ki: int, device, tensors: list[torch.Tensor]) -> tuple:
@@ -340,14 +342,15 @@ def _ensure_allocator() -> None:
         triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
-def check_inputs(program: ir.Program, inputs: dict[str, torch.Tensor], specs: tuple | None = None) -> None:
+def check_inputs(program: ir.Program, inputs: dict[str, torch.Tensor], specs: tuple | None = None,
+                 sources: dict | None = None) -> None:
     """Raise NeptuneError naming the first input that is missing, extra, or of the wrong type,
     dtype or shape. With `specs` (input_specs(program), computed once) the common case, all fine,
     is a few comparisons: it runs on every call. A dynamic axis takes its length from the first
     input that has it (at most the length the program was compiled for)."""
     specs = specs if specs is not None else input_specs(program)
     if program.dynamic:
-        lengths = call_lengths(program, inputs)
+        lengths = call_lengths(program, inputs, sources)
         specs = tuple((name, dt, tuple(lengths.get(a, n) for a, n in zip(program.inputs[name].axes, shape)))
                       for name, dt, shape in specs)
     ts = [inputs.get(name) for name, _, _ in specs]
@@ -374,12 +377,11 @@ def check_inputs(program: ir.Program, inputs: dict[str, torch.Tensor], specs: tu
         raise NeptuneError(f"unexpected inputs {sorted(extra)} (program inputs: {sorted(program.inputs)})")
 
 
-def call_lengths(program: ir.Program, inputs: dict[str, torch.Tensor]) -> dict[str, int]:
-    """The lengths of a dynamic program's dynamic axes in this call (each from the first input of the
-    right rank that has the axis); raises NeptuneError for one past what the program was compiled for."""
+def call_lengths(program: ir.Program, inputs: dict[str, torch.Tensor], sources=None) -> dict[str, int]:
+    """The lengths of a dynamic program's dynamic axes in this call (`sources`: length_sources(program),
+    computed once); raises NeptuneError for one past what the program was compiled for."""
     out: dict[str, int] = {}
-    for a in [a for a in program.axes if a in program.dynamic]:  # (program order: the first named is stable)
-        name, d = length_source(program, a)
+    for a, (name, d) in (sources if sources is not None else length_sources(program)).items():
         t = inputs.get(name)
         if isinstance(t, torch.Tensor) and t.dim() == len(program.inputs[name].axes):
             out[a] = t.shape[d]
@@ -388,6 +390,11 @@ def call_lengths(program: ir.Program, inputs: dict[str, torch.Tensor]) -> dict[s
             raise NeptuneError(f"axis '{a}' has length {n} in this call; the program was compiled for lengths "
                                f"1 to {program.axes[a]} of it")
     return out
+
+
+def length_sources(program: ir.Program) -> dict[str, tuple[str, int]]:
+    """length_source of every dynamic axis, in program order (the first one named in an error is stable)."""
+    return {a: length_source(program, a) for a in program.axes if a in program.dynamic}
 
 
 def length_source(program: ir.Program, axis: str) -> tuple[str, int]:
