@@ -28,7 +28,7 @@ def _sample_env(nodes, seed: int = 0) -> dict[str, np.ndarray]:
         if key in env:
             continue
         if isinstance(n, ir.Index):
-            env[key] = rng.integers(-64, 64, _SAMPLES).astype(float)
+            env[key] = some_equal(rng, rng.integers(-64, 64, _SAMPLES).astype(float))
         elif isinstance(n, ir.StateRef):
             v = rng.normal(0, 4, _SAMPLES)
             kind = rng.integers(0, 10, _SAMPLES)
@@ -36,8 +36,17 @@ def _sample_env(nodes, seed: int = 0) -> dict[str, np.ndarray]:
             v = np.where(kind == 1, np.inf, v)
             env[key] = v
         else:
-            env[key] = rng.normal(0, 4, _SAMPLES)
+            env[key] = some_equal(rng, rng.normal(0, 4, _SAMPLES))
     return env
+
+
+def some_equal(rng, v: np.ndarray) -> np.ndarray:
+    """`v` with a third of its samples drawn from {-2, …, 2}: two leaves sampled apart must still be
+    equal often. Without it `doc[i] == doc[j]` (two loads of one tensor, sampled independently as
+    normals) was never true, so every other where in its body looked like it selected the identity,
+    and split_mask took `sum_j == 0` for the mask of a document-masked gradient (silently wrong)."""
+    small = rng.integers(0, 3, v.shape) == 0
+    return np.where(small, rng.integers(-2, 3, v.shape).astype(float), v)
 
 
 def _leaves(node: ir.Node):
@@ -138,6 +147,13 @@ def _linear(n: ir.Node) -> tuple[dict[str, int], float] | None:
                 return None
             return {k: v * b[1] for k, v in a[0].items()}, a[1] * b[1]
     return None
+
+
+def conjuncts(pred: ir.Node) -> list[ir.Node]:
+    """The leaves of pred's tree of `and`s."""
+    if isinstance(pred, ir.Call) and pred.op == "and":
+        return conjuncts(pred.args[0]) + conjuncts(pred.args[1])
+    return [pred]
 
 
 def affine_part(pred: ir.Node) -> list[Affine]:

@@ -37,16 +37,22 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
     restrict = {a: t.to(torch.long) for a, t in (restrict or {}).items()}
     order = list(program.axes)
     device = next(iter(inputs.values())).device if inputs else torch.device("cpu")
-    env: dict[str, torch.Tensor] = {}
     for name, spec in program.inputs.items():
         if name not in inputs:
             raise ProgramError(f"missing input '{name}'")
-        t = inputs[name]
         want = program.input_shape(name)
-        if tuple(t.shape) != want:
-            raise ProgramError(f"input '{name}' has shape {tuple(t.shape)}, expected {want} for axes {spec.axes}")
-        env[name] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device=device)
+        if tuple(inputs[name].shape) != want:
+            raise ProgramError(f"input '{name}' has shape {tuple(inputs[name].shape)}, expected {want} for axes "
+                               f"{spec.axes}")
+    env: dict[str, torch.Tensor] = {}  # the inputs a load reads, converted on first use
     memo: dict[int, _Val] = {}
+
+    def tensor(name: str) -> torch.Tensor:
+        t = env.get(name)
+        if t is None:
+            t = inputs[name]
+            t = env[name] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device=device)
+        return t
 
     def canon(dims) -> tuple[str, ...]:
         return tuple(sorted(set(dims), key=order.index))
@@ -81,7 +87,7 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
         if isinstance(n, ir.Index):
             return arange(n.axis)
         if isinstance(n, ir.Load):
-            t = env[n.tensor]
+            t = tensor(n.tensor)
             if all(isinstance(e, ir.Index) for e in n.index) and len({e.axis for e in n.index}) == len(n.index):
                 return go_plain(t, tuple(e.axis for e in n.index))
             idx = [go(e) for e in n.index]

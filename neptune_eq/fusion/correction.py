@@ -21,6 +21,7 @@ from egglog import EGraph, ruleset
 from neptune_eq import ir
 from neptune_eq.extract.terms import TermExtractor
 from neptune_eq.extract.view import build_view, class_of
+from neptune_eq.masks import some_equal
 from neptune_eq.ops import MONOIDS, OPS
 from neptune_eq.rules import analysis
 from neptune_eq.rules.base import Rule
@@ -121,8 +122,8 @@ def numeric_correction_check(body: ir.Node, corr: ir.Node, dist: str, producers:
     for name in sorted(refs):
         env[name] = rng.normal(0, 3, samples)
     loads = {ir.show(n) for n in ir.walk(body) if isinstance(n, ir.Load | ir.Index)}
-    for name in loads:
-        env[name] = rng.normal(0, 3, samples)
+    for name in loads:  # (some equal: a mask comparing two loads must hold at some samples)
+        env[name] = some_equal(rng, rng.normal(0, 3, samples))
     old_body = ir.substitute(body, {p.ref(ir.RefKind.CURRENT): p.ref(ir.RefKind.OLD) for p in producers})
     g_new = eval_ir_sampled(body, env)
     g_old = eval_ir_sampled(old_body, env)

@@ -12,6 +12,7 @@ from ..ops import OPS
 from ..plan import KernelPlan, Plan
 from ..schedule import KernelSchedule, inner_axes
 from .contract import ContractOps
+from .databounds import DataBound
 from .memory import MemoryOps
 from .values import (
     _TL_DTYPE,
@@ -52,6 +53,7 @@ class KernelWriter(MemoryOps, ContractOps):
         self.descriptors: dict[str, tuple[int, ...]] = {}  # tensor → dimensions its descriptor spans
         self.buffers_read: set[str] = set()
         self.buffers_written: set[str] = set()
+        self.data_bounds: list[DataBound] = []  # loop bounds the launcher works out per call (databounds.py)
         order = [a for a in kernel.grid if self.tiles.get(a, 1) > 1]
         loop_axes = list(dict.fromkeys(p.axis for p in kernel.passes()))
         self.canon = order + [a for a in loop_axes if a not in order] + sorted(self.inner - set(order) - set(loop_axes))
@@ -75,6 +77,19 @@ class KernelWriter(MemoryOps, ContractOps):
     def size(self, axis: str) -> str:
         """The length of `axis` in code: a literal where the kernel is compiled for it, else n_<axis>."""
         return self.extent(axis) if axis in self.program.dynamic else str(self.program.axes[axis])
+
+    def data_bound(self, db: DataBound) -> tuple[str, str, str, str]:
+        """Code of the (lo, hi, flo, fhi) loop offsets of this program under `db`: read from its
+        argument tensor, db<k>_ptr [tiles of each grid axis of db..., 4]."""
+        if db not in self.data_bounds:
+            self.data_bounds.append(db)
+        k = self.data_bounds.index(db)
+        if self.lookup(("data bound", k)) is None:  # read once where every pass sees it
+            at = " + ".join(f"t_{_ident(a)} * db{k}_s{m}" for m, (a, _) in enumerate(db.grid)) or "0"
+            for m, name in enumerate(("dlo", "dhi", "dflo", "dfhi")):
+                self.emit(f"{name}{k} = tl.load(db{k}_ptr + {at} + {m})")
+            self.scopes[-1].memo[("data bound", k)] = k
+        return f"dlo{k}", f"dhi{k}", f"dflo{k}", f"dfhi{k}"
 
     def extent(self, axis: str) -> str:
         if axis not in self.extents:

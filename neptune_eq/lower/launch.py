@@ -23,6 +23,7 @@ from ..cachedir import cache_dir as cache_dir_at
 from ..cachedir import default_cache_dir
 from ..ir import NeptuneError
 from ..plan import Plan
+from .databounds import bound_tensor
 from .values import KernelSource, _ident
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -192,8 +193,10 @@ class Launcher:
         cuda = device.type == "cuda"
         if not cuda:
             require_interpreter()
+        bounds = self._bounds_at(inputs, axes)
         for ki, (fn, names, extents, grid, interp_kw, cuda_kw) in enumerate(calls):
-            args, _ = _launch_args([tensors[n] for n in names], extents)
+            ks_bounds = [bounds[db] for db in self.kernels[ki].data_bounds]
+            args, _ = _launch_args([tensors[n] for n in names], extents, ks_bounds)
             if not cuda:
                 with quiet_ieee():  # inf and NaN are results here, as on the GPU, not warnings
                     fn[grid](*args, **interp_kw)  # the interpreter takes no num_warps / num_stages
@@ -212,6 +215,15 @@ class Launcher:
             else:
                 (self._fixed.get(key) or ck[(grid[0], 1, 1)])(*args, *interp_kw.values())
         return outs
+
+    def _bounds_at(self, inputs: dict[str, torch.Tensor], axes: dict[str, int] | None) -> dict:
+        """The (lo, hi) loop offsets of each data-dependent bound of the kernels, from this call's
+        inputs (lower/databounds.py); one tensor per bound, shared by the kernels that use it."""
+        dbs = {db for ks in self.kernels for db in ks.data_bounds}
+        if not dbs:
+            return {}
+        program = self.program.with_extents(axes) if axes else self.program
+        return {db: bound_tensor(db, program, inputs) for db in dbs}
 
     def _key(self, ki: int, device, tensors: list[torch.Tensor]) -> tuple:
         """What Triton specialises kernel `ki` on (see _spec_key): a dynamic program's strides are
@@ -232,8 +244,8 @@ class Launcher:
         if wide is not None:
             return wide.bind(inputs, order, out_dtypes)
         device = next(iter(inputs.values())).device
-        if device.type != "cuda" or self._descriptors:
-            return None
+        if device.type != "cuda" or self._descriptors or any(ks.data_bounds for ks in self.kernels):
+            return None  # (loop bounds read from the inputs' values are worked out on every call)
         slot = {name: k for k, name in enumerate(order)}
         calls, out_shapes, axes = self._at(inputs)
         outs = [(name, shape, (out_dtypes or {}).get(name) or dt) for name, shape, dt in out_shapes]
@@ -285,15 +297,18 @@ def span_past_int32(t: torch.Tensor) -> bool:
     return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 1) > 2**31 - 1
 
 
-def _launch_args(tensors: list[torch.Tensor], extents: list[int]) -> tuple[list, list[int]]:
-    """A generated kernel's positional arguments (each tensor then its strides, then the extents)
-    and the position of each tensor among them."""
+def _launch_args(tensors: list[torch.Tensor], extents: list[int], bounds=()) -> tuple[list, list[int]]:
+    """A generated kernel's positional arguments (each tensor then its strides, then the extents,
+    then each data bound's tensor with its strides but the last) and the position of each tensor."""
     args, at = [], []
     for x in tensors:
         at.append(len(args))
         args.append(x)
         args.extend(x.stride())
     args.extend(extents)
+    for b in bounds:
+        args.append(b)
+        args.extend(b.stride()[:-1])
     return args, at
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .. import ir
-from ..masks import affine, affine_part
+from ..masks import affine, affine_part, conjuncts
 from ..ops import MONOIDS, OPS
 from ..plan import Combine, CompPlan, Pass
+from .databounds import bound_for, data_conjuncts
 from .kernel import KernelWriter
 from .values import (
     Val,
@@ -47,6 +48,7 @@ class _PassWriter:
         self.w, self.ps = w, ps
         self.axis = ps.axis
         self.tile = w.tiles[ps.axis]
+        self.data_bounded: set[str] = set()  # components whose masks bound the loop whole (see bounds)
 
     def state_names(self, c: CompPlan) -> str:
         return f"st_{_ident(c.name)}"
@@ -94,14 +96,13 @@ class _PassWriter:
         for c in self.ps.comps:
             masked_by = c.mask is not None and not _is_true(c.mask)
             cons = affine_part(c.mask) if masked_by else []
-            if masked_by and affine(c.mask) is None:
-                all_affine = False  # the rest of the mask is evaluated per element in every tile
+            usable = True  # every affine conjunct bounds the loop
             c_low, c_high, c_flow, c_fhigh = [], [], [], []
             for a in cons:
                 cj = a.coefficient(j)
                 others = [(x, v) for x, v in a.coef if x != j]
                 if abs(cj) > 1 or any(x not in w.scalar and x not in w.k.grid for x, _ in others):
-                    all_affine = False  # evaluated per element in every tile
+                    usable = False  # evaluated per element in every tile
                     continue
                 mn, mx = self.box(others)
                 if cj == 0:  # a condition on the program's rows alone (q_idx >= 5, h > 0): the loop
@@ -115,6 +116,20 @@ class _PassWriter:
                 else:  # j >= const + Σ : lower bound
                     c_low.append(f"({a.const} + ({mn}))")
                     c_flow.append(f"({a.const} + ({mx}))")
+            covered = not masked_by or affine(c.mask) is not None  # no conjunct left to evaluate per element
+            if not covered:  # comparisons of input values: bounds worked out per call
+                data = data_conjuncts(c.mask, j, w.program)
+                db = bound_for(data, j, T, [(x, w.sched.step(x)) for x in w.k.grid], w.program) if data else None
+                if db is not None:
+                    lo_code, hi_code, flo_code, fhi_code = w.data_bound(db)
+                    c_low.append(lo_code)
+                    c_high.append(hi_code)
+                    c_flow.append(flo_code)
+                    c_fhigh.append(fhi_code)
+                covered = db is not None and all(affine(p) is not None or p in db.preds for p in conjuncts(c.mask))
+                if covered:  # whole tiles where every comparison holds need not evaluate them
+                    self.data_bounded.add(c.name)
+            all_affine = all_affine and usable and covered
             lows.append(_max(c_low) if c_low else "0")
             highs.append(_min(c_high) if c_high else n_j)
             flows.append(_max(c_flow) if c_flow else "0")
@@ -210,7 +225,8 @@ class _PassWriter:
         for c in self.ps.comps:
             old = olds[c.name]
             mask = valid
-            if c.mask is not None and not _is_true(c.mask) and (masked or affine(c.mask) is None):
+            if c.mask is not None and not _is_true(c.mask) and (
+                    masked or (affine(c.mask) is None and c.name not in self.data_bounded)):
                 m = w.as_bool(w.value(c.mask))
                 mask = m if mask is None else self._and(mask, m)
             combine = MONOIDS[c.op].combine

@@ -110,6 +110,9 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
         const = "" if dyn & set(t.axes) else ": tl.constexpr"
         params += [f"{_ident(t.name)}_s{i}{const}" for i in range(len(t.axes))]
     params += [f"n_{_ident(a)}" + ("" if a in dyn else ": tl.constexpr") for a in w.extents]
+    bound_strides = [f"db{n}_s{m}" for n, db in enumerate(w.data_bounds) for m in range(len(db.grid))]
+    for n, db in enumerate(w.data_bounds):  # per-call loop bounds (lower/databounds.py)
+        params += [f"db{n}_ptr", *(f"db{n}_s{m}" for m in range(len(db.grid)))]
     consts = {}
     for a, tile in sched.tiles.items():
         consts[f"BLOCK_{_ident(a)}"] = tile
@@ -119,13 +122,13 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     else:
         chunks = 1
     params += [f"{c}: tl.constexpr" for c in consts]
-    free = [f"n_{_ident(a)}" for a in w.extents if a in dyn]
+    free = [f"n_{_ident(a)}" for a in w.extents if a in dyn] + bound_strides
     jit = f"@triton.jit(do_not_specialize={free!r})" if free else "@triton.jit"
     header = f"{jit}\ndef {fn_name}({', '.join(params)}):\n"
     src = header + "\n".join(w.lines) + "\n"
     return KernelSource(fn_name, src, list(w.tensors.values()), list(w.extents),
                         [(a, sched.step(a)) for a, _ in grid], k.chunks, consts, sched, dict(w.descriptors),
-                        frozenset(w.buffers_read), frozenset(w.buffers_written))
+                        frozenset(w.buffers_read), frozenset(w.buffers_written), data_bounds=tuple(w.data_bounds))
 
 
 def _dependent_launches(kernels: list[KernelSource]) -> list[KernelSource]:

@@ -52,6 +52,8 @@ class KernelSource:
     # launched as a programmatic dependent launch (CUDA): starts while the kernel before it drains
     # and waits (gdc_wait) for that kernel's results before its first instruction
     pdl: bool = False
+    # loop bounds worked out per call from the inputs' values (lower/databounds.py: DataBound)
+    data_bounds: tuple = ()
 
 
 def _int_const(n: ir.Node) -> int | None:

@@ -1,0 +1,175 @@
+"""Loop bounds from data: the tiles of a loop that a data-dependent mask keeps, worked out per call.
+
+An affine mask conjunct (j <= i) bounds a loop at compile time. A conjunct that compares values
+read from the inputs cannot: `doc[i] == doc[j]` (packed documents), `start[i] <= j` (a per-token
+document start), `j < lens[b]` (a per-batch length). Per call the launcher evaluates both sides of
+each such comparison on the inputs, takes their range [min, max] over each program's tile and each
+loop tile, and keeps the loop tiles where the comparison can hold for some pair of values of the
+two ranges. That is interval arithmetic, so it is sound: a pair of elements that meets the
+predicate has its two values inside the two ranges. The first and last kept tile bound the
+program's loop; inside it the predicate is evaluated per element, except over a run of whole tiles
+where it holds for every pair (one document's keys below the diagonal), which runs unmasked.
+
+Packed documents then cost the sum of the squares of their lengths, not the square of the total,
+as with FlashAttention's cu_seqlens or FlexAttention's BlockMask. This holds whatever order the
+documents are in: unsorted ids only widen the ranges, and widening costs time, never correctness.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import ir
+
+_COMPARISONS = ("eq", "le", "lt", "ge", "gt")
+_FLIP = {"eq": "eq", "le": "ge", "lt": "gt", "ge": "le", "gt": "lt"}
+_MAX_EVAL = 1 << 26  # elements of one side's values, or of the tile table, evaluated per call
+
+
+@dataclass(frozen=True)
+class DataBound:
+    """The loop over `axis` (tiles of `tile`) visits, per program, the span of loop tiles where
+    every comparison in `preds` can hold, unmasked over the whole tiles where all hold. The launcher
+    passes it as an int32 tensor [tiles of each grid axis in `grid`..., 4] of element offsets
+    (lo, hi, flo, fhi) (bound_tensor)."""
+
+    axis: str
+    tile: int
+    preds: tuple[ir.Node, ...]  # comparisons (eq, le, lt, ge, gt) of values of the inputs
+    grid: tuple[tuple[str, int], ...]  # (grid axis, its step) the bounds vary along, in tensor order
+
+
+def _evaluable(n: ir.Node, inputs) -> bool:
+    """Can n be computed from the inputs alone (indices, constants, loads of inputs, arithmetic)?"""
+    for m in ir.walk(n):
+        if isinstance(m, ir.Reduce | ir.StateRef) or (isinstance(m, ir.Load) and m.tensor not in inputs):
+            return False
+    return True
+
+
+def _axes_of(n: ir.Node) -> set[str]:
+    return {m.axis for m in ir.walk(n) if isinstance(m, ir.Index)}
+
+
+def data_conjuncts(pred: ir.Node, axis: str, program: ir.Program) -> list[ir.Node]:
+    """The conjuncts of `pred` that are comparisons of input values varying along loop `axis` and
+    not affine (those bound the loop at compile time), whose sides can be evaluated per call."""
+    from ..masks import affine
+
+    if isinstance(pred, ir.Call) and pred.op == "and":
+        return data_conjuncts(pred.args[0], axis, program) + data_conjuncts(pred.args[1], axis, program)
+    if not (isinstance(pred, ir.Call) and pred.op in _COMPARISONS) or affine(pred) is not None:
+        return []
+    if axis not in _axes_of(pred) or not _evaluable(pred, program.inputs):
+        return []
+    for side in pred.args:  # one side's values are computed over the box of its axes
+        if math.prod(program.axes[a] for a in _axes_of(side)) > _MAX_EVAL:
+            return []
+    return [pred]
+
+
+def bound_for(preds: list[ir.Node], axis: str, tile: int, grid: list[tuple[str, int]],
+              program: ir.Program) -> DataBound | None:
+    """The DataBound of a loop masked by `preds` (data_conjuncts), or None where its table of
+    (program tile, loop tile) pairs would be too large to work out per call."""
+    used = set().union(*(_axes_of(p) for p in preds))
+    along = tuple((a, step) for a, step in grid if a in used)
+    cells = math.ceil(program.axes[axis] / tile) * math.prod(math.ceil(program.axes[a] / s) for a, s in along)
+    if not preds or cells > _MAX_EVAL:
+        return None
+    return DataBound(axis, tile, tuple(preds), along)
+
+
+# ---------------------------------------------------------------- per call
+
+
+def bound_tensor(db: DataBound, program: ir.Program, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Per program, (lo, hi) the loop offsets where the comparisons can hold and (flo, fhi) a run of
+    whole loop tiles where they hold for every pair (the loop's unmasked interior, which evaluates no
+    mask), as int32 [tiles of each grid axis..., 4]; `program` at the call's lengths."""
+    from ..reference import evaluate
+
+    order = list(program.axes)
+    steps = {**dict(db.grid), db.axis: db.tile}
+    out_dims = (*(a for a, _ in db.grid), db.axis)
+    values = evaluate(program, inputs, nodes=[s for p in db.preds for s in p.args])
+    can = full = None
+    for k, p in enumerate(db.preds):
+        sides = []
+        for m, side in enumerate(p.args):
+            dims = tuple(sorted(_axes_of(side), key=order.index))
+            t = values[str(2 * k + m)].reshape([program.axes[a] for a in dims])
+            lo, hi, nan, kept = _tile_ranges(t, dims, steps)
+            sides.append([_align(r, kept, out_dims) for r in (lo, hi, nan)])
+        (alo, ahi, anan), (blo, bhi, bnan) = sides
+        c = _can_hold(p.op, alo, ahi, blo, bhi)
+        f = _always_holds(p.op, alo, ahi, blo, bhi) & ~anan & ~bnan
+        can, full = (c, f) if can is None else (can & c, full & f)
+    shape = [math.ceil(program.axes[a] / s) for a, s in db.grid] + [math.ceil(program.axes[db.axis] / db.tile)]
+    can, full = can.expand(shape), full.expand(shape) & can.expand(shape)
+    n, T, end = shape[-1], db.tile, program.axes[db.axis]
+    idx = torch.arange(n, device=can.device)
+    first = can.to(torch.uint8).argmax(-1)
+    last = n - 1 - can.flip(-1).to(torch.uint8).argmax(-1)
+    lo = torch.where(can.any(-1), first * T, 0)
+    hi = torch.where(can.any(-1), torch.clamp((last + 1) * T, max=end), 0)
+    f_first = full.to(torch.uint8).argmax(-1)
+    past = ~full & (idx > f_first[..., None])  # the run of whole tiles ends at the first one that is not
+    f_end = torch.where(past.any(-1), past.to(torch.uint8).argmax(-1), n)
+    flo = torch.where(full.any(-1), f_first * T, 0)
+    fhi = torch.where(full.any(-1), torch.clamp(f_end * T, max=end), 0)
+    return torch.stack([lo, hi, flo, fhi], -1).to(torch.int32).contiguous()
+
+
+def _can_hold(op: str, alo, ahi, blo, bhi) -> torch.Tensor:
+    """Can `a op b` hold for some a in [alo, ahi], b in [blo, bhi]? (An empty range, lo > hi, never.)"""
+    if op in ("ge", "gt"):
+        op, alo, ahi, blo, bhi = _FLIP[op], blo, bhi, alo, ahi
+    nonempty = (alo <= ahi) & (blo <= bhi)
+    if op == "eq":
+        return nonempty & (alo <= bhi) & (blo <= ahi)
+    return nonempty & ((alo <= bhi) if op == "le" else (alo < bhi))
+
+
+def _always_holds(op: str, alo, ahi, blo, bhi) -> torch.Tensor:
+    """Does `a op b` hold for every a in [alo, ahi], b in [blo, bhi]?"""
+    if op in ("ge", "gt"):
+        op, alo, ahi, blo, bhi = _FLIP[op], blo, bhi, alo, ahi
+    if op == "eq":
+        return (alo == ahi) & (blo == bhi) & (alo == blo)
+    return (ahi <= blo) if op == "le" else (ahi < blo)
+
+
+def _tile_ranges(t: torch.Tensor, dims: tuple[str, ...], steps: dict[str, int]):
+    """(min, max, has NaN) of `t` over each tile of the axes in `steps` and over the whole of the
+    others, with the kept axes; NaN (never equal, less or greater) is left out of min and max."""
+    t = t.to(torch.float64)
+    nan = torch.isnan(t)
+    lo = torch.where(nan, math.inf, t)
+    hi = torch.where(nan, -math.inf, t)
+    kept = []
+    for k in range(len(dims) - 1, -1, -1):
+        s = steps.get(dims[k])
+        if s is None:
+            lo, hi, nan = lo.amin(k), hi.amax(k), nan.any(k)
+            continue
+        kept.insert(0, dims[k])
+        pad = -lo.shape[k] % s
+        lo, hi, nan = lo.movedim(k, -1), hi.movedim(k, -1), nan.movedim(k, -1)
+        if pad:  # lanes past the end: neutral for min, max and NaN
+            lo = torch.nn.functional.pad(lo, (0, pad), value=math.inf)
+            hi = torch.nn.functional.pad(hi, (0, pad), value=-math.inf)
+            nan = torch.nn.functional.pad(nan, (0, pad), value=False)
+        lo = lo.reshape(*lo.shape[:-1], -1, s).amin(-1).movedim(-1, k)
+        hi = hi.reshape(*hi.shape[:-1], -1, s).amax(-1).movedim(-1, k)
+        nan = nan.reshape(*nan.shape[:-1], -1, s).any(-1).movedim(-1, k)
+    return lo, hi, nan, tuple(kept)
+
+
+def _align(t: torch.Tensor, dims: tuple[str, ...], out_dims: tuple[str, ...]) -> torch.Tensor:
+    """`t` over `dims` (a subset of out_dims) laid out for broadcasting over out_dims."""
+    t = t.permute(sorted(range(len(dims)), key=lambda k: out_dims.index(dims[k])))
+    return t.reshape([t.shape[sorted(dims, key=out_dims.index).index(a)] if a in dims else 1 for a in out_dims])

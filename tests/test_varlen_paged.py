@@ -1,0 +1,170 @@
+"""Packed variable-length batches and paged-KV decode, written in plain PyTorch (issue 14, items 2-3).
+
+A document-id mask or a per-request length compares values of the inputs, so it cannot bound a loop
+at compile time; the launcher works the bounds out per call (lower/databounds.py) and the kernels
+visit only the key tiles each program can need. Every output is checked against float64, every
+bound against the tiles the mask really keeps."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import neptune_eq as ne
+from neptune_eq.frontend import capture
+from neptune_eq.lower.databounds import bound_tensor
+from neptune_eq.pipeline import Options
+from neptune_eq.plan import Combine
+from neptune_eq.runtime import compile_ir
+
+
+def varlen_attention(q, k, v, doc):
+    """q, k, v [H, T, D] packed along T; doc [T] the document of each token; causal within documents."""
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    i = torch.arange(q.shape[1])
+    keep = (doc[:, None] == doc[None, :]) & (i[None, :] <= i[:, None])
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+
+def documents(lengths: list[int]) -> torch.Tensor:
+    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+
+
+def packed(lengths: list[int], heads: int = 2, dim: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    return (*(torch.randn(heads, total, dim, generator=g) for _ in range(3)), documents(lengths))
+
+
+def err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return (out.double() - ref).abs().max().item()
+
+
+def test_packed_documents_match_float64_with_empty_and_length_one_documents_from_one_compile():
+    """One dynamic compile serves packings of different totals and layouts (empty documents,
+    length-1 documents, a document longer than a tile): no new capture or compile."""
+    prog = ne.compile(varlen_attention, *packed([40, 0, 1, 90, 0, 2]), dynamic={0: [1], 1: [1], 2: [1], 3: [0]})
+    before = prog.stats()
+    for lengths in ([40, 0, 1, 90, 0, 2], [1, 1, 1, 160, 0, 35], [200, 0, 3], [0, 177, 1, 0, 1]):  # one bucket
+        q, k, v, doc = packed(lengths, seed=len(lengths))
+        ref = varlen_attention(q.double(), k.double(), v.double(), doc)
+        assert err(prog(q, k, v, doc), ref) < 1e-5, lengths
+    after = prog.stats()
+    assert (after["captures"], after["compiles"]) == (before["captures"], before["compiles"])
+
+
+def _bounds(program, inputs):
+    """The data bounds of a compiled program's kernels, evaluated for `inputs`."""
+    _, kernels = compile_ir(program).lowered("interpreter")
+    return [(db, bound_tensor(db, program, inputs)) for ks in kernels for db in ks.data_bounds]
+
+
+def test_the_loop_visits_only_the_key_tiles_of_its_documents():
+    """Per query tile the key range runs from the first key tile of its first document to the last
+    key tile it can see (causal): the visited tiles follow the sum of squares of the lengths."""
+    lengths = [300, 5, 211, 500]
+    q, k, v, doc = packed(lengths)
+    program = capture(varlen_attention, q, k, v, doc).program
+    bounds = _bounds(program, {"q": q, "k": k, "v": v, "doc": doc})
+    assert bounds, "the document mask bounds the key loop per call"
+    db, b = bounds[0]
+    assert db.grid and db.grid[-1][0] != db.axis and b.shape[-1] == 4
+    step = dict(db.grid)[program.inputs["doc"].axes[0]]
+    starts = torch.cumsum(torch.tensor([0, *lengths]), 0)
+    visited = 0
+    for t in range(b.shape[0]):
+        rows = torch.arange(t * step, min((t + 1) * step, doc.numel()))
+        first_doc_start = starts[doc[rows[0]]].item()
+        lo, hi, flo, fhi = b[t].tolist()
+        assert lo <= first_doc_start and lo > first_doc_start - db.tile  # the first key its rows can see
+        assert hi >= rows[-1].item() + 1  # and the last one
+        if doc[rows[0]] == doc[rows[-1]] and fhi > flo:  # one document: its own whole key tiles, unmasked
+            assert starts[doc[rows[0]]] <= flo and fhi <= starts[doc[rows[0]] + 1]
+        visited += (hi - lo) * len(rows)
+    ratio = visited / doc.numel() ** 2
+    assert ratio < 0.5, ratio  # the sum of squares is 0.38 of the square of the total
+
+
+def test_unsorted_document_ids_stay_exact():
+    """Ids out of order only widen the ranges (interval arithmetic is sound for any layout)."""
+    q, k, v, doc = packed([30, 1, 0, 50])
+    doc = doc[torch.randperm(doc.numel(), generator=torch.Generator().manual_seed(3))]
+    prog = ne.compile(varlen_attention, q, k, v, doc)
+    assert err(prog(q, k, v, doc), varlen_attention(q.double(), k.double(), v.double(), doc)) < 1e-5
+
+
+def test_packed_documents_gradients_match_float64():
+    """The backward's loops (dQ over keys, dK/dV over queries) are bounded by the same mask.
+    (Once silently wrong: the mask analysis sampled doc[i] and doc[j] apart and never equal.)"""
+    q, k, v, doc = packed([20, 0, 1, 43], heads=1)
+    prog = ne.compile(varlen_attention, q, k, v, doc)
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = prog(*xs, doc)
+    g = torch.randn_like(out)
+    (out * g).sum().backward()
+    ds = [x.double().requires_grad_() for x in (q, k, v)]
+    (varlen_attention(*ds, doc) * g.double()).sum().backward()
+    for x, d in zip(xs, ds):
+        assert err(x.grad, d.grad) < 1e-4
+
+
+# ---------------------------------------------------------------- paged KV
+
+
+def paged_decode(q, k_cache, v_cache, block_table, lens):
+    """One query per request and head against its pages: q [B, Hq, D], caches [pages, P, Hkv, D],
+    block_table [B, pages per request], lens [B] the tokens of each request."""
+    B, Hq, D = q.shape
+    P, Hkv = k_cache.shape[1], k_cache.shape[2]
+    j = torch.arange(block_table.shape[1] * P)
+    page = block_table[:, j // P]
+    k, v = k_cache[page, j % P], v_cache[page, j % P]  # [B, S, Hkv, D], read in place
+    s = torch.einsum("bhgd,bshd->bhgs", q.view(B, Hkv, Hq // Hkv, D), k) * D ** -0.5
+    s = s.masked_fill(j >= lens[:, None, None, None], float("-inf"))
+    return torch.einsum("bhgs,bshd->bhgd", torch.softmax(s, -1), v).reshape(B, Hq, D)
+
+
+def paged(lens: list[int], page: int, heads=(4, 2), dim=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    per = math.ceil(max(lens) / page) + 1  # a spare page per request: entries past its length unused
+    n_pages = len(lens) * per + 3
+    table = torch.randperm(n_pages, generator=g)[: len(lens) * per].view(len(lens), per).to(torch.int32)
+    q = torch.randn(len(lens), heads[0], dim, generator=g)
+    kc, vc = (torch.randn(n_pages, page, heads[1], dim, generator=g) for _ in range(2))
+    return q, kc, vc, table, torch.tensor(lens)
+
+
+def paged_ref(q, kc, vc, table, lens):
+    return paged_decode(q.double(), kc.double(), vc.double(), table, lens)
+
+
+@pytest.mark.parametrize("page", [16, 8])
+def test_paged_decode_reads_pages_in_place_with_ragged_last_pages(page):
+    """Requests of different lengths (1, a page multiple, ragged last pages) from one compile; new
+    block tables and lengths are data, never a recompile."""
+    q, kc, vc, table, lens = paged([1, 2 * page, 37, 3 * page - 1], page)
+    prog = ne.compile(paged_decode, q, kc, vc, table, lens)
+    before = prog.stats()["compiles"]
+    assert err(prog(q, kc, vc, table, lens), paged_ref(q, kc, vc, table, lens)) < 1e-5
+    lens2 = torch.tensor([3 * page, 1, 2, page + 1])
+    table2 = table[torch.tensor([2, 0, 3, 1])]
+    assert err(prog(q, kc, vc, table2, lens2), paged_ref(q, kc, vc, table2, lens2)) < 1e-5
+    assert prog.stats()["compiles"] == before
+    assert "dlo0" in prog.source  # the key loop ends at each request's length
+
+
+def test_paged_decode_split_k_bounds_each_request():
+    """Split-K divides each request's own key range among the chunks (the combine sees empty chunks
+    for short requests)."""
+    q, kc, vc, table, lens = paged([1, 130, 37, 200], 16)
+    program = capture(paged_decode, q, kc, vc, table, lens).program
+    compiled = compile_ir(program, Options(split_factors=(4,), min_chunk=16))
+    ids = [a.id for a in compiled.alternatives
+           if any(isinstance(ph, Combine) for k in a.plan.kernels for ph in k.phases)]
+    assert ids, "split-K is offered"
+    split = compiled.pin(ids[0])
+    assert "dlo0" in split.source
+    out = split.run({"q": q, "k_cache": kc, "v_cache": vc, "block_table": table, "lens": lens})
+    assert err(out["out0"], paged_ref(q, kc, vc, table, lens)) < 1e-5
