@@ -280,11 +280,40 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     bw = min(dev.hbm_bytes_per_s, active * rate)
     t_mem_eff = hbm / bw * (waves * active / programs if programs > slots else 1.0) * spill
     terms = [t_mem_eff, *t_compute]
+    chain = _data_bounded_chain(k, program, plan)
+    if chain:
+        # a loop bounded by the inputs' values (lower/databounds.py): the lengths are data, unknown
+        # here. Priced under the prior that they spread evenly over [0, bound]: half the work on
+        # average, but the kernel lasts as long as its longest program streaming its whole range,
+        # each tile waiting on `chain` dependent loads (a page table, then the page), which
+        # software pipelining cannot overlap (one in `stages` where the addresses are plain)
+        terms = [t * _DATA_LENGTH_PRIOR for t in terms]
+        per_tile = dev.mem_latency_s * (chain if chain > 1 else 1 / max(2, sched.num_stages))
+        terms.append(iters_total * per_tile)
     dominant = max(terms)
     time = dominant + dev.overlap * (sum(terms) - dominant) + dev.launch_s
     latency = hbm / bw
     return KernelCost(k.name, programs, iters_total, hbm, requested + stored, c.tc * programs, c.alu * programs,
                       c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time)
+
+
+_DATA_LENGTH_PRIOR = 0.5  # the mean of lengths spread evenly over [0, bound], as a fraction of it
+
+
+def _data_bounded_chain(k: KernelPlan, program: ir.Program, plan: Plan) -> int:
+    """0 where no loop of `k` is bounded by data; else the longest chain of dependent loads its
+    loop tiles read (1: plain addresses; 2: an address read from a page table)."""
+    from neptune_eq.lower.databounds import data_conjuncts
+    from neptune_eq.schedule import loop_loads
+
+    if not any(c.mask is not None and data_conjuncts(c.mask, ps.axis, program) for ps in k.passes() for c in ps.comps):
+        return 0
+
+    def depth(n: ir.Node) -> int:
+        inner = [depth(m) for e in n.index for m in ir.walk(e) if isinstance(m, ir.Load)]
+        return 1 + max(inner, default=0)
+
+    return max((depth(ld) for ld in loop_loads(k, plan)), default=1)
 
 
 def _tile_elements(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> float:

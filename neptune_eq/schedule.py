@@ -128,7 +128,8 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     loads = loop_loads(k, plan)
     primary = [a for a in rows if all(a not in ld.axes for ld in loads)]
     tensors = {ld.tensor: ld for ld in loads}.values()  # each streamed tensor once
-    if not primary and has_dot:
+    grouped = {a: g for a, g in grouped_axes(k, program, plan).items() if g > 1 and program.axes[a] % g == 0}
+    if not primary and has_dot and not grouped:
         # a query axis that one streamed tensor also has (a bias over (heads, queries, keys)): most
         # of the streamed tensors lack it, so a tile of it still shares their loads
         primary = [a for a in rows if program.axes[a] >= 16
@@ -137,13 +138,13 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
         tiles[primary[0]] = min(128, max(16 if has_dot else 1, next_pow2(program.axes[primary[0]])))
     else:
         # no query-like axis (decode): stack a group of grouped-query heads as the rows, so the
-        # key/value tile of their shared head is loaded once (padded to 16 rows for tl.dot)
-        for a, g in grouped_axes(k, program, plan).items():
-            if g > 1 and program.axes[a] % g == 0:
-                steps[a] = g
-                tiles[a] = max(16 if has_dot else 1, next_pow2(g))
-                primary = [a]
-                break
+        # key/value tile of their shared head is loaded once (padded to 16 rows for tl.dot); this
+        # before a value dimension that a page table's load lacks looks query-like
+        for a, g in grouped.items():
+            steps[a] = g
+            tiles[a] = max(16 if has_dot else 1, next_pow2(g))
+            primary = [a]
+            break
         if not primary and has_dot:
             # a single query row (decode): pad one head's row to a 16-row tile so the products
             # run on tensor cores; the key/value tiles of that head are loaded once
