@@ -136,3 +136,14 @@ def rel_err_rows(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None
 
     err, nonfinite = rel_err(out if rows is None else out.index_select(2, rows), ref)
     return math.inf if nonfinite else err
+
+
+def record(rows: list, row: dict, out: str | None, meta: dict) -> None:
+    """Append a bench row, print it, and rewrite the results file (a crash later keeps what ran)."""
+    import json
+
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    if out:
+        with open(out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)

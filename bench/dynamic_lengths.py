@@ -14,7 +14,6 @@ static compile's call.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
@@ -117,6 +116,7 @@ def main():
         warm_in_parallel(__file__, args.ops, args.L)
         return
     import triton
+    from cases import record
 
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d")}
@@ -124,13 +124,10 @@ def main():
     for op in args.ops:
         for L in args.L:
             try:
-                rows.append(measure(op, L))
+                row = measure(op, L)
             except Exception as e:  # one case failing is reported, the rest still run
-                rows.append({"op": op, "L": L, "error": f"{type(e).__name__}: {e}"[:500]})
-            print(json.dumps(rows[-1]), flush=True)
-            if args.out:
-                with open(args.out, "w") as f:
-                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+                row = {"op": op, "L": L, "error": f"{type(e).__name__}: {e}"[:500]}
+            record(rows, row, args.out, meta)
 
 
 if __name__ == "__main__":

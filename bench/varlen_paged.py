@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import time
 
@@ -229,6 +228,7 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     import triton
+    from cases import record
 
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d")}
@@ -240,16 +240,13 @@ def main():
     rows = []
     for job in jobs:
         try:
-            rows.append(job())
-        except Exception as e:
+            row = job()
+        except Exception as e:  # one case failing is reported, the rest still run
             import traceback
 
             traceback.print_exc()
-            rows.append({"error": f"{type(e).__name__}: {e}"[:500]})
-        print(json.dumps(rows[-1]), flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            row = {"error": f"{type(e).__name__}: {e}"[:500]}
+        record(rows, row, args.out, meta)
 
 
 if __name__ == "__main__":
