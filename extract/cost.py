@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from neptune_eq import ir
-from neptune_eq.contraction import is_product, opened
+from neptune_eq.contraction import gemm_sides, is_product, opened, plain_input
 from neptune_eq.device import DeviceSpec
 from neptune_eq.masks import affine_part
 from neptune_eq.ops import OPS
@@ -209,6 +209,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     iters_total = 0.0
     shared: set = set()
     loop_iters: dict[str, float] = dict(c.ksteps)
+    serial = False  # a dot operand is computed in registers each K step
     for ph in k.phases:
         if isinstance(ph, Combine):
             for comp in ph.source.comps:
@@ -228,13 +229,22 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
             el = c.size(core.axes | {ph.axis}, ph.axis) * iters
             dims = [a for a in core.axes | {ph.axis} if a in c.block_axes or a == ph.axis]
             dot = comp.op == "sum" and is_product(core) and len(dims) == 3
+            repaired = comp.corr is not None or bool(comp.affine)
             if dot:
                 c.tc += 2.0 * el  # a tile contraction: tl.dot
                 exprs = [*opened(core).factors, *opened(core).conditions]
+                sides = None if repaired else gemm_sides(core, ph.axis, k.grid, program.axes)
+                for side in (sides.left, sides.right) if sides else ():
+                    if len(side) > 1 or not plain_input(side[0], {**program.inputs, **plan.buffers}):
+                        # a computed operand (LayerNorm's normalised rows, a per-column scale) goes
+                        # shared memory → registers → arithmetic → registers → shared memory inside
+                        # each K step, in the warps that issue the MMAs: that round trip and its
+                        # arithmetic add to the tensor-core time instead of overlapping it
+                        c.alu += c.size(set().union(*(f.axes for f in side)), ph.axis) * iters * _OPERAND_TRIP
+                        serial = True
             else:
                 c.alu += el  # the tile reduction
                 exprs = [core]
-            repaired = comp.corr is not None or bool(comp.affine)
             if repaired or not dot:  # (a dot accumulates into its state in place)
                 # state update: a multiplicative repair is 3 ops per state, an affine one 3 per term
                 terms = max(1, len(comp.affine))
@@ -266,6 +276,8 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     t_tc = c.tc * programs / (dev.tensor_flops * _mma_efficiency(k, sched, program, plan))
     t_alu = c.alu * programs / dev.fma_per_s * spill
     t_sfu = c.sfu * programs / dev.sfu_per_s
+    if serial:
+        t_tc, t_alu = t_tc + t_alu, 0.0
     waves = math.ceil(programs / slots)
     # compute units: a program occupies its share of an SM; the last wave may be partly empty
     active = min(programs, slots)
@@ -297,6 +309,10 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
                       c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time)
 
 
+# operations per element of a computed dot operand beside its arithmetic: a load from shared
+# memory, two conversions and a store back (a bf16 scaled-operand GEMM measured 20 % slower than
+# the plain one on the H100, bench/results/h100_2026-11-24/issue11/probe_gemm_operand.txt)
+_OPERAND_TRIP = 4
 _DATA_LENGTH_PRIOR = 0.5  # the mean of lengths spread evenly over [0, bound], as a fraction of it
 
 

@@ -21,6 +21,8 @@ from neptune_eq.fusion.types import Binding, LoopCandidate, direct_bindings
 from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 
+from .materialise import materialise_operands
+
 
 class LoopTermError(LookupError):
     """A loop's correction or body has no term in the e-graph (its analysis was cut by a budget)."""
@@ -135,11 +137,11 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
             for splits in itertools.product(*split_choices):
                 if sum(s > 1 for s in splits) > 1:
                     continue  # at most one split pass per plan keeps the space small
-                for fused in (True, False):
+                for fused, materialise in itertools.product((True, False), (False, True)):
                     if any(idx in space.bad_loops for idx, _ in cover):
                         continue
                     try:
-                        plan = build_plan(space, inline, cover, splits, fused)
+                        plan = build_plan(space, inline, cover, splits, fused, materialise)
                     except LoopTermError as e:  # a correction the (budget-cut) e-graph cannot give
                         space.bad_loops.add(e.loop)
                         space.dropped.append(e.why)
@@ -162,7 +164,7 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
 
 
 def _signature(plan: Plan) -> tuple:
-    return (tuple(sorted(plan.inline)), tuple(
+    return (tuple(sorted(plan.inline)), tuple(sorted(plan.buffers)), tuple(
         (k.grid, k.chunks, tuple((type(p).__name__, getattr(p, "axis", None),
                                   tuple(c.name for c in (p.source.comps if isinstance(p, Combine) else p.comps)))
                                  for p in k.phases)) for k in plan.kernels))
@@ -204,7 +206,11 @@ def _program_order(program: ir.Program, axes) -> tuple[str, ...]:
     return tuple(a for a in program.axes if a in set(axes))
 
 
-def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -> Plan | None:
+def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
+               materialise: bool = False) -> Plan | None:
+    """The plan of one cover: `fused` merges consecutive compatible passes into one kernel;
+    `materialise` writes each computed GEMM operand once (extract/materialise.py), None when the plan
+    has none."""
     program, by_name = space.program, space.by_name
     order = _topo(cover, by_name, program.axes)
     if order is None:
@@ -299,9 +305,16 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool) -
             k.phases.append(Pass(map_axes[0], [], [store]))
         else:
             k.epilogue.append(store)
-    # ---- buffers between kernels
-    buffers: dict[str, BufferSpec] = {}
     floats = compute_dtype(program)
+    buffers: dict[str, BufferSpec] = {}
+    if materialise:
+        mats = materialise_operands(kernels, program, owner_kernel)
+        if mats is None:
+            return None
+        buffers.update(mats)
+        derivation += [f"materialise: {b.name}[{', '.join(map(str, b.axes))}] ({b.dtype}) is written once and read "
+                       f"by the contraction as data, not recomputed per output tile" for b in mats.values()]
+    # ---- buffers between kernels
     for k in kernels:
         if k.chunks > 1:
             for st in k.epilogue:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ir import Call, Const, Node
+from .ir import Call, Const, Index, Load, Node
 
 _ZERO = Const(0.0)
 _ONE = Const(1.0)
@@ -56,3 +56,53 @@ def is_product(node: Node) -> bool:
     while isinstance(node, Call) and node.op == "where" and _ZERO in node.args[1:]:
         node = node.args[2] if node.args[1] == _ZERO else node.args[1]
     return isinstance(node, Call) and node.op in ("mul", "div")
+
+
+@dataclass(frozen=True)
+class GemmSides:
+    """A condition-free product body over loop axis k split like a GEMM's: the factors of the
+    [m, k] operand (left), of the [k, n] operand (right) and those over neither k (post: [m, n]
+    factors, applied to the result)."""
+
+    m: str
+    n: str
+    left: tuple[Node, ...]
+    right: tuple[Node, ...]
+    post: tuple[Node, ...]
+
+
+def gemm_sides(body: Node, k: str, grid, extents: dict[str, int]) -> GemmSides | None:
+    """`body`'s factors as the two operands of a tile GEMM over `k` into two of the `grid` axes of
+    at least 16 (split as lower/contract.py's try_dot splits them: a factor over k and m goes left,
+    over k and n right, over k alone left; a per-row factor scales its operand), or None."""
+    parts = opened(body)
+    if parts.conditions:
+        return None
+    axes = [a for a in grid if extents[a] >= 16 and a in body.axes]
+    for m in axes:
+        for n in axes:
+            if m == n:
+                continue
+            left, right, post = [], [], []
+            for f in parts.factors:
+                fa = set(f.axes)
+                if k in fa:
+                    side = left if n not in fa else right if m not in fa else None
+                elif m in fa and n not in fa:
+                    side = left
+                elif n in fa and m not in fa:
+                    side = right
+                else:
+                    side = post
+                if side is None:
+                    break
+                side.append(f)
+            else:
+                if any(k in f.axes and m in f.axes for f in left) and any(k in f.axes and n in f.axes for f in right):
+                    return GemmSides(m, n, tuple(left), tuple(right), tuple(post))
+    return None
+
+
+def plain_input(f: Node, inputs) -> bool:
+    """An element of an input tensor at plain indices: an operand the tensor cores read as loaded."""
+    return isinstance(f, Load) and f.tensor in inputs and all(isinstance(i, Index) for i in f.index)

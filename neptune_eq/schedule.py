@@ -156,9 +156,12 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
                     primary = [a]
                     break
     # a further row axis (e.g. the value dimension of attention) is held whole when it is small
+    # (not a batch axis only some small tensor lacks: a bias shared by the batch; a vector along the
+    # loop axis alone, LayerNorm's γ and β, is broadcast to every row and does not count)
+    loop_axes = {p.axis for p in k.passes()}
+    wide = [ld for ld in tensors if ld.axes - loop_axes]
     for a in rows:
-        # (not a batch axis only some small tensor lacks: a bias shared by the batch)
-        if a not in primary and tiles[a] == 1 and 2 * sum(a not in ld.axes for ld in tensors) >= len(tensors):
+        if a not in primary and tiles[a] == 1 and 2 * sum(a not in ld.axes for ld in wide) >= len(wide) > 0:
             n = program.axes[a]
             tiles[a] = next_pow2(n) if n <= 256 else 64
     for p in k.passes():
