@@ -71,11 +71,14 @@ def host_and_gpu_times(thunk, calls: int = 200) -> dict:
     return out
 
 
-def pick_alternatives(compiled, limit: int = 4) -> list:
-    """The chosen plan plus the best of each other kind: split-K, unfused (several kernels), two-pass."""
+def pick_alternatives(compiled, limit: int = 5) -> list:
+    """The chosen plan plus the best of each other kind: a GEMM operand written once, split-K,
+    unfused (several kernels), two-pass."""
 
     def kind(a):
         p = a.plan
+        if any(b.operand for b in p.buffers.values()):
+            return "materialised"
         if any(ph.split > 1 for k in p.kernels for ph in k.passes()):
             return "split"
         if len(p.kernels) > 1:

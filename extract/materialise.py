@@ -94,7 +94,7 @@ def _place(kernels: list[KernelPlan], ki: int, kk: str, row: str, is_left: bool,
     rows = tuple(a for a in program.axes if a in axes and a != kk)
     # A[m, k] with k contiguous, B[k, n] with n contiguous: the layouts tl.dot's operands load best
     buf_axes = (*rows, kk) if is_left else (*[a for a in rows if a != row], kk, row)
-    spec = BufferSpec(name, buf_axes, dtype)
+    spec = BufferSpec(name, buf_axes, dtype, operand=True)
     store = StorePlan(name, buf_axes, expr, spec.dtype)
     for j in range(ki - 1, first - 1, -1):
         host = kernels[j]

@@ -102,6 +102,7 @@ class BufferSpec:
     name: str
     axes: tuple[ir.Axis, ...]  # split-K partial states start with ir.CHUNK (the chunk they are of)
     dtype: str = "float32"
+    operand: bool = False  # a computed GEMM operand written once (extract/materialise.py), not a reduction
 
 
 @dataclass
@@ -152,7 +153,8 @@ class Plan:
         for k in self.kernels:
             for ph in k.phases:
                 if isinstance(ph, Pass):
-                    names = ", ".join(c.name for c in ph.comps) or "map"
+                    written = [st.target for st in ph.stores if getattr(self.buffers.get(st.target), "operand", False)]
+                    names = ", ".join(c.name for c in ph.comps) or ", ".join(f"operand {t}" for t in written) or "map"
                     desc = f"{ph.kind} over {ph.axis} ({names})"
                     if ph.split > 1:
                         desc += f" split-K {ph.split}"

@@ -347,8 +347,12 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
         if uses_tanh:  # fast tanh first (verified against float64), the plain default as a fallback
             cands = [replace(c, fast_math=True) for c in cands] + [cands[0]]
         trials = [tuner.trial(current, ki, c, f"{n + 1}/{len(cands)}") for n, c in enumerate(cands)]
-        # tensor descriptors (TMA) for the three fastest, where the kernel's tiles allow them
-        top = sorted((t for t in trials if t.ms is not None), key=lambda t: t.ms)[:3] if tma else []
+        # tensor descriptors (TMA) for the three fastest, where the kernel's tiles allow them; always
+        # for a GEMM of 2-D tiles (grouped), whose operands a descriptor copies straight to shared
+        # memory (a plain bf16 GEMM measured 3 % faster so, bench/results/h100_2026-11-24/issue11/
+        # probe_gemm_operand.txt)
+        top = sorted((t for t in trials if t.ms is not None), key=lambda t: t.ms)[:3] \
+            if tma or current[ki].group > 1 else []
         trials += [tuner.trial(current, ki, replace(t.schedule, tma=True), f"tma {n + 1}/{len(top)}")
                    for n, t in enumerate(top)]
         trials = [t for t in trials if t is not None]

@@ -3,6 +3,8 @@ norm's output feeding a matmul) written once by a map pass and read by the GEMM 
 plans run in the interpreter on ragged sizes against float64; at H100 sizes the cost model prefers
 them where the operand is costly to recompute per output tile (compile only)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -37,7 +39,7 @@ def _reference(inputs):
 
 
 def _materialised(prog):
-    return [a for a in prog.alternatives if any(n.startswith("mat_") for n in a.plan.buffers)]
+    return [a for a in prog.alternatives if any(b.operand for b in a.plan.buffers.values())]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,7 @@ def test_the_normalised_rows_are_written_once_and_read_as_data(ln):
     alts = _materialised(ln)
     assert alts, [a.structure for a in ln.alternatives]
     plan = alts[0].plan
-    (buf,) = [b for n, b in plan.buffers.items() if n.startswith("mat_")]
+    (buf,) = [b for b in plan.buffers.values() if b.operand]
     assert buf.axes == ("i", "d") and buf.dtype == "bfloat16"  # A[m, k], in the dtype the dot takes
     gemm = plan.kernels[-1]
     (comp,) = [c for p in gemm.passes() for c in p.comps]
@@ -83,5 +85,24 @@ def test_a_float32_operand_is_not_materialised():
 def test_the_model_writes_the_operand_once_at_h100_sizes():
     best = compile_program(_layernorm_matmul().with_extents({"i": 4096, "d": 8192, "e": 8192}),
                            Options(device=H100)).best
-    assert any(n.startswith("mat_") for n in best.plan.buffers), best.structure
+    assert any(b.operand for b in best.plan.buffers.values()), best.structure
     assert any(s.group > 1 for s in best.schedules)  # the GEMM keeps its 2-D grouped tiles
+
+
+def test_a_materialised_operand_is_read_through_a_tensor_descriptor(ln):
+    # the plan allocates the buffer contiguous with 16-byte rows (72 bf16 values): a descriptor can
+    # read it, and the result is the pointer loads'
+    a = _materialised(ln)[0]
+    prog = ln.pin(a.id)
+    inputs = _inputs(prog.program, seed=1)
+    plain = prog.run(inputs)["o"]
+    gemm = len(a.plan.kernels) - 1
+    scheds = list(prog._schedules("interpreter"))
+    scheds[gemm] = replace(scheds[gemm], tma=True)
+    prog = ln.pin(a.id)
+    prog.schedules["interpreter"] = scheds
+    _, kernels = prog.lowered("interpreter")
+    mat = next(n for n, b in a.plan.buffers.items() if b.operand)
+    assert mat in kernels[gemm].descriptors
+    torch.testing.assert_close(prog.run(inputs)["o"], plain)
+    assert float((plain.double() - _reference(inputs)).norm() / _reference(inputs).norm()) < 1e-2

@@ -103,7 +103,10 @@ class Launcher:
         self._widened, self._wide_launcher = widened, None
         # kernels that read inputs through tensor descriptors need 16-byte aligned rows and a unit
         # innermost stride; `fallback()` gives a launcher of pointer loads for inputs that lack them
-        self._descriptors = [(name, dims) for ks in kernels for name, dims in ks.descriptors.items()]
+        # (the plan's own buffers are allocated contiguous: the lowering checked their rows)
+        self._descriptors = [(name, dims) for ks in kernels for name, dims in ks.descriptors.items()
+                             if name in program.inputs]
+        self._any_descriptor = any(ks.descriptors for ks in kernels)
         self._fallback, self._fallback_launcher = fallback, None
         self._allocator_checked = False  # Triton's scratch allocator set (once, on the first CUDA call)
         self._buffers: dict = {}  # (device, name) → tensor, reused across calls
@@ -180,9 +183,9 @@ class Launcher:
                 if self._fallback_launcher is None:
                     self._fallback_launcher = self._fallback()
                 return self._fallback_launcher(inputs, out_dtypes, compiled)
-            if device.type == "cuda" and not self._allocator_checked:
-                _ensure_allocator()
-                self._allocator_checked = True
+        if self._any_descriptor and device.type == "cuda" and not self._allocator_checked:
+            _ensure_allocator()
+            self._allocator_checked = True
         tensors: dict[str, torch.Tensor] = dict(inputs)
         outs = {}
         calls, out_shapes, axes = self._at(inputs)

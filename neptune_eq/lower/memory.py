@@ -103,7 +103,14 @@ class MemoryOps:
         order kept, the last one innermost); the others are one value per program (a grid index,
         or a // G) and go into its base pointer. Out-of-bounds rows and columns read as zero, so no
         masks; the launcher checks the strides and alignment a descriptor needs at run time."""
-        spec = self.program.inputs.get(n.tensor)
+        spec, role = self.program.inputs.get(n.tensor), "input"
+        if spec is None and n.tensor in self.plan.buffers:
+            # a buffer the plan allocates contiguous (a materialised GEMM operand): its rows are
+            # 16-byte aligned when its extents are static and its innermost row is
+            spec, role = self.plan.buffers[n.tensor], "buffer"
+            if set(spec.axes) & self.program.dynamic or any(not isinstance(a, str) for a in spec.axes) or (
+                    self.program.axes[spec.axes[-1]] * ir.DTYPE_BYTES.get(spec.dtype, 4)) % 16:
+                return None
         if spec is None or not 1 <= len(n.index) <= 5:
             return None
         uniform = self._uniform_here(n)
@@ -128,7 +135,7 @@ class MemoryOps:
         dims_at = tuple(k for k, _ in span)
         if self.descriptors.setdefault(n.tensor, dims_at) != dims_at:
             return None  # one descriptor layout per tensor (the launcher checks that one)
-        self.tensor(n.tensor, spec.axes, spec.dtype, "input")
+        self.tensor(n.tensor, spec.axes, spec.dtype, role)
         bkey = ("desc", n.tensor, tuple(base), tuple(a for _, a in span))
 
         def make() -> Val:
