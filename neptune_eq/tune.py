@@ -231,13 +231,16 @@ def _schedule_to(s: KernelSchedule) -> dict:
 
 def sample_rows(program: ir.Program, limit: int = 2**27, rows: int = 256) -> dict:
     """{axis: indices} restricting a float64 check of a large program to `rows` fixed random indices
-    of the longest axis every output has (the query rows of attention): the reference of a 16K-token
-    attention would hold 64 GiB of float64 scores. Empty where the whole program is small enough."""
+    of the longest axis every output has and no reduction runs over (the query rows of attention,
+    the rows of a softmax — never its columns, which every output value sums over): the reference
+    of a 16K-token attention would hold 64 GiB of float64 scores. Empty where the whole program is
+    small enough."""
     import torch
 
     if math.prod(program.axes.values()) <= limit or not program.outputs:
         return {}
-    common = set.intersection(*(set(o.axes) for o in program.outputs))
+    reduced = {n.axis for o in program.outputs for n in ir.walk(o.expr) if isinstance(n, ir.Reduce)}
+    common = set.intersection(*(set(o.axes) for o in program.outputs)) - reduced
     axis = max(common, key=lambda a: program.axes[a], default=None)
     if axis is None or program.axes[axis] <= rows:
         return {}

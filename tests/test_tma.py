@@ -112,3 +112,16 @@ def test_tuning_checks_large_programs_on_sampled_rows(monkeypatch):
     bad = {k: v.clone() for k, v in out.items()}
     bad["o"][:, :, restrict["i"][3]] += 1.0
     assert tuner.rel_err(bad) > 1e-2
+
+
+def test_rows_are_sampled_along_an_axis_no_reduction_runs_over():
+    """softmax of 4096 × 65536: every output value sums over the 65536 columns, so the float64 check
+    samples rows, never columns (a reference over 256 sampled columns is another softmax: every
+    plan failed the stress sets on the H100 with error 0.996)."""
+    from helpers import small_softmax
+
+    from neptune_eq.tune import sample_rows
+
+    prog = small_softmax().with_extents({"i": 4096, "j": 65536})
+    restrict = sample_rows(prog)
+    assert list(restrict) == ["i"] and len(restrict["i"]) == 256
