@@ -210,6 +210,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     shared: set = set()
     loop_iters: dict[str, float] = dict(c.ksteps)
     serial = False  # a dot operand is computed in registers each K step
+    in_memory = program.inputs.keys() | plan.buffers.keys()  # what a dot operand may load as it is
     for ph in k.phases:
         if isinstance(ph, Combine):
             for comp in ph.source.comps:
@@ -235,7 +236,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
                 exprs = [*opened(core).factors, *opened(core).conditions]
                 sides = None if repaired else gemm_sides(core, ph.axis, k.grid, program.axes)
                 for side in (sides.left, sides.right) if sides else ():
-                    if len(side) > 1 or not plain_input(side[0], {**program.inputs, **plan.buffers}):
+                    if len(side) > 1 or not plain_input(side[0], in_memory):
                         # a computed operand (LayerNorm's normalised rows, a per-column scale) goes
                         # shared memory → registers → arithmetic → registers → shared memory inside
                         # each K step, in the warps that issue the MMAs: that round trip and its

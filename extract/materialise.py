@@ -50,9 +50,9 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
         if any(isinstance(ph, Combine) for ph in k.phases):
             ki += 1
             continue
-        for ps in k.passes():
+        for ps in (p for p in k.passes() if p.split == 1):
             for c in ps.comps:
-                if ps.split > 1 or c.op != "sum" or c.mask is not None or c.producers:
+                if c.op != "sum" or c.mask is not None or c.producers:
                     continue
                 sides = gemm_sides(c.core, ps.axis, k.grid, program.axes)
                 if sides is None:
