@@ -4,7 +4,7 @@ Per kernel it counts, from the plan's own expressions and the schedule's tiles: 
 loop iterations (tiles skipped by affine masks are not counted; a K-loop counts every step),
 tensor-core FLOPs of the dots, FMA-pipe and special-function operations per element, bytes loaded
 and stored, and HBM bytes from the L2 working set of each wave of concurrent programs
-(_hbm_reads). Registers and shared memory bound the programs per SM and price spills (_on_chip);
+(_hbm_reads). Registers and shared memory bound the programs per SM and price spills (onchip.py);
 small output tiles starve the tensor cores (_mma_efficiency); a program streams about its bytes in
 flight per memory latency. Time is the slowest unit plus a fraction of the others, divided by how
 well the programs fill the SMs, plus the launch. Every term is kept so the explorer can show why a
@@ -24,6 +24,8 @@ from neptune_eq.ops import OPS
 from neptune_eq.plan import Combine, KernelPlan, Pass, Plan
 from neptune_eq.schedule import KernelSchedule, grouped_pair, inner_axes
 from neptune_eq.space import gemm_axes
+
+from .onchip import on_chip
 
 _BYTES = ir.DTYPE_BYTES
 
@@ -270,9 +272,10 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
         out_bytes[st.target] = _footprint(program, plan, st.target, st.axes, k)
     stored = sum(out_bytes.values())
     requested = c.bytes_loaded * programs
-    occ, spill = _on_chip(k, sched, program, plan, c)
+    occ, spill = on_chip(k, sched, program, plan, bool(c.tc))
     slots = dev.sms * occ
-    hbm = _hbm_reads(c.loaded, program, plan, k, sched, programs, slots, dev, loop_iters) + stored
+    hbm = _hbm_reads(c.loaded, program, plan, k, sched, programs, slots, dev, loop_iters,
+                     stored / max(1, programs)) + stored
     t_mem = hbm / dev.hbm_bytes_per_s
     t_tc = c.tc * programs / (dev.tensor_flops * _mma_efficiency(k, sched, program, plan))
     t_alu = c.alu * programs / dev.fma_per_s * spill
@@ -304,7 +307,10 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
         per_tile = dev.mem_latency_s * (chain if chain > 1 else 1 / max(2, sched.num_stages))
         terms.append(iters_total * per_tile)
     dominant = max(terms)
-    time = dominant + dev.overlap * (sum(terms) - dominant) + dev.launch_s
+    # a resident program alone on its SM has no loop to pipeline and no other program to switch to:
+    # its loads, its arithmetic and its stores follow one another
+    overlap = 1.0 if sched.resident and occ == 1 else dev.overlap
+    time = dominant + overlap * (sum(terms) - dominant) + dev.launch_s
     latency = hbm / bw
     return KernelCost(k.name, programs, iters_total, hbm, requested + stored, c.tc * programs, c.alu * programs,
                       c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time)
@@ -331,48 +337,6 @@ def _data_bounded_chain(k: KernelPlan, program: ir.Program, plan: Plan) -> int:
         return 1 + max(inner, default=0)
 
     return max((depth(ld) for ld in loop_loads(k, plan)), default=1)
-
-
-def _tile_elements(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> float:
-    """Values a program holds at once: the largest loop-tile block and its carried states."""
-    tiled = [a for a in k.grid if sched.tiles.get(a, 1) > 1]
-    inner = inner_axes(k, plan)
-    biggest, states = 1.0, 0.0
-    for ps in k.passes():
-        block = 1.0 if ps.comps else math.prod(sched.tiles.get(a, 1) for a in {*tiled, ps.axis})
-        for c in ps.comps:
-            axes = sorted(set(c.core.axes) & ({*tiled, ps.axis} | inner))
-            t = [sched.tiles.get(a, 1) for a in axes]
-            if c.op == "sum" and is_product(c.core) and len(t) == 3 and min(t) >= 16:
-                # a dot: operands staged through shared memory, the accumulator is the state
-                size = max(t[0] * t[1], t[1] * t[2], t[0] * t[2]) / 2
-            else:
-                size = math.prod(t)
-            block = max(block, size)
-            states += math.prod(sched.tiles.get(a, 1) for a in c.free if a in tiled)
-        biggest = max(biggest, block)
-    return 2 * biggest + states
-
-
-def _on_chip(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan, c: _Counter) -> tuple[int, float]:
-    """(programs resident per SM, spill factor) from registers and shared memory: two fp32 registers
-    per value of the biggest block (the value and a temporary) and one per state value, spread over
-    the threads;
-    dot operands staged in shared memory once per pipeline stage. Past 255 registers a thread
-    spills to local memory, priced as proportionally slower memory and ALU work."""
-    threads = 32 * sched.num_warps
-    regs = 32 + _tile_elements(k, sched, program, plan) / threads
-    spill = max(1.0, regs / 255)
-    smem = 0.0
-    if c.tc:
-        g = gemm_axes(k, program)
-        if g is not None:
-            m, n, kk = (sched.tiles.get(a, 1) for a in g)
-            smem = sched.num_stages * (m * kk + kk * n) * 2
-    occ = min(65536 // int(min(regs, 255) * threads) or 1, 2048 // threads, 32)
-    if smem:
-        occ = min(occ, max(1, int(228 * 1024 // smem)))
-    return max(1, occ), spill
 
 
 def _mma_efficiency(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> float:
@@ -453,13 +417,14 @@ def _slice_bytes(t: str, program, plan, k: KernelPlan, sched: KernelSchedule) ->
 
 
 def _hbm_reads(loaded: dict[str, float], program, plan, k, sched, programs: int, concurrent: int,
-               dev: DeviceSpec, iters: dict[str, float]) -> float:
+               dev: DeviceSpec, iters: dict[str, float], written: float = 0.0) -> float:
     """Bytes read from HBM. A program's repeated reads of its own slice of a tensor (a K-loop
     re-reading its rows for every column tile) hit L2 while the slices of the programs running
     together fit in it; each wave of concurrent programs then reads the distinct slices it touches
     once (a 2-D tiled GEMM reads A once per column group of tiles and B once per row group;
     grouping the program order shrinks both), and a tensor that fits in its share of L2 is read
-    once in all. Past L2, re-reads miss in proportion."""
+    once in all. Past L2, re-reads miss in proportion. What the wave writes (`written` bytes a
+    program) passes through L2 too and takes its share."""
     waves = max(1.0, programs / concurrent)
     touched = _wave_extents(k, sched, program, concurrent)
     split_axes = {p.axis for p in k.passes() if p.split > 1}
@@ -480,6 +445,7 @@ def _hbm_reads(loaded: dict[str, float], program, plan, k, sched, programs: int,
         streamed = [iters.get(a, 1.0) for a in (spec.axes if spec else ())]
         again = loaded[t] > 1.5 * _slice_bytes(t, program, plan, k, sched)
         working += b if again else b / max(1.0, math.prod(streamed))
+    working += written * min(programs, concurrent)
     total = 0.0
     for t, per_program in loaded.items():
         # never more than the programs request (a gather reads only the rows it indexes)

@@ -26,8 +26,10 @@ from . import ir
 from .plan import Combine, KernelPlan, Plan
 from .schedule import SHARED_BUDGET, KernelSchedule, inner_axes, next_pow2, shared_bytes
 
-# the most elements of one loop tile a program keeps on chip (fp32 registers of up to 32 warps)
-RESIDENT_MAX = 32768
+# the most elements of one loop tile a program keeps on chip: 64K 16-bit values are half the
+# registers of an SM (32 warps); whether a row of a given kernel fits is the cost model's
+# (extract/onchip.py: what it keeps across its passes, and at what width)
+RESIDENT_MAX = 65536
 # an inline contraction over an axis longer than this runs as a K-loop (a whole tile would spill)
 WHOLE_INNER_MAX = 256
 KLOOP_TILE = 64

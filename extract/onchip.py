@@ -1,0 +1,137 @@
+"""On-chip capacity of one kernel schedule: registers per thread, programs per SM, and the spill
+factor a schedule that outgrows its registers is priced with (extract/cost.py).
+
+An SM has 65536 32-bit registers; a thread may use at most 255 of them, and fewer when the program
+has more threads (1024 threads: 64 each). A streamed kernel holds its biggest loop-tile block (the
+value and a temporary) and its carried states. A resident kernel holds its row whole for every
+pass, so what it keeps is what crosses a pass boundary: a loaded tile at its storage width (its
+conversion to fp32 is cheap to redo, and ptxas does), a computed value at four bytes (softmax's
+exp(x − m), kept from the sum for the normalised store). Measured on the H100 (2026-11-24,
+bench/results/h100_2026-11-24/issue11/probe_resident_rows.json): a 64K fp16 row held by 32 warps
+runs log-softmax at 88 % of a device copy (x kept: 2 bytes a value), softmax at 62 % (exp kept:
+4 bytes a value, 34 registers spilled); at 32K both run at 94 %.
+"""
+
+from __future__ import annotations
+
+import math
+
+from neptune_eq import ir
+from neptune_eq.contraction import is_product
+from neptune_eq.plan import KernelPlan, Plan
+from neptune_eq.schedule import KernelSchedule, inner_axes
+from neptune_eq.space import gemm_axes
+
+REGISTERS_PER_SM = 65536
+MAX_THREAD_REGISTERS = 255
+BASE_REGISTERS = 32  # addresses, indices, loop state: what a thread holds beside its tiles
+SHARED_PER_SM = 228 * 1024
+
+
+def thread_registers(num_warps: int) -> int:
+    """The most registers a thread may hold without spilling, at one program per SM."""
+    return min(MAX_THREAD_REGISTERS, REGISTERS_PER_SM // (32 * num_warps))
+
+
+def tile_elements(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> float:
+    """Values a program holds at once: the largest loop-tile block and its carried states."""
+    tiled = [a for a in k.grid if sched.tiles.get(a, 1) > 1]
+    inner = inner_axes(k, plan)
+    biggest, states = 1.0, 0.0
+    for ps in k.passes():
+        block = 1.0 if ps.comps else math.prod(sched.tiles.get(a, 1) for a in {*tiled, ps.axis})
+        for c in ps.comps:
+            axes = sorted(set(c.core.axes) & ({*tiled, ps.axis} | inner))
+            t = [sched.tiles.get(a, 1) for a in axes]
+            if c.op == "sum" and is_product(c.core) and len(t) == 3 and min(t) >= 16:
+                # a dot: operands staged through shared memory, the accumulator is the state
+                size = max(t[0] * t[1], t[1] * t[2], t[0] * t[2]) / 2
+            else:
+                size = math.prod(t)
+            block = max(block, size)
+            states += math.prod(sched.tiles.get(a, 1) for a in c.free if a in tiled)
+        biggest = max(biggest, block)
+    return 2 * biggest + states
+
+
+def _pass_exprs(ps) -> list[ir.Node]:
+    out: list[ir.Node] = []
+    for c in ps.comps:
+        out += [c.core, *(e for e in (c.mask, c.corr) if e is not None), *(h for _, h in c.affine)]
+    return out + [st.expr for st in ps.stores]
+
+
+def resident_live_bytes(k: KernelPlan, program: ir.Program, plan: Plan) -> float:
+    """Bytes per index of the resident axis a resident kernel holds at once: the row tiles one pass
+    loads, or what crosses a pass boundary (each value computed before it and used after it, taken
+    whole where a later pass reuses it, as the lowering's memo does), whichever is most. A load
+    counts at its storage width, anything else at four bytes."""
+    passes = k.passes()
+    if not passes:
+        return 0.0
+    axis = passes[0].axis
+
+    def one_tile(n: ir.Node, new: ir.Node) -> ir.Node:
+        # over one tile a running state's current value is its final one: the lowering binds both
+        # to one value, so what a rolling pass computes from it a later pass finds computed
+        if isinstance(new, ir.StateRef) and new.kind is ir.RefKind.CURRENT:
+            return ir.StateRef(ir.RefKind.FINAL, new.name, new.ref_axes)
+        return new
+
+    exprs = [[ir.rebuild(e, one_tile) for e in _pass_exprs(ps)] for ps in passes]
+
+    def width(n: ir.Node) -> float:
+        if isinstance(n, ir.Load):
+            spec = program.inputs.get(n.tensor)
+            return ir.DTYPE_BYTES[spec.dtype if spec else plan.buffers[n.tensor].dtype]
+        return 4.0
+
+    # each pass loads its whole row tile at once
+    peak = max(sum(width(n) for n in {id(n): n for e in es for n in ir.walk(e)
+                                      if isinstance(n, ir.Load) and axis in n.axes}.values())
+               for es in exprs)
+    for b in range(1, len(passes)):
+        before = {id(n) for es in exprs[:b] for e in es for n in ir.walk(e) if axis in n.axes}
+        kept: dict[int, ir.Node] = {}
+        stack = [e for es in exprs[b:] for e in es]
+        while stack:
+            n = stack.pop()
+            if axis not in n.axes or id(n) in kept:
+                continue
+            if id(n) in before:
+                kept[id(n)] = n
+            else:
+                stack.extend(n.children())
+        peak = max(peak, sum(width(n) for n in kept.values()))
+    return peak
+
+
+def registers(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> float:
+    """Registers per thread the schedule asks for."""
+    threads = 32 * sched.num_warps
+    if sched.resident:
+        row = math.prod(sched.tiles.get(a, 1) for a in {*k.grid, *(p.axis for p in k.passes())})
+        return BASE_REGISTERS + resident_live_bytes(k, program, plan) / 4 * row / threads
+    return BASE_REGISTERS + tile_elements(k, sched, program, plan) / threads
+
+
+def on_chip(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan,
+            uses_tensor_cores: bool) -> tuple[int, float]:
+    """(programs resident per SM, spill factor): registers bound the programs an SM holds, dot
+    operands staged in shared memory once per pipeline stage bound them too. Past its registers
+    (thread_registers) a thread spills to local memory, priced as proportionally slower memory and
+    ALU work."""
+    threads = 32 * sched.num_warps
+    regs = registers(k, sched, program, plan)
+    limit = thread_registers(sched.num_warps)
+    spill = max(1.0, regs / limit)
+    smem = 0.0
+    if uses_tensor_cores:
+        g = gemm_axes(k, program)
+        if g is not None:
+            m, n, kk = (sched.tiles.get(a, 1) for a in g)
+            smem = sched.num_stages * (m * kk + kk * n) * 2
+    occ = min(REGISTERS_PER_SM // int(min(regs, limit) * threads) or 1, 2048 // threads, 32)
+    if smem:
+        occ = min(occ, max(1, int(SHARED_PER_SM // smem)))
+    return max(1, occ), spill
