@@ -147,7 +147,9 @@ def random_inputs(program: ir.Program, *, seed: int | None = None, device="cpu",
     """Fresh random inputs: floats ~ offset + scale·N(0,1), integers uniform in the indexed axis' range.
     Drawn on `device` itself (a seed gives the same values on every run of one kind of device, not
     across kinds): the stress check of a 4096 × 65536 program drew 2 GB of float64 on the host per
-    input set, some ten seconds each on the GPU machine."""
+    input set, some ten seconds each on the GPU machine. On a GPU a 16-bit or float32 input is drawn
+    in float32 (linear cross-entropy's 128256 × 4096 weight in float64 took 4 GB of device memory
+    beside the benchmark's own tensors); the host keeps its float64 draw."""
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(torch.seed() if seed is None else seed)
@@ -156,8 +158,10 @@ def random_inputs(program: ir.Program, *, seed: int | None = None, device="cpu",
         shape = program.input_shape(name)
         dt = (dtypes or {}).get(name, spec.dtype)
         if dt in ir.FLOAT_DTYPES:
-            t = torch.randn(shape, generator=gen, dtype=torch.float64, device=device) * scale + offset
+            draw = torch.float64 if device.type == "cpu" or dt == "float64" else torch.float32
+            t = torch.randn(shape, generator=gen, dtype=draw, device=device).mul_(scale).add_(offset)
             out[name] = t.to(getattr(torch, dt))
+            del t
         elif dt == "bool":
             out[name] = torch.rand(shape, generator=gen, device=device) < 0.5
         else:
