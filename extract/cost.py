@@ -135,8 +135,7 @@ class _Counter:
                     steps = self.ksteps.get(term.axis, 1) if isinstance(term, ir.Reduce) else 1
                     self.count([term], loop, reps * steps, seen, kloop or steps > 1)
                 elif isinstance(n, ir.Load):
-                    spec = self.program.inputs.get(n.tensor)
-                    dt = spec.dtype if spec else self.plan.buffers[n.tensor].dtype
+                    dt = self.plan.loaded_dtype(self.program, n.tensor)
                     # invariant loads are hoisted; inside a K-loop every step loads its tile
                     r = reps if loop is None or loop in n.axes or (kloop and n.axes & set(self.ksteps)) else 1.0
                     b = self.load_size(n, loop) * _BYTES[dt] * r

@@ -81,17 +81,15 @@ def resident_live_bytes(k: KernelPlan, program: ir.Program, plan: Plan) -> float
     exprs = [[ir.rebuild(e, one_tile) for e in _pass_exprs(ps)] for ps in passes]
 
     def width(n: ir.Node) -> float:
-        if isinstance(n, ir.Load):
-            spec = program.inputs.get(n.tensor)
-            return ir.DTYPE_BYTES[spec.dtype if spec else plan.buffers[n.tensor].dtype]
-        return 4.0
+        return ir.DTYPE_BYTES[plan.loaded_dtype(program, n.tensor)] if isinstance(n, ir.Load) else 4.0
 
     # each pass loads its whole row tile at once
     peak = max(sum(width(n) for n in {id(n): n for e in es for n in ir.walk(e)
                                       if isinstance(n, ir.Load) and axis in n.axes}.values())
                for es in exprs)
+    before: set[int] = set()  # the row values computed by the passes before boundary b
     for b in range(1, len(passes)):
-        before = {id(n) for es in exprs[:b] for e in es for n in ir.walk(e) if axis in n.axes}
+        before |= {id(n) for e in exprs[b - 1] for n in ir.walk(e) if axis in n.axes}
         kept: dict[int, ir.Node] = {}
         stack = [e for es in exprs[b:] for e in es]
         while stack:

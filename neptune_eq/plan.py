@@ -115,6 +115,11 @@ class Plan:
     derivation: list[str] = field(default_factory=list)
     cost: object | None = None  # extract.cost.Cost
 
+    def loaded_dtype(self, program: ir.Program, tensor: str) -> str:
+        """The storage dtype of a tensor a kernel loads: a program input or a plan buffer."""
+        spec = program.inputs.get(tensor)
+        return spec.dtype if spec is not None else self.buffers[tensor].dtype
+
     def show(self) -> str:
         """The plan as loop IR: kernels, grids, passes with their carried state, stores."""
         out = []

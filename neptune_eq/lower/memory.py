@@ -77,8 +77,7 @@ class MemoryOps:
             # loop-invariant (e.g. the query tile): load once before the loop
             with self.at_scope(self.home(n)):
                 return self.load(n, order)
-        dtype = (self.program.inputs[n.tensor].dtype if n.tensor in self.program.inputs
-                 else self.plan.buffers[n.tensor].dtype)
+        dtype = self.plan.loaded_dtype(self.program, n.tensor)
         if n.tensor in self.plan.buffers:
             self.buffers_read.add(n.tensor)
         tma = self.descriptor_load(n) if self.sched.tma else None
