@@ -114,7 +114,14 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
     plans: list[Plan] = []
     seen: set = set()
     policies: list[set[str]] = []
-    for inline in (space.inlinable(long=True), space.inlinable(long=False), set()):
+    long, short = space.inlinable(long=True), space.inlinable(long=False)
+    # and each with its tile contractions alone inline, every other reduction a pass of its own whose
+    # result later kernels read (attention's backward D = Σ_e dO·O, written once rather than
+    # recomputed per key tile)
+    def contractions(names: set[str]) -> set[str]:
+        return {n for n in names if _tile_contraction(space.by_name[n])}
+
+    for inline in (long, short, contractions(long), contractions(short), set()):
         if inline not in policies:
             policies.append(inline)
     explored = 0

@@ -59,17 +59,18 @@ class KernelSchedule:
                 self.group, self.resident)
 
 
-def kernel_exprs(k: KernelPlan, plan: Plan) -> list[ir.Node]:
-    """Every expression kernel `k` evaluates: computations, masks, stores, and the inlined values
-    they refer to."""
+def kernel_exprs(k: KernelPlan, plan: Plan, phases=None) -> list[ir.Node]:
+    """Every expression kernel `k` evaluates (or, given `phases`, those phases alone): computations,
+    masks, stores, the epilogue's stores, and the inlined values they refer to."""
     exprs = []
-    for ph in k.phases:
+    for ph in k.phases if phases is None else phases:
         src = ph.source if isinstance(ph, Combine) else ph
         for c in src.comps:
             exprs += [c.core] + ([c.mask] if c.mask is not None else [])
         if isinstance(ph, Pass):
             exprs += [s.expr for s in ph.stores]
-    exprs += [s.expr for s in k.epilogue]
+    if phases is None:
+        exprs += [s.expr for s in k.epilogue]
     for e in exprs:
         for n in ir.walk(e):
             if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in plan.inline:
@@ -81,9 +82,14 @@ def loads_in(k: KernelPlan, plan: Plan) -> list[ir.Load]:
     return [n for e in kernel_exprs(k, plan) for n in ir.walk(e) if isinstance(n, ir.Load)]
 
 
-def loop_loads(k: KernelPlan, plan: Plan) -> list[ir.Load]:
-    """The loads of `k` that vary over one of its loop axes (the tensors streamed by its passes)."""
+def loop_loads(k: KernelPlan, plan: Plan, program: ir.Program | None = None) -> list[ir.Load]:
+    """The loads of `k` that vary over one of its loop axes (the tensors streamed by its passes); given
+    `program`, over its longest loop axis alone (the main pass: attention's backward streams keys for
+    dQ after a pass over the head dimension that reads dO and O for D, which says nothing of its rows)."""
     loop_axes = {p.axis for p in k.passes()}
+    if program is not None and loop_axes:
+        longest = max(program.axes[a] for a in loop_axes)
+        loop_axes = {a for a in loop_axes if program.axes[a] == longest}
     return [ld for ld in loads_in(k, plan) if ld.axes & loop_axes]
 
 
@@ -100,7 +106,7 @@ def grouped_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> dict[str, in
     shared slice once)."""
     groups: dict[str, set[int]] = {}
     plain: set[str] = set()
-    for ld in loop_loads(k, plan):
+    for ld in loop_loads(k, plan, program):
         for e in ld.index:
             got = ir.grouped_index(e)
             if got is not None and got[1] > 1:
@@ -113,7 +119,7 @@ def grouped_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> dict[str, in
 def row_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> list[str]:
     """Grid axes worth a vector tile, the query-like ones first: axes that no tensor read in a loop
     has (queries share every key tile), then axes some such tensor lacks (the value dimension)."""
-    loads = loop_loads(k, plan)
+    loads = loop_loads(k, plan, program)
     axes = [a for a in k.grid if program.axes[a] > 1]
     primary = [a for a in axes if loads and all(a not in ld.axes for ld in loads)]
     secondary = [a for a in axes if a not in primary and any(a not in ld.axes for ld in loads)]
@@ -125,7 +131,7 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     steps: dict[str, int] = {}
     rows = row_axes(k, program, plan)
     has_dot = bool(inner_axes(k, plan))
-    loads = loop_loads(k, plan)
+    loads = loop_loads(k, plan, program)
     primary = [a for a in rows if all(a not in ld.axes for ld in loads)]
     tensors = {ld.tensor: ld for ld in loads}.values()  # each streamed tensor once
     grouped = {a: g for a, g in grouped_axes(k, program, plan).items() if g > 1 and program.axes[a] % g == 0}
@@ -170,10 +176,23 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
             tiles[p.axis] = min(64 if has_dot else 256, max(16, next_pow2(n)))
     for a in inner_axes(k, plan):
         tiles[a] = max(16, next_pow2(program.axes[a]))
-    big = max((tiles.get(a, 1) for a in primary), default=1)
-    warps = 8 if (has_dot and big >= 128) else 4
-    sched = KernelSchedule(tiles, num_warps=warps, num_stages=3 if has_dot else 2, steps=steps)
-    return fit_shared(sched, k, program, plan, primary) if has_dot else sched
+    stages = 3 if has_dot else 2
+    if has_dot and primary and tiles[primary[0]] > 64 and not steps:
+        # the fp32 accumulators a row carries: past 128 values (dK and dV of head dim 128 together)
+        # 64 rows in 4 warps, two stages, not 128 rows in 8 warps, three stages (12.3 against 15.6 ms
+        # on attention's dK/dV pass on the H100; three stages at 64 rows: 22 ms)
+        p0 = primary[0]
+        carried = sum(math.prod(tiles.get(a, 1) for a in c.free if a != p0)
+                      for ps in k.passes() for c in ps.comps if p0 in c.free)
+        if carried > 128:
+            tiles[p0], stages = 64, 2
+    sched = KernelSchedule(tiles, num_warps=4, num_stages=stages, steps=steps)
+    if has_dot:
+        sched = fit_shared(sched, k, program, plan, primary)
+    # 8 warps for 128 rows of tensor-core tiles, 4 for fewer (8 warps over 64 rows measured 2.6× slower
+    # on attention's dQ pass, bench/results/h100_2026-11-24/issue13/bwd_variants*.json)
+    big = max((sched.tiles.get(a, 1) for a in primary), default=1)
+    return replace(sched, num_warps=8) if has_dot and big >= 128 else sched
 
 
 # Hopper's 227 KiB of shared memory per block, less what Triton takes beside the staged tiles
@@ -182,22 +201,35 @@ SHARED_BUDGET = 185 * 1024
 
 
 def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSchedule) -> int:
-    """Shared memory the kernel's tiles take: every 2-D tile (a dot operand) loaded in a loop once per
-    pipeline stage, each one loaded outside the loops (held for the whole pass) once."""
-    loop_axes = {p.axis for p in k.passes()}
-    seen, total = set(), 0
-    for ld in loads_in(k, plan):
-        key = (ld.tensor, tuple(sorted(ld.axes)))
-        if key in seen:
-            continue
-        seen.add(key)
+    """Shared memory the kernel's tiles take: the 2-D tiles (dot operands) a pass streams over its axis,
+    once per pipeline stage, and every tile held across iterations (loaded outside a loop) once. The
+    passes of a kernel run one after another, so their pipelines' buffers are counted for the largest
+    pass alone (Triton's allocator reuses shared memory across loops)."""
+    def size(ld: ir.Load) -> int:
         if sum(sched.tiles.get(a, 1) > 1 for a in ld.axes) > 2:
-            continue  # (a 3-D block is no tensor-core operand: it lives in registers)
+            return 0  # (a 3-D block is no tensor-core operand: it lives in registers)
         spec = program.inputs.get(ld.tensor) or plan.buffers.get(ld.tensor)
-        size = ir.DTYPE_BYTES.get(getattr(spec, "dtype", "float32"), 4) * math.prod(
+        return ir.DTYPE_BYTES.get(getattr(spec, "dtype", "float32"), 4) * math.prod(
             sched.tiles.get(a, 1) for a in ld.axes)
-        total += size * (sched.num_stages if ld.axes & loop_axes else 1)
-    return total
+
+    held: dict[tuple, int] = {}
+    streamed = [0]
+    for ph in k.phases:
+        axis = ph.axis if isinstance(ph, Pass) else None
+        seen = set()
+        total = 0
+        for ld in (n for e in kernel_exprs(k, plan, [ph]) for n in ir.walk(e) if isinstance(n, ir.Load)):
+            key = (ld.tensor, tuple(sorted(ld.axes)))
+            if axis is not None and axis in ld.axes:
+                if key not in seen:
+                    seen.add(key)
+                    total += size(ld) * sched.num_stages
+            else:
+                held[key] = size(ld)
+        streamed.append(total)
+    for ld in (n for st in k.epilogue for n in ir.walk(st.expr) if isinstance(n, ir.Load)):
+        held[(ld.tensor, tuple(sorted(ld.axes)))] = size(ld)
+    return sum(held.values()) + max(streamed)
 
 
 def fit_shared(sched: KernelSchedule, k: KernelPlan, program: ir.Program, plan: Plan,
@@ -229,7 +261,8 @@ def wide_index_needed(program: ir.Program, plan: Plan) -> bool:
     at launch (lower/launch.py)."""
     sizes = [math.prod(program.axes[a] for a in t.axes) for t in program.inputs.values()]
     sizes += [math.prod(program.axes[a] for a in o.axes) for o in program.outputs]
-    sizes += [math.prod(program.axes.get(a, 64) for a in b.axes) for b in plan.buffers.values()]
+    chunks = max((k.chunks for k in plan.kernels), default=1)  # the extent of a split-K state's CHUNK axis
+    sizes += [math.prod(chunks if a is ir.CHUNK else program.axes[a] for a in b.axes) for b in plan.buffers.values()]
     return max(sizes, default=0) > INT32_MAX or max(program.axes.values(), default=0) + 1024 > INT32_MAX
 
 

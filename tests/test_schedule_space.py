@@ -219,3 +219,23 @@ def test_a_long_contraction_runs_as_a_k_loop_not_a_logits_buffer():
     assert "sum_h" in best.plan.inline  # the logits are computed per tile, never written
     assert not any("v" in b.axes and "t" in b.axes for b in best.plan.buffers.values())
     assert "K-loop over h" in best.kind
+
+
+def test_split_k_states_take_64_bit_offsets_only_when_their_chunks_pass_2_to_the_31():
+    """A split-K state buffer has one slab per chunk: 2 chunks of 32×16384×128 fp32 states stay within
+    int32 offsets (a CHUNK axis was sized 64 before, which made every kernel of attention's backward
+    compute 64-bit addresses); 64 chunks of the same do not."""
+    from neptune_eq import ir
+    from neptune_eq.plan import BufferSpec, KernelPlan, Plan
+    from neptune_eq.schedule import wide_index_needed
+
+    axes = {"h": 32, "i": 16384, "d": 128}
+    prog = ir.Program("p", axes, {"q": ir.TensorSpec("q", ("h", "i", "d"), "float16")},
+                      [ir.Output("out0", ("h", "i", "d"), ir.Load("q", tuple(ir.Index(a) for a in axes)))])
+
+    def plan(chunks: int) -> Plan:
+        return Plan([KernelPlan("k0_partial", ("h", "i", "d"), chunks=chunks), KernelPlan("k1", ("h", "i", "d"))],
+                    {"part_x": BufferSpec("part_x", (ir.CHUNK, "h", "i", "d"))}, {}, [], True)
+
+    assert not wide_index_needed(prog, plan(2))
+    assert wide_index_needed(prog, plan(64))

@@ -115,6 +115,8 @@ class ContractOps:
         if len(out) != 2 or any(self.tiles.get(a, 1) < 16 for a in [*out, k]):
             return None
         m, n = out
+        if acc is not None and acc.dims == (n, m):  # the state is laid out [n, m] (passes.state_order)
+            m, n = n, m
         left, right, post = [], [], []
         factors, preds = self.masked_factors(body)
         for f in factors:

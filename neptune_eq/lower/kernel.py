@@ -53,6 +53,7 @@ class KernelWriter(MemoryOps, ContractOps):
         self.descriptors: dict[str, tuple[int, ...]] = {}  # tensor → dimensions its descriptor spans
         self.buffers_read: set[str] = set()
         self.buffers_written: set[str] = set()
+        self.reversed_states: set[str] = set()  # 2-D states laid out [n, m] for the tensor cores (passes.py)
         self.data_bounds: list[DataBound] = []  # loop bounds the launcher works out per call (databounds.py)
         order = [a for a in kernel.grid if self.tiles.get(a, 1) > 1]
         loop_axes = list(dict.fromkeys(p.axis for p in kernel.passes()))
@@ -234,6 +235,10 @@ class KernelWriter(MemoryOps, ContractOps):
         if isinstance(n, ir.StateRef):
             if n.kind is ir.RefKind.INLINE and n.name in self.plan.inline:
                 return self.value(self.plan.inline[n.name])
+            if n.kind is ir.RefKind.INLINE:  # computed by an earlier pass of this kernel over another axis
+                final = self.lookup(ir.StateRef(ir.RefKind.FINAL, n.name, n.ref_axes))
+                if final is not None:
+                    return final
             raise KeyError(f"symbol {n.key} is not available in kernel {self.k.name}")
         if isinstance(n, ir.Load):
             return self.load(n)

@@ -73,6 +73,12 @@ class MemoryOps:
         hit = self.lookup(key)
         if hit is not None:
             return hit
+        other = self._loaded_in_another_order(n)
+        if other is not None:  # (K read as [d, j] for QKᵀ and as [j, d] for dS·K: one load, one view)
+            dims = order or tuple(a for a in self.canon if a in other.dims)
+            v = Val(self.arrange(other, dims), dims, other.kind)
+            self.scopes[-1].memo[key] = v
+            return v
         if len(self.scopes) > 1 and not self.is_variant(n):
             # loop-invariant (e.g. the query tile): load once before the loop
             with self.at_scope(self.home(n)):
@@ -95,6 +101,16 @@ class MemoryOps:
             v = self.bind(f"{v.code}.to({self.fdt})", dims, "f", "x")
         self.scopes[-1].memo[key] = v
         return v
+
+    def _loaded_in_another_order(self, n: ir.Load) -> Val | None:
+        """The tile of `n` already loaded in a visible scope with its axes in another order (a
+        transpose of it is a view: Triton reads the shared-memory copy a dot operand came from
+        transposed, rather than loading the tile twice)."""
+        for sc in reversed(self.scopes):
+            for key, v in sc.memo.items():
+                if isinstance(key, tuple) and len(key) == 3 and key[0] == "load" and key[1] == n:
+                    return v
+        return None
 
     def descriptor_load(self, n: ir.Load) -> tuple[str, tuple[str, ...]] | None:
         """(code, dims) of a tile of input `n.tensor` read through a tensor descriptor, or None where

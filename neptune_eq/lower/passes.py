@@ -6,6 +6,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .. import ir
+from ..contraction import opened
 from ..masks import affine, affine_part, conjuncts
 from ..ops import MONOIDS, OPS
 from ..plan import Combine, CompPlan, Pass
@@ -24,7 +25,32 @@ CURRENT, OLD, FINAL = ir.RefKind.CURRENT, ir.RefKind.OLD, ir.RefKind.FINAL
 
 
 def _state_dims(w: KernelWriter, c: CompPlan) -> tuple[str, ...]:
-    return tuple(a for a in w.canon if a in c.free and a in w.vector)
+    dims = tuple(a for a in w.canon if a in c.free and a in w.vector)
+    return dims[::-1] if len(dims) == 2 and c.name in w.reversed_states else dims
+
+
+def _computed_on_the_right(w: KernelWriter, c: CompPlan, k: str) -> bool:
+    """Would the tensor cores read a computed operand of c's contraction over `k` as their right
+    operand (B), and a loaded one as their left (A), in the state's canonical layout [m, n]? Hopper's
+    wgmma reads B from shared memory only, so a computed B is written there every step; the state
+    laid out [n, m] computes the transposed product with the computed operand as A, from registers
+    (dKᵀ += Qᵀ·dSᵀ becomes dK += dS·Q)."""
+    dims = tuple(a for a in w.canon if a in c.free and a in w.vector)
+    if c.op != "sum" or len(dims) != 2:
+        return False
+    m, n = dims
+    vec = set(w.vector) | {k}
+    computed = {m: False, n: False}
+    for f in opened(c.core).factors:
+        fd = set(f.axes) & vec
+        if k in fd:
+            side = m if fd <= {m, k} else (n if fd <= {n, k} else None)
+            if side is None:
+                return False
+            computed[side] |= not isinstance(f, ir.Load | ir.Const)
+        elif fd and (fd <= {m} or fd <= {n}):  # a per-row factor scales the operand it shares an axis with
+            computed[m if fd <= {m} else n] = True
+    return computed[n] and not computed[m]
 
 
 def _state(w: KernelWriter, c: CompPlan, name: str) -> Val:
@@ -55,6 +81,7 @@ class _PassWriter:
 
     def run(self) -> None:
         w, ps = self.w, self.ps
+        w.reversed_states |= {c.name for c in ps.comps if _computed_on_the_right(w, c, ps.axis)}
         for c in ps.comps:
             w.emit(f"{self.state_names(c)} = {_state_init(w, c)}")
         lo, hi, full_lo, full_hi = self.bounds()
@@ -129,7 +156,9 @@ class _PassWriter:
                 covered = db is not None and all(affine(p) is not None or p in db.preds for p in conjuncts(c.mask))
                 if covered:  # whole tiles where every comparison holds need not evaluate them
                     self.data_bounded.add(c.name)
-            all_affine = all_affine and usable and covered
+            # a comp whose mask keeps a comparison of values (softmax's zero-sum guard l ≠ 0) evaluates
+            # its whole mask in every tile (tile_update), so it does not stop the others' full tiles
+            all_affine = all_affine and usable
             lows.append(_max(c_low) if c_low else "0")
             highs.append(_min(c_high) if c_high else n_j)
             flows.append(_max(c_flow) if c_flow else "0")
@@ -172,6 +201,9 @@ class _PassWriter:
         scope = _Scope(axis=self.axis, variant={c.ref(k) for c in self.ps.comps for k in ir.RUNNING}, lines=body,
                        depth=outer_depth + 1)
         w.scopes.append(scope)
+        # an axis a later pass of the kernel reads whole (an inline contraction over it) keeps its
+        # full-width offsets outside this loop: they are restored after it
+        outer = (w.vector.get(self.axis), w.starts.get(self.axis), w.tail_masks.get(self.axis))
         w.vector[self.axis] = f"offs_{j}"
         w.starts[self.axis] = f"start_{j}"
         w.tail_masks[self.axis] = masked
@@ -185,6 +217,9 @@ class _PassWriter:
         del w.starts[self.axis]
         w.tail_masks.pop(self.axis, None)
         w.lines, w.depth = outer_lines, outer_depth
+        restore = outer[0] is not None
+        if restore:
+            w.vector[self.axis], w.starts[self.axis], w.tail_masks[self.axis] = outer
         if w.sched.wide_index:  # an int32 loop counter would wrap on its last step past 2^31
             lo = f"tl.cast({lo}, tl.int64)"
         if w.sched.warp_specialize and not masked and w.target == "cuda":
@@ -193,6 +228,8 @@ class _PassWriter:
         else:
             w.emit(f"for start_{j} in range({lo}, {hi}, BLOCK_{j}):")
         w.lines.extend(body)
+        if restore:  # (the loop rebound the name)
+            w.emit(f"{outer[0]} = {outer[1]} + tl.arange(0, BLOCK_{j})")
 
     def resident(self) -> None:
         """The pass over an axis held whole: no loop, the tile's values (loads, and what is computed
