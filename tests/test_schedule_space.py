@@ -239,3 +239,32 @@ def test_split_k_states_take_64_bit_offsets_only_when_their_chunks_pass_2_to_the
 
     assert not wide_index_needed(prog, plan(2))
     assert wide_index_needed(prog, plan(64))
+
+
+def test_attention_default_tiles_follow_the_main_pass_and_the_accumulators_a_row_carries():
+    """Causal attention with head dim 128 (H100 measurements in bench/results/h100_2026-11-24/issue13):
+    the forward carries one [rows, 128] output tile a row, 128 rows in 8 warps; the backward's dQ pass
+    likewise, although a pass over e (D = Σ_e dO·O) reading dO and O runs first in its kernel; its
+    dK/dV pass carries dK and dV (256 values a row), 64 rows in 4 warps, 2 stages."""
+    from neptune_eq.frontend import capture
+    from neptune_eq.grad import backward_program
+    from neptune_eq.schedule import default_schedule
+
+    def causal(q, k, v):
+        L = q.shape[-2]
+        keep = torch.arange(L)[:, None] >= torch.arange(L)[None]
+        return torch.softmax((q @ k.transpose(-1, -2) * 128 ** -0.5).masked_fill(~keep, float("-inf")), -1) @ v
+
+    xs = [torch.randn(1, 2, 256, 128, dtype=torch.float16) for _ in range(3)]
+    prog = capture(causal, *xs).program
+    fwd = compile_ir(prog).alternative
+    (s,) = [default_schedule(k, prog, fwd.plan) for k in fwd.plan.kernels]
+    assert (s.tiles["i"], s.num_warps) == (128, 8), s
+    back = backward_program(prog, saved=True).program
+    alts = compile_ir(back).alternatives
+    fused = next(a for a in alts if len(a.plan.kernels) == 2 and "pass over e (sum_e); pass over j" in a.structure)
+    dq, dkdv = fused.plan.kernels
+    s = default_schedule(dq, back, fused.plan)
+    assert (s.tiles["i"], s.num_warps) == (128, 8), s
+    s = default_schedule(dkdv, back, fused.plan)
+    assert (s.tiles["j"], s.num_warps, s.num_stages) == (64, 4, 2), s

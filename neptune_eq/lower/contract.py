@@ -115,7 +115,7 @@ class ContractOps:
         if len(out) != 2 or any(self.tiles.get(a, 1) < 16 for a in [*out, k]):
             return None
         m, n = out
-        if acc is not None and acc.dims == (n, m):  # the state is laid out [n, m] (passes.state_order)
+        if acc is not None and acc.dims == (n, m):  # the state is laid out [n, m] (passes._computed_on_the_right)
             m, n = n, m
         left, right, post = [], [], []
         factors, preds = self.masked_factors(body)

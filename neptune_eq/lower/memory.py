@@ -74,7 +74,8 @@ class MemoryOps:
         if hit is not None:
             return hit
         other = self._loaded_in_another_order(n)
-        if other is not None:  # (K read as [d, j] for QKᵀ and as [j, d] for dS·K: one load, one view)
+        if other is not None and (order is None or set(order) == set(other.dims)):
+            # (K read as [d, j] for QKᵀ and as [j, d] for dS·K: one load, one view)
             dims = order or tuple(a for a in self.canon if a in other.dims)
             v = Val(self.arrange(other, dims), dims, other.kind)
             self.scopes[-1].memo[key] = v
