@@ -453,6 +453,10 @@ def _plans(c: Compilation) -> None:
                       c.options.inline_max, c.options.max_plans)
     plans = enumerate_plans(space)
     c.dropped_loops, c.plans_truncated = list(space.dropped), space.truncated
+    # the closures above and the space refer to each other (output_expr reads space.inlinable): a
+    # cycle holding `c`, so c and its e-graphs would wait for the cyclic collector, which may run on
+    # another thread (autograd's), where egglog refuses to free an e-graph; cut it here
+    space.terms = None
     alts = []
     for plan in plans:
         costs: dict = {}  # (kernel, schedule) → its cost: each priced once per plan

@@ -205,3 +205,38 @@ def test_tune_without_a_gpu_is_a_clear_error(tmp_path):
     with pytest.raises(neptune_eq.ir.NeptuneError, match="GPU"):
         prog.tune(*args)
     assert rel(prog(*args), causal(*(a.double() for a in args))) < 1e-4  # still usable
+
+
+def test_a_dropped_compilation_frees_its_egraphs_at_once():
+    """An e-graph must be freed on the thread that made it (egglog's are unsendable; freed on
+    another it prints a panic). A compilation left in a reference cycle waits for the cyclic
+    collector, which runs on whichever thread allocates next — autograd's backward thread among
+    them. A dropped compilation frees its e-graphs by reference counting, the collector off."""
+    import gc
+
+    from egglog import EGraph
+
+    from neptune_eq.grad import backward_program
+    from neptune_eq.pipeline import compile_program
+
+    def causal(q, k, v):
+        L = q.shape[-2]
+        keep = torch.arange(L)[:, None] >= torch.arange(L)[None]
+        return torch.softmax((q @ k.transpose(-1, -2) / 4).masked_fill(~keep, float("-inf")), -1) @ v
+
+    prog = frontend.capture(causal, *[torch.randn(1, 2, 24, 16) for _ in range(3)]).program
+
+    def egraphs() -> int:
+        return sum(isinstance(o, EGraph) for o in gc.get_objects())
+
+    for p in (prog, backward_program(prog, saved=True).program):
+        gc.collect()
+        before = egraphs()
+        gc.disable()
+        try:
+            c = compile_program(p)
+            assert egraphs() > before
+            del c
+            assert egraphs() == before, p.name
+        finally:
+            gc.enable()
