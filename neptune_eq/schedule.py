@@ -71,6 +71,12 @@ def kernel_exprs(k: KernelPlan, plan: Plan, phases=None) -> list[ir.Node]:
             exprs += [s.expr for s in ph.stores]
     if phases is None:
         exprs += [s.expr for s in k.epilogue]
+    return with_inlined(exprs, plan)
+
+
+def with_inlined(exprs: list[ir.Node], plan: Plan) -> list[ir.Node]:
+    """`exprs` and the inlined values they refer to (transitively)."""
+    exprs = list(exprs)
     for e in exprs:
         for n in ir.walk(e):
             if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in plan.inline:
@@ -232,7 +238,8 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
             else:
                 held[key] = size(ld)
         streamed.append(total)
-    for ld in (n for st in k.epilogue for n in ir.walk(st.expr) if isinstance(n, ir.Load)):
+    for ld in (n for e in with_inlined([st.expr for st in k.epilogue], plan) for n in ir.walk(e)
+               if isinstance(n, ir.Load)):
         held[(ld.tensor, tuple(sorted(ld.axes)))] = size(ld)
     return sum(held.values()) + max(streamed)
 

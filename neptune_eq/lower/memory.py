@@ -73,7 +73,7 @@ class MemoryOps:
         hit = self.lookup(key)
         if hit is not None:
             return hit
-        other = self._loaded_in_another_order(n)
+        other = self.lookup(("load any order", n))
         if other is not None and (order is None or set(order) == set(other.dims)):
             # (K read as [d, j] for QKᵀ and as [j, d] for dS·K: one load, one view)
             dims = order or tuple(a for a in self.canon if a in other.dims)
@@ -101,17 +101,10 @@ class MemoryOps:
         if kind == "f" and dtype != self.floats:
             v = self.bind(f"{v.code}.to({self.fdt})", dims, "f", "x")
         self.scopes[-1].memo[key] = v
+        # a later load of n in another axis order is a transposed view of this tile (Triton reads
+        # the shared-memory copy a dot operand came from transposed, rather than loading it twice)
+        self.scopes[-1].memo[("load any order", n)] = v
         return v
-
-    def _loaded_in_another_order(self, n: ir.Load) -> Val | None:
-        """The tile of `n` already loaded in a visible scope with its axes in another order (a
-        transpose of it is a view: Triton reads the shared-memory copy a dot operand came from
-        transposed, rather than loading the tile twice)."""
-        for sc in reversed(self.scopes):
-            for key, v in sc.memo.items():
-                if isinstance(key, tuple) and len(key) == 3 and key[0] == "load" and key[1] == n:
-                    return v
-        return None
 
     def descriptor_load(self, n: ir.Load) -> tuple[str, tuple[str, ...]] | None:
         """(code, dims) of a tile of input `n.tensor` read through a tensor descriptor, or None where

@@ -24,8 +24,12 @@ from .values import (
 CURRENT, OLD, FINAL = ir.RefKind.CURRENT, ir.RefKind.OLD, ir.RefKind.FINAL
 
 
+def _canonical_dims(w: KernelWriter, c: CompPlan) -> tuple[str, ...]:
+    return tuple(a for a in w.canon if a in c.free and a in w.vector)
+
+
 def _state_dims(w: KernelWriter, c: CompPlan) -> tuple[str, ...]:
-    dims = tuple(a for a in w.canon if a in c.free and a in w.vector)
+    dims = _canonical_dims(w, c)
     return dims[::-1] if len(dims) == 2 and c.name in w.reversed_states else dims
 
 
@@ -35,7 +39,7 @@ def _computed_on_the_right(w: KernelWriter, c: CompPlan, k: str) -> bool:
     wgmma reads B from shared memory only, so a computed B is written there every step; the state
     laid out [n, m] computes the transposed product with the computed operand as A, from registers
     (dKᵀ += Qᵀ·dSᵀ becomes dK += dS·Q)."""
-    dims = tuple(a for a in w.canon if a in c.free and a in w.vector)
+    dims = _canonical_dims(w, c)
     if c.op != "sum" or len(dims) != 2:
         return False
     m, n = dims
