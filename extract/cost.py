@@ -13,8 +13,11 @@ plan wins. docs/SCHEDULES.md describes the model and its out-of-sample check.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from neptune_eq import ir
 from neptune_eq.contraction import gemm_sides, is_product, opened, plain_input
@@ -173,30 +176,39 @@ def _pass_tiles(ps: Pass, k: KernelPlan, program: ir.Program, tiles: dict[str, i
     if len(rows) != 1 or any(not cs for cs in cons_all):
         return total
     r = rows[0]
-    R = tiles[r]
-    nr = math.ceil(program.axes[r] / R)
-    if nr * total > 2_000_000:
-        return total
+    key = tuple(tuple((tuple(sorted(a.coef)), a.const) for a in cs) for cs in cons_all)
+    return _live_tiles(key, r, program.axes[r], tiles[r], ps.axis, n, T)
+
+
+@functools.lru_cache(maxsize=4096)
+def _live_tiles(cons: tuple, r: str, m: int, R: int, axis: str, n: int, T: int) -> float:
+    """Live (row tile, loop tile) pairs per row tile: a pair is live when, for some component, every
+    affine constraint Σ coef·x + const ≤ 0 can hold somewhere in the pair's box (its minimum over the
+    box is ≤ 0; axes other than the row and the loop axis are taken at 0). Counted in blocks of row
+    tiles, so memory stays bounded at any length."""
+    nr, nt = math.ceil(m / R), math.ceil(n / T)
+    if nr * nt > 1 << 26:
+        return nt  # beyond 64M pairs the count costs more than it could save: every tile
+    j_lo = np.arange(nt, dtype=np.int64)[None, :] * T
+    j_hi = np.minimum(n, j_lo + T) - 1
+    step = max(1, (1 << 20) // nt)
     count = 0
-    for ti in range(nr):
-        i_lo, i_hi = ti * R, min(program.axes[r], ti * R + R) - 1
-        for tj in range(total):
-            j_lo, j_hi = tj * T, min(n, tj * T + T) - 1
-            live = False
-            for cs in cons_all:
-                ok = True
-                for a in cs:
-                    mn = a.const
-                    for x, v in a.coef:
-                        lo, hi = (i_lo, i_hi) if x == r else ((j_lo, j_hi) if x == ps.axis else (0, 0))
-                        mn += v * (lo if v > 0 else hi)
-                    if mn > 0:
-                        ok = False
-                        break
-                if ok:
-                    live = True
-                    break
-            count += live
+    for first in range(0, nr, step):
+        i_lo = np.arange(first, min(nr, first + step), dtype=np.int64)[:, None] * R
+        i_hi = np.minimum(m, i_lo + R) - 1
+        live = np.zeros((i_lo.shape[0], nt), dtype=bool)
+        for cs in cons:
+            ok = np.ones_like(live)
+            for coef, const in cs:
+                mn = np.full((1, 1), const, dtype=np.int64)
+                for x, v in coef:
+                    if x == r:
+                        mn = mn + v * (i_lo if v > 0 else i_hi)
+                    elif x == axis:
+                        mn = mn + v * (j_lo if v > 0 else j_hi)
+                ok &= mn <= 0
+            live |= ok
+        count += int(live.sum())
     return count / nr
 
 

@@ -27,3 +27,25 @@ def test_materialising_scores_costs_hbm():
     fused = c.best.cost
     materialised = [a for a in c.alternatives if "sum_d" in " ".join(a.plan.buffers)]
     assert materialised and min(a.cost.hbm_bytes for a in materialised) > 3 * fused.hbm_bytes
+
+
+def test_masked_tiles_counted_like_the_kernel_skips_them():
+    """The live (row tile, key tile) count of an affine mask: causal j ≤ i visits the tiles on and
+    below the diagonal; a band also drops those below it; counted in blocks of rows, it matches a
+    per-pair enumeration on lengths that are not tile multiples."""
+    from itertools import product
+
+    from neptune_eq.extract.cost import _live_tiles
+
+    causal = (((("i", -1), ("j", 1)), 0),)  # j − i ≤ 0
+    n, R, T = 1000, 64, 32
+    rows = -(-n // R)
+    expect = sum(min(-(-n // T), (min(n, ti * R + R) - 1) // T + 1) for ti in range(rows))
+    assert _live_tiles((causal,), "i", n, R, "j", n, T) == expect / rows
+    band = (causal[0], ((("i", 1), ("j", -1)), -100))  # and i − j − 100 ≤ 0
+    got = _live_tiles((band,), "i", n, R, "j", n, T)
+    brute = 0
+    for ti, tj in product(range(rows), range(-(-n // T))):
+        i_lo, i_hi, j_lo, j_hi = ti * R, min(n, ti * R + R) - 1, tj * T, min(n, tj * T + T) - 1
+        brute += j_lo - i_hi <= 0 and i_lo - j_hi - 100 <= 0
+    assert got == brute / rows < expect / rows
