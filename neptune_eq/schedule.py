@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from . import ir
+from .contraction import is_product, opened
 from .plan import Combine, KernelPlan, Pass, Plan
 
 
@@ -198,15 +199,18 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     sched = KernelSchedule(tiles, num_warps=4, num_stages=stages, steps=steps)
     if has_dot:
         sched = fit_shared(sched, k, program, plan, primary)
+        sched = _wide_rolling_steps(sched, k, program, plan, primary)
     # 8 warps for 128 rows of tensor-core tiles, 4 for fewer (8 warps over 64 rows measured 2.6× slower
     # on attention's dQ pass, bench/results/h100_2026-11-24/issue13/bwd_variants*.json)
     big = max((sched.tiles.get(a, 1) for a in primary), default=1)
     return replace(sched, num_warps=8) if has_dot and big >= 128 else sched
 
 
-# Hopper's 227 KiB of shared memory per block, less what Triton takes beside the staged tiles
-# (layout conversions of reductions and transposes): a schedule over it fails at launch
-SHARED_BUDGET = 185 * 1024
+# Hopper's 227 KiB (232448 bytes) of shared memory per block, less 3 KiB: shared_bytes below matches
+# what Triton 3.6 reports it requires to within 1.5 KiB (over, never under) on attention's forward and
+# backward kernels over a grid of tiles and 1-4 stages (bench/results/h100_2026-11-25/shared_memory.json);
+# a kernel that still asks for more is launched again with fewer stages (lower/launch.py)
+SHARED_BUDGET = 224 * 1024
 
 
 def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSchedule) -> int:
@@ -262,6 +266,44 @@ def fit_shared(sched: KernelSchedule, k: KernelPlan, program: ir.Program, plan: 
             break
         sched = sched.with_tiles(**{a: sched.tiles[a] // 2 for a in long})
     return sched
+
+
+def _wide_rolling_steps(sched: KernelSchedule, k: KernelPlan, program: ir.Program, plan: Plan,
+                        rows: list[str]) -> KernelSchedule:
+    """128-wide steps for the rolling passes of a kernel with 128-row tiles, where three pipeline
+    stages of them still fit and every 2-D tile the pass streams is a tensor-core operand: each step
+    of a rolling pass repairs its states (rescales the row's accumulators by the new maximum)
+    besides its dots, and a wider step pays that once per 128 keys. H100, attention forwards
+    (bench/results/h100_2026-11-25/forward_steps*.json), 128 against 64 keys a step: at L = 16384,
+    d 128, causal 4.69 against 5.29 ms, alibi 5.45 / 6.31, gqa 9.13 / 10.37, global 9.17 / 9.14;
+    bench/beyond's causal GQA 1.29 / 1.45, causal d 64 0.268 / 0.292; with a bias tile added to the
+    scores (held in registers: twice the registers at 128 keys) 0.498 / 0.482, so such a pass keeps
+    64. A plain K-loop has no repair and keeps 64 too."""
+    if not rows or sched.tiles.get(rows[0], 1) < 128 or sched.num_stages < 3 or sched.steps:
+        return sched
+    wide = {p.axis: 128 for p in k.passes() if p.kind == "rolling" and sched.tiles.get(p.axis) == 64
+            and program.axes[p.axis] > 64 and not _streams_register_tiles(k, plan, p, sched.tiles)}
+    if not wide:
+        return sched
+    widened = sched.with_tiles(**wide)
+    return widened if shared_bytes(k, program, plan, widened) <= SHARED_BUDGET else sched
+
+
+def _streams_register_tiles(k: KernelPlan, plan: Plan, ps: Pass, tiles: dict[str, int]) -> bool:
+    """Does pass `ps` load, each step, a 2-D tile that no contraction reads as an operand (a bias
+    added to attention's scores)? Such a tile lives in registers, not in the dots' shared memory."""
+    def bare(f: ir.Node) -> ir.Node:
+        while isinstance(f, ir.Call) and len(f.args) == 1:
+            f = f.args[0]
+        return f
+
+    exprs = kernel_exprs(k, plan, [ps])
+    bodies = [c.core for c in ps.comps if c.op == "sum" and is_product(c.core)]
+    bodies += [n.body for e in exprs for n in ir.walk(e)
+               if isinstance(n, ir.Reduce) and n.op == "sum" and is_product(n.body)]
+    operands = {bare(f) for b in bodies for f in opened(b).factors}
+    return any(isinstance(n, ir.Load) and ps.axis in n.axes and n not in operands
+               and sum(tiles.get(a, 1) > 1 for a in n.axes) >= 2 for e in exprs for n in ir.walk(e))
 
 
 INT32_MAX = 2**31 - 1

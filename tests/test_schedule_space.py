@@ -243,8 +243,10 @@ def test_split_k_states_take_64_bit_offsets_only_when_their_chunks_pass_2_to_the
 
 def test_attention_default_tiles_follow_the_main_pass_and_the_accumulators_a_row_carries():
     """Causal attention with head dim 128 (H100 measurements in bench/results/h100_2026-11-24/issue13):
-    the forward carries one [rows, 128] output tile a row, 128 rows in 8 warps; the backward's dQ pass
-    likewise, although a pass over e (D = Σ_e dO·O) reading dO and O runs first in its kernel; its
+    the forward carries one [rows, 128] output tile a row, 128 rows in 8 warps, and its rolling pass
+    steps 128 keys at a time (three stages of them fit); the backward's dQ pass 128 rows in 8 warps
+    too (its 64-key steps: 128 would not fit three stages), although a pass over e (D = Σ_e dO·O)
+    reading dO and O runs first in its kernel; its
     dK/dV pass carries dK and dV (256 values a row), 64 rows in 4 warps, 2 stages."""
     from neptune_eq.frontend import capture
     from neptune_eq.grad import backward_program
@@ -259,12 +261,44 @@ def test_attention_default_tiles_follow_the_main_pass_and_the_accumulators_a_row
     prog = capture(causal, *xs).program
     fwd = compile_ir(prog).alternative
     (s,) = [default_schedule(k, prog, fwd.plan) for k in fwd.plan.kernels]
-    assert (s.tiles["i"], s.num_warps) == (128, 8), s
+    assert (s.tiles["i"], s.tiles["j"], s.num_warps, s.num_stages) == (128, 128, 8, 3), s
     back = backward_program(prog, saved=True).program
     alts = compile_ir(back).alternatives
     fused = next(a for a in alts if len(a.plan.kernels) == 2 and "pass over e (sum_e); pass over j" in a.structure)
     dq, dkdv = fused.plan.kernels
     s = default_schedule(dq, back, fused.plan)
-    assert (s.tiles["i"], s.num_warps) == (128, 8), s
+    assert (s.tiles["i"], s.tiles["j"], s.num_warps, s.num_stages) == (128, 64, 8, 3), s
     s = default_schedule(dkdv, back, fused.plan)
     assert (s.tiles["j"], s.num_warps, s.num_stages) == (64, 4, 2), s
+
+
+def test_a_kernel_over_the_shared_memory_triton_finds_is_compiled_again_with_fewer_stages():
+    """launch_fitting: Triton's OutOfResources for shared memory costs a stage (with a warning naming
+    the kernel), down to one; any other failure, or one at a single stage, is raised as it is."""
+    from triton.runtime.errors import OutOfResources
+
+    from neptune_eq.ir import NeptuneWarning
+    from neptune_eq.lower.launch import launch_fitting
+
+    class Kernel:
+        def __init__(self, fits_at: int, resource: str = "shared memory"):
+            self.fits_at, self.resource, self.tried = fits_at, resource, []
+
+        def __getitem__(self, grid):
+            def launch(*args, num_stages, num_warps):
+                self.tried.append(num_stages)
+                if num_stages > self.fits_at:
+                    raise OutOfResources(1000 * num_stages, 232448, self.resource)
+                return ("compiled", num_stages)
+            return launch
+
+    k = Kernel(fits_at=2)
+    with pytest.warns(NeptuneWarning) as said:
+        assert launch_fitting(k, (1,), [], {"num_stages": 4, "num_warps": 8}, "nq_k0") == (("compiled", 2), 2)
+    assert [str(w.message).split(":")[1] for w in said] == [" compiled again with 3", " compiled again with 2"]
+    assert "nq_k0 needs 3000 bytes of shared memory at 3 pipeline stages" in str(said[1].message)
+    assert k.tried == [4, 3, 2]
+    with pytest.raises(OutOfResources), pytest.warns(NeptuneWarning, match="nq_k1"):
+        launch_fitting(Kernel(fits_at=0), (1,), [], {"num_stages": 2, "num_warps": 4}, "nq_k1")
+    with pytest.raises(OutOfResources, match="registers"):
+        launch_fitting(Kernel(fits_at=1, resource="registers"), (1,), [], {"num_stages": 3, "num_warps": 4}, "k")

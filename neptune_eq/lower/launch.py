@@ -13,6 +13,7 @@ import os
 import stat
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ from .. import ir
 from .._interpret import quiet_ieee, require_interpreter
 from ..cachedir import cache_dir as cache_dir_at
 from ..cachedir import default_cache_dir
-from ..ir import NeptuneError
+from ..ir import NeptuneError, NeptuneWarning
 from ..plan import Plan
 from .databounds import bound_tensor
 from .values import KernelSource, _ident
@@ -112,6 +113,7 @@ class Launcher:
         self._buffers: dict = {}  # (device, name) → tensor, reused across calls
         self._runners: dict = {}  # specialisation key → Triton's compiled kernel
         self._fixed: dict = {}  # specialisation key → its runner at the one grid of a static program
+        self._stages: dict[int, int] = {}  # kernel → the pipeline stages it was launched with
         self._out_shapes = [(o.name, self.program.output_shape(o), _TORCH_DTYPES[o.dtype or "float32"])
                             for o in program.outputs]
         # a dynamic axis's length is read from the first input that has it (input name, dimension)
@@ -210,7 +212,7 @@ class Launcher:
             key = self._key(ki, device, [tensors[n] for n in names])
             ck = self._runners.get(key)
             if ck is None or compiled is not None:
-                ck = self._runners[key] = fn[grid](*args, **cuda_kw)
+                ck = self._runners[key] = self._compile(ki, fn, grid, args, cuda_kw)
                 if not self._lengths:  # one grid: Triton's runner for it (it takes a full 3-d grid) kept
                     self._fixed[key] = ck[(grid[0], 1, 1)]
                 if compiled is not None:
@@ -218,6 +220,13 @@ class Launcher:
             else:
                 (self._fixed.get(key) or ck[(grid[0], 1, 1)])(*args, *interp_kw.values())
         return outs
+
+    def _compile(self, ki: int, fn, grid, args: list, cuda_kw: dict):
+        """Compile and launch kernel `ki` (launch_fitting); the stage count that fitted serves its
+        later specialisations too."""
+        kw = {**cuda_kw, "num_stages": self._stages.get(ki, cuda_kw["num_stages"])}
+        ck, self._stages[ki] = launch_fitting(fn, grid, args, kw, self.kernels[ki].name)
+        return ck
 
     def _bounds_at(self, inputs: dict[str, torch.Tensor], axes: dict[str, int] | None) -> dict:
         """The (lo, hi) loop offsets of each data-dependent bound of the kernels, from this call's
@@ -293,6 +302,26 @@ class BoundCall:
                 args[pos] = addr[k]
             runner(*args)
         return outs
+
+
+def launch_fitting(fn, grid, args: list, kw: dict, name: str) -> tuple:
+    """Triton's compiled kernel of `fn`, launched at `grid`, and the pipeline stages it took. The
+    schedule was fitted to shared memory by a model (schedule.shared_bytes, checked against what
+    Triton requires); where Triton still finds more shared memory than the device has (a layout
+    conversion the model does not count), the kernel is compiled again with one stage fewer, down
+    to one, with a warning naming it: the same kernel, slower, rather than a failed call."""
+    from triton.runtime.errors import OutOfResources
+
+    stages = kw["num_stages"]
+    while True:
+        try:
+            return fn[grid](*args, **{**kw, "num_stages": stages}), stages
+        except OutOfResources as e:
+            if e.name != "shared memory" or stages <= 1:
+                raise
+            warnings.warn(f"kernel {name} needs {e.required} bytes of shared memory at {stages} pipeline stages, "
+                          f"the device has {e.limit}: compiled again with {stages - 1}", NeptuneWarning, stacklevel=3)
+            stages -= 1
 
 
 def span_past_int32(t: torch.Tensor) -> bool:
