@@ -183,6 +183,8 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
             tiles[p.axis] = min(64 if has_dot else 256, max(16, next_pow2(n)))
     for a in inner_axes(k, plan):
         tiles[a] = max(16, next_pow2(program.axes[a]))
+    if not has_dot:
+        _bound_blocks(tiles, k)
     stages = 3 if has_dot else 2
     if has_dot and primary and tiles[primary[0]] > 64 and not steps:
         # the fp32 accumulator tiles a row carries (a row's scalars, softmax's max and sum, aside): past
@@ -266,6 +268,24 @@ def fit_shared(sched: KernelSchedule, k: KernelPlan, program: ir.Program, plan: 
             break
         sched = sched.with_tiles(**{a: sched.tiles[a] // 2 for a in long})
     return sched
+
+
+# values of one elementwise block a program of 4 warps holds without spilling (128 a thread)
+BLOCK_VALUES = 16384
+
+
+def _bound_blocks(tiles: dict[str, int], k: KernelPlan) -> None:
+    """Halve the loop tile of a pass whose elementwise block (its values and their mask) spans three
+    or more tiled axes until the block holds at most BLOCK_VALUES values (down to 16). A grouped-query
+    gradient's group sum Σ_h [h // 8 = h0]·dK_h over an [8 groups, 64 heads, 128] block spilled: 57 ms
+    for 1.1 GB of reads on the H100; over [8, 16, 128] blocks 3.2 ms
+    (bench/results/h100_2026-11-25/gqa_kernels.txt)."""
+    for p in k.passes():
+        for c in p.comps:
+            mask = c.mask.axes if c.mask is not None else set()
+            axes = [a for a in c.core.axes | mask | {p.axis} if tiles.get(a, 1) > 1]
+            while len(axes) >= 3 and math.prod(tiles[a] for a in axes) > BLOCK_VALUES and tiles[p.axis] > 16:
+                tiles[p.axis] //= 2
 
 
 def _wide_rolling_steps(sched: KernelSchedule, k: KernelPlan, program: ir.Program, plan: Plan,

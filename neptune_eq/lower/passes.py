@@ -291,8 +291,10 @@ class _PassWriter:
                 continue
             codes, dims = w.align([carried, part])
             code = OPS[combine].triton.format(*codes)
-            if dims != sdims:
-                code = f"tl.broadcast_to({code}, {block_shape(sdims)})" if set(dims) <= set(sdims) else code
+            if dims != sdims and set(dims) <= set(sdims):
+                # (align lays the sum out canonically: a state kept transposed for the tensor cores,
+                # updated here without a dot, a tile too small for one, is laid back out as the state)
+                code = f"tl.broadcast_to({w.arrange(Val(code, dims, old.kind), sdims)}, {block_shape(sdims)})"
             nv = w.bind(code, sdims if set(dims) <= set(sdims) else dims, old.kind, "n")
             new[c.name] = nv
             sc.memo[c.ref(CURRENT)] = nv
