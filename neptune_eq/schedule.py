@@ -223,8 +223,7 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
     def size(ld: ir.Load) -> int:
         if sum(sched.tiles.get(a, 1) > 1 for a in ld.axes) > 2:
             return 0  # (a 3-D block is no tensor-core operand: it lives in registers)
-        spec = program.inputs.get(ld.tensor) or plan.buffers.get(ld.tensor)
-        return ir.DTYPE_BYTES.get(getattr(spec, "dtype", "float32"), 4) * math.prod(
+        return ir.DTYPE_BYTES.get(plan.loaded_dtype(program, ld.tensor), 4) * math.prod(
             sched.tiles.get(a, 1) for a in ld.axes)
 
     held: dict[tuple, int] = {}
