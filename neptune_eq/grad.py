@@ -275,8 +275,9 @@ def shift_invariant(program: ir.Program, r: Reduce, seed: int = 0, extent: int =
     """The outputs do not change when `r` moves by any amount per element of its free axes: ∂out/∂r = 0
     everywhere, so r's adjoint can be dropped. Tested on random float64 values (two draws, large
     shifts ~ N(0, 9)) of the program at its own extents when it is small, else at extents ≤ `extent`
-    — but only where no index is compared with or shifted by a constant (`j < 10` would never hold
-    at 6, hiding a branch that does read r); False when it cannot be tested."""
+    with its masks of indices drawn at random (`j < 10` would never be false at 6, hiding a branch that
+    does read r; a random mask shows every branch) — but only where no other index is combined with a
+    constant (a head group `h // 8`, a shifted gather); False when it cannot be tested."""
     import torch
 
     from .reference import evaluate, random_inputs
@@ -284,6 +285,7 @@ def shift_invariant(program: ir.Program, r: Reduce, seed: int = 0, extent: int =
     if math.prod(program.axes.values()) <= _WHOLE:
         p = program
     else:
+        program, r = _masks_as_inputs(program, r)
         pinned = _pinned_axes(program)
         small = {a: n if a in pinned else min(n, extent) for a, n in program.axes.items()}
         if math.prod(small.values()) > _WHOLE:
@@ -315,6 +317,38 @@ def shift_invariant(program: ir.Program, r: Reduce, seed: int = 0, extent: int =
             if not torch.allclose(a[fin], b[fin], rtol=1e-9, atol=1e-9 * scale):
                 return False
     return True
+
+
+def _masks_as_inputs(program: ir.Program, r: Reduce) -> tuple[ir.Program, Reduce]:
+    """`program` with each predicate of indices alone (`j <= i & i − j < 4096`) read from a boolean
+    input over its axes, and `r` as it reads then. Drawn at random, the masks select every combination
+    of branches the constants could, at extents where the constants no longer fit (a 4096-wide window
+    at 6 keys): invariance under random masks is tested at small extents where the program's own mask
+    would pin its axes at full length."""
+    masks: dict[ir.Node, ir.Node] = {}
+    taken, seen = set(program.inputs), set()
+
+    def visit(n: ir.Node) -> None:
+        if n in seen:
+            return
+        seen.add(n)
+        if isinstance(n, Call) and n.op in _NO_GRAD and n.op != "float" and _index_only(n):
+            if n not in masks:
+                name = grad_name("mask", taken)
+                taken.add(name)
+                masks[n] = Load(name, tuple(Index(a) for a in program.axes if a in n.axes))
+            return
+        for c in n.children():
+            visit(c)
+
+    for o in program.outputs:
+        visit(o.expr)
+    if not masks:
+        return program, r
+    specs = {m.tensor: ir.TensorSpec(m.tensor, tuple(i.axis for i in m.index), "bool") for m in masks.values()}
+    outs = [replace(o, expr=ir.substitute(o.expr, masks)) for o in program.outputs]
+    q = ir.Program(program.name, dict(program.axes), {**program.inputs, **specs}, outs)
+    return q, ir.substitute(r, masks)
 
 
 def _pinned_axes(program: ir.Program) -> set[str]:

@@ -255,3 +255,23 @@ def test_a_shift_read_only_past_a_constant_index_keeps_its_adjoint():
     leaf = x.clone().requires_grad_()
     split(leaf).backward(g)
     assert torch.allclose(got, leaf.grad, atol=1e-12)
+
+
+def test_a_banded_softmax_at_full_length_is_shift_invariant():
+    """A window `i − j < 3000` pins i and j at their own extents, too large to evaluate: its masks are
+    drawn at random at small extents instead, so the softmax's max is still found to be a shift (no tie
+    count in the backward); the same band over x − max x is still found not to be."""
+    from neptune_eq import ir
+    from neptune_eq.grad import shift_invariant
+
+    def banded(x, fn):
+        i = torch.arange(x.shape[-2])[:, None]
+        j = torch.arange(x.shape[-1])
+        band = (j <= i) & (i - j < 3000)
+        return fn(torch.where(band, x, float("-inf")))
+
+    x = _randn(5, 5)
+    for fn, invariant in ((lambda s: torch.softmax(s, -1), True), (centred, False)):
+        program = capture(lambda a, f=fn: banded(a, f), x).program.with_extents({"i": 8192, "d": 8192})
+        (m,) = {n for n in ir.walk(program.outputs[0].expr) if isinstance(n, ir.Reduce) and n.op == "max"}
+        assert shift_invariant(program, m) is invariant
