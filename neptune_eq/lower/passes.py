@@ -24,6 +24,17 @@ from .values import (
 CURRENT, OLD, FINAL = ir.RefKind.CURRENT, ir.RefKind.OLD, ir.RefKind.FINAL
 
 
+def _unbounded(mask: ir.Node) -> ir.Node:
+    """The conjuncts of `mask` a full tile must still evaluate: those that are not affine (a tile
+    between flo and fhi meets every affine one, the loop bounds say so: causal's j <= i), e.g. the
+    zero-sum guard l ≠ 0 beside a causal mask."""
+    rest = [p for p in conjuncts(mask) if affine(p) is None]
+    out = rest[0]
+    for p in rest[1:]:
+        out = ir.Call("and", (out, p))
+    return out
+
+
 def _canonical_dims(w: KernelWriter, c: CompPlan) -> tuple[str, ...]:
     return tuple(a for a in w.canon if a in c.free and a in w.vector)
 
@@ -268,7 +279,7 @@ class _PassWriter:
             mask = valid
             if c.mask is not None and not _is_true(c.mask) and (
                     masked or (affine(c.mask) is None and c.name not in self.data_bounded)):
-                m = w.as_bool(w.value(c.mask))
+                m = w.as_bool(w.value(c.mask if masked else _unbounded(c.mask)))
                 mask = m if mask is None else self._and(mask, m)
             combine = MONOIDS[c.op].combine
             if c.affine:
