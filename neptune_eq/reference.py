@@ -83,7 +83,9 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
 
     def compute(n: ir.Node) -> _Val:
         if isinstance(n, ir.Const):
-            return _Val(torch.tensor(n.value, dtype=dtype, device=device), ())
+            # (filled on the device: torch.tensor(v, device=cuda) copies from the host and waits for the
+            # stream, a synchronisation per call of the index checks and data bounds that evaluate here)
+            return _Val(torch.full((), n.value, dtype=dtype, device=device), ())
         if isinstance(n, ir.Index):
             return arange(n.axis)
         if isinstance(n, ir.Load):

@@ -102,3 +102,34 @@ def test_half_gather_into_a_matmul_and_promoted_integers_cuda():
     assert (got - fn(E.float(), W.float(), t)).abs().max() < 1e-2
     x = torch.full((2, 8), 2**40, dtype=torch.int64, device=DEV)
     _check(lambda x: (x * 1e10).sum(-1), x, tol=1e-6)
+
+
+def test_a_paged_decode_call_does_not_synchronise_cuda():
+    """A call's own work beside the kernels (the page indices' range check, the loop bounds read from
+    the lengths) only queues device work: a host synchronisation per call would stall the decode
+    (torch's sync debug mode raises on one)."""
+    def paged_decode(q, k_cache, v_cache, block_table, lens):
+        D = q.shape[-1]
+        P = k_cache.shape[1]
+        j = torch.arange(block_table.shape[1] * P, device=q.device)
+        page = block_table[:, j // P]
+        k, v = k_cache[page, j % P], v_cache[page, j % P]
+        s = torch.einsum("bhd,bshd->bhs", q, k) * D ** -0.5
+        s = s.masked_fill(j >= lens[:, None, None], float("-inf"))
+        return torch.einsum("bhs,bshd->bhd", torch.softmax(s, -1), v)
+
+    B, H, D, P, pages = 3, 2, 64, 16, 8
+    q = torch.randn(B, H, D, device=DEV)
+    kc, vc = (torch.randn(B * pages, P, H, D, device=DEV) for _ in range(2))
+    table = torch.randperm(B * pages, device=DEV).view(B, pages)
+    lens = torch.tensor([5, 128, 77], device=DEV)
+    prog = neptune_eq.compile(paged_decode, q, kc, vc, table, lens)
+    prog(q, kc, vc, table, lens)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = prog(q, kc, vc, table, lens)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = paged_decode(q.double(), kc.double(), vc.double(), table, lens)
+    assert torch.allclose(out.double(), want, atol=1e-4)
