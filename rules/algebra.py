@@ -44,7 +44,6 @@ from .base import (
     free_of,
     is_finite,
     is_nonneg,
-    is_pos,
     nonzero,
     normal,
     not_zero,
@@ -149,10 +148,6 @@ WHERE = [
     rw("where_same", where(p, a, a), a),  # p ? a : a → a
     rw("where_nested_t", where(p, where(p, a, b), c), where(p, a, c)),  # p ? (p ? a : b) : c → p ? a : c
     rw("where_nested_f", where(p, a, where(p, b, c)), where(p, a, c)),  # p ? a : (p ? b : c) → p ? a : c
-    # a backward's zero-keeping guard (a = 0 ? 0 : a/b) → a/b where b > 0: 0/b is already 0 (the guard
-    # keeps 0 through 1/b = ∞; a softmax's Σⱼ e^{s − max} ≥ 1 cannot be 0)
-    rw("where_zero_quotient", where(eq_(a, Term(0.0)), Term(0.0), a / b), a / b, is_pos(b)),
-    rw("where_pos_zero", where(eq_(b, Term(0.0)), a, c), c, is_pos(b)),  # (b = 0 ? a : c) → c  (b > 0)
 ]
 
 REDUCTIONS = [

@@ -89,11 +89,6 @@ POS = ruleset(
     rule(eq(t).to(max2(a, b)), pos(a)).then(pos(t)),  # a > 0 ⇒ max(a, b) > 0
     rule(eq(t).to(where_(c, a, b)), pos(a), pos(b)).then(pos(t)),  # both branches > 0
     rule(eq(t).to(sqrt_(a)), pos(a)).then(pos(t)),  # √a > 0 (√ of the smallest subnormal is 2e-162)
-    # Σⱼ e^{a − maxⱼ a} ≥ 1 for a free of ±∞ literals (no −∞ mask): the term at the max is e⁰ = 1 exactly
-    rule(eq(t).to(red("sum", ax, exp(a - red("max", ax, a)))), finite(a)).then(pos(t)),
-    # (the same with torch's guarded shift: on such a, maxⱼ a is never −∞)
-    rule(eq(t).to(red("sum", ax, exp(a - where_(eq_(red("max", ax, a), Term(-math.inf)), b, red("max", ax, a))))),
-         finite(a)).then(pos(t)),
     rule(pos(t)).then(nonneg(t)),  # > 0 ⇒ ≥ 0
     name="pos",
 )

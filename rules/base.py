@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from egglog import Fact, RewriteOrRule, String, birewrite, eq, f64, i64, ne, rewrite
 
-from neptune_eq.terms import Term, axis_bit, deps, extent, finite, nonneg, pos
+from neptune_eq.terms import Term, axis_bit, deps, extent, finite, nonneg
 
 from .patterns import PNode, pattern_of, pretty
 
@@ -87,12 +87,6 @@ def not_zero(t: Term) -> Cond:
 
 def is_nonneg(t: Term) -> Cond:
     return Cond("nonneg", _name(t), None, (nonneg(t),))
-
-
-def is_pos(t: Term) -> Cond:
-    """What the pos analysis proves: t > 0, bounded away from 0 — or NaN where an operand is (sqrt of
-    a negative input, a row of −∞): a rule under it may give NaN there, where its forward is NaN."""
-    return Cond("pos", _name(t), None, (pos(t),))
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from neptune_eq.ir import NeptuneError
 from neptune_eq.ops import OPS
 from neptune_eq.terms import CONSTRUCTORS, Term, red
 
-from .base import Cond, Rule, free_of, is_finite, is_nonneg, is_pos, nonzero, normal, not_zero, positive
+from .base import Cond, Rule, free_of, is_finite, is_nonneg, nonzero, normal, not_zero, positive
 
 MAX_FILE_BYTES = 1_000_000
 MAX_LINE_CHARS = 2_000
@@ -59,7 +59,7 @@ _VARIABLE = re.compile(r"^[a-z][a-z0-9_]*$")
 _RULE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _FREE_OF = re.compile(r"^([A-Za-z_]\w*)\s+free\s+of\s+([A-Za-z_]\w*)$")
 CONSTANT_CONDS = {"positive": positive, "nonzero": nonzero, "normal": normal}  # take a constant variable
-TERM_CONDS = {"nonneg": is_nonneg, "pos": is_pos, "finite": is_finite, "not_zero": not_zero}  # take a term variable
+TERM_CONDS = {"nonneg": is_nonneg, "finite": is_finite, "not_zero": not_zero}  # take a term variable
 _ARITH = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div"}
 _COMPARE = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
 _FORBIDDEN = {ast.Attribute: "attribute access", ast.Subscript: "subscripts", ast.Lambda: "a lambda",

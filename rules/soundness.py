@@ -5,8 +5,7 @@ What a user may rely on (docs/RULES.md says the same):
 Values. Every variable is sampled from a mix of ordinary numbers, ±inf, NaN, 0, ±1, huge (up to
 1e300) and tiny (down to 1e-300) magnitudes and the domain edges of log and sqrt. Conditions only
 restrict what they guarantee about *values*: positive/nonzero/normal constrain a constant, nonneg
-keeps a value ≥ 0 (or NaN, or −0, as sqrt gives), pos a value > 0 (its analysis allows NaN only
-where an operand is NaN, a NaN forward: not sampled), free_of keeps it constant along an axis.
+keeps a value ≥ 0 (or NaN, or −0, as sqrt gives), free_of keeps it constant along an axis.
 finite(x) and not_zero(x) are syntactic guards in the e-graph, not promises about the data, so
 their variables still see ±inf, NaN and 0.
 
@@ -292,8 +291,6 @@ def _sample(rng, sorts: dict[str, str], keys: set[str], conds, ctx: _Context, mo
             env[c.var] = np.where((np.abs(v) > 1e-300) & (np.abs(v) < 1e300), v, 2.0)
         elif c.kind == "nonneg":  # what the nonneg analysis proves: ≥ 0 or NaN
             env[c.var] = np.abs(v)
-        elif c.kind == "pos":  # > 0 (its NaN case is a NaN operand: see base.is_pos)
-            env[c.var] = np.where(v > 0, v, 2.0)
         elif c.kind == "extent":
             ints[c.var] = float(ctx.extents[ctx.dims[c.axis]]) if c.axis in ctx.dims else 1.0
         # finite / not_zero are syntactic guards (no ±inf literal, not the literal 0): data is unrestricted

@@ -39,20 +39,7 @@ from neptune_eq.ir import NeptuneError, NeptuneWarning
 from neptune_eq.terms import Term
 
 from .algebra import BUILTIN
-from .base import (
-    Cond,
-    Rule,
-    extent_of,
-    free_of,
-    is_finite,
-    is_nonneg,
-    is_pos,
-    nonzero,
-    normal,
-    not_zero,
-    positive,
-    varies,
-)
+from .base import Cond, Rule, extent_of, free_of, is_finite, is_nonneg, nonzero, normal, not_zero, positive, varies
 from .files import RuleFileError, load_rules_file
 from .patterns import PatternError, pattern_of
 from .soundness import Counterexample, Verdict, fmt_value, rule_verdict
@@ -262,7 +249,7 @@ def _candidate_conds(sorts: dict[str, str]) -> list[Cond]:
     for n, s in sorts.items():
         v = var(n, _SORTS[s]) if s in _SORTS else None
         if s == "Term":
-            out += [is_finite(v), not_zero(v), is_nonneg(v), is_pos(v), *(free_of(v, ax) for ax in axes),
+            out += [is_finite(v), not_zero(v), is_nonneg(v), *(free_of(v, ax) for ax in axes),
                     *(varies(v, ax) for ax in axes)]
         elif s == "f64":
             out += [positive(v), normal(v), nonzero(v)]
