@@ -327,22 +327,18 @@ def _masks_as_inputs(program: ir.Program, r: Reduce) -> tuple[ir.Program, Reduce
     would pin its axes at full length."""
     masks: dict[ir.Node, ir.Node] = {}
     taken, seen = set(program.inputs), set()
-
-    def visit(n: ir.Node) -> None:
+    stack = [o.expr for o in program.outputs]  # (iterative, like ir.walk: programs may be deep)
+    while stack:
+        n = stack.pop()
         if n in seen:
-            return
+            continue
         seen.add(n)
         if isinstance(n, Call) and n.op in _NO_GRAD and n.op != "float" and _index_only(n):
-            if n not in masks:
-                name = grad_name("mask", taken)
-                taken.add(name)
-                masks[n] = Load(name, tuple(Index(a) for a in program.axes if a in n.axes))
-            return
-        for c in n.children():
-            visit(c)
-
-    for o in program.outputs:
-        visit(o.expr)
+            name = grad_name("mask", taken)  # a maximal predicate: its own parts are not visited
+            taken.add(name)
+            masks[n] = Load(name, tuple(Index(a) for a in program.axes if a in n.axes))
+        else:
+            stack.extend(n.children())
     if not masks:
         return program, r
     specs = {m.tensor: ir.TensorSpec(m.tensor, tuple(i.axis for i in m.index), "bool") for m in masks.values()}

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 from .. import ir
 from ..contraction import opened
-from ..masks import affine, affine_part, conjuncts
+from ..masks import affine, affine_part, conjunction, conjuncts
 from ..ops import MONOIDS, OPS
 from ..plan import Combine, CompPlan, Pass
 from .databounds import bound_for, data_conjuncts
@@ -28,11 +28,7 @@ def _unbounded(mask: ir.Node) -> ir.Node:
     """The conjuncts of `mask` a full tile must still evaluate: those that are not affine (a tile
     between flo and fhi meets every affine one, the loop bounds say so: causal's j <= i), e.g. the
     zero-sum guard l ≠ 0 beside a causal mask."""
-    rest = [p for p in conjuncts(mask) if affine(p) is None]
-    out = rest[0]
-    for p in rest[1:]:
-        out = ir.Call("and", (out, p))
-    return out
+    return conjunction([p for p in conjuncts(mask) if affine(p) is None])
 
 
 def _canonical_dims(w: KernelWriter, c: CompPlan) -> tuple[str, ...]:
