@@ -157,8 +157,6 @@ class _Counter:
                         self.sfu += el * op.weight
                         if n.op in ("exp", "log"):
                             self.alu += el
-                    elif n.op == "div" and n.args[1].axes < n.axes:  # a reciprocal per row, a multiply each
-                        self.alu += el + self.size(n.args[1].axes, loop) * reps * op.weight
                     else:
                         self.alu += el * op.weight
 
