@@ -72,6 +72,19 @@ def _zero_keeps(g: ir.Node, c: ir.Node) -> ir.Node:
     return _call("where", _call("eq", g, _c(0.0)), _c(0.0), c)
 
 
+def _never_zero(b: ir.Node) -> bool:
+    """b is Σ_j e^{a − max_j a} (or 2^…) with the plain shift: the term at the max is e⁰ = 1 and none
+    is negative, so b ≥ 1 where max_j a is finite and NaN where it is ±∞ or NaN (∞ − ∞ in a term). It
+    is never 0, so a quotient by it needs no zero-keeping guard: where b is NaN the forward is NaN and
+    the gradient NaN, as torch's autograd gives. (torch's guarded shift, a − (m = −∞ ? 0 : m), makes
+    b = 0 on a row of −∞ and keeps its guard.)"""
+    if not (isinstance(b, Reduce) and b.op == "sum" and isinstance(b.body, Call) and b.body.op in ("exp", "exp2")):
+        return False
+    x = b.body.args[0]
+    return (isinstance(x, Call) and x.op == "sub" and isinstance(x.args[1], Reduce) and x.args[1].op == "max"
+            and x.args[1].axis == b.axis and x.args[1].body == x.args[0])
+
+
 def _zero_guard(g: ir.Node, b: ir.Node) -> tuple[ir.Node, ir.Node] | None:
     """(b == 0, g′) when g is where(b == 0, 0, g′): the forward's guard of x/b against an empty row."""
     if isinstance(g, Call) and g.op == "where" and g.args[1] == _c(0.0):
@@ -98,6 +111,8 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
     if op == "div":  # (a zero cotangent contributes 0, also where b = 0: a guarded a/b's masked rows)
         if isinstance(a[1], Const) and a[1].value != 0 and math.isfinite(a[1].value):  # a/c: no 1/0 to guard
             return [_call("div", g, a[1]), _call("neg", _call("div", _call("mul", g, n), a[1]))]
+        if _never_zero(a[1]):  # b ≥ 1 or NaN: 0/b is 0 wherever the forward is a number
+            return [_call("div", g, a[1]), _call("neg", _call("div", _call("mul", g, n), a[1]))]
         guard = _zero_guard(g, a[1])
         if guard is not None:  # g = where(b == 0, 0, g′): 0 there, g′/b elsewhere (b ≠ 0)
             c, g = guard
@@ -110,7 +125,7 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
     if op == "exp2":
         return [_call("mul", g, _call("mul", n, _c(math.log(2.0))))]
     if op == "log":
-        return [_zero_keeps(g, _call("div", g, a[0]))]
+        return [_call("div", g, a[0]) if _never_zero(a[0]) else _zero_keeps(g, _call("div", g, a[0]))]
     if op == "log2":
         return [_zero_keeps(g, _call("div", g, _call("mul", a[0], _c(math.log(2.0)))))]
     if op == "tanh":

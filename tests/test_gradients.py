@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import neptune_eq
+from neptune_eq import ir
 from neptune_eq.frontend import capture
 from neptune_eq.grad import NoBackward, backward_program
 from neptune_eq.reference import evaluate
@@ -275,3 +276,34 @@ def test_a_banded_softmax_at_full_length_is_shift_invariant():
         program = capture(lambda a, f=fn: banded(a, f), x).program.with_extents({"i": 8192, "d": 8192})
         (m,) = {n for n in ir.walk(program.outputs[0].expr) if isinstance(n, ir.Reduce) and n.op == "max"}
         assert shift_invariant(program, m) is invariant
+
+
+def test_a_max_shifted_sum_of_exponentials_divides_without_a_zero_guard():
+    """Σⱼ e^{a − max a} with the plain shift is ≥ 1 or NaN, never 0: dividing by it takes no
+    where(ḡ == 0, 0, ḡ/l) (a select per element of dO inside the dK/dV loop); torch's guarded shift
+    (a row of −∞ gives l = 0) keeps its guard. Gradients still match autograd, NaN rows as torch's."""
+    def plain(x, v):
+        p = torch.exp(x - x.amax(-1, keepdim=True))
+        return (p @ v) / p.sum(-1, keepdim=True)
+
+    def guarded(x, v):
+        return torch.softmax(x, -1) @ v
+
+    x, v = _randn(3, 5), _randn(5, 2, seed=1)
+
+    def guards(fn):
+        back = backward_program(capture(fn, x, v).program).program
+        return [n for o in back.outputs for n in ir.walk(o.expr)
+                if isinstance(n, ir.Call) and n.op == "where" and isinstance(n.args[0], ir.Call)
+                and n.args[0].op == "eq" and n.args[0].args[1] == ir.Const(0.0)]
+    assert not guards(plain) and guards(guarded)
+    x[1, :] = float("inf")  # a NaN row: the forward is NaN there, and so is its gradient (as torch's)
+    prog = neptune_eq.compile(plain, x, v)
+    g = _randn(3, 2, seed=2)
+    ours = [t.clone().requires_grad_() for t in (x, v)]
+    prog(*ours).backward(g)
+    ref = [t.clone().requires_grad_() for t in (x, v)]
+    plain(*ref).backward(g)
+    for a, b in zip(ours, ref):
+        assert torch.equal(a.grad.isnan(), b.grad.isnan())
+        assert torch.allclose(a.grad.nan_to_num(), b.grad.nan_to_num(), atol=1e-12)
