@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from . import ir
 from .grad_saved import Saved, hoist, save
 from .ir import Call, Const, Index, Load, NeptuneError, Reduce
+from .numeric import shifted_exp_sum
 
 _NO_GRAD = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "float"})
 
@@ -73,16 +74,10 @@ def _zero_keeps(g: ir.Node, c: ir.Node) -> ir.Node:
 
 
 def _never_zero(b: ir.Node) -> bool:
-    """b is Σ_j e^{a − max_j a} (or 2^…) with the plain shift: the term at the max is e⁰ = 1 and none
-    is negative, so b ≥ 1 where max_j a is finite and NaN where it is ±∞ or NaN (∞ − ∞ in a term). It
-    is never 0, so a quotient by it needs no zero-keeping guard: where b is NaN the forward is NaN and
-    the gradient NaN, as torch's autograd gives. (torch's guarded shift, a − (m = −∞ ? 0 : m), makes
-    b = 0 on a row of −∞ and keeps its guard.)"""
-    if not (isinstance(b, Reduce) and b.op == "sum" and isinstance(b.body, Call) and b.body.op in ("exp", "exp2")):
-        return False
-    x = b.body.args[0]
-    return (isinstance(x, Call) and x.op == "sub" and isinstance(x.args[1], Reduce) and x.args[1].op == "max"
-            and x.args[1].axis == b.axis and x.args[1].body == x.args[0])
+    """b is Σⱼ e^{a − maxⱼ a} with the plain shift: ≥ 1 or NaN, never 0 (numeric.shifted_exp_sum), so
+    a quotient by it needs no zero-keeping guard: where b is NaN the forward is NaN and the gradient
+    NaN, as torch's autograd gives. (torch's guarded shift makes b = 0 on a row of −∞: it keeps it.)"""
+    return shifted_exp_sum(b) == "plain"
 
 
 def _zero_guard(g: ir.Node, b: ir.Node) -> tuple[ir.Node, ir.Node] | None:

@@ -126,3 +126,41 @@ def index_within(e: ir.Node, extents: dict[str, int], n: int) -> bool:
     """Does index expression `e` stay within [0, n) for every index of the axes it uses?"""
     r = index_range(e, extents)
     return r is not None and r[0] >= 0 and r[1] <= n - 1
+
+
+def shifted_exp_sum(node: ir.Node) -> str | None:
+    """How `node` is Σⱼ e^{a − shift} (or 2^…) with shift the row max of a: "plain" (a − maxⱼ a) or
+    "guarded" (torch's a − (maxⱼ a = −∞ ? c : maxⱼ a)); None for anything else.
+
+    The term at the max is e⁰ = 1 and none is negative, so the plain sum is ≥ 1 where maxⱼ a is
+    finite and NaN where it is ±∞ or NaN (∞ − ∞ in a term): never 0. The guarded sum is also 0, on
+    a row of −∞ (or where the max is +∞ and no term is NaN)."""
+    if not (isinstance(node, ir.Reduce) and node.op == "sum" and isinstance(node.body, ir.Call)
+            and node.body.op in ("exp", "exp2")):
+        return None
+    x = node.body.args[0]
+    if not (isinstance(x, ir.Call) and x.op == "sub"):
+        return None
+    a, shift = x.args
+    top = ir.Reduce("max", node.axis, a)
+    if shift == top:
+        return "plain"
+    if (isinstance(shift, ir.Call) and shift.op == "where" and shift.args[2] == top
+            and shift.args[0] == ir.Call("eq", (top, ir.Const(-math.inf)))
+            and isinstance(shift.args[1], ir.Const) and math.isfinite(shift.args[1].value)):
+        return "guarded"
+    return None
+
+
+def reciprocal_exact(b: ir.Node, inputs: dict[str, ir.TensorSpec]) -> bool:
+    """Is a·(1/b) a/b within rounding wherever the program computes it? It is where 1/b is normal or
+    ±∞, i.e. b is 0, ±∞, NaN or |b| in [2⁻¹²⁶, 2¹²⁶]: a·(1/0) is ±∞ or NaN as a/0 is. A subnormal b
+    makes 1/b overflow to ∞ where a/b is finite: a wrong answer, so only what is proven qualifies —
+    a normal constant, a sum of shifted exponentials (0, NaN or in [1, n]), or an input that holds
+    one (a statistic the forward saved)."""
+    if isinstance(b, ir.Const):
+        return b.value == 0 or not math.isfinite(b.value) or 2.0**-126 <= abs(b.value) <= 2.0**126
+    if isinstance(b, ir.Load):
+        spec = inputs.get(b.tensor)
+        b = spec.holds if spec is not None and spec.holds is not None else b
+    return shifted_exp_sum(b) is not None

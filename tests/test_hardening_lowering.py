@@ -188,3 +188,37 @@ def test_programs_differing_in_output_dtype_or_a_constant_digit_do_not_share_a_c
 def test_negative_zero_constant_is_refused():
     with pytest.raises(ProgramError, match=r"-0\.0"):
         neptune_eq.compile(lambda x: torch.sigmoid(x / -0.0), torch.randn(2, 4))
+
+
+def test_a_subnormal_divisor_inside_a_matmul_is_divided_not_inverted():
+    """Σₖ (x[i,k] / s[k])·W[k,n] with s subnormal: x/s is finite, 1/s overflows to ∞. The tile dot scales
+    its operand by dividing (a reciprocal only where numeric.reciprocal_exact proves 1/b exact)."""
+    def scaled_mm(x, s, W):
+        return (x / s) @ W
+
+    gen = torch.Generator().manual_seed(3)
+    x, W = torch.rand(16, 32, generator=gen) * 1e-5, torch.randn(32, 16, generator=gen)
+    s = torch.full((32,), 1e-40)  # subnormal in float32: 1/s = inf
+    s[::2] = 1.0
+    out = neptune_eq.compile(scaled_mm, x, s, W)(x, s, W)
+    ref = (x.double() / s.double()) @ W.double()
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_a_reciprocal_is_taken_only_of_a_proven_divisor():
+    from neptune_eq import ir
+    from neptune_eq.numeric import reciprocal_exact, shifted_exp_sum
+
+    a = ir.Load("x", (ir.Index("i"), ir.Index("j")))
+    top = ir.Reduce("max", "j", a)
+    plain = ir.Reduce("sum", "j", ir.Call("exp", (ir.Call("sub", (a, top)),)))
+    shift = ir.Call("where", (ir.Call("eq", (top, ir.Const(-math.inf))), ir.Const(0.0), top))
+    guarded = ir.Reduce("sum", "j", ir.Call("exp", (ir.Call("sub", (a, shift)),)))
+    other = ir.Reduce("sum", "j", ir.Call("exp", (a,)))  # Σ eˣ can underflow to a subnormal
+    assert (shifted_exp_sum(plain), shifted_exp_sum(guarded), shifted_exp_sum(other)) == ("plain", "guarded", None)
+    saved = {"l": ir.TensorSpec("l", ("i",), holds=guarded), "y": ir.TensorSpec("y", ("i",))}
+    assert reciprocal_exact(ir.Load("l", (ir.Index("i"),)), saved)
+    assert not reciprocal_exact(ir.Load("y", (ir.Index("i"),)), saved)
+    assert not reciprocal_exact(other, saved) and not reciprocal_exact(ir.Const(1e-40), saved)
+    assert reciprocal_exact(ir.Const(2.0), saved) and reciprocal_exact(plain, saved)

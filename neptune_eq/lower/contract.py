@@ -7,7 +7,7 @@ import math
 
 from .. import ir
 from ..contraction import opened
-from ..numeric import INT_IDENTITY
+from ..numeric import INT_IDENTITY, reciprocal_exact
 from ..ops import MONOIDS, OPS
 from .values import (
     _TL_DTYPE,
@@ -189,7 +189,7 @@ class ContractOps:
             return self.bind(f"tl.dot({a.code}, {b.code}, {acc.code}{prec})", (m, n), "acc", "d")
         r = self.bind(f"tl.dot({a.code}, {b.code}{prec})", (m, n), "f", "d")
         for f in post:
-            r = self._mul(r, self.f32(self.value(f)))
+            r = self._scale(r, f)
         return r
 
     def masked_factors(self, body: ir.Node) -> tuple[list[ir.Node], list[Val]]:
@@ -209,6 +209,15 @@ class ContractOps:
         codes, dims = self.align([a, b])
         return self.bind(f"{codes[0]} * {codes[1]}", dims, "f")
 
+    def _scale(self, prod: Val, f: ir.Node) -> Val:
+        """prod · f; for an opened divisor f = 1/b, prod / b unless 1/b is exact (numeric.reciprocal_exact:
+        1/b of a subnormal b is ∞ where prod / b is finite)."""
+        if isinstance(f, ir.Call) and f.op == "div" and f.args[0] == ir.Const(1.0) and \
+                not reciprocal_exact(f.args[1], self.program.inputs):
+            codes, dims = self.align([prod, self.f32(self.value(f.args[1]))])
+            return self.bind(f"({codes[0]} / {codes[1]})", dims, "f")
+        return self._mul(prod, self.f32(self.value(f)))
+
     def operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
         if len(factors) == 1 and isinstance(factors[0], ir.Load):
             v = self.load(factors[0], order=tuple(a for a in order if a in self.eff_dims(factors[0])))
@@ -224,9 +233,11 @@ class ContractOps:
         return self._computed_operand(factors, order, mask)
 
     def _computed_operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
+        # a divisor's factor 1/b last: the product before it is then divided (see _scale)
+        factors = sorted(factors, key=lambda f: isinstance(f, ir.Call) and f.op == "div" and f.args[0] == ir.Const(1.0))
         prod = self.f32(self.value(factors[0]))
         for f in factors[1:]:
-            prod = self._mul(prod, self.f32(self.value(f)))
+            prod = self._scale(prod, f)
         if mask is not None:
             codes, dims = self.align([mask, prod])
             prod = self.bind(f"tl.where({codes[0]}, {codes[1]}, 0.0)", dims, "f", "p")

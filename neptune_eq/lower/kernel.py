@@ -7,7 +7,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .. import ir
-from ..numeric import compute_dtype, index_range
+from ..numeric import compute_dtype, index_range, reciprocal_exact
 from ..ops import OPS
 from ..plan import KernelPlan, Plan
 from ..schedule import KernelSchedule, inner_axes
@@ -280,6 +280,13 @@ class KernelWriter(MemoryOps, ContractOps):
         if all(a.kind in ("i", "b") for a in args) and op.integer_ok:
             codes, dims = self.align(args)
             return self.bind(op.triton.format(*codes), dims, "i")
+        if n.op == "div" and set(args[1].dims) < set(args[0].dims) and \
+                reciprocal_exact(n.args[1], self.program.inputs):
+            # a tile over a row's value (dP / l): one reciprocal per row, a multiply per element (a
+            # division is ~10 instructions); within rounding of a / b where 1/b is exact
+            inv = self.value(ir.Call("div", (ir.Const(1.0), n.args[1])))
+            codes, dims = self.align([self.f32(args[0]), self.f32(inv)])
+            return self.bind(f"({codes[0]} * {codes[1]})", dims, "f")
         codes, dims = self.align([self.f32(a) for a in args])
         return self.bind(op.triton.format(*codes), dims, "f")
 
