@@ -340,9 +340,13 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
             b = by_name[name]
             buf = f"buf_{name}"
             if buf not in buffers:
-                buffers[buf] = BufferSpec(buf, b.free, "int64" if name in ints else floats)
-                kernels[src].epilogue.append(StorePlan(buf, b.free, b.ref(ir.RefKind.FINAL)))
-            _replace_syms(k, name, ir.Load(buf, tuple(ir.Index(a) for a in b.free)))
+                streamed = [set(by_name[n].free) for n in needed if n in by_name and n not in inline
+                            and n not in computed[ki]] + [set(ld.axes) for e in _exprs(k) for ld in ir.walk(e)
+                                                          if isinstance(ld, ir.Load)]
+                axes = _buffer_layout(b.free, k, streamed)
+                buffers[buf] = BufferSpec(buf, axes, "int64" if name in ints else floats)
+                kernels[src].epilogue.append(StorePlan(buf, axes, b.ref(ir.RefKind.FINAL)))
+            _replace_syms(k, name, ir.Load(buf, tuple(ir.Index(a) for a in buffers[buf].axes)))
     inline_terms = {name: space.terms.inline_term(by_name[name]) for name in inline}
     for term in inline_terms.values():  # an inline term computed per tile cannot wait for a loop's result
         if any(isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name not in inline
@@ -350,6 +354,19 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
             return None
     groups = [(lp.axis, lp.names, ps.split) for ps, lp, _ in passes]
     return Plan(kernels, buffers, inline_terms, groups, fused, derivation)
+
+
+def _buffer_layout(free: tuple[str, ...], k: KernelPlan, streamed: list[set[str]]) -> tuple[str, ...]:
+    """The axis order of a buffer written by one kernel and read by `k`. Its last axis is the contiguous
+    one; when `k` reads a single index of it per program (a grid axis that every tensor `k` streams
+    has, so no vector tile: schedule.row_axes), each element costs a memory sector of its own, and
+    that axis moves to the front. A grouped-query gradient's sum over the heads of a group read its
+    per-head partials [h, d, j] one key j per program (4-byte reads 64 KiB apart)."""
+    loop = {p.axis for p in k.passes()}
+    last = free[-1] if free else None
+    if last is None or last not in k.grid or last in loop or not all(last in s for s in streamed if s & loop):
+        return free
+    return (last, *free[:-1])
 
 
 def _compatible(a: tuple[str, ...], b: tuple[str, ...]) -> bool:

@@ -278,7 +278,8 @@ def _bound_blocks(tiles: dict[str, int], k: KernelPlan) -> None:
     or more tiled axes until the block holds at most BLOCK_VALUES values (down to 16). A grouped-query
     gradient's group sum Σ_h [h // 8 = h0]·dK_h over an [8 groups, 64 heads, 128] block spilled: 57 ms
     for 1.1 GB of reads on the H100; over [8, 16, 128] blocks 3.2 ms
-    (bench/results/h100_2026-11-25/gqa_kernels.txt)."""
+    (bench/results/h100_2026-11-25/gqa_kernels.txt), 1.9 ms once its partials were laid out with
+    the key axis first (extract/plans._buffer_layout; kernels_s30_gqa.txt)."""
     for p in k.passes():
         for c in p.comps:
             if c.op == "sum" and is_product(c.core) and sum(tiles.get(a, 1) > 1 for a in c.core.axes | {p.axis}) == 3:

@@ -147,10 +147,12 @@ def test_global_and_grouped_attention_backwards_are_two_passes():
     """Two spellings that used to add work to the backward, at a training length (the model's choice):
 
     - global: the saved max of s/√d also stands for the max of the log₂e-scaled scores, so no
-      stabilising max pass is added; the unguarded 1/l's zero-cotangent guard where(dO = 0, 0, ·)
-      masks a dot operand, so dP = dO·Vᵀ stays on the tensor cores and S is never stored;
+      stabilising max pass is added; 1/l of the unguarded sum (≥ 1) takes no zero-cotangent guard,
+      dP = dO·Vᵀ stays on the tensor cores and S is never stored;
     - GQA: the head group h // 8 no longer stops the test that the softmax's shift is invisible to the
-      output, so the backward has no max-selection term (and no extra pass over the keys for it)."""
+      output, so the backward has no max-selection term (and no extra pass over the keys for it); the
+      per-head partials its group sum reads are laid out so that no program reads single elements
+      of a buffer's contiguous axis (extract/plans._buffer_layout)."""
     for fn, heads in ((_global, (4, 4)), (_gqa, (16, 2))):
         xs = [torch.randn(1, h, 8192, 64, dtype=torch.float16) for h in (heads[0], heads[1], heads[1])]
         back = backward_program(capture(fn, *xs).program, saved=True)
@@ -167,6 +169,10 @@ def test_global_and_grouped_attention_backwards_are_two_passes():
         assert not any({"i", "j"} <= set(b.axes) for b in alt.plan.buffers.values()), "no L² buffer"
         passes = re.sub(r"^\d+ kernels, ", "", alt.structure.split(" [")[0]).replace("pass over e (sum_e); ", "")
         assert passes.startswith("pass over j (sum_j); pass over i (sum_i, sum_i2)"), (fn.__name__, alt.structure)
+        for k, s in zip(alt.plan.kernels, alt.schedules):
+            for ld in loads_in(k, alt.plan):
+                b = alt.plan.buffers.get(ld.tensor)
+                assert b is None or not (b.axes[-1] in k.grid and s.tiles.get(b.axes[-1], 1) == 1), (k.name, b)
 
 
 def test_head_dim_128_backward_schedules_fit_shared_memory():
