@@ -435,6 +435,30 @@ print("no assert")
     assert "device-side assert" in run.stderr
 
 
+@cuda
+def test_a_replayed_range_check_still_stops_on_a_bad_target_written_in_place(tmp_path):
+    """The index checks' device work is replayed from a CUDA graph after a layout's second call
+    (lower/replay.py): a bad value written into the same tensor is still caught."""
+    code = f"""
+import torch, torch.nn.functional as F, neptune_eq
+x, t = torch.randn(4, 7, device="cuda"), torch.tensor([3, 0, 6, 2], device="cuda")
+prog = neptune_eq.compile(lambda x, t: F.cross_entropy(x, t, reduction="none"), x, t, cache_dir={str(tmp_path)!r})
+for _ in range(4):
+    prog(x, t)
+torch.cuda.synchronize()
+(variant,) = prog.variants.values()
+assert variant.run._checks.recorded == 1, variant.run._checks.recorded
+print("valid ok", flush=True)
+t.copy_(torch.tensor([3, 0, 7, 2]))
+prog(x, t)
+torch.cuda.synchronize()
+print("no assert")
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert "valid ok" in run.stdout and "no assert" not in run.stdout, run.stderr[-2000:]
+    assert "device-side assert" in run.stderr
+
+
 # ---------------------------------------------------------------- guards the review found missing
 
 

@@ -62,6 +62,10 @@ class IndexCheck:
             return inputs[self.index.tensor]
         return evaluate(self.program, {n: inputs[n] for n in self.program.inputs}, nodes=[self.index])["0"]
 
+    def reads(self) -> set[str]:
+        """The inputs whose values the check reads."""
+        return {self.index.tensor} if self.program is None else set(self.program.inputs)
+
     def in_range(self, v: torch.Tensor) -> torch.Tensor:
         ok = (v >= (-self.size if self.wraps else 0)) & (v < self.size)
         return ok | (v == self.ignore) if self.ignore is not None else ok

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ir import NeptuneError
+from ..lower.replay import Replayer, layout_of
 from .checks import run_checks
 from .guards import same_value
 
@@ -41,11 +42,22 @@ class CompiledFunction:
     # layout key of the arguments (see _layout) → (launcher, BoundCall or None): the fast path
     _bound: dict = field(init=False, repr=False, default_factory=dict)
     _order: list[str] = field(init=False, repr=False)  # program inputs in argument order
+    # the index checks' device work, replayed per layout from a CUDA graph (lower/replay.py)
+    _checks: Replayer = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._out_dtypes = {o.name: dt for o, dt in zip(self.captured.program.outputs, self.captured.output_dtypes)}
         self._order = [b.input for b in self.captured.args if b.input is not None]
         self._bound = {}
+        self._checks = Replayer(lambda inputs: run_checks(self.captured.index_checks, inputs))
+
+    def _run_checks(self, inputs: dict[str, torch.Tensor]) -> None:
+        checks = self.captured.index_checks
+        read = [inputs[n] for n in sorted({n for c in checks for n in c.reads()})]
+        if read and all(t.is_cuda for t in read):
+            self._checks((id(self.captured), layout_of(read)), inputs)
+        else:
+            run_checks(checks, inputs)
 
     def __call__(self, *args):
         self.follow_environment(args)
@@ -57,7 +69,7 @@ class CompiledFunction:
         checked = None
         if cap.index_checks or cap.mutations:
             checked = cap.inputs(*args)
-            run_checks(cap.index_checks, checked)
+            self._run_checks(checked)
             cap.check_aliases(args)
         layout = self._layout(args)
         fresh = False

@@ -25,6 +25,7 @@ from ..cachedir import default_cache_dir
 from ..ir import NeptuneError, NeptuneWarning
 from ..plan import Plan
 from .databounds import bound_tensor
+from .replay import Replayer, layout_of
 from .values import KernelSource, _ident
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -114,6 +115,10 @@ class Launcher:
         self._runners: dict = {}  # specialisation key → Triton's compiled kernel
         self._fixed: dict = {}  # specialisation key → its runner at the one grid of a static program
         self._stages: dict[int, int] = {}  # kernel → the pipeline stages it was launched with
+        # the loop bounds read from input values, replayed per layout from a CUDA graph (lower/replay.py)
+        self._bounds_replay = Replayer(self._bounds_eager)
+        self._bound_inputs = sorted({n.tensor for ks in kernels for db in ks.data_bounds for p in db.preds
+                                     for n in ir.walk(p) if isinstance(n, ir.Load)})
         self._out_shapes = [(o.name, self.program.output_shape(o), _TORCH_DTYPES[o.dtype or "float32"])
                             for o in program.outputs]
         # a dynamic axis's length is read from the first input that has it (input name, dimension)
@@ -230,10 +235,17 @@ class Launcher:
 
     def _bounds_at(self, inputs: dict[str, torch.Tensor], axes: dict[str, int] | None) -> dict:
         """The (lo, hi) loop offsets of each data-dependent bound of the kernels, from this call's
-        inputs (lower/databounds.py); one tensor per bound, shared by the kernels that use it."""
-        dbs = {db for ks in self.kernels for db in ks.data_bounds}
-        if not dbs:
+        inputs (lower/databounds.py); one tensor per bound, shared by the kernels that use it. On
+        CUDA a layout's later calls replay the work from a CUDA graph (lower/replay.py)."""
+        if not any(ks.data_bounds for ks in self.kernels):
             return {}
+        if next(iter(inputs.values())).device.type != "cuda":
+            return self._bounds_eager(inputs, axes)
+        layout = (tuple(sorted((axes or {}).items())), layout_of([inputs[n] for n in self._bound_inputs]))
+        return self._bounds_replay(layout, inputs, axes)
+
+    def _bounds_eager(self, inputs: dict[str, torch.Tensor], axes: dict[str, int] | None) -> dict:
+        dbs = {db for ks in self.kernels for db in ks.data_bounds}
         program = self.program.with_extents(axes) if axes else self.program
         return {db: bound_tensor(db, program, inputs) for db in dbs}
 

@@ -1,0 +1,79 @@
+"""Per-call device work replayed from a CUDA graph: the loop bounds read from the inputs' values.
+
+A program whose loops are bounded by data (per-request lengths, document ids: lower/databounds.py)
+works out its bounds on every call with a few dozen small torch operations. On the GPU each costs
+a launch from Python (10-20 µs on a slow host), so a decode step whose kernels take 0.7 ms spent
+over 1 ms of host time on them, and the GPU waited for the host.
+
+Those operations read the inputs' *values* but their shapes, and so the launches, depend only on
+the inputs' layout. `Replayer` records them once as a CUDA graph per layout (addresses, shapes,
+strides, dtypes, stream) and replays the graph on later calls: one launch, reading whatever the
+inputs hold at that call (a length updated in place is seen, as it is by the eager operations).
+The graph is recorded on the second call with a layout (a layout seen once, as in a loop over
+fresh tensors, is never recorded); its outputs are the graph's own tensors, rewritten by each
+replay, in stream order before the kernels that read them. Off CUDA, under torch's sync debug mode
+(recording synchronises the device once) or where recording fails, the work runs eagerly.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+MAX_GRAPHS = 8  # layouts kept per program (least recently used dropped)
+
+
+class Replayer:
+    """`fn(*args)` (torch operations on CUDA tensors, no host synchronisation) replayed per layout."""
+
+    def __init__(self, fn: Callable[..., Any], limit: int = MAX_GRAPHS):
+        self.fn = fn
+        self.limit = limit
+        self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, Any] | None] = OrderedDict()
+        self._seen: tuple | None = None
+        self.recorded = 0  # graphs recorded (for tests and stats)
+
+    def __call__(self, layout: tuple, *args) -> Any:
+        key = (layout, torch.cuda.current_stream().cuda_stream)
+        if key in self._graphs:
+            self._graphs.move_to_end(key)
+            entry = self._graphs[key]
+            if entry is not None:
+                entry[0].replay()
+                return entry[1]
+            return self.fn(*args)  # recording failed for this layout: eager
+        if key != self._seen or torch.cuda.get_sync_debug_mode() != 0:
+            self._seen = key
+            return self.fn(*args)
+        entry = self._record(*args)
+        self._graphs[key] = entry
+        while len(self._graphs) > self.limit:
+            self._graphs.popitem(last=False)
+        if entry is None:
+            return self.fn(*args)
+        entry[0].replay()
+        return entry[1]
+
+    def _record(self, *args) -> tuple[torch.cuda.CUDAGraph, Any] | None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # a warm-up off the capture (lazy initialisation inside torch)
+            self.fn(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                out = self.fn(*args)
+        except Exception:  # an operation that cannot be recorded: this layout stays eager
+            torch.cuda.synchronize()
+            return None
+        self.recorded += 1
+        return graph, out
+
+
+def layout_of(tensors: list[torch.Tensor]) -> tuple:
+    """What a recorded graph depends on besides the values: each tensor's address and layout."""
+    return tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device) for t in tensors)
