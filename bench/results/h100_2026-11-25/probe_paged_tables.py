@@ -1,5 +1,5 @@
-"""Paged decode (session 30, before the replay): the compiled call on a shuffled page table vs the same pages in
-beside a device copy; each split alternative too. Is the gap the kernel or the scattered pages?"""
+"""Paged decode (session 30, before the replay): the compiled call on a shuffled page table vs the same
+pages in order, beside a device copy; each split alternative too. Is the gap the kernel or the pages?"""
 import math
 import sys
 
