@@ -169,3 +169,28 @@ def test_paged_decode_bounds_replay_from_a_graph_and_follow_the_lengths():
         want = paged_decode(q.double(), kc.double(), vc.double(), table, lens)
         assert torch.allclose(out.double(), want, atol=1e-4), new
     assert launcher._bounds_replay.recorded == 1
+
+
+def test_a_dynamic_function_binds_each_length_it_is_called_at_again():
+    """A dynamic compile's call at a length it has run checked once takes bound launches (the
+    static fast path), per length: outputs stay right across lengths of a bucket and new values."""
+    def causal(q, k, v):
+        s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        L, S = q.shape[-2], k.shape[-2]
+        keep = torch.arange(L, device=q.device)[:, None] >= torch.arange(S, device=q.device)[None, :]
+        return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+    def qkv(L, seed):
+        g = torch.Generator(device=DEV).manual_seed(seed)
+        return [torch.randn(1, 2, L, 64, device=DEV, generator=g) for _ in range(3)]
+
+    prog = neptune_eq.compile(causal, *qkv(100, 0), dynamic=True)
+    for L in (90, 113, 90, 113, 90):
+        xs = qkv(L, L)
+        for _ in range(2):
+            out = prog(*xs)
+            want = causal(*[x.double() for x in xs])
+            assert torch.allclose(out.double(), want, atol=1e-4), L
+            xs[0].mul_(-1)  # new values at the same addresses
+    bound = prog.family._bound
+    assert len(bound) == 2 and all(b is not None for _, b in bound.values())

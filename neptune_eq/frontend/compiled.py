@@ -89,8 +89,7 @@ class CompiledFunction:
         if fresh:
             # checked and launched once for this layout: later calls go straight to the kernels
             # (unless an input had to be copied to reach the program's shape)
-            views = all(inputs[name].data_ptr() == p for name, p in zip(self._order, ptrs))
-            self._bound[key] = (launcher, launcher.bind(inputs, self._order, self._out_dtypes) if views else None)
+            self._bound[key] = (launcher, bind_after(launcher, inputs, self._order, ptrs, self._out_dtypes))
         return cap.finish(args, outs)
 
     def follow_environment(self, args) -> None:
@@ -112,24 +111,35 @@ class CompiledFunction:
                               "as tensor arguments", stacklevel=3)
 
     def _layout(self, args) -> tuple[tuple, list[int]] | None:
-        """(key, input addresses) of a call on CUDA tensors: the key holds everything the checks and
-        the kernels' specialisation depend on (shape, dtype, device, strides, 16-byte alignment of
-        each tensor, the baked-in values); None for anything else (the checked path reports it)."""
-        if len(args) != len(self.captured.args):
-            return None
-        key, ptrs = [], []
-        for b, a in zip(self.captured.args, args):
-            if not b.is_tensor:
-                if isinstance(a, torch.Tensor) or not same_value(a, b.static):
-                    return None
-                continue
-            if not isinstance(a, torch.Tensor) or not a.is_cuda:
+        return call_layout(self.captured, args)
+
+
+def call_layout(captured, args) -> tuple[tuple, list[int]] | None:
+    """(key, input addresses) of a call on CUDA tensors: the key holds everything the checks and
+    the kernels' specialisation depend on (shape, dtype, device, strides, 16-byte alignment of
+    each tensor, the baked-in values); None for anything else (the checked path reports it)."""
+    if len(args) != len(captured.args):
+        return None
+    key, ptrs = [], []
+    for b, a in zip(captured.args, args):
+        if not b.is_tensor:
+            if isinstance(a, torch.Tensor) or not same_value(a, b.static):
                 return None
-            p = a.data_ptr()
-            key.append((a.shape, a.dtype, a.device, a.stride(), p % 16 == 0))
-            if b.input is not None:
-                ptrs.append(p)
-        return tuple(key), ptrs
+            continue
+        if not isinstance(a, torch.Tensor) or not a.is_cuda:
+            return None
+        p = a.data_ptr()
+        key.append((a.shape, a.dtype, a.device, a.stride(), p % 16 == 0))
+        if b.input is not None:
+            ptrs.append(p)
+    return tuple(key), ptrs
+
+
+def bind_after(launcher, inputs: dict, order: list[str], ptrs: list[int], out_dtypes: dict):
+    """The launcher's BoundCall for a call just run checked on `inputs`, or None where an input is
+    not the argument itself at its own address (a copy made to reach the program's shape)."""
+    views = all(inputs[name].data_ptr() == p for name, p in zip(order, ptrs))
+    return launcher.bind(inputs, order, out_dtypes) if views else None
 
 
 class ZeroSizeError(NeptuneError):

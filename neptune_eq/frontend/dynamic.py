@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -37,9 +38,12 @@ from .. import ir
 from ..ir import NeptuneError
 from .capture import ArgBinding, Captured, capture
 from .checks import run_checks
+from .compiled import bind_after, call_layout
 from .guards import same_value
 
 MIN_BUCKET = 16
+MAX_BOUND_LAYOUTS = 64  # call layouts (so lengths) a dynamic function keeps bound launches for
+_SEEN = object()  # a layout called once (bound on its second call)
 
 
 def bucket(n: int) -> int:
@@ -269,6 +273,9 @@ class DynamicFunction:
     programs: dict[tuple[int, ...], object] = field(default_factory=dict)  # bucket bounds → CompiledProgram
     op: object = None  # the torch.library op of calls dynamo traces (api._dynamic_op)
     _out_dtypes: dict = field(default_factory=dict, repr=False)
+    # layout key of a call's arguments (their shapes, so the lengths) → (launcher, BoundCall or None):
+    # a length called again goes straight to the kernels, as a static compile's calls do
+    _bound: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     def __post_init__(self) -> None:
         self._out_dtypes = {o.name: dt for o, dt in zip(self.captured.program.outputs, self.captured.output_dtypes)}
@@ -348,16 +355,38 @@ class DynamicFunction:
     def __call__(self, args, ns):
         cap = self.captured
         cap.follow_environment()
-        inputs = self.inputs(args, ns)
-        run_checks(cap.index_checks, inputs)
-        cap.check_aliases(args)
+        inputs = None
+        if cap.index_checks or cap.mutations:
+            inputs = self.inputs(args, ns)
+            run_checks(cap.index_checks, inputs)
+            cap.check_aliases(args)
+        prog = self.program_for(ns)
+        layout = call_layout(cap, args)
+        fresh = False
+        if layout is not None:
+            key, ptrs = layout
+            launcher = prog.launcher("cuda")
+            hit = self._bound.get(key)
+            if hit is not None and hit[0] is launcher:
+                self._bound.move_to_end(key)
+                if hit[1] is _SEEN:
+                    fresh = True
+                elif hit[1] is not None:
+                    return cap.finish(args, hit[1](ptrs, self.output_shapes(ns)))
+            else:  # a length's first call stays as cheap as it can: binding waits for a second call
+                self._bound[key] = (launcher, _SEEN)
+        inputs = inputs if inputs is not None else self.inputs(args, ns)
         # serves() checked every shape, dtype and device against the example and the lengths: the
         # launcher runs without the program's own input checks (a decode step is tens of µs of GPU)
-        prog = self.program_for(ns)
         results = prog.launcher("cuda" if next(iter(inputs.values())).is_cuda else "interpreter")(
             inputs, self._out_dtypes)
         outs = [results[o.name] for o in cap.program.outputs]
         outs = [r if r.shape == s else r.reshape(s) for r, s in zip(outs, self.output_shapes(ns))]
+        if fresh:  # launched checked twice at this layout: its later calls take the bound launches
+            order = [b.input for b in cap.args if b.input is not None]
+            self._bound[key] = (launcher, bind_after(launcher, inputs, order, ptrs, self._out_dtypes))
+        while len(self._bound) > MAX_BOUND_LAYOUTS:  # (each keeps its buffers at its lengths alive)
+            self._bound.popitem(last=False)
         return cap.finish(args, outs)
 
     # ---- as one torch.library op over the program's inputs (what a torch.compile'd graph calls)
