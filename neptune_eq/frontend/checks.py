@@ -17,6 +17,7 @@ An index computed from axes alone (x[arange(n) - 1]) is checked once, at capture
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,12 @@ class IndexCheck:
         if self.program is None:
             return inputs[self.index.tensor]
         return evaluate(self.program, {n: inputs[n] for n in self.program.inputs}, nodes=[self.index])["0"]
+
+    def elements(self, inputs: dict[str, torch.Tensor]) -> int:
+        """How many index values the check evaluates (over the index's axes)."""
+        if self.program is None:
+            return inputs[self.index.tensor].numel()
+        return math.prod(self.program.axes[a] for a in {n.axis for n in ir.walk(self.index) if isinstance(n, ir.Index)})
 
     def reads(self) -> set[str]:
         """The inputs whose values the check reads."""

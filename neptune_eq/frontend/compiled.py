@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ir import NeptuneError
-from ..lower.replay import Replayer, layout_of
+from ..lower.replay import MAX_ELEMENTS, Replayer, layout_of
 from .checks import run_checks
 from .guards import same_value
 
@@ -54,7 +54,7 @@ class CompiledFunction:
     def _run_checks(self, inputs: dict[str, torch.Tensor]) -> None:
         checks = self.captured.index_checks
         read = [inputs[n] for n in sorted({n for c in checks for n in c.reads()})]
-        if read and all(t.is_cuda for t in read):
+        if read and all(t.is_cuda for t in read) and all(c.elements(inputs) <= MAX_ELEMENTS for c in checks):
             self._checks((id(self.captured), layout_of(read)), inputs)
         else:
             run_checks(checks, inputs)

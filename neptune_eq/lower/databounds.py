@@ -50,7 +50,7 @@ def _evaluable(n: ir.Node, inputs) -> bool:
     return True
 
 
-def _axes_of(n: ir.Node) -> set[str]:
+def axes_of(n: ir.Node) -> set[str]:
     return {m.axis for m in ir.walk(n) if isinstance(m, ir.Index)}
 
 
@@ -63,10 +63,10 @@ def data_conjuncts(pred: ir.Node, axis: str, program: ir.Program) -> list[ir.Nod
         return data_conjuncts(pred.args[0], axis, program) + data_conjuncts(pred.args[1], axis, program)
     if not (isinstance(pred, ir.Call) and pred.op in _COMPARISONS) or affine(pred) is not None:
         return []
-    if axis not in _axes_of(pred) or not _evaluable(pred, program.inputs):
+    if axis not in axes_of(pred) or not _evaluable(pred, program.inputs):
         return []
     for side in pred.args:  # one side's values are computed over the box of its axes
-        if math.prod(program.axes[a] for a in _axes_of(side)) > _MAX_EVAL:
+        if math.prod(program.axes[a] for a in axes_of(side)) > _MAX_EVAL:
             return []
     return [pred]
 
@@ -75,7 +75,7 @@ def bound_for(preds: list[ir.Node], axis: str, tile: int, grid: list[tuple[str, 
               program: ir.Program) -> DataBound | None:
     """The DataBound of a loop masked by `preds` (data_conjuncts), or None where its table of
     (program tile, loop tile) pairs would be too large to work out per call."""
-    used = set().union(*(_axes_of(p) for p in preds))
+    used = set().union(*(axes_of(p) for p in preds))
     along = tuple((a, step) for a, step in grid if a in used)
     cells = math.ceil(program.axes[axis] / tile) * math.prod(math.ceil(program.axes[a] / s) for a, s in along)
     if not preds or cells > _MAX_EVAL:
@@ -100,7 +100,7 @@ def bound_tensor(db: DataBound, program: ir.Program, inputs: dict[str, torch.Ten
     for k, p in enumerate(db.preds):
         sides = []
         for m, side in enumerate(p.args):
-            dims = tuple(sorted(_axes_of(side), key=order.index))
+            dims = tuple(sorted(axes_of(side), key=order.index))
             t = values[str(2 * k + m)].reshape([program.axes[a] for a in dims])
             lo, hi, nan, kept = _tile_ranges(t, dims, steps)
             sides.append([_align(r, kept, out_dims) for r in (lo, hi, nan)])

@@ -24,8 +24,8 @@ from ..cachedir import cache_dir as cache_dir_at
 from ..cachedir import default_cache_dir
 from ..ir import NeptuneError, NeptuneWarning
 from ..plan import Plan
-from .databounds import bound_tensor
-from .replay import Replayer, layout_of
+from .databounds import axes_of, bound_tensor
+from .replay import MAX_ELEMENTS, Replayer, layout_of
 from .values import KernelSource, _ident
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -116,9 +116,14 @@ class Launcher:
         self._fixed: dict = {}  # specialisation key → its runner at the one grid of a static program
         self._stages: dict[int, int] = {}  # kernel → the pipeline stages it was launched with
         # the loop bounds read from input values, replayed per layout from a CUDA graph (lower/replay.py)
-        self._bounds_replay = Replayer(self._bounds_eager)
-        self._bound_inputs = sorted({n.tensor for ks in kernels for db in ks.data_bounds for p in db.preds
-                                     for n in ir.walk(p) if isinstance(n, ir.Load)})
+        sides = [side for ks in kernels for db in ks.data_bounds for p in db.preds for side in p.args]
+        cells = [math.ceil(program.axes[db.axis] / db.tile)  # each bound's table of tile pairs
+                 * math.prod(math.ceil(program.axes[a] / t) for a, t in db.grid)
+                 for ks in kernels for db in ks.data_bounds]
+        small = all(math.prod(program.axes[a] for a in axes_of(side)) <= MAX_ELEMENTS for side in sides) and \
+            all(c <= MAX_ELEMENTS for c in cells)
+        self._bounds_replay = Replayer(self._bounds_eager) if small else None
+        self._bound_inputs = sorted({n.tensor for side in sides for n in ir.walk(side) if isinstance(n, ir.Load)})
         self._out_shapes = [(o.name, self.program.output_shape(o), _TORCH_DTYPES[o.dtype or "float32"])
                             for o in program.outputs]
         # a dynamic axis's length is read from the first input that has it (input name, dimension)
@@ -239,7 +244,7 @@ class Launcher:
         CUDA a layout's later calls replay the work from a CUDA graph (lower/replay.py)."""
         if not any(ks.data_bounds for ks in self.kernels):
             return {}
-        if next(iter(inputs.values())).device.type != "cuda":
+        if next(iter(inputs.values())).device.type != "cuda" or self._bounds_replay is None:
             return self._bounds_eager(inputs, axes)
         layout = (tuple(sorted((axes or {}).items())), layout_of([inputs[n] for n in self._bound_inputs]))
         return self._bounds_replay(layout, inputs, axes)

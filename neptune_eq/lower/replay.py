@@ -12,7 +12,8 @@ inputs hold at that call (a length updated in place is seen, as it is by the eag
 The graph is recorded on the second call with a layout (a layout seen once, as in a loop over
 fresh tensors, is never recorded); its outputs are the graph's own tensors, rewritten by each
 replay, in stream order before the kernels that read them. Off CUDA, under torch's sync debug mode
-(recording synchronises the device once) or where recording fails, the work runs eagerly.
+(recording synchronises the device once), where recording fails, or for work over more than
+MAX_ELEMENTS values (a graph keeps its intermediate tensors for good), the work runs eagerly.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 import torch
 
 MAX_GRAPHS = 8  # layouts kept per program (least recently used dropped)
+# a graph keeps its intermediate tensors for good: work over more elements than this stays eager
+MAX_ELEMENTS = 1 << 22
 
 
 class Replayer:
