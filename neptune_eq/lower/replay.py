@@ -1,4 +1,5 @@
-"""Per-call device work replayed from a CUDA graph: the loop bounds read from the inputs' values.
+"""Per-call device work replayed from a CUDA graph: loop bounds read from the inputs' values, and
+the index range checks (frontend/checks.py).
 
 A program whose loops are bounded by data (per-request lengths, document ids: lower/databounds.py)
 works out its bounds on every call with a few dozen small torch operations. On the GPU each costs
