@@ -104,26 +104,29 @@ def test_half_gather_into_a_matmul_and_promoted_integers_cuda():
     _check(lambda x: (x * 1e10).sum(-1), x, tol=1e-6)
 
 
+def _paged_decode(q, k_cache, v_cache, block_table, lens):
+    D, P = q.shape[-1], k_cache.shape[1]
+    j = torch.arange(block_table.shape[1] * P, device=q.device)
+    page = block_table[:, j // P]
+    k, v = k_cache[page, j % P], v_cache[page, j % P]
+    s = torch.einsum("bhd,bshd->bhs", q, k) * D ** -0.5
+    s = s.masked_fill(j >= lens[:, None, None], float("-inf"))
+    return torch.einsum("bhs,bshd->bhd", torch.softmax(s, -1), v)
+
+
+def _paged_inputs(B=3, H=2, D=64, P=16, pages=8):
+    q = torch.randn(B, H, D, device=DEV)
+    kc, vc = (torch.randn(B * pages, P, H, D, device=DEV) for _ in range(2))
+    table = torch.randperm(B * pages, device=DEV).view(B, pages)
+    return q, kc, vc, table, torch.tensor([5, 128, 77], device=DEV)
+
+
 def test_a_paged_decode_call_does_not_synchronise_cuda():
     """A call's own work beside the kernels (the page indices' range check, the loop bounds read from
     the lengths) only queues device work: a host synchronisation per call would stall the decode
     (torch's sync debug mode raises on one)."""
-    def paged_decode(q, k_cache, v_cache, block_table, lens):
-        D = q.shape[-1]
-        P = k_cache.shape[1]
-        j = torch.arange(block_table.shape[1] * P, device=q.device)
-        page = block_table[:, j // P]
-        k, v = k_cache[page, j % P], v_cache[page, j % P]
-        s = torch.einsum("bhd,bshd->bhs", q, k) * D ** -0.5
-        s = s.masked_fill(j >= lens[:, None, None], float("-inf"))
-        return torch.einsum("bhs,bshd->bhd", torch.softmax(s, -1), v)
-
-    B, H, D, P, pages = 3, 2, 64, 16, 8
-    q = torch.randn(B, H, D, device=DEV)
-    kc, vc = (torch.randn(B * pages, P, H, D, device=DEV) for _ in range(2))
-    table = torch.randperm(B * pages, device=DEV).view(B, pages)
-    lens = torch.tensor([5, 128, 77], device=DEV)
-    prog = neptune_eq.compile(paged_decode, q, kc, vc, table, lens)
+    q, kc, vc, table, lens = _paged_inputs()
+    prog = neptune_eq.compile(_paged_decode, q, kc, vc, table, lens)
     prog(q, kc, vc, table, lens)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -131,7 +134,7 @@ def test_a_paged_decode_call_does_not_synchronise_cuda():
         out = prog(q, kc, vc, table, lens)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    want = paged_decode(q.double(), kc.double(), vc.double(), table, lens)
+    want = _paged_decode(q.double(), kc.double(), vc.double(), table, lens)
     assert torch.allclose(out.double(), want, atol=1e-4)
 
 
@@ -139,21 +142,8 @@ def test_paged_decode_bounds_replay_from_a_graph_and_follow_the_lengths():
     """The loop bounds read from the lengths are recorded as a CUDA graph on a layout's second call and
     replayed after (lower/replay.py): a length changed in place is seen, and a replayed call neither
     synchronises nor differs from the eager float64 answer."""
-    def paged_decode(q, k_cache, v_cache, block_table, lens):
-        D, P = q.shape[-1], k_cache.shape[1]
-        j = torch.arange(block_table.shape[1] * P, device=q.device)
-        page = block_table[:, j // P]
-        k, v = k_cache[page, j % P], v_cache[page, j % P]
-        s = torch.einsum("bhd,bshd->bhs", q, k) * D ** -0.5
-        s = s.masked_fill(j >= lens[:, None, None], float("-inf"))
-        return torch.einsum("bhs,bshd->bhd", torch.softmax(s, -1), v)
-
-    B, H, D, P, pages = 3, 2, 64, 16, 8
-    q = torch.randn(B, H, D, device=DEV)
-    kc, vc = (torch.randn(B * pages, P, H, D, device=DEV) for _ in range(2))
-    table = torch.randperm(B * pages, device=DEV).view(B, pages)
-    lens = torch.tensor([5, 128, 77], device=DEV)
-    prog = neptune_eq.compile(paged_decode, q, kc, vc, table, lens)
+    q, kc, vc, table, lens = _paged_inputs()
+    prog = neptune_eq.compile(_paged_decode, q, kc, vc, table, lens)
     for _ in range(3):  # eager, recorded, replayed
         prog(q, kc, vc, table, lens)
     launcher = next(m for m in prog.program._modules.values() if hasattr(m, "_bounds_replay"))
@@ -166,7 +156,7 @@ def test_paged_decode_bounds_replay_from_a_graph_and_follow_the_lengths():
             out = prog(q, kc, vc, table, lens)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        want = paged_decode(q.double(), kc.double(), vc.double(), table, lens)
+        want = _paged_decode(q.double(), kc.double(), vc.double(), table, lens)
         assert torch.allclose(out.double(), want, atol=1e-4), new
     assert launcher._bounds_replay.recorded == 1
 

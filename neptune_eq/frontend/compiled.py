@@ -71,7 +71,7 @@ class CompiledFunction:
             checked = cap.inputs(*args)
             self._run_checks(checked)
             cap.check_aliases(args)
-        layout = self._layout(args)
+        layout = call_layout(cap, args)
         fresh = False
         if layout is not None:
             key, ptrs = layout
@@ -109,9 +109,6 @@ class CompiledFunction:
                 warnings.warn(f"neptune_eq: {self.captured.program.name} was captured again {self.recaptures} "
                               f"times because values it reads keep changing (last: {reason}); pass such values "
                               "as tensor arguments", stacklevel=3)
-
-    def _layout(self, args) -> tuple[tuple, list[int]] | None:
-        return call_layout(self.captured, args)
 
 
 def call_layout(captured, args) -> tuple[tuple, list[int]] | None:

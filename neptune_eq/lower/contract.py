@@ -212,9 +212,9 @@ class ContractOps:
     def _scale(self, prod: Val, f: ir.Node) -> Val:
         """prod · f; for an opened divisor f = 1/b, prod / b unless 1/b is exact (numeric.reciprocal_exact:
         1/b of a subnormal b is ∞ where prod / b is finite)."""
-        if isinstance(f, ir.Call) and f.op == "div" and f.args[0] == ir.Const(1.0) and \
-                not reciprocal_exact(f.args[1], self.program.inputs):
-            codes, dims = self.align([prod, self.f32(self.value(f.args[1]))])
+        b = _divisor(f)
+        if b is not None and not reciprocal_exact(b, self.program.inputs):
+            codes, dims = self.align([prod, self.f32(self.value(b))])
             return self.bind(f"({codes[0]} / {codes[1]})", dims, "f")
         return self._mul(prod, self.f32(self.value(f)))
 
@@ -234,7 +234,7 @@ class ContractOps:
 
     def _computed_operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
         # a divisor's factor 1/b last: the product before it is then divided (see _scale)
-        factors = sorted(factors, key=lambda f: isinstance(f, ir.Call) and f.op == "div" and f.args[0] == ir.Const(1.0))
+        factors = sorted(factors, key=lambda f: _divisor(f) is not None)
         prod = self.f32(self.value(factors[0]))
         for f in factors[1:]:
             prod = self._scale(prod, f)
@@ -256,3 +256,8 @@ def _positive_scale(n: ir.Node) -> tuple[float, ir.Node] | None:
             if isinstance(a, ir.Const) and math.isfinite(a.value) and a.value > 0:
                 return a.value, b
     return None
+
+
+def _divisor(f: ir.Node) -> ir.Node | None:
+    """b of an opened divisor's factor 1/b (contraction.opened), else None."""
+    return f.args[1] if isinstance(f, ir.Call) and f.op == "div" and f.args[0] == ir.Const(1.0) else None
