@@ -87,7 +87,7 @@ def compile_cached(program: ir.Program, options: Options, cache: CompileCache,
             stats.compiles += 1
     elif stats is not None:
         stats.cache_hits += 1
-    return CompiledProgram(hit)
+    return CompiledProgram(hit, compile_fn=lambda p: compile_cached(p, options, cache, stats))
 
 
 def _signature(args) -> tuple:

@@ -98,7 +98,8 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
                 if mode == "saved" else "saves the inputs alone, recomputes every reduction")
         options.append((total, mode, back, f"{mode}: {what}; predicted fwd {fwd.alternative.predicted_time * 1e6:.1f}"
                                            f" + bwd {bwd.alternative.predicted_time * 1e6:.1f} µs "
-                                           f"({bwd.alternative.structure})"))
+                                           f"({bwd.alternative.structure})"
+                                           + (f"; {bwd.chunking.describe()}" if bwd.chunking else "")))
     options.sort(key=lambda o: o[0])
     t.chosen = options[0][2]
     t.report = [f"backward: chose {options[0][1]} (the cost model's fastest forward + backward)"]

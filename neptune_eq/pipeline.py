@@ -57,6 +57,9 @@ class Options:
     strict_rules: bool = False  # reject user rules that only refine (docs/RULES.md) instead of warning
     progress: Progress | bool = None
     cache_dir: Path | None = None
+    # bytes of intermediate buffers a plan may use before run() cuts it into chunks of one axis
+    # (neptune_eq/chunked.py); None: the largest input or output of the program, at least 1 GiB
+    scratch_limit: int | None = None
 
     def __post_init__(self) -> None:
         """Wrong types are named here, not met as AttributeErrors deep inside a compile."""
@@ -74,6 +77,9 @@ class Options:
         if not isinstance(self.split_factors, tuple | list) or not all(
                 isinstance(f, int) and not isinstance(f, bool) and f >= 2 for f in self.split_factors):
             raise NeptuneError(f"split_factors must be a tuple of ints >= 2, got {self.split_factors!r}")
+        if self.scratch_limit is not None and (isinstance(self.scratch_limit, bool) or not isinstance(
+                self.scratch_limit, int) or self.scratch_limit < 1):
+            raise NeptuneError(f"scratch_limit must be None or an int >= 1 (bytes), got {self.scratch_limit!r}")
         for name in ("min_chunk", "inline_max", "max_plans"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import torch
 
-from . import ir
+from . import chunked, ir
 from .grad import NoBackward
 from .ir import NeptuneError
 from .lower.launch import Launcher, check_inputs, input_specs, length_sources, load_module
@@ -57,6 +58,8 @@ class CompiledProgram:
     choice: int = 0  # index into alternatives
     schedules: dict[str, list[KernelSchedule]] = field(default_factory=dict)  # per target, overrides
     _modules: dict = field(default_factory=dict)
+    # program → CompiledProgram, for the chunk program (neptune_eq.api passes its cached compile)
+    compile_fn: Callable[[ir.Program], CompiledProgram] | None = field(default=None, repr=False)
 
     # ---- what was chosen
     @property
@@ -79,7 +82,22 @@ class CompiledProgram:
         """The same compilation, running alternative i instead of the cost model's choice."""
         if not 0 <= i < len(self.alternatives):
             raise NeptuneError(f"no alternative {i}; there are {len(self.alternatives)}")
-        return CompiledProgram(self.compilation, i)
+        return CompiledProgram(self.compilation, i, compile_fn=self.compile_fn)
+
+    # ---- chunks
+    @cached_property
+    def chunking(self) -> chunked.Chunking | None:
+        """How run() cuts the program into chunks of one axis, where the plan's intermediate buffers
+        would pass Options.scratch_limit (None there: the largest input or output), else None."""
+        return chunked.choose(self.program, self.plan, self.compilation.options.scratch_limit)
+
+    @cached_property
+    def chunk_compiled(self) -> CompiledProgram:
+        """The compiled chunk program (compiled at first use)."""
+        if self.chunking is None:
+            raise NeptuneError(f"{self.program.name} runs whole, not in chunks")
+        compile_fn = self.compile_fn or (lambda p: compile_ir(p, self.compilation.options))
+        return compile_fn(self.chunking.program)
 
     # ---- lowering
     def _schedules(self, target: str) -> list[KernelSchedule]:
@@ -142,6 +160,8 @@ class CompiledProgram:
         refuse_grad(self.program, grad_needed(inputs))
         check_inputs(self.program, inputs, self._input_specs, self._length_sources)
         device = _one_device(inputs)
+        if self.chunking is not None:
+            return chunked.run_chunked(self.chunking, self.chunk_compiled.run, inputs, self.program, out_dtypes)
         target = "cuda" if device.type == "cuda" else "interpreter"
         return self.launcher(target)(inputs, out_dtypes)
 
@@ -188,6 +208,8 @@ class CompiledProgram:
                          f"({ratio:.2f}× the chosen plan)")
         lines.append("derivation:")
         lines += [f"  {d}" for d in alt.plan.derivation] or ["  (no fusion rule applied)"]
+        if self.chunking is not None:
+            lines.append(f"memory: {self.chunking.describe()}")
         numerics = getattr(c, "numerics_notes", [])
         if numerics:
             lines.append("numerics (a stable spelling was preferred):")

@@ -326,6 +326,12 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
     an H100 with triton 3.6 they were slower for every benchmark kernel, see README.md)."""
     import torch
 
+    if compiled.chunking is not None:  # the kernels that run are the chunk program's, at a chunk
+        from .chunked import first_chunk
+
+        return autotune(compiled.chunk_compiled, first_chunk(compiled.chunking, inputs, compiled.program),
+                        cache_dir=cache_dir, progress=progress, rep_ms=rep_ms, max_candidates=max_candidates,
+                        tolerance=tolerance, cache_file=cache_file, tma=tma)
     log = _logger(progress)
     program, plan = compiled.program, compiled.plan
     device = torch.cuda.get_device_name()

@@ -71,7 +71,8 @@ class CompiledFunction:
             checked = cap.inputs(*args)
             self._run_checks(checked)
             cap.check_aliases(args)
-        layout = call_layout(cap, args)
+        # (a program run in chunks goes through run(): its launches differ per chunk)
+        layout = call_layout(cap, args) if self.compiled.chunking is None else None
         fresh = False
         if layout is not None:
             key, ptrs = layout

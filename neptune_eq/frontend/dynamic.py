@@ -361,7 +361,7 @@ class DynamicFunction:
             run_checks(cap.index_checks, inputs)
             cap.check_aliases(args)
         prog = self.program_for(ns)
-        layout = call_layout(cap, args)
+        layout = call_layout(cap, args) if prog.chunking is None else None  # (chunks: through run())
         fresh = False
         if layout is not None:
             key, ptrs = layout
@@ -379,7 +379,7 @@ class DynamicFunction:
         # serves() checked every shape, dtype and device against the example and the lengths: the
         # launcher runs without the program's own input checks (a decode step is tens of µs of GPU)
         results = prog.launcher("cuda" if next(iter(inputs.values())).is_cuda else "interpreter")(
-            inputs, self._out_dtypes)
+            inputs, self._out_dtypes) if prog.chunking is None else prog.run(inputs, self._out_dtypes)
         outs = [results[o.name] for o in cap.program.outputs]
         outs = [r if r.shape == s else r.reshape(s) for r, s in zip(outs, self.output_shapes(ns))]
         if fresh:  # launched checked twice at this layout: its later calls take the bound launches

@@ -1,0 +1,141 @@
+"""Forward + backward of matmul-fed losses beside their peers, with peak memory (issue 13). GPU only.
+
+Each implementation's gradients are checked against float64 (the linear cross-entropy reference runs in
+chunks of tokens: its float64 logits would take 8 GB), then one fwd+bwd step is timed (median of
+triton.testing.do_bench) and its peak memory measured (torch.cuda.max_memory_allocated during a step,
+less what was allocated before it, over its first two steps: buffers kept between calls count), all in
+one process.
+
+    python bench/grad_memory.py [--only linear_ce rmsnorm_mm] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from beyond.programs import EPS, linear_ce, rmsnorm_matmul
+
+import neptune_eq
+
+
+def _linear_ce_inputs(g):
+    h = torch.randn(8192, 4096, generator=g, device="cuda").bfloat16()
+    W = (torch.randn(128256, 4096, generator=g, device="cuda") * 4096 ** -0.5).bfloat16()
+    t = torch.randint(0, 128256, (8192,), generator=g, device="cuda")
+    t[::97] = -100  # ignored tokens
+    return (h, W, t), (0, 1)
+
+
+def _linear_ce_ref(h, W, t, chunk=1024):
+    """Float64 gradients of the mean cross-entropy, by autograd on chunks of tokens."""
+    W64 = W.double().requires_grad_()
+    n = (t != -100).sum()
+    gh = torch.empty_like(h, dtype=torch.float64)
+    for s in range(0, h.shape[0], chunk):
+        hc = h[s:s + chunk].double().requires_grad_()
+        (F.cross_entropy(hc @ W64.T, t[s:s + chunk], reduction="sum") / n).backward()
+        gh[s:s + chunk] = hc.grad
+    return [gh, W64.grad]
+
+
+def _rmsnorm_inputs(g):
+    x = torch.randn(4096, 8192, generator=g, device="cuda").bfloat16()
+    w = (1 + 0.1 * torch.randn(8192, generator=g, device="cuda")).bfloat16()
+    W = (torch.randn(8192, 8192, generator=g, device="cuda") * 8192 ** -0.5).bfloat16()
+    return (x, w, W), (0, 1, 2)
+
+
+def _rmsnorm_ref(x, w, W, dy):
+    leaves = [a.double().requires_grad_() for a in (x, w, W)]
+    rmsnorm_matmul(*leaves).backward(dy.double())
+    return [a.grad for a in leaves]
+
+
+def _liger(name):
+    from liger_kernel.transformers import functional as lf
+
+    if name == "linear_ce":
+        return lambda h, W, t: lf.liger_fused_linear_cross_entropy(h, W, t)
+    return lambda x, w, W: torch.mm(lf.liger_rms_norm(x, w, EPS, in_place=False), W)
+
+
+CASES = {"linear_ce": (linear_ce, _linear_ce_inputs), "rmsnorm_mm": (rmsnorm_matmul, _rmsnorm_inputs)}
+
+
+def rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", nargs="*", default=list(CASES))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    print(env, flush=True)
+    rows = []
+    for name in args.only:
+        fn, make = CASES[name]
+        xs, diff = make(torch.Generator(device="cuda").manual_seed(0))
+        out = fn(*xs)
+        dy = torch.randn(out.shape, device="cuda", dtype=out.dtype)
+        ref = _linear_ce_ref(*xs) if name == "linear_ce" else _rmsnorm_ref(*xs, dy)
+        ref = [r * (dy.double() if name == "linear_ce" else 1) for r in ref]
+        del out
+        t0 = time.time()
+        prog = neptune_eq.compile(fn, *xs)
+        peers = {"neptune_eq": prog, "eager": fn, "compile": torch.compile(fn)}
+        try:
+            peers["liger"] = _liger(name)
+        except Exception as e:  # no Liger here
+            print(f"{name} liger: not available ({e!r})", flush=True)
+        for label, f in peers.items():
+            try:
+                leaves = [x.detach().clone().requires_grad_() if k in diff else x for k, x in enumerate(xs)]
+
+                def step(f=f, leaves=leaves, diff=diff, dy=dy):
+                    for k in diff:
+                        leaves[k].grad = None
+                    f(*leaves).backward(dy)
+
+                # peak over the first two steps beyond what was allocated before them: a buffer an
+                # implementation keeps between calls counts too
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                step()
+                err = max(rel(leaves[k].grad, r) for k, r in zip(diff, ref))
+                first = time.time() - t0
+                step()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() - base
+                ms = triton.testing.do_bench(step, warmup=5, rep=200, return_mode="median")
+                row = {"case": name, "impl": label, "ms": ms, "peak_GiB": peak / 2**30, "grad_rel_err": err}
+                rows.append(row)
+                extra = f" (first calls incl. compile {first:.0f} s)" if label == "neptune_eq" else ""
+                print(f"{name} {label}: fwd+bwd {ms:.2f} ms, peak +{peak / 2**30:.2f} GiB, grad rel err "
+                      f"{err:.1e}{extra}", flush=True)
+                for k in diff:
+                    leaves[k].grad = None
+            except Exception as e:  # one peer failing does not stop the others
+                print(f"{name} {label}: failed {str(e)[-2000:]}", flush=True)
+            torch.cuda.empty_cache()
+        print("  " + prog.explain().replace("\n", "\n  ")[:4000], flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Plans run in chunks of one axis when their scratch would pass the limit (neptune_eq/chunked.py):
+which programs can be cut and why not, the chunk program, and chunked runs against float64 (the
+Triton interpreter, sizes that are not chunk or tile multiples)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neptune_eq
+from neptune_eq import chunked
+from neptune_eq import dsl as ne
+from neptune_eq.frontend import capture
+from neptune_eq.grad import backward_program
+from neptune_eq.runtime import Options, compile_ir
+
+
+def linear_ce(h, W, target):
+    return F.cross_entropy((h @ W.T).float(), target)
+
+
+def _lce_inputs(T=100, H=24, V=70, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(T, H, generator=g)
+    W = torch.randn(V, H, generator=g) * 0.3
+    t = torch.randint(0, V, (T,), generator=g)
+    t[5] = -100  # an ignored token
+    return h, W, t
+
+
+def _lce_backward():
+    return backward_program(capture(linear_ce, *_lce_inputs()).program, saved=True)
+
+
+def test_linear_cross_entropy_backward_is_cut_along_the_tokens_alone():
+    prog = _lce_backward().program
+    assert chunked.why_not(prog, "i") is None
+    # the vocabulary: grad_W varies over it and its gradient holds sums over it (the softmax)
+    assert "'j'" in chunked.why_not(prog, "j")
+    assert "reduces over 'd' and varies over it" in chunked.why_not(prog, "d")
+
+
+def _one_output(build):
+    P = ne.program("p")
+    i, j = P.axis("i", 8), P.axis("j", 8)
+    x, y = P.input("x", i, j), P.input("y", i)
+    name, expr = build(i, j, x, y)
+    P.output(name, expr)
+    return P.build()
+
+
+@pytest.mark.parametrize("build, axis, why", [
+    (lambda i, j, x, y: ("o", ne.sum(ne.where(j.index <= i.index, x, 0.0), j)), "j",
+     "index of 'j' as a number"),
+    (lambda i, j, x, y: ("o", ne.max(x, i)), "i", "a max over 'i'"),
+    (lambda i, j, x, y: ("o", ne.sum(x, i) + 1.0), "i", "does not vary over 'i'"),
+    (lambda i, j, x, y: ("o", ne.sum(x, i) * ne.sum(y, i)), "i", "product of two values that vary over 'i'"),
+    (lambda i, j, x, y: ("o", ne.sum(x - ne.sum(y, i), i)), "i", "a reduction over 'i' inside a sum over it"),
+    (lambda i, j, x, y: ("o", x / ne.sum(x, i)), "i", "reduces over 'i' and varies over it"),
+])
+def test_what_cannot_be_cut_is_named(build, axis, why):
+    assert why in chunked.why_not(_one_output(build), axis)
+
+
+def test_a_sum_of_scaled_sums_can_be_cut():
+    prog = _one_output(lambda i, j, x, y: ("o", 2.0 * ne.sum(x, i) - ne.sum(x * y, i) / 3.0))
+    assert chunked.why_not(prog, "i") is None
+
+
+def test_the_chunk_program_accumulates_sums_and_drops_statistics_over_the_whole_axis():
+    back = _lce_backward().program
+    chunk, accs = chunked.chunk_program(back, "i", 32)
+    assert accs == {"grad_W": "acc_grad_W"}
+    assert chunk.axes["i"] == 32 and "i" in chunk.dynamic
+    assert chunk.inputs["acc_grad_W"].axes == ("j", "d")
+    by = {o.name: o for o in chunk.outputs}
+    assert by["grad_W"].dtype == "float32" and by["grad_h"].dtype == back.outputs[0].dtype
+    # the count of the tokens that are not ignored is a sum over all of them, not over a chunk's
+    holds = {n: s.holds for n, s in chunk.inputs.items()}
+    counts = [n for n, s in back.inputs.items() if s.holds is not None and "sum_i" in str(s.holds)]
+    rows = [n for n, s in back.inputs.items() if s.holds is not None and "sum_i" not in str(s.holds)]
+    assert counts and rows
+    assert all(holds[n] is None for n in counts) and all(holds[n] is not None for n in rows)
+
+
+def test_a_plan_over_its_scratch_limit_runs_in_chunks_and_matches_the_whole():
+    back = _lce_backward()
+    h, W, t = _lce_inputs()
+    fwd = compile_ir(back.saved.forward, Options())
+    st = fwd.run({"h": h, "W": W, "target": t})
+    inputs = {"h": h, "W": W, "target": t, "grad_out0": torch.tensor(0.7)}
+    inputs |= {k: st[k] for k in back.program.inputs if k not in inputs}
+    whole = compile_ir(back.program, Options())
+    assert whole.chunking is None  # (the default limit: at least a GiB)
+    limit = 12_000  # bytes: the logits' buffer, 100 × 70 fp32, is 28 000
+    compiled = compile_ir(back.program, Options(scratch_limit=limit))
+    # at this size the cost model recomputes the logits; an alternative that writes them is pinned
+    writes = next(a.id for a in compiled.alternatives
+                  if any({"i", "j"} <= set(b.axes) for b in a.plan.buffers.values()))
+    cut = compiled.pin(writes)
+    c = cut.chunking
+    assert c is not None and c.axis == "i" and c.count >= 3 and 100 % c.size != 0
+    assert chunked.plan_scratch(cut.chunk_compiled.plan, cut.chunk_compiled.program) <= limit
+    assert "chunks of" in cut.explain()
+    got, ref = cut.run(inputs), whole.run(inputs)
+    for name in ("grad_h", "grad_W"):
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-6)
+
+
+def test_attention_gradients_with_a_backward_in_chunks_match_float64():
+    """Through neptune_eq.compile and autograd: the saved backward writes D = rowsum(dO∘O) per query row
+    (800 bytes here); a limit of 200 cuts it into chunks of query rows, dK and dV summed over them."""
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 100, 16, generator=g) for _ in range(3))
+    f = neptune_eq.compile(attention, q, k, v, scratch_limit=200)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    dO = torch.randn(2, 100, 16, generator=g)
+    f(*leaves).backward(dO)
+    assert "chunks of ≤ 25 along 'i'" in f.explain()
+    ref = [x.double().requires_grad_() for x in (q, k, v)]
+    attention(*ref).backward(dO.double())
+    for got, want in zip(leaves, ref):
+        torch.testing.assert_close(got.grad.double(), want.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_linear_cross_entropy_backward_at_scale_never_holds_all_the_logits():
+    """Compile only (no run): 8192 tokens, hidden 4096, vocabulary 128256, bf16. The backward the cost
+    model prefers writes the fp32 logits, 4 GiB; the default limit (the weight, 1 GiB) cuts the tokens."""
+    h = torch.empty(8192, 4096, dtype=torch.bfloat16)
+    W = torch.empty(128256, 4096, dtype=torch.bfloat16)
+    t = torch.zeros(8192, dtype=torch.int64)
+    back = backward_program(capture(linear_ce, h, W, t).program, saved=True).program
+    compiled = compile_ir(back, Options())
+    assert chunked.plan_scratch(compiled.plan, back) > 4 * 2**30
+    c = compiled.chunking
+    assert c is not None and c.axis == "i" and c.count * c.size >= 8192 and c.size % 128 == 0
+    assert chunked.plan_scratch(compiled.chunk_compiled.plan, c.program) <= chunked.default_limit(back)
+
+
+@pytest.mark.parametrize("bad", [True, 1.5, 0])
+def test_a_bad_scratch_limit_is_named(bad):
+    with pytest.raises(neptune_eq.NeptuneError, match="scratch_limit"):
+        Options(scratch_limit=bad)
