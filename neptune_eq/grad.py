@@ -360,9 +360,11 @@ def _masks_as_inputs(program: ir.Program, r: Reduce) -> tuple[ir.Program, Reduce
 def _pinned_axes(program: ir.Program) -> set[str]:
     """The axes a test at smaller extents must keep at their own: those an operation combines with a
     constant (a mask `j < 10`, a window `i − j <= 128`, a head group `h // 8`: what it selects depends
-    on the extents), and the axes of a tensor read at a computed index (k[h // 8] reads every kv head).
-    A constant that only fills a masked position (`where(i >= j, s, -inf)`) or scales a value is not
-    such a combination."""
+    on the extents), and the axes of a tensor read at an index computed from indices (k[h // 8] reads
+    every kv head). An index read from data (`W[target[i]]`, `k[table[b, j // P]]`) pins nothing by
+    itself: random_inputs draws such values across the indexed axis at any extent (what computes the
+    data's own index, `j // P`, is pinned where it is read). A constant that only fills a masked
+    position (`where(i >= j, s, -inf)`) or scales a value is not such a combination."""
     pinned: set[str] = set()
     for o in program.outputs:
         for n in ir.walk(o.expr):
@@ -371,7 +373,7 @@ def _pinned_axes(program: ir.Program) -> set[str]:
                 pinned |= {m.axis for m in ir.walk(n) if isinstance(m, Index)}
             if isinstance(n, Load) and n.tensor in program.inputs:
                 for ax, e in zip(program.inputs[n.tensor].axes, n.index):
-                    if not isinstance(e, Index):
+                    if not isinstance(e, Index) and not any(isinstance(m, Load) for m in ir.walk(e)):
                         pinned |= {ax} | {m.axis for m in ir.walk(e) if isinstance(m, Index)}
     return pinned
 

@@ -129,13 +129,13 @@ def test_attention_gradients_with_a_backward_in_chunks_match_float64():
 
 def test_linear_cross_entropy_backward_at_scale_never_holds_all_the_logits():
     """Compile only (no run): 8192 tokens, hidden 4096, vocabulary 128256, bf16. The backward the cost
-    model prefers writes the fp32 logits, 4 GiB; the default limit (the weight, 1 GiB) cuts the tokens."""
+    model prefers writes the fp32 logits, 3.9 GiB; the default limit (the weight, 1 GiB) cuts the tokens."""
     h = torch.empty(8192, 4096, dtype=torch.bfloat16)
     W = torch.empty(128256, 4096, dtype=torch.bfloat16)
     t = torch.zeros(8192, dtype=torch.int64)
     back = backward_program(capture(linear_ce, h, W, t).program, saved=True).program
     compiled = compile_ir(back, Options())
-    assert chunked.plan_scratch(compiled.plan, back) > 4 * 2**30
+    assert chunked.plan_scratch(compiled.plan, back) >= 8192 * 128256 * 4  # the fp32 logits, whole
     c = compiled.chunking
     assert c is not None and c.axis == "i" and c.count * c.size >= 8192 and c.size % 128 == 0
     assert chunked.plan_scratch(compiled.chunk_compiled.plan, c.program) <= chunked.default_limit(back)

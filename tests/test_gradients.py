@@ -307,3 +307,33 @@ def test_a_max_shifted_sum_of_exponentials_divides_without_a_zero_guard():
     for a, b in zip(ours, ref):
         assert torch.equal(a.grad.isnan(), b.grad.isnan())
         assert torch.allclose(a.grad.nan_to_num(), b.grad.nan_to_num(), atol=1e-12)
+
+
+def test_a_max_over_an_axis_gathered_by_data_is_shift_invariant_at_full_size():
+    """Cross-entropy reads the logit of its target, W[t_i]: an index read from data, drawn across the
+    vocabulary at any extent, so it pins no axis and the test runs at small extents — at 128256 words
+    the max's tie count used to stay in the backward (two more passes over the vocabulary, and a
+    selection block per tile). Read at a position the shift moves, the gather is still not invariant."""
+    from neptune_eq import ir
+    from neptune_eq.grad import _pinned_axes, shift_invariant
+
+    def linear_ce(h, W, t):
+        return torch.nn.functional.cross_entropy((h @ W.T).float(), t)
+
+    def centred_at_target(x, t):
+        return (x - x.amax(-1, keepdim=True)).gather(-1, t[:, None])
+
+    g = torch.Generator().manual_seed(0)
+    big = {"i": 8192, "j": 128256, "d": 4096}
+    cases = ((linear_ce, (_randn(6, 5), _randn(9, 5), torch.randint(0, 9, (6,), generator=g)), True),
+             (centred_at_target, (_randn(6, 9), torch.randint(0, 9, (6,), generator=g)), False))
+    for fn, xs, invariant in cases:
+        program = capture(fn, *xs).program
+        program = program.with_extents({a: big.get(a, n) for a, n in program.axes.items()})
+        (m,) = {n for o in program.outputs for n in ir.walk(o.expr) if isinstance(n, ir.Reduce) and n.op == "max"}
+        assert not _pinned_axes(program) and shift_invariant(program, m) is invariant, fn.__name__
+    back = backward_program(capture(linear_ce, *cases[0][1]).program.with_extents(big), saved=True).program
+    ties = [n for o in back.outputs for n in ir.walk(o.expr) if isinstance(n, ir.Call) and n.op == "eq"
+            and any(isinstance(a, ir.Load) and a.tensor.startswith("saved") for a in n.args)
+            and not any(isinstance(a, ir.Const) for a in n.args)]
+    assert not ties, ties
