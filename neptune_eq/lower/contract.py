@@ -111,16 +111,20 @@ class ContractOps:
         return "tl.int64" if kind == "i" else self.fdt
 
     def try_dot(self, k: str, body: ir.Node, mask: Val | None, acc: Val | None = None) -> Val | None:
-        out = [a for a in self.canon if a in self.eff_dims(body) and a != k]
+        have = set(self.eff_dims(body)) | set(mask.dims if mask is not None else ())  # (a mask may add an axis)
+        out = [a for a in self.canon if a in have and a != k]
         if len(out) != 2 or any(self.tiles.get(a, 1) < 16 for a in [*out, k]):
             return None
         m, n = out
         if acc is not None and acc.dims == (n, m):  # the state is laid out [n, m] (passes._computed_on_the_right)
             m, n = n, m
-        left, right, post = [], [], []
+        left, right, post, along_k = [], [], [], []
         factors, preds = self.masked_factors(body)
         for f in factors:
             fd = set(self.eff_dims(f))
+            if fd == {k}:  # a factor over k alone may scale either operand: placed below
+                along_k.append(f)
+                continue
             if k not in fd:
                 # a per-row (or per-column) factor scales its operand: the tensor cores then
                 # accumulate in place (an [m, n] product per step would serialise the MMAs)
@@ -139,8 +143,19 @@ class ContractOps:
                 right.append(f)
             else:
                 return None
-        if not left or not right:
+        # A factor over k alone joins an operand that is computed already, so that a loaded 16-bit
+        # operand stays one: Σ_i (h[i, d] / l[i]) · p[i, j] would otherwise multiply two fp32 tiles
+        # (an IEEE dot, off the tensor cores) where h · (p / l) casts p once and runs on them.
+        # (a side with no factor is built in registers too: the 0/1 matrix below)
+        native = [bool(side) and all(isinstance(f, ir.Load | ir.Const) for f in side) for side in (left, right)]
+        (right if native[0] and not native[1] else left).extend(along_k)
+        if not left and not right:
             return None
+        # A side with no factor is the constant 1 under the conditions that vary along it: a zero-branch
+        # where(t[i] = j, h[i, d], 0) is the dot of h with a 0/1 matrix (exact in 16 bits), not an
+        # [i, j, d] block of selections summed in registers. (As for any masked dot here, the loaded
+        # operand is taken as finite: an inf in h meets the 0s as NaN — README, "What is guaranteed".)
+        left, right = left or [ir.Const(1.0)], right or [ir.Const(1.0)]
         if mask is not None:
             md = set(mask.dims)
             side = "left" if md <= {m, k} else ("right" if md <= {n, k} else None)

@@ -1,0 +1,94 @@
+"""Sums of products inside a kernel become tensor-core dots (lower/contract.py try_dot): a factor over the
+contracted axis alone scales the operand that is computed already, so a loaded 16-bit operand stays one
+(not an IEEE fp32 dot); a sum whose other axis comes only from a zero-branch condition (a one-hot
+scatter, `Σ_i [t_i = j]·h[i, d]`) is a dot with a 0/1 matrix, not an [i, j, d] block of selections.
+Checked on the CUDA source (no GPU needed) and run in the interpreter against float64 at sizes that
+are not tile multiples."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from neptune_eq import dsl as ne
+from neptune_eq.reference import evaluate
+from neptune_eq.runtime import compile_ir
+
+
+def _three_d_blocks(src: str) -> list[str]:
+    """Reductions over a third block axis (an [a, b, c] tile summed in registers)."""
+    return re.findall(r"tl\.sum\([^\n]*axis=2\)", src)
+
+
+def _dots(src: str) -> list[str]:
+    return re.findall(r"tl\.dot\([^\n]*", src)
+
+
+def _close(prog, inputs, tol):
+    want = evaluate(prog.program, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
+    got = prog.run(inputs)
+    for name, w in want.items():
+        err = ((got[name].double() - w).norm() / w.norm()).item()
+        assert err < tol, (name, err)
+
+
+def _scatter(I, J, D, dtype="bfloat16"):
+    """o[j, d] = Σ_i e^{x[i, j]}·h[i, d] + Σ_i [t_i = j]·c_i·h[i, d]: the shape of cross-entropy's weight
+    gradient (the softmax's part, then the target's, the gradient of a gather W[t_i])."""
+    P = ne.program("scatter")
+    i, j, d = P.axes(i=I, j=J, d=D)
+    h = P.input("h", i, d, dtype=dtype)
+    x = P.input("x", i, j)
+    c = P.input("c", i)
+    t = P.input("t", i, dtype="int64")
+    P.output("o", ne.sum(ne.exp(x) * h, i) + ne.sum(ne.where(t == j.index, c * h, 0.0), i))
+    return P.build()
+
+
+def test_a_one_hot_scatter_is_a_dot_with_a_zero_one_matrix():
+    prog = compile_ir(_scatter(300, 160, 144))
+    src = prog.source
+    assert not _three_d_blocks(src), src
+    dots = _dots(src)
+    assert dots and all(".to(tl.bfloat16)" in d for d in dots), dots  # c·[t = j] in h's dtype: tensor cores
+    assert 'input_precision="ieee"' not in src
+
+
+def test_a_one_hot_scatter_matches_float64_in_the_interpreter():
+    g = torch.Generator().manual_seed(0)
+    I, J, D = 70, 37, 40  # not tile multiples; every row of o hit by several i, some by none
+    prog = compile_ir(_scatter(I, J, D, dtype="float32"))
+    t = torch.randint(0, J - 5, (I,), generator=g)
+    inputs = {"h": torch.randn(I, D, generator=g), "x": torch.randn(I, J, generator=g),
+              "c": torch.randn(I, generator=g), "t": t}
+    _close(prog, inputs, 1e-5)
+    for alt in range(min(4, len(prog.alternatives))):  # every schedule kind of the top plans, too
+        _close(prog.pin(alt), inputs, 1e-5)
+
+
+def _scaled_product(I, M, N, dtype):
+    """o[m, n] = Σ_i h[i, m]·exp(x[i, n])/l[i]: a loaded operand, a computed one and a factor over i."""
+    P = ne.program("scaled")
+    i, m, n = P.axes(i=I, m=M, n=N)
+    h = P.input("h", i, m, dtype=dtype)
+    x = P.input("x", i, n)
+    l_ = P.input("l", i)
+    P.output("o", ne.sum(h * ne.exp(x) / l_, i))
+    return P.build()
+
+
+def test_a_factor_over_the_contracted_axis_keeps_the_loaded_operand_native():
+    src = compile_ir(_scaled_product(512, 256, 256, "bfloat16")).source
+    dots = _dots(src)
+    assert dots and 'input_precision="ieee"' not in src, dots
+    assert all(".to(tl.bfloat16)" in d for d in dots), dots  # the computed side is cast, h is read as is
+
+
+def test_a_factor_over_the_contracted_axis_matches_float64_in_the_interpreter():
+    g = torch.Generator().manual_seed(1)
+    I, M, N = 45, 33, 20
+    prog = compile_ir(_scaled_product(I, M, N, "bfloat16"))
+    inputs = {"h": torch.randn(I, M, generator=g).bfloat16(), "x": torch.randn(I, N, generator=g),
+              "l": torch.rand(I, generator=g) + 0.5}
+    _close(prog, inputs, 1.6e-2)  # the bf16 level: the computed operand is rounded to bf16 for the dot
