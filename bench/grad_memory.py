@@ -88,14 +88,18 @@ def main():
     rows = []
     for name in args.only:
         fn, make = CASES[name]
+        t_ref = time.time()
         xs, diff = make(torch.Generator(device="cuda").manual_seed(0))
         out = fn(*xs)
         dy = torch.randn(out.shape, device="cuda", dtype=out.dtype)
         ref = _linear_ce_ref(*xs) if name == "linear_ce" else _rmsnorm_ref(*xs, dy)
         ref = [r * (dy.double() if name == "linear_ce" else 1) for r in ref]
         del out
+        torch.cuda.synchronize()
+        print(f"{name}: float64 reference {time.time() - t_ref:.1f} s", flush=True)
         t0 = time.time()
         prog = neptune_eq.compile(fn, *xs)
+        print(f"{name}: neptune_eq forward compiled in {time.time() - t0:.1f} s", flush=True)
         peers = {"neptune_eq": prog, "eager": fn, "compile": torch.compile(fn)}
         try:
             peers["liger"] = _liger(name)
