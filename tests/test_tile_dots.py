@@ -92,3 +92,27 @@ def test_a_factor_over_the_contracted_axis_matches_float64_in_the_interpreter():
     inputs = {"h": torch.randn(I, M, generator=g).bfloat16(), "x": torch.randn(I, N, generator=g),
               "l": torch.rand(I, generator=g) + 0.5}
     _close(prog, inputs, 1.6e-2)  # the bf16 level: the computed operand is rounded to bf16 for the dot
+
+
+def test_a_computed_operand_is_not_multiplied_by_the_zeros_of_a_one_hot():
+    """Σ_i [t_i = j]·e^{x[i, d]} with e^x = inf at one (i, d): a select gives inf in row t_i alone; a
+    dot of the computed operand with a 0/1 matrix would give inf·0 = NaN in every row. Such a sum
+    stays a select (exact), whatever the schedule."""
+    P = ne.program("onehot_exp")
+    i, j, d = P.axes(i=40, j=32, d=48)
+    x = P.input("x", i, d)
+    y = P.input("y", i, j)
+    h = P.input("h", i, d)
+    t = P.input("t", i, dtype="int64")
+    P.output("o", ne.sum(ne.exp(y) * h, i) + ne.sum(ne.where(t == j.index, ne.exp(x), 0.0), i))
+    prog = compile_ir(P.build())
+    g = torch.Generator().manual_seed(2)
+    inputs = {"x": torch.randn(40, 48, generator=g), "y": torch.randn(40, 32, generator=g),
+              "h": torch.randn(40, 48, generator=g), "t": torch.randint(0, 32, (40,), generator=g)}
+    inputs["x"][3, 5] = float("inf")
+    want = evaluate(prog.program, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})["o"]
+    for alt in range(min(4, len(prog.alternatives))):
+        got = prog.pin(alt).run(inputs)["o"].double()
+        assert torch.equal(torch.isfinite(got), torch.isfinite(want)) and not got.isnan().any(), alt
+        fin = torch.isfinite(want)
+        assert torch.allclose(got[fin], want[fin], rtol=1e-4, atol=1e-4), alt

@@ -168,6 +168,8 @@ class ContractOps:
         # the k axis' bounds.
         md = set(mask.dims) if mask is not None else set()
         computed = [not all(isinstance(f, ir.Load | ir.Const) for f in side) for side in (left, right)]
+        if mask is not None and not md <= set(self.eff_dims(body)) and computed[0 if md <= {n, k} else 1]:
+            return None  # the mask alone brings an axis; the other operand, computed, may hold inf where it is 0
         a_mask = mask if mask is not None and md <= {m, k} else None
         b_mask = mask if mask is not None and md <= {n, k} and (not md <= {m, k} or (md <= {k} and computed[1])) \
             else None
