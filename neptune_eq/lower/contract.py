@@ -111,7 +111,8 @@ class ContractOps:
         return "tl.int64" if kind == "i" else self.fdt
 
     def try_dot(self, k: str, body: ir.Node, mask: Val | None, acc: Val | None = None) -> Val | None:
-        have = set(self.eff_dims(body)) | set(mask.dims if mask is not None else ())  # (a mask may add an axis)
+        body_dims = set(self.eff_dims(body))
+        have = body_dims | set(mask.dims if mask is not None else ())  # (a mask may add an axis)
         out = [a for a in self.canon if a in have and a != k]
         if len(out) != 2 or any(self.tiles.get(a, 1) < 16 for a in [*out, k]):
             return None
@@ -147,7 +148,7 @@ class ContractOps:
         # operand stays one: Σ_i (h[i, d] / l[i]) · p[i, j] would otherwise multiply two fp32 tiles
         # (an IEEE dot, off the tensor cores) where h · (p / l) casts p once and runs on them.
         # (a side with no factor is built in registers too: the 0/1 matrix below)
-        native = [bool(side) and all(isinstance(f, ir.Load | ir.Const) for f in side) for side in (left, right)]
+        native = [bool(side) and _data(side) for side in (left, right)]
         (right if native[0] and not native[1] else left).extend(along_k)
         if not left and not right:
             return None
@@ -167,8 +168,8 @@ class ContractOps:
         # also goes to a computed second operand, and a computed operand the mask does not reach gets
         # the k axis' bounds.
         md = set(mask.dims) if mask is not None else set()
-        computed = [not all(isinstance(f, ir.Load | ir.Const) for f in side) for side in (left, right)]
-        if mask is not None and not md <= set(self.eff_dims(body)) and computed[0 if md <= {n, k} else 1]:
+        computed = [not _data(side) for side in (left, right)]
+        if mask is not None and not md <= body_dims and computed[0 if md <= {n, k} else 1]:
             return None  # the mask alone brings an axis; the other operand, computed, may hold inf where it is 0
         a_mask = mask if mask is not None and md <= {m, k} else None
         b_mask = mask if mask is not None and md <= {n, k} and (not md <= {m, k} or (md <= {k} and computed[1])) \
@@ -278,3 +279,8 @@ def _positive_scale(n: ir.Node) -> tuple[float, ir.Node] | None:
 def _divisor(f: ir.Node) -> ir.Node | None:
     """b of an opened divisor's factor 1/b (contraction.opened), else None."""
     return f.args[1] if isinstance(f, ir.Call) and f.op == "div" and f.args[0] == ir.Const(1.0) else None
+
+
+def _data(factors: list[ir.Node]) -> bool:
+    """Every factor is loaded or constant (an operand that holds data, not values computed in registers)."""
+    return all(isinstance(f, ir.Load | ir.Const) for f in factors)
