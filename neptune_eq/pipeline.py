@@ -476,7 +476,11 @@ def _plans(c: Compilation) -> None:
         def cheapest(k, variants, priced=priced):
             return min(variants, key=lambda v: priced(k, v.schedule).time)
 
-        for kind, schedules in plan_variants(plan, c.program, plan_schedules(plan, c.program), cheapest):
+        def price(k, v, priced=priced):
+            return priced(k, v.schedule).time
+
+        for kind, schedules in plan_variants(plan, c.program, plan_schedules(plan, c.program), cheapest,
+                                             price=price):
             cost = Cost([priced(k, s) for k, s in zip(plan.kernels, schedules)])
             alts.append(Alternative(0, plan, cost, schedules, kind))
     alts.sort(key=lambda a: a.cost.time)

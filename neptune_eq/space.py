@@ -165,6 +165,23 @@ def _kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kerne
     return out
 
 
+def _cheapest_combos(kernels: list[KernelPlan], options: list[list[Variant]], price, limit: int) -> list[tuple]:
+    """The default combination (each kernel's first kind), the cheapest, then the cheapest one with a
+    single kernel changed, in order of total price; at most `limit`, no repeats."""
+    costs = [[price(k, v) for v in vs] for k, vs in zip(kernels, options)]
+    best = tuple(min(range(len(vs)), key=lambda i, c=c: c[i]) for vs, c in zip(options, costs))
+    picks = [tuple(0 for _ in options), best]
+    swaps = sorted((costs[j][i] - costs[j][best[j]], j, i) for j in range(len(options))
+                    for i in range(len(options[j])) if i != best[j])
+    picks += [(*best[:j], i, *best[j + 1:]) for _, j, i in swaps]
+    out, seen = [], set()
+    for p in picks:
+        if p not in seen and len(out) < limit:
+            seen.add(p)
+            out.append(tuple(vs[i] for vs, i in zip(options, p)))
+    return out
+
+
 def _with_kloops(k: KernelPlan, plan: Plan, program: ir.Program, s: KernelSchedule) -> KernelSchedule:
     long = {a: KLOOP_TILE for a in inner_axes(k, plan) if program.axes[a] > WHOLE_INNER_MAX}
     return s.with_tiles(**long) if long else s
@@ -176,10 +193,14 @@ def _kloop_label(k: KernelPlan, plan: Plan, program: ir.Program, s: KernelSchedu
 
 
 def plan_variants(plan: Plan, program: ir.Program, bases: list[KernelSchedule], pick,
-                  limit: int = 8) -> list[tuple[str, list[KernelSchedule]]]:
+                  limit: int = 8, price=None) -> list[tuple[str, list[KernelSchedule]]]:
     """(label, schedules) per way to run `plan`: per kernel the best schedule of each kind by
     `pick(kernel, variants)` (the cheapest), kinds combined across kernels (the default first, at
-    most `limit`). A split-K combine kernel follows the tiles of the partial kernel before it."""
+    most `limit`). With `price(kernel, variant)` (seconds), the combinations after the default are
+    the cheapest one and those that change one kernel of it, cheapest first: a kernel's time does not
+    depend on the others' schedules, so the product's first few (which vary the last kernels only)
+    could miss the best kind of the first. A split-K combine kernel follows the tiles of the partial
+    kernel before it."""
     options: list[list[Variant]] = []
     for k, base in zip(plan.kernels, bases):
         if any(isinstance(ph, Combine) for ph in k.phases):
@@ -189,8 +210,10 @@ def plan_variants(plan: Plan, program: ir.Program, bases: list[KernelSchedule], 
         for v in kernel_variants(k, plan, program, base):
             kinds.setdefault(v.kind.split(" ", 1)[0], []).append(v)
         options.append([pick(k, vs) for vs in kinds.values()])
+    combos = (itertools.islice(itertools.product(*options), limit) if price is None
+              else _cheapest_combos(plan.kernels, options, price, limit))
     out = []
-    for combo in itertools.islice(itertools.product(*options), limit):
+    for combo in combos:
         scheds: list[KernelSchedule] = []
         for k, v in zip(plan.kernels, combo):
             s = v.schedule

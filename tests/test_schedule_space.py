@@ -320,3 +320,34 @@ def test_a_rolling_pass_streaming_a_bias_tile_keeps_64_key_steps():
         plan = compile_ir(prog).alternative.plan
         (s,) = [default_schedule(kp, prog, plan) for kp in plan.kernels]
         assert s.tiles["j"] == step, s
+
+
+def test_the_cheapest_kind_of_every_kernel_is_combined():
+    # kernels are priced one by one: the cheapest combination is each kernel's cheapest kind, and it
+    # comes right after the default even where the product of kinds, in order, would reach it late
+    from neptune_eq.space import Variant, _cheapest_combos
+
+    options = [[Variant(f"k{j} kind{i}", None) for i in range(3)] for j in range(4)]
+    prices = {(j, i): (1.0 if i == (j + 1) % 3 else 2.0 + i) for j in range(4) for i in range(3)}
+    kernels = list(range(4))
+    combos = _cheapest_combos(kernels, options, lambda k, v: prices[(k, int(v.kind[-1]))], limit=8)
+    assert [v.kind for v in combos[0]] == [f"k{j} kind0" for j in range(4)]  # the default first
+    assert [v.kind for v in combos[1]] == [f"k{j} kind{(j + 1) % 3}" for j in range(4)]
+    assert len(combos) == len({tuple(v.kind for v in c) for c in combos}) <= 8
+    # each further one changes a single kernel of the cheapest
+    assert all(sum(a.kind != b.kind for a, b in zip(c, combos[1])) == 1 for c in combos[2:])
+
+
+def test_a_backward_keeps_every_gemm_on_2d_tiles_at_h100_sizes():
+    # RMSNorm → matmul's backward: a norm weight's gradient (a sum over rows into [d]) and the weight
+    # matrix's (a GEMM) share the pass over rows; the plan that gives each its own kernel has a GEMM
+    # first and one last, and only combining kinds by price keeps both on 2-D tiles
+    from neptune_eq.grad import backward_program
+
+    back = backward_program(_rms_matmul(4096, 8192, 8192).with_dtypes(
+        {"x": "bfloat16", "w": "bfloat16", "W": "bfloat16"}), saved=True).program
+    best = compile_program(back, Options(device=H100)).best
+    gemms = [k for k, s in zip(best.plan.kernels, best.schedules) if len(k.grid) == 2 and k.passes()]
+    assert gemms and all(s.group > 1 for k, s in zip(best.plan.kernels, best.schedules) if k in gemms), best.kind
+    # the [d] gradient is not recomputed in every column tile of a GEMM
+    assert all(len(c.free) == len(k.grid) for k in gemms for p in k.passes() for c in p.comps), best.structure
