@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from neptune_eq import ir
-from neptune_eq.contraction import gemm_sides, is_product, opened, plain_input
+from neptune_eq.contraction import gemm_sides, is_product, masked_body, opened, plain_input
 from neptune_eq.device import DeviceSpec
 from neptune_eq.masks import affine_part
 from neptune_eq.ops import OPS
@@ -247,14 +247,24 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
             if dot:
                 c.tc += 2.0 * el  # a tile contraction: tl.dot
                 exprs = [*opened(core).factors, *opened(core).conditions]
-                sides = None if repaired else gemm_sides(core, ph.axis, k.grid, program.axes)
-                for side in (sides.left, sides.right) if sides else ():
-                    if len(side) > 1 or not plain_input(side[0], in_memory):
-                        # a computed operand (LayerNorm's normalised rows, a per-column scale) goes
-                        # shared memory → registers → arithmetic → registers → shared memory inside
-                        # each K step, in the warps that issue the MMAs: that round trip and its
-                        # arithmetic add to the tensor-core time instead of overlapping it
-                        c.alu += c.size(set().union(*(f.axes for f in side)), ph.axis) * iters * _OPERAND_TRIP
+                bare = not opened(core).conditions
+                sides = None if repaired else gemm_sides(core if bare else masked_body(core, comp.mask), ph.axis,
+                                                         k.grid, program.axes, conditions=not bare)
+                for side, conds in (((sides.left, sides.left_conds), (sides.right, sides.right_conds))
+                                    if sides else ()):
+                    computed = len(side) != 1 or not plain_input(side[0], in_memory)
+                    # (a lone load, even at a computed index such as a grouped head, is no arithmetic)
+                    tile = (len(side) != 1 or bool(conds) or not isinstance(side[0], ir.Load)) and any(
+                        _loads_tile(f, ph.axis, c.block_axes) for f in (*side, *conds))
+                    # a computed operand (LayerNorm's normalised rows, a per-column scale) goes
+                    # shared memory → registers → arithmetic → registers → shared memory inside
+                    # each K step, in the warps that issue the MMAs: that round trip and its
+                    # arithmetic add to the tensor-core time instead of overlapping it. (An operand
+                    # from registers under conditions — attention's P under its mask — is priced as
+                    # the tensor cores' alone, as measured.)
+                    if (bare and computed) or (tile and (computed or conds)):
+                        trip = _LOADED_OPERAND_TRIP if tile else _OPERAND_TRIP
+                        c.alu += c.size(set().union(*(f.axes for f in (*side, *conds))), ph.axis) * iters * trip
                         serial = True
             else:
                 c.alu += el  # the tile reduction
@@ -331,7 +341,23 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
 # memory, two conversions and a store back (a bf16 scaled-operand GEMM measured 20 % slower than
 # the plain one on the H100, bench/results/h100_2026-11-24/issue11/probe_gemm_operand.txt)
 _OPERAND_TRIP = 4
+# ... where the operand is computed from a 2-D tile loaded each K step (softmax probabilities from a
+# float32 logits buffer, normalised rows from x) rather than from values already in registers (the
+# scores of an inline dot): that tile cannot go from its asynchronous copy to the tensor cores.
+# Measured on an H200 (2026-11-26, bench/results/h200_2026-11-26): linear cross-entropy's dH with
+# P = e^(logits − m)·[t ≠ −100] recomputed per output tile ran 18.8 ms where 4 priced it at 5.0
+# (the fit is ~88); its plan with P written once ran 1.6× faster. 32 ranks that plan first
+# while keeping attention's backward, whose operands come from registers, at 4.
+_LOADED_OPERAND_TRIP = 32
 _DATA_LENGTH_PRIOR = 0.5  # the mean of lengths spread evenly over [0, bound], as a fraction of it
+
+
+def _loads_tile(n: ir.Node, axis: str, block: set[str]) -> bool:
+    """Does `n` read a 2-D tile over loop `axis` and a `block` axis of the program itself (not a row
+    vector, nor inside a contraction it contains, whose result is in registers)?"""
+    if isinstance(n, ir.Load):
+        return axis in n.axes and bool(n.axes & block - {axis})
+    return not isinstance(n, ir.Reduce) and any(_loads_tile(c, axis, block) for c in n.children())
 
 
 def _data_bounded_chain(k: KernelPlan, program: ir.Program, plan: Plan) -> int:

@@ -3,25 +3,33 @@
 A sum Σ_k A[m, k]·B[k, n] into two grid axes of one kernel (a GEMM) whose A is computed
 (LayerNorm's (x − μ)·rstd·γ + β) recomputes A for every tile of n: each element n/BN times, in
 registers, between the load and the tensor cores. Written once to a buffer A[m, k] by a map pass
-over k (in the kernel that computes μ and rstd when it runs over m, else in a kernel of its own),
+over k (in the kernel that computes μ and rstd when it runs over m, else in a kernel of its own) or
+from the epilogue of a kernel with one program per tile of A (the GEMM whose result A reads),
 A costs one write and one read more, and the GEMM reads both operands as data. Plans with and
 without it are both offered; the cost model chooses (`extract/cost.py`).
 
-Only contractions with no mask and no zero-branch condition are materialised: a masked-out lane of
-a computed operand may hold inf or NaN, which a loaded operand must not (lower/contract.py).
+A condition of the body goes with the operand whose axes it is over and is stored with it:
+where(c, A, 0) is written, so a masked-out lane of the buffer holds 0, never the inf or NaN a
+computed lane may hold (lower/contract.py takes loaded operands as finite). A condition over the
+output alone stays on the result; one over the axes of an operand that is not written stays in the
+body. A comp's mask counts as conditions; its affine conjuncts (loop bounds) also stay on the sum.
 """
 
 from __future__ import annotations
 
 from neptune_eq import ir
-from neptune_eq.contraction import gemm_sides, plain_input
+from neptune_eq.contraction import gemm_sides, masked_body, plain_input
+from neptune_eq.masks import affine, conjunction, conjuncts
 from neptune_eq.plan import BufferSpec, Combine, KernelPlan, Pass, StorePlan
 
 
-def _product(factors: list[ir.Node]) -> ir.Node:
-    out = factors[0]
+def _product(factors: list[ir.Node], conditions=()) -> ir.Node:
+    """Π factors (1 if none), selected under every condition (0 elsewhere)."""
+    out = factors[0] if factors else ir.Const(1.0)
     for f in factors[1:]:
         out = ir.Call("mul", (out, f))
+    for c in conditions:
+        out = ir.Call("where", (c, out, ir.Const(0.0)))
     return out
 
 
@@ -52,20 +60,23 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
             continue
         for ps in (p for p in k.passes() if p.split == 1):
             for c in ps.comps:
-                if c.op != "sum" or c.mask is not None or c.producers:
+                if c.op != "sum" or c.producers:
                     continue
-                sides = gemm_sides(c.core, ps.axis, k.grid, program.axes)
+                sides = gemm_sides(masked_body(c.core, c.mask), ps.axis, k.grid, program.axes, conditions=True)
                 if sides is None:
                     continue
-                m, n, left, right, post = sides.m, sides.n, sides.left, sides.right, sides.post
-                operands, changed = [], False
-                for factors, other, row, is_left in ((list(left), right, m, True), (list(right), left, n, False)):
+                operands, kept, changed = [], list(sides.post_conds), False
+                for factors, conds, other, row, is_left in (
+                        (list(sides.left), sides.left_conds, sides.right, sides.m, True),
+                        (list(sides.right), sides.right_conds, sides.left, sides.n, False)):
                     dtype = _operand_dtype(other, program)
-                    if (len(factors) == 1 and plain_input(factors[0], program.inputs)) or dtype is None:
+                    loaded = len(factors) == 1 and not conds and plain_input(factors[0], program.inputs)
+                    if loaded or dtype is None:
                         operands += factors
+                        kept += conds
                         continue
-                    spec = _place(kernels, ki, ps.axis, row, is_left, factors, program, owner, dtype,
-                                  f"mat_{c.name}_{row}")
+                    spec = _place(kernels, ki, ps.axis, row, is_left, _product(factors, conds), program, owner,
+                                  dtype, f"mat_{c.name}_{row}", added)
                     if spec is None:
                         return None
                     ki = next(i for i, x in enumerate(kernels) if x is k)
@@ -73,28 +84,47 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                     operands.append(ir.Load(spec.name, tuple(ir.Index(a) for a in spec.axes)))
                     changed = True
                 if changed:
-                    c.core = _product([*operands, *post])
+                    # what was not written stays a condition of the sum; the affine conjuncts of its
+                    # mask stay too, also where written: they bound the tiles the loop visits
+                    c.core = _product([*operands, *sides.post])
+                    c.mask = conjunction([*(m for m in (conjuncts(c.mask) if c.mask is not None else ())
+                                            if affine(m) is not None and m not in kept), *kept])
         ki += 1
     return added or None
 
 
-def _place(kernels: list[KernelPlan], ki: int, kk: str, row: str, is_left: bool, factors: list[ir.Node],
-           program: ir.Program, owner: dict[str, int], dtype: str, name: str) -> BufferSpec | None:
-    """Store the product of `factors` into buffer `name` from a map pass over `kk` in a kernel before
-    kernel `ki` (an earlier kernel over the same rows that loops over `kk`, else one inserted for it);
-    None when it cannot run before the GEMM."""
-    expr = _product(factors)
+def _place(kernels: list[KernelPlan], ki: int, kk: str, row: str, is_left: bool, expr: ir.Node,
+           program: ir.Program, owner: dict[str, int], dtype: str, name: str,
+           placed: dict[str, BufferSpec]) -> BufferSpec | None:
+    """Store `expr` (the operand's value) into buffer `name` from a map pass over `kk` in a kernel
+    before kernel `ki` (an earlier kernel over the same rows that loops over `kk`, else one inserted
+    for it); None when it cannot run before the GEMM. An operand already `placed` with the same value
+    and layout is read from its buffer (dH = P·W and dW = Pᵀ·h write P once)."""
     refs = [n for n in ir.walk(expr) if isinstance(n, ir.StateRef)]
-    if any(r.kind is not ir.RefKind.FINAL or r.name not in owner for r in refs):
+    # (a reduction computed by a pass of its own: a final state, or a value the plan does not inline)
+    if any(r.kind not in (ir.RefKind.FINAL, ir.RefKind.INLINE) or r.name not in owner for r in refs):
         return None
     first = max((owner[r.name] for r in refs), default=0)
     if refs and first >= ki:
         return None  # the operand needs a value the GEMM's own kernel computes
-    axes = set().union(*(f.axes for f in factors))
-    rows = tuple(a for a in program.axes if a in axes and a != kk)
+    rows = tuple(a for a in program.axes if a in expr.axes and a != kk)
     # A[m, k] with k contiguous, B[k, n] with n contiguous: the layouts tl.dot's operands load best
     buf_axes = (*rows, kk) if is_left else (*[a for a in rows if a != row], kk, row)
+    finals = {r: ir.StateRef(ir.RefKind.FINAL, r.name, r.ref_axes) for r in refs if r.kind is ir.RefKind.INLINE}
+    value = ir.substitute(expr, finals) if finals else expr
+    for spec in placed.values():
+        if spec.axes == buf_axes and spec.dtype == dtype and _stored(kernels, spec.name) == value:
+            return spec
     spec = BufferSpec(name, buf_axes, dtype, operand=True)
+    # a kernel with one program per tile of the operand's elements — the one that finalises what it
+    # reads (the logits GEMM for P = e^(z − m)), or any before the GEMM if it reads no reduction (a
+    # one-hot) — stores it from its epilogue, and a reduction's own value is not written for it
+    for j in ([first] if refs else range(ki - 1, -1, -1)):
+        host = kernels[j]
+        if (set(host.grid) == set(buf_axes) and host.chunks == 1
+                and not any(isinstance(ph, Combine) for ph in host.phases)):
+            host.epilogue.append(StorePlan(name, buf_axes, value, spec.dtype))
+            return spec
     store = StorePlan(name, buf_axes, expr, spec.dtype)
     for j in range(ki - 1, first - 1, -1):
         host = kernels[j]
@@ -107,3 +137,15 @@ def _place(kernels: list[KernelPlan], ki: int, kk: str, row: str, is_left: bool,
         if at >= ki:
             owner[r] = at + 1
     return spec
+
+
+def _stored(kernels: list[KernelPlan], name: str) -> ir.Node | None:
+    """The value a map pass or an epilogue of `kernels` stores into buffer `name` (its references to
+    reductions taken as final values)."""
+    for k in kernels:
+        for st in [*(st for p in k.passes() for st in p.stores), *k.epilogue]:
+            if st.target == name:
+                refs = {r: ir.StateRef(ir.RefKind.FINAL, r.name, r.ref_axes) for r in ir.walk(st.expr)
+                        if isinstance(r, ir.StateRef) and r.kind is ir.RefKind.INLINE}
+                return ir.substitute(st.expr, refs) if refs else st.expr
+    return None

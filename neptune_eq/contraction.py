@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .ir import Call, Const, Index, Load, Node
+from .masks import conjuncts
 
 _ZERO = Const(0.0)
 _ONE = Const(1.0)
@@ -60,47 +61,79 @@ def is_product(node: Node) -> bool:
 
 @dataclass(frozen=True)
 class GemmSides:
-    """A condition-free product body over loop axis k split like a GEMM's: the factors of the
-    [m, k] operand (left), of the [k, n] operand (right) and those over neither k (post: [m, n]
-    factors, applied to the result)."""
+    """A product body over loop axis k split like a GEMM's: the factors of the [m, k] operand (left),
+    of the [k, n] operand (right) and those over neither k (post: [m, n] factors, applied to the
+    result); with conditions, those each side's values are selected under (a condition over k and
+    m masks the left operand, over k and n the right, over neither k the result)."""
 
     m: str
     n: str
     left: tuple[Node, ...]
     right: tuple[Node, ...]
     post: tuple[Node, ...]
+    left_conds: tuple[Node, ...] = ()
+    right_conds: tuple[Node, ...] = ()
+    post_conds: tuple[Node, ...] = ()
 
 
-def gemm_sides(body: Node, k: str, grid, extents: dict[str, int]) -> GemmSides | None:
+def gemm_sides(body: Node, k: str, grid, extents: dict[str, int], conditions: bool = False) -> GemmSides | None:
     """`body`'s factors as the two operands of a tile GEMM over `k` into two of the `grid` axes of
     at least 16 (split as lower/contract.py's try_dot splits them: a factor over k and m goes left,
-    over k and n right, over k alone left; a per-row factor scales its operand), or None."""
+    over k and n right; a per-row factor scales its operand; a factor over k alone goes to an operand
+    that is computed anyway, so a loaded one stays as it is), or None. A body under conditions is
+    None unless `conditions`, then each condition goes with the side whose axes it is over."""
     parts = opened(body)
-    if parts.conditions:
+    if parts.conditions and not conditions:
         return None
     axes = [a for a in grid if extents[a] >= 16 and a in body.axes]
     for m in axes:
         for n in axes:
             if m == n:
                 continue
-            left, right, post = [], [], []
-            for f in parts.factors:
-                fa = set(f.axes)
-                if k in fa:
-                    side = left if n not in fa else right if m not in fa else None
-                elif m in fa and n not in fa:
-                    side = left
-                elif n in fa and m not in fa:
-                    side = right
-                else:
-                    side = post
-                if side is None:
-                    break
-                side.append(f)
-            else:
-                if any(k in f.axes and m in f.axes for f in left) and any(k in f.axes and n in f.axes for f in right):
-                    return GemmSides(m, n, tuple(left), tuple(right), tuple(post))
+            sides = _split(parts, k, m, n)
+            if sides is not None:
+                return sides
     return None
+
+
+def _side(f: Node, k: str, m: str, n: str) -> int | None:
+    """0 (left), 1 (right), 2 (post) or None (over both m and n and k) for a factor or condition."""
+    fa = set(f.axes)
+    if k in fa:
+        return 0 if n not in fa else 1 if m not in fa else None
+    return 0 if m in fa and n not in fa else 1 if n in fa and m not in fa else 2
+
+
+def _split(parts: Opened, k: str, m: str, n: str) -> GemmSides | None:
+    facs: list[list[Node]] = [[], [], []]
+    conds: list[list[Node]] = [[], [], []]
+    k_only: tuple[list[Node], list[Node]] = ([], [])  # factors, conditions over k alone
+    for into, kept, nodes in ((facs, k_only[0], parts.factors), (conds, k_only[1], parts.conditions)):
+        for f in nodes:
+            at = _side(f, k, m, n)
+            if at is None:
+                return None
+            (kept if set(f.axes) & {k, m, n} == {k} else into[at]).append(f)
+    if not (any(k in f.axes and m in f.axes for f in facs[0] + conds[0])
+            and any(k in f.axes and n in f.axes for f in facs[1] + conds[1])):
+        return None
+
+    def loaded(i: int) -> bool:  # an operand read as it is: one load at plain indices, unselected
+        return len(facs[i]) == 1 and not conds[i] and isinstance(facs[i][0], Load) \
+            and all(isinstance(x, Index) for x in facs[i][0].index)
+
+    to = 1 if loaded(0) and not loaded(1) else 0
+    facs[to][:0], conds[to][:0] = k_only
+    return GemmSides(m, n, tuple(facs[0]), tuple(facs[1]), tuple(facs[2]),
+                     tuple(conds[0]), tuple(conds[1]), tuple(conds[2]))
+
+
+def masked_body(core: Node, mask: Node | None) -> Node:
+    """A comp's body with its mask's conjuncts as zero-branch selections (Σ over the mask of x is
+    Σ of where(mask, x, 0)), so that `opened` sees them as conditions."""
+    for c in conjuncts(mask) if mask is not None else ():
+        core = Call("where", (c, core, _ZERO))
+    return core
 
 
 def plain_input(f: Node, inputs) -> bool:

@@ -180,10 +180,13 @@ def test_head_dim_128_backward_schedules_fit_shared_memory():
     launch failed on the H100): the default schedules drop to two stages."""
     xs = [torch.randn(1, 2, 512, 128, dtype=torch.float16) for _ in range(3)]
     back = backward_program(capture(_causal, *xs).program, saved=True)
-    alt = compile_ir(back.program).alternative
-    for k, s in zip(alt.plan.kernels, alt.schedules):
-        assert shared_bytes(k, back.program, alt.plan, s) <= SHARED_BUDGET, (k.name, s)
-    assert any(s.num_stages == 2 for s in alt.schedules)
+    prog = compile_ir(back.program)
+    # (at L = 512 the model may write the probabilities once for GEMMs of their own: those fit too)
+    flash = next(a for a in prog.alternatives if not any(b.operand for b in a.plan.buffers.values()))
+    for alt in (prog.alternative, flash):
+        for k, s in zip(alt.plan.kernels, alt.schedules):
+            assert shared_bytes(k, back.program, alt.plan, s) <= SHARED_BUDGET, (k.name, s)
+    assert any(s.num_stages == 2 for s in flash.schedules)
 
 
 def test_a_held_statistic_spares_the_stabilising_max():

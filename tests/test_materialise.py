@@ -106,3 +106,85 @@ def test_a_materialised_operand_is_read_through_a_tensor_descriptor(ln):
     assert mat in kernels[gemm].descriptors
     torch.testing.assert_close(prog.run(inputs)["o"], plain)
     assert float((plain.double() - _reference(inputs)).norm() / _reference(inputs).norm()) < 1e-2
+
+
+def _masked_gemm(m=40, n=56, k=48):
+    """o[j, d] = Σ_i [t_i ≠ −1]·e^(s[i, j] − μ_i)·h[i, d] − Σ_i [t_i = j]·h[i, d]: a softmax-like
+    operand and a one-hot, each under conditions (a cross-entropy's dW, with its ignored rows)."""
+    P = ne.program("masked_gemm")
+    i, j, d = P.axes(i=m, j=n, d=k)
+    s, mu = P.input("s", i, j, dtype="float32"), P.input("mu", i, dtype="float32")
+    t, h = P.input("t", i, dtype="int64"), P.input("h", i, d, dtype="bfloat16")
+    p = ne.where(t != -1, ne.exp(s - mu), 0.0)
+    P.output("o", ne.sum(p * h, i) - ne.sum(ne.where(t == j.index, h, 0.0), i), (j, d), dtype="float32")
+    return P.build()
+
+
+def _masked_inputs(program, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    m, n, k = (program.axes[a] for a in "ijd")
+    s = torch.randn(m, n, generator=g)
+    t = torch.randint(0, n, (m,), generator=g)
+    t[::5] = -1
+    s[5, 3] = 1000.0  # e^1000 = inf on an ignored row: the select must keep it out of every column
+    return {"s": s, "mu": torch.randn(m, generator=g), "t": t,
+            "h": torch.randn(m, k, generator=g).bfloat16()}
+
+
+def _masked_reference(x):
+    keep = (x["t"] != -1)[:, None]
+    p = torch.where(keep, torch.exp(x["s"].double() - x["mu"].double()[:, None]), 0.0)
+    onehot = (x["t"][:, None] == torch.arange(x["s"].shape[1])[None, :]).double()
+    return (p - onehot).T @ x["h"].double()
+
+
+def test_an_operand_under_conditions_is_written_with_them():
+    prog = compile_ir(_masked_gemm())
+    alts = _materialised(prog)
+    assert alts, [a.structure for a in prog.alternatives]
+    plan = alts[0].plan
+    stores = [st for k in plan.kernels for p in k.passes() for st in p.stores if st.target in plan.buffers
+              and plan.buffers[st.target].operand]
+    # each condition is stored with the operand it is over: masked lanes of the buffer hold 0
+    assert stores and all(any(isinstance(n, ir.Call) and n.op == "where" for n in ir.walk(st.expr)) for st in stores)
+    gemms = [c for k in plan.kernels for p in k.passes() for c in p.comps if c.op == "sum"]
+    assert all(not any(isinstance(n, ir.Call) and n.op == "exp" for n in ir.walk(c.core)) for c in gemms)
+    inputs = _masked_inputs(prog.program)
+    ref = _masked_reference(inputs)
+    for a in [*alts[:2], next(a for a in prog.alternatives if a not in alts)]:
+        out = prog.pin(a.id).run(inputs)["o"].double()
+        assert torch.isfinite(out).all(), a.structure
+        assert float((out - ref).norm() / ref.norm()) < 1e-2, a.structure
+
+
+def _gemm_fed_operand(m=40, n=56, k=48, e=24):
+    """o[j, d] = Σ_i [t_i ≠ −1]·e^(Σ_e x[i, e]·V[j, e] − μ_i)·h[i, d]: the operand reads a GEMM's
+    result (a cross-entropy's softmax of its logits)."""
+    P = ne.program("gemm_fed")
+    i, j, d, ee = P.axes(i=m, j=n, d=k, e=e)
+    x, V = P.input("x", i, ee, dtype="bfloat16"), P.input("V", j, ee, dtype="bfloat16")
+    mu, t, h = P.input("mu", i, dtype="float32"), P.input("t", i, dtype="int64"), P.input("h", i, d, dtype="bfloat16")
+    p = ne.where(t != -1, ne.exp(ne.sum(x * V, ee) - mu), 0.0)
+    P.output("o", ne.sum(p * h, i), (j, d), dtype="float32")
+    return P.build()
+
+
+def test_an_operand_of_a_gemm_result_is_written_by_that_gemm():
+    prog = compile_ir(_gemm_fed_operand())
+    alts = [a for a in _materialised(prog) if any(st.target in a.plan.buffers and a.plan.buffers[st.target].operand
+                                                  for k in a.plan.kernels for st in k.epilogue)]
+    assert alts, [a.structure for a in prog.alternatives]
+    plan = alts[0].plan
+    (writer,) = [k for k in plan.kernels if any(plan.buffers.get(st.target) is not None
+                                                and plan.buffers[st.target].operand for st in k.epilogue)]
+    assert set(writer.grid) == {"i", "j"} and any(p.axis == "e" for p in writer.passes())  # the logits GEMM
+    assert not any(b.startswith("buf_") for b in plan.buffers)  # the logits themselves are not written
+    g = torch.Generator().manual_seed(0)
+    x = {"x": torch.randn(40, 24, generator=g).bfloat16(), "V": torch.randn(56, 24, generator=g).bfloat16(),
+         "mu": torch.randn(40, generator=g), "t": torch.randint(0, 5, (40,), generator=g) - 1,
+         "h": torch.randn(40, 48, generator=g).bfloat16()}
+    s = x["x"].double() @ x["V"].double().T
+    ref = torch.where((x["t"] != -1)[:, None], torch.exp(s - x["mu"].double()[:, None]), 0.0).T @ x["h"].double()
+    for a in alts[:2]:
+        out = prog.pin(a.id).run(x)["o"].double()
+        assert float((out - ref).norm() / ref.norm()) < 1e-2, a.structure
