@@ -98,8 +98,9 @@ def _place(kernels: list[KernelPlan], ki: int, kk: str, row: str, is_left: bool,
            placed: dict[str, BufferSpec]) -> BufferSpec | None:
     """Store `expr` (the operand's value) into buffer `name` from a map pass over `kk` in a kernel
     before kernel `ki` (an earlier kernel over the same rows that loops over `kk`, else one inserted
-    for it); None when it cannot run before the GEMM. An operand already `placed` with the same value
-    and layout is read from its buffer (dH = P·W and dW = Pᵀ·h write P once)."""
+    for it, or the epilogue of a kernel with a program per tile of it); None when it cannot run
+    before the GEMM. An operand already `placed` with the same value, in either layout, is read from
+    its buffer (dH = P·W and dW = Pᵀ·h write P once)."""
     refs = [n for n in ir.walk(expr) if isinstance(n, ir.StateRef)]
     # (a reduction computed by a pass of its own: a final state, or a value the plan does not inline)
     if any(r.kind not in (ir.RefKind.FINAL, ir.RefKind.INLINE) or r.name not in owner for r in refs):
@@ -113,7 +114,8 @@ def _place(kernels: list[KernelPlan], ki: int, kk: str, row: str, is_left: bool,
     finals = {r: ir.StateRef(ir.RefKind.FINAL, r.name, r.ref_axes) for r in refs if r.kind is ir.RefKind.INLINE}
     value = ir.substitute(expr, finals) if finals else expr
     for spec in placed.values():
-        if spec.axes == buf_axes and spec.dtype == dtype and _stored(kernels, spec.name) == value:
+        # (in either layout: a tile dot reads a 16-bit operand transposed as well)
+        if set(spec.axes) == set(buf_axes) and spec.dtype == dtype and _stored(kernels, spec.name) == value:
             return spec
     spec = BufferSpec(name, buf_axes, dtype, operand=True)
     # a kernel with one program per tile of the operand's elements — the one that finalises what it

@@ -188,3 +188,26 @@ def test_an_operand_of_a_gemm_result_is_written_by_that_gemm():
     for a in alts[:2]:
         out = prog.pin(a.id).run(x)["o"].double()
         assert float((out - ref).norm() / ref.norm()) < 1e-2, a.structure
+
+
+def test_one_operand_read_by_two_gemms_is_written_once():
+    # a[i, d] = Σ_j p[i, j]·W[j, d] and b[e, j] = Σ_i h[i, e]·p[i, j]: the same p, in the same [i, j]
+    # layout for both (A[m, k] of the first, B[k, n] of the second), is one buffer
+    P = ne.program("two_gemms")
+    i, j, d, e = P.axes(i=40, j=56, d=32, e=24)
+    s, mu = P.input("s", i, j, dtype="float32"), P.input("mu", i, dtype="float32")
+    W, h = P.input("W", j, d, dtype="bfloat16"), P.input("h", i, e, dtype="bfloat16")
+    p = ne.where(s > 0.5, ne.exp(s - mu), 0.0)
+    P.output("a", ne.sum(p * W, j), (i, d), dtype="float32")
+    P.output("b", ne.sum(h * p, i), (e, j), dtype="float32")
+    prog = compile_ir(P.build())
+    alts = [a for a in _materialised(prog) if sum(b.operand for b in a.plan.buffers.values()) == 1
+            and len([c for k in a.plan.kernels for p in k.passes() for c in p.comps if c.op == "sum"]) == 2]
+    assert alts, [(a.structure, list(a.plan.buffers)) for a in _materialised(prog)]
+    g = torch.Generator().manual_seed(0)
+    x = {"s": torch.randn(40, 56, generator=g), "mu": torch.randn(40, generator=g),
+         "W": torch.randn(56, 32, generator=g).bfloat16(), "h": torch.randn(40, 24, generator=g).bfloat16()}
+    pr = torch.where(x["s"] > 0.5, torch.exp(x["s"].double() - x["mu"].double()[:, None]), 0.0)
+    out = prog.pin(alts[0].id).run(x)
+    for name, ref in (("a", pr @ x["W"].double()), ("b", x["h"].double().T @ pr)):
+        assert float((out[name].double() - ref).norm() / ref.norm()) < 1e-2, name
