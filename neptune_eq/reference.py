@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import ir
+from .contraction import opened
 from .ir import ProgramError
 from .ops import MONOIDS
 
@@ -109,6 +110,10 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
                 spec = "".join(letters[d] for d in a.dims) + "," + "".join(letters[d] for d in b.dims)
                 spec += "->" + "".join(letters[d] for d in out_dims)
                 return _Val(torch.einsum(spec, a.t.to(dtype), b.t.to(dtype)), out_dims)
+            if n.op == "sum":
+                got = selected_product(n)
+                if got is not None:
+                    return got
             v = go(body)
             k = v.dims.index(n.axis)
             t = v.t.to(dtype) if not v.t.is_floating_point() else v.t
@@ -122,6 +127,39 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
         if isinstance(n, ir.StateRef):
             raise ProgramError(f"cannot evaluate symbol '{n.key}' without a binding")
         raise TypeError(type(n))
+
+    def selected_product(n: ir.Reduce) -> _Val | None:
+        """Σ over n.axis of a product under conditions (Σ_i [t_i = j]·c_i·h[i, d], the gradient of a
+        gather) as one einsum of its factors and 0/1 conditions, each over its own axes: the body's
+        full [i, j, d] block would not fit. Exact only where every factor is finite (0·x is then 0,
+        as the select gives); otherwise None, and the body is evaluated whole."""
+        parts = opened(n.body)
+        if not parts.conditions:
+            return None
+        vals = [go(f) for f in parts.factors]
+        if not all(bool(torch.isfinite(v.t).all()) for v in vals if v.t.is_floating_point()):
+            return None
+        vals += [_Val(go(c).t.to(dtype), go(c).dims) for c in parts.conditions]
+        # an operand over a subset of another's axes is multiplied into it first, so that no pairwise
+        # step of the einsum holds more than its largest operand
+        merged = True
+        while merged and len(vals) > 2:
+            merged = False
+            for x in sorted(vals, key=lambda v: len(v.dims)):
+                into = next((y for y in vals if y is not x and set(x.dims) <= set(y.dims)), None)
+                if into is not None:
+                    vals = [v for v in vals if v is not x and v is not into]
+                    vals.append(_Val(into.t.to(dtype) * expand(_Val(x.t.to(dtype), x.dims), into.dims), into.dims))
+                    merged = True
+                    break
+        dims = canon(d for v in vals for d in v.dims)
+        if n.axis not in dims:
+            return None
+        out_dims = tuple(d for d in dims if d != n.axis)
+        letters = {d: chr(97 + k) for k, d in enumerate(dims)}
+        spec = ",".join("".join(letters[d] for d in v.dims) for v in vals)
+        spec += "->" + "".join(letters[d] for d in out_dims)
+        return _Val(torch.einsum(spec, *(v.t.to(dtype) for v in vals)), out_dims)
 
     def go_plain(t: torch.Tensor, axes: tuple[str, ...]) -> _Val:
         for k, a in enumerate(axes):

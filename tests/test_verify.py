@@ -140,3 +140,29 @@ def test_stress_sets_count_in_the_verdict():
 def test_unknown_set_is_an_error():
     with pytest.raises(NeptuneError, match="unknown input set"):
         V.verify(_torch_run(), small_softmax(), sets=("normal", "huge"))
+
+
+def test_a_sum_under_a_one_hot_is_evaluated_without_its_full_block():
+    # Σ_i [t_i = j]·c_i·h[i, d] (a gather's gradient): an einsum of its factors and conditions, exact
+    # where they are finite; a non-finite factor on a masked lane keeps the select's 0 (whole body)
+    from neptune_eq import ir
+    from neptune_eq.reference import evaluate
+
+    I, J, D = 37, 50, 23
+    t, c, h = ir.Load("t", (ir.Index("i"),)), ir.Load("c", (ir.Index("i"),)), ir.Load("h", (ir.Index("i"), ir.Index("d")))
+    body = ir.Call("where", (ir.Call("eq", (t, ir.Index("j"))), ir.Call("mul", (c, h)), ir.Const(0.0)))
+    prog = ir.Program("onehot", {"i": I, "j": J, "d": D},
+                      {"t": ir.TensorSpec("t", ("i",), "int64"), "c": ir.TensorSpec("c", ("i",)),
+                       "h": ir.TensorSpec("h", ("i", "d"))},
+                      [ir.Output("o", ("j", "d"), ir.Reduce("sum", "i", body))]).validate()
+    g = torch.Generator().manual_seed(0)
+    x = {"t": torch.randint(0, J, (I,), generator=g), "c": torch.randn(I, generator=g),
+         "h": torch.randn(I, D, generator=g)}
+    ref = torch.zeros(J, D, dtype=torch.float64).index_add_(0, x["t"], x["c"].double()[:, None] * x["h"].double())
+    torch.testing.assert_close(evaluate(prog, x)["o"], ref)
+    x["t"][3], x["c"][3] = -1, float("inf")  # matches no j: the select gives 0, never inf·0
+    ref = torch.zeros(J, D, dtype=torch.float64).index_add_(0, x["t"][x["t"] >= 0], (x["c"].double()[:, None]
+                                                                                     * x["h"].double())[x["t"] >= 0])
+    out = evaluate(prog, x)["o"]
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref)
