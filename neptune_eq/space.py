@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from . import ir
 from .plan import Combine, KernelPlan, Plan
-from .schedule import SHARED_BUDGET, KernelSchedule, inner_axes, next_pow2, shared_bytes
+from .schedule import SHARED_BUDGET, KernelSchedule, inner_axes, loop_loads, next_pow2, shared_bytes
 
 # the most elements of one loop tile a program keeps on chip: 64K 16-bit values are half the
 # registers of an SM (32 warps); whether a row of a given kernel fits is the cost model's
@@ -36,6 +36,7 @@ KLOOP_TILE = 64
 GEMM_TILES = ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
               (64, 64, 64, 4, 3))
 GEMM_GROUP = 8
+COLUMNS = 64  # a column-reading program's rows and loop tile: 64 fp32 values are 8 memory sectors
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,14 @@ def _batch_rows(k: KernelPlan, program: ir.Program, base: KernelSchedule) -> str
     row-wise reduction): the last such axis with more than one index."""
     cands = [a for a in k.grid if base.tiles.get(a, 1) == 1 and program.axes[a] > 1 and a not in base.steps]
     return cands[-1] if cands else None
+
+
+def _column_reads(k: KernelPlan, plan: Plan, rows: str) -> bool:
+    """Does a loop of `k` stream a tensor whose contiguous (last) axis is `rows`, the grid axis a
+    program takes one index of by default?"""
+    loops = {p.axis for p in k.passes()}
+    return any(isinstance(ld.index[-1], ir.Index) and ld.index[-1].axis == rows and ld.axes & loops
+               for ld in loop_loads(k, plan))
 
 
 def _warps(elements: int) -> int:
@@ -159,6 +168,13 @@ def _kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kerne
         if r <= next_pow2(program.axes[rows]):
             s = replace(base.with_tiles(**{rows: r}, **{a: n for a in loops}), num_warps=_warps(r * n))
             out.append(Variant(f"rows {r} × {n}", s))
+        if _column_reads(k, plan, rows):
+            # the rows are the contiguous axis of what the loop streams (a sum over the rows of x[i, d]
+            # into [d]: a norm weight's or a bias's gradient): a program takes enough of them for whole
+            # memory sectors, the loop a short tile
+            r = min(COLUMNS, next_pow2(program.axes[rows]))
+            s = replace(base.with_tiles(**{rows: r}, **{a: COLUMNS for a in loops}), num_warps=4, num_stages=3)
+            out.append(Variant(f"columns {r} × {COLUMNS}", s))
     if not inner_axes(k, plan) and loops and all(program.axes[a] >= 8192 for a in loops):
         s = replace(base.with_tiles(**{a: 2048 for a in loops}), num_warps=8)
         out.append(Variant("streamed 2048", s))

@@ -351,3 +351,25 @@ def test_a_backward_keeps_every_gemm_on_2d_tiles_at_h100_sizes():
     assert gemms and all(s.group > 1 for k, s in zip(best.plan.kernels, best.schedules) if k in gemms), best.kind
     # the [d] gradient is not recomputed in every column tile of a GEMM
     assert all(len(c.free) == len(k.grid) for k in gemms for p in k.passes() for c in p.comps), best.structure
+
+
+def _column_sum(m=300, n=72):
+    """Σ_i x[i, d]·g[i, d] into [d] (a norm weight's gradient): a loop down the columns of x."""
+    P = ne.program("column_sum")
+    i, d = P.axes(i=m, d=n)
+    x, g = P.input("x", i, d), P.input("g", i, d)
+    P.output("o", ne.sum(x * g, i), (d,))
+    return P.build()
+
+
+def test_a_column_sum_takes_whole_sectors_a_program():
+    # one or two columns a program read 4-8 bytes of each 32-byte sector: priced, and at H100 sizes
+    # the plan takes 64 columns a program
+    best = compile_program(_column_sum(4096, 8192), Options(device=H100)).best
+    assert "columns 64 × 64" in best.kind, best.kind
+    prog = compile_ir(_column_sum())
+    cols = _pick(prog, "columns")
+    g = torch.Generator().manual_seed(0)
+    x = {"x": torch.randn(300, 72, generator=g), "g": torch.randn(300, 72, generator=g)}
+    ref = (x["x"].double() * x["g"].double()).sum(0)
+    assert _rel(cols.run(x)["o"], ref) < 1e-6
