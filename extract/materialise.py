@@ -46,11 +46,15 @@ def _operand_dtype(other, program: ir.Program) -> str | None:
 
 
 def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
-                         owner: dict[str, int]) -> dict[str, BufferSpec] | None:
-    """Rewrite `kernels` in place so that every computed GEMM operand is stored by a map pass and
-    loaded by the contraction; the buffers added, or None when there is no such operand (or it
-    cannot be placed before its GEMM). `owner`: reduction name → the kernel that finalises it
-    (kept up to date as kernels are inserted)."""
+                         owner: dict[str, int], epilogues: bool = False) -> dict[str, BufferSpec] | None:
+    """Rewrite `kernels` in place so that every computed GEMM operand is stored once and loaded by
+    the contraction; the buffers added, or None when there is no such operand (or it cannot be placed
+    before its GEMM). `owner`: reduction name → the kernel that finalises it (kept up to date as
+    kernels are inserted). An operand that reads a GEMM's result is stored by that GEMM's epilogue;
+    one that reads no reduction by a map pass, or with `epilogues` by the epilogue of an earlier
+    kernel over its axes (both are offered: a GEMM's epilogue writing RMSNorm's x̂ made it choose
+    128×128 tiles and run 0.3 ms slower on the H200, where linear CE's one-hot written by a map pass
+    is a kernel of strided stores)."""
     added: dict[str, BufferSpec] = {}
     ki = 0
     while ki < len(kernels):
@@ -76,7 +80,7 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                         kept += conds
                         continue
                     spec = _place(kernels, ki, ps.axis, row, is_left, _product(factors, conds), program, owner,
-                                  dtype, f"mat_{c.name}_{row}", added)
+                                  dtype, f"mat_{c.name}_{row}", added, epilogues)
                     if spec is None:
                         return None
                     ki = next(i for i, x in enumerate(kernels) if x is k)
@@ -95,7 +99,7 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
 
 def _place(kernels: list[KernelPlan], ki: int, kk: str, row: str, is_left: bool, expr: ir.Node,
            program: ir.Program, owner: dict[str, int], dtype: str, name: str,
-           placed: dict[str, BufferSpec]) -> BufferSpec | None:
+           placed: dict[str, BufferSpec], epilogues: bool = False) -> BufferSpec | None:
     """Store `expr` (the operand's value) into buffer `name` from a map pass over `kk` in a kernel
     before kernel `ki` (an earlier kernel over the same rows that loops over `kk`, else one inserted
     for it, or the epilogue of a kernel with a program per tile of it); None when it cannot run
@@ -119,9 +123,9 @@ def _place(kernels: list[KernelPlan], ki: int, kk: str, row: str, is_left: bool,
             return spec
     spec = BufferSpec(name, buf_axes, dtype, operand=True)
     # a kernel with one program per tile of the operand's elements — the one that finalises what it
-    # reads (the logits GEMM for P = e^(z − m)), or any before the GEMM if it reads no reduction (a
-    # one-hot) — stores it from its epilogue, and a reduction's own value is not written for it
-    for j in ([first] if refs else range(ki - 1, -1, -1)):
+    # reads (the logits GEMM for P = e^(z − m)), or with `epilogues` any before the GEMM if it reads
+    # no reduction (a one-hot) — stores it from its epilogue; a reduction's own value is not written
+    for j in ([first] if refs else range(ki - 1, -1, -1) if epilogues else ()):
         host = kernels[j]
         if (set(host.grid) == set(buf_axes) and host.chunks == 1
                 and not any(isinstance(ph, Combine) for ph in host.phases)):

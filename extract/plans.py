@@ -144,11 +144,14 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
             for splits in itertools.product(*split_choices):
                 if sum(s > 1 for s in splits) > 1:
                     continue  # at most one split pass per plan keeps the space small
-                for fused, materialise in itertools.product((True, False), (False, True)):
+                # (operands not written; written, by map passes where they read no reduction; written,
+                # by an earlier kernel's epilogue where they can)
+                for fused, (materialise, epilogues) in itertools.product(
+                        (True, False), ((False, False), (True, False), (True, True))):
                     if any(idx in space.bad_loops for idx, _ in cover):
                         continue
                     try:
-                        plan = build_plan(space, inline, cover, splits, fused, materialise)
+                        plan = build_plan(space, inline, cover, splits, fused, materialise, epilogues)
                     except LoopTermError as e:  # a correction the (budget-cut) e-graph cannot give
                         space.bad_loops.add(e.loop)
                         space.dropped.append(e.why)
@@ -214,10 +217,10 @@ def _program_order(program: ir.Program, axes) -> tuple[str, ...]:
 
 
 def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
-               materialise: bool = False) -> Plan | None:
+               materialise: bool = False, epilogues: bool = False) -> Plan | None:
     """The plan of one cover: `fused` merges consecutive compatible passes into one kernel;
     `materialise` writes each computed GEMM operand once (extract/materialise.py), None when the plan
-    has none."""
+    has none; `epilogues` lets an earlier kernel's epilogue write an operand that reads no reduction."""
     program, by_name = space.program, space.by_name
     order = _topo(cover, by_name, program.axes)
     if order is None:
@@ -315,7 +318,7 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
     floats = compute_dtype(program)
     buffers: dict[str, BufferSpec] = {}
     if materialise:
-        mats = materialise_operands(kernels, program, owner_kernel)
+        mats = materialise_operands(kernels, program, owner_kernel, epilogues)
         if mats is None:
             return None
         buffers.update(mats)

@@ -211,3 +211,38 @@ def test_one_operand_read_by_two_gemms_is_written_once():
     out = prog.pin(alts[0].id).run(x)
     for name, ref in (("a", pr @ x["W"].double()), ("b", x["h"].double().T @ pr)):
         assert float((out[name].double() - ref).norm() / ref.norm()) < 1e-2, name
+
+
+def test_an_operand_of_inputs_alone_is_offered_from_an_epilogue_and_from_a_map_pass():
+    # y[i, d] = Σ_e g[i, e]·W[d, e] and z[d, f] = Σ_i x[i, d]·r[i]·h[i, f] (RMSNorm's backward: dY·Wᵀ,
+    # then x̂ᵀ·dY): x̂ = x·r reads no reduction, so y's GEMM may write it from its epilogue, or a map
+    # pass may; both plans are offered (the model ranks them) and both match float64
+    P = ne.program("two_stage")
+    i, d, e, f = P.axes(i=40, d=48, e=24, f=64)  # (z the larger: y's GEMM runs first)
+    g, W = P.input("g", i, e, dtype="bfloat16"), P.input("W", d, e, dtype="bfloat16")
+    x, r = P.input("x", i, d, dtype="bfloat16"), P.input("r", i, dtype="float32")
+    h = P.input("h", i, f, dtype="bfloat16")
+    P.output("y", ne.sum(g * W, e), (i, d), dtype="float32")
+    P.output("z", ne.sum(x * r * h, i), (d, f), dtype="float32")
+    prog = compile_ir(P.build())
+
+    def written_by(a):
+        (buf,) = [n for n, b in a.plan.buffers.items() if b.operand]
+        return {"epilogue" if any(st.target == buf for st in k.epilogue) else "map"
+                for k in a.plan.kernels for st in [*k.epilogue, *(s for p in k.passes() for s in p.stores)]
+                if st.target == buf}
+
+    kinds = {}
+    for a in _materialised(prog):
+        kinds.setdefault(frozenset(written_by(a)), a)
+    assert {frozenset({"epilogue"}), frozenset({"map"})} <= set(kinds), [a.structure for a in _materialised(prog)]
+    gen = torch.Generator().manual_seed(0)
+    xs = {"g": torch.randn(40, 24, generator=gen).bfloat16(), "W": torch.randn(48, 24, generator=gen).bfloat16(),
+          "x": torch.randn(40, 48, generator=gen).bfloat16(), "r": torch.rand(40, generator=gen) + 0.5,
+          "h": torch.randn(40, 64, generator=gen).bfloat16()}
+    dbl = {k: v.double() for k, v in xs.items()}
+    refs = {"y": dbl["g"] @ dbl["W"].T, "z": (dbl["x"] * dbl["r"][:, None]).T @ dbl["h"]}
+    for a in kinds.values():
+        out = prog.pin(a.id).run(xs)
+        for name, ref in refs.items():
+            assert float((out[name].double() - ref).norm() / ref.norm()) < 1e-2, (a.structure, name)

@@ -149,7 +149,8 @@ def test_a_sum_under_a_one_hot_is_evaluated_without_its_full_block():
     from neptune_eq.reference import evaluate
 
     I, J, D = 37, 50, 23
-    t, c, h = ir.Load("t", (ir.Index("i"),)), ir.Load("c", (ir.Index("i"),)), ir.Load("h", (ir.Index("i"), ir.Index("d")))
+    t, c = ir.Load("t", (ir.Index("i"),)), ir.Load("c", (ir.Index("i"),))
+    h = ir.Load("h", (ir.Index("i"), ir.Index("d")))
     body = ir.Call("where", (ir.Call("eq", (t, ir.Index("j"))), ir.Call("mul", (c, h)), ir.Const(0.0)))
     prog = ir.Program("onehot", {"i": I, "j": J, "d": D},
                       {"t": ir.TensorSpec("t", ("i",), "int64"), "c": ir.TensorSpec("c", ("i",)),
