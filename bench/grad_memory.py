@@ -6,7 +6,11 @@ triton.testing.do_bench) and its peak memory measured (torch.cuda.max_memory_all
 less what was allocated before it, over its first two steps: buffers kept between calls count), all in
 one process.
 
-    python bench/grad_memory.py [--only linear_ce rmsnorm_mm] [--out results.json]
+    python bench/grad_memory.py [--only linear_ce rmsnorm_mm] [--out results.json] [--profile]
+
+--profile adds, per implementation, the CUDA kernels of one step by total time (torch.profiler);
+--tune runs neptune_eq's prog.tune() (plans, then tiles, warps and stages of the training forward and
+backward kernels) before timing.
 """
 
 from __future__ import annotations
@@ -77,10 +81,27 @@ def rel(a, b):
     return ((a.double() - b).norm() / b.norm()).item()
 
 
+def _profile(step, top: int = 12) -> None:
+    """The CUDA kernels of one warm step, by total time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    rows.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in rows)
+    print(f"    kernels: {total / 1e3:.2f} ms in all", flush=True)
+    for e in rows[:top]:
+        print(f"    {e.device_time_total / 1e3:9.3f} ms  x{e.count:<3d} {e.key[:110]}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*", default=list(CASES))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--tune", action="store_true")
     args = ap.parse_args()
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -100,6 +121,10 @@ def main():
         t0 = time.time()
         prog = neptune_eq.compile(fn, *xs)
         print(f"{name}: neptune_eq forward compiled in {time.time() - t0:.1f} s", flush=True)
+        if args.tune:
+            t1 = time.time()
+            prog.tune(*[x.detach().clone().requires_grad_() if k in diff else x for k, x in enumerate(xs)])
+            print(f"{name}: neptune_eq tuned in {time.time() - t1:.0f} s", flush=True)
         peers = {"neptune_eq": prog, "eager": fn, "compile": torch.compile(fn)}
         try:
             peers["liger"] = _liger(name)
@@ -114,23 +139,29 @@ def main():
                         leaves[k].grad = None
                     f(*leaves).backward(dy)
 
-                # peak over the first two steps beyond what was allocated before them: a buffer an
-                # implementation keeps between calls counts too
+                # peak of a warm step above what was allocated before it, plus what the implementation
+                # kept from its first calls (a buffer kept between calls counts too; memory the first
+                # calls freed, such as a tuner's, does not make it negative)
                 torch.cuda.synchronize()
                 base = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
                 step()
                 err = max(rel(leaves[k].grad, r) for k, r in zip(diff, ref))
                 first = time.time() - t0
                 step()
                 torch.cuda.synchronize()
-                peak = torch.cuda.max_memory_allocated() - base
+                warm = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                step()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() - warm + max(0, warm - base)
                 ms = triton.testing.do_bench(step, warmup=5, rep=200, return_mode="median")
                 row = {"case": name, "impl": label, "ms": ms, "peak_GiB": peak / 2**30, "grad_rel_err": err}
                 rows.append(row)
                 extra = f" (first calls incl. compile {first:.0f} s)" if label == "neptune_eq" else ""
                 print(f"{name} {label}: fwd+bwd {ms:.2f} ms, peak +{peak / 2**30:.2f} GiB, grad rel err "
                       f"{err:.1e}{extra}", flush=True)
+                if args.profile:
+                    _profile(step)
                 for k in diff:
                     leaves[k].grad = None
             except Exception as e:  # one peer failing does not stop the others
