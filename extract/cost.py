@@ -304,6 +304,10 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
         if isinstance(ph, Pass):
             for st in ph.stores:
                 out_bytes[st.target] = _footprint(program, plan, st.target, st.axes, k)
+    # what a pass writes streams through L2 while the wave still reads; an epilogue writes after the
+    # loop, when its own reads are done (a GEMM that also writes x̂ from its epilogue was priced as
+    # thrashing L2 at 128×256 tiles and took 128×128: 1.10 ms where 128×256 ran 0.84 on the H100)
+    streamed_out = sum(out_bytes.values())
     for st in k.epilogue:
         out_bytes[st.target] = _footprint(program, plan, st.target, st.axes, k)
     stored = sum(out_bytes.values())
@@ -311,7 +315,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     occ, spill = on_chip(k, sched, program, plan, bool(c.tc))
     slots = dev.sms * occ
     hbm = _hbm_reads(c.loaded, program, plan, k, sched, programs, slots, dev, loop_iters,
-                     stored / max(1, programs), c.sectors) + stored
+                     streamed_out / max(1, programs), c.sectors) + stored
     t_mem = hbm / dev.hbm_bytes_per_s
     t_tc = c.tc * programs / (dev.tensor_flops * _mma_efficiency(k, sched, program, plan))
     t_alu = c.alu * programs / dev.fma_per_s * spill
