@@ -49,3 +49,41 @@ def test_masked_tiles_counted_like_the_kernel_skips_them():
         i_lo, i_hi, j_lo, j_hi = ti * R, min(n, ti * R + R) - 1, tj * T, min(n, tj * T + T) - 1
         brute += j_lo - i_hi <= 0 and i_lo - j_hi - 100 <= 0
     assert got == brute / rows < expect / rows
+
+
+def test_what_an_epilogue_writes_does_not_crowd_the_wave_out_of_l2():
+    # a GEMM that also writes an operand from its epilogue (RMSNorm's x̂ by dY·Wᵀ) reads as much from
+    # HBM as without that store: the epilogue writes after the loop's reads. Counted as live during
+    # them, it had priced 128×256 tiles as thrashing L2 (1.10 ms at 128×128 where 128×256 ran 0.84)
+    from dataclasses import replace as dc_replace
+
+    from neptune_eq.extract.cost import kernel_cost
+
+    from neptune_eq import dsl as ne
+    from neptune_eq.grad import backward_program
+    from neptune_eq.space import kernel_variants
+
+    m, k_, n = 4096, 8192, 8192
+    P = ne.program("rms_matmul_bf16")
+    i, d, e = P.axes(i=m, d=k_, e=n)
+    x, w, W = (P.input("x", i, d, dtype="bfloat16"), P.input("w", d, dtype="bfloat16"),
+               P.input("W", d, e, dtype="bfloat16"))
+    r = ne.rsqrt(ne.sum(x * x, d) * (1.0 / k_) + 1e-6)
+    P.output("o", ne.sum(x * r * w * W, d), (i, e), dtype="bfloat16")
+    back = backward_program(P.build(), saved=True).program
+    c = compile_program(back, Options(device=H100))
+
+    def written(a, kernel):
+        return [st for st in kernel.epilogue if a.plan.buffers.get(st.target) is not None
+                and a.plan.buffers[st.target].operand]
+
+    writer = next(a for a in c.alternatives if any(written(a, kk) for kk in a.plan.kernels))
+    ki, kern = next((j, kk) for j, kk in enumerate(writer.plan.kernels) if written(writer, kk))
+    bare = dc_replace(kern, epilogue=[st for st in kern.epilogue if st not in written(writer, kern)])
+    wide = next(v.schedule for v in kernel_variants(kern, writer.plan, back, writer.schedules[ki])
+                if "128×256" in v.kind)
+    with_store = kernel_cost(writer.plan, kern, back, wide, H100)
+    without = kernel_cost(writer.plan, bare, back, wide, H100)
+    # x̂ written (bf16) and x read for it: nothing more (the L2 penalty had added over 1 GB)
+    extra = with_store.hbm_bytes - without.hbm_bytes
+    assert 1.9 * m * k_ * 2 < extra < 2.1 * m * k_ * 2, (with_store, without)
