@@ -10,10 +10,7 @@ by their own time. GPU only.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -21,6 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from beyond.programs import linear_ce, rmsnorm_matmul
+from host_profile import host_us, profile_calls
 
 import neptune_eq
 
@@ -36,18 +34,6 @@ def _small(name: str, g: torch.Generator):
     W = torch.randn(1024, 256, generator=g, device="cuda").bfloat16()
     t = torch.randint(0, 1024, (64,), generator=g, device="cuda")
     return linear_ce, (h, W, t), (0, 1)
-
-
-def host_us(step, steps: int) -> float:
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    host = (time.perf_counter() - t0) / steps
-    torch.cuda.synchronize()
-    return host * 1e6
 
 
 def main():
@@ -66,16 +52,11 @@ def main():
                     leaves[k].grad = None
                 f(*leaves).sum().backward()
 
+            for _ in range(5):  # the first calls compile
+                step()
             print(f"{name} {label}: {host_us(step, args.steps):.0f} µs host per fwd+bwd step", flush=True)
             if label == "neptune_eq":
-                prof = cProfile.Profile()
-                prof.enable()
-                for _ in range(args.steps):
-                    step()
-                prof.disable()
-                torch.cuda.synchronize()
-                stats = pstats.Stats(prof)
-                stats.sort_stats("tottime").print_stats(25)
+                profile_calls(step, args.steps, 25)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,17 @@ def host_us(thunk, calls: int) -> float:
     return dt / calls * 1e6
 
 
+def profile_calls(thunk, calls: int, top: int) -> None:
+    """cProfile of `calls` calls of `thunk`, the functions by their own time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        thunk()
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("op")
@@ -62,13 +73,7 @@ def main(argv=None) -> int:
         thunk()
         print(f"{case.label} {name}: host {host_us(thunk, args.calls):.1f} µs/call")
     path = rows[f"neptune_eq ({args.profile}{' path' if args.profile == 'checked' else ''})"]
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(args.calls):
-        path()
-    prof.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+    profile_calls(path, args.calls, args.top)
     return 0
 
 

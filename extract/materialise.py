@@ -115,8 +115,7 @@ def _place(kernels: list[KernelPlan], ki: int, kk: str, row: str, is_left: bool,
     rows = tuple(a for a in program.axes if a in expr.axes and a != kk)
     # A[m, k] with k contiguous, B[k, n] with n contiguous: the layouts tl.dot's operands load best
     buf_axes = (*rows, kk) if is_left else (*[a for a in rows if a != row], kk, row)
-    finals = {r: ir.StateRef(ir.RefKind.FINAL, r.name, r.ref_axes) for r in refs if r.kind is ir.RefKind.INLINE}
-    value = ir.substitute(expr, finals) if finals else expr
+    value = _as_final(expr)
     for spec in placed.values():
         # (in either layout: a tile dot reads a 16-bit operand transposed as well)
         if set(spec.axes) == set(buf_axes) and spec.dtype == dtype and _stored(kernels, spec.name) == value:
@@ -151,7 +150,13 @@ def _stored(kernels: list[KernelPlan], name: str) -> ir.Node | None:
     for k in kernels:
         for st in [*(st for p in k.passes() for st in p.stores), *k.epilogue]:
             if st.target == name:
-                refs = {r: ir.StateRef(ir.RefKind.FINAL, r.name, r.ref_axes) for r in ir.walk(st.expr)
-                        if isinstance(r, ir.StateRef) and r.kind is ir.RefKind.INLINE}
-                return ir.substitute(st.expr, refs) if refs else st.expr
+                return _as_final(st.expr)
     return None
+
+
+def _as_final(expr: ir.Node) -> ir.Node:
+    """`expr` with its references to reductions' values taken as their final states (what the
+    epilogue of the kernel computing them reads)."""
+    refs = {r: ir.StateRef(ir.RefKind.FINAL, r.name, r.ref_axes) for r in ir.walk(expr)
+            if isinstance(r, ir.StateRef) and r.kind is ir.RefKind.INLINE}
+    return ir.substitute(expr, refs) if refs else expr

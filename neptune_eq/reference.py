@@ -139,7 +139,7 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
         vals = [go(f) for f in parts.factors]
         if not all(bool(torch.isfinite(v.t).all()) for v in vals if v.t.is_floating_point()):
             return None
-        vals += [_Val(go(c).t.to(dtype), go(c).dims) for c in parts.conditions]
+        vals += [_Val(v.t.to(dtype), v.dims) for v in map(go, parts.conditions)]
         # an operand over a subset of another's axes is multiplied into it first, so that no pairwise
         # step of the einsum holds more than its largest operand
         merged = True
