@@ -165,3 +165,21 @@ def test_a_changed_global_captures_the_dynamic_function_again():
     _close(prog(x), f(x.double()))
     with pytest.raises(NeptuneError, match="expected True or a dict"):
         neptune_eq.compile(f, x, dynamic="yes")
+
+
+def test_an_index_that_reads_a_whole_table_only_at_its_length_keeps_that_axis_static():
+    """idx[:, j % 4] reaches every column of idx when j has 4 or more values: checked as the whole
+    table there. Below 4 it would not, so j cannot be dynamic (the check of a whole table would
+    refuse entries the call never reads)."""
+    def f(x, idx, y):
+        j = torch.arange(y.shape[1])
+        return (x[idx[:, j % 4]] * y).sum(1)
+
+    x, idx, y = torch.randn(10), torch.randint(0, 10, (3, 4)), torch.randn(3, 8)
+    with pytest.raises(NotDynamic, match=r"dimension 1 of argument 'y'.*an index check depends on it"):
+        neptune_eq.compile(f, x, idx, y, dynamic={2: [1]})
+    prog = neptune_eq.compile(f, x, idx, y, dynamic={1: [0], 2: [0]})  # the rows may change
+    for n in (2, 5):
+        idx, y = torch.randint(0, 10, (n, 4)), torch.randn(n, 8)
+        _close(prog(x, idx, y), f(x.double(), idx, y.double()))
+    assert prog.stats()["signatures"] == 0

@@ -171,3 +171,41 @@ def test_paged_decode_split_k_bounds_each_request():
     assert "dlo0" in split.source
     out = split.run({"q": q, "k_cache": kc, "v_cache": vc, "block_table": table, "lens": lens})
     assert err(out["out0"], paged_ref(q, kc, vc, table, lens)) < 1e-5
+
+
+def test_the_page_table_is_range_checked_as_a_whole_tensor():
+    """`block_table[b, j // P]` reads every entry of the table: its check reads the table's values
+    (one per page), not a gathered value per key, and still refuses an entry out of range, as eager's
+    indexing does (even in a request's unused spare page, which eager reads too)."""
+    from neptune_eq.frontend.checks import IndexOutOfRange
+
+    q, kc, vc, table, lens = paged([5, 19], 4)
+    cap = capture(paged_decode, q, kc, vc, table, lens)
+    (check,) = [c for c in cap.index_checks if c.index.tensor == "block_table"]
+    assert check.program is None
+    prog = ne.compile(paged_decode, q, kc, vc, table, lens)
+    bad = table.clone()
+    bad[1, -1] = kc.shape[0]
+    with pytest.raises(IndexOutOfRange, match=rf"index {kc.shape[0]} is out of range"):
+        prog(q, kc, vc, bad, lens)
+
+
+def test_a_page_table_read_in_part_is_checked_on_the_entries_read():
+    """Keys that stop a page short of the table's columns never read its last column: an entry
+    out of range there is no error (eager reads only the entries it gathers)."""
+    def first_pages(q, k_cache, v_cache, block_table, lens):
+        P = k_cache.shape[1]
+        j = torch.arange((block_table.shape[1] - 1) * P)
+        page = block_table[:, j // P]
+        k, v = k_cache[page, j % P], v_cache[page, j % P]
+        s = torch.einsum("bhd,bshd->bhs", q, k).masked_fill(j >= lens[:, None, None], float("-inf"))
+        return torch.einsum("bhs,bshd->bhd", torch.softmax(s, -1), v)
+
+    q, kc, vc, table, lens = paged([5, 7], 4, heads=(2, 2))
+    cap = capture(first_pages, q, kc, vc, table, lens)
+    assert all(c.program is not None for c in cap.index_checks if "block_table" in str(c.index))
+    prog = ne.compile(first_pages, q, kc, vc, table, lens)
+    spare = table.clone()
+    spare[:, -1] = kc.shape[0] + 5  # never read
+    ref = first_pages(q.double(), kc.double(), vc.double(), spare, lens)
+    assert err(prog(q, kc, vc, spare, lens), ref) < 1e-5

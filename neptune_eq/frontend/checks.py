@@ -110,10 +110,48 @@ def analyse(check: IndexCheck, extents: dict[str, int], dtypes: dict[str, str]) 
 
 
 def index_program(index: ir.Node, program_axes: dict[str, int], specs: dict[str, ir.TensorSpec]) -> ir.Program | None:
-    """None where `index` is a whole input tensor read at distinct axes (its values are the
-    tensor's); else a program holding the axes and inputs `index` reads, to evaluate it."""
+    """None where the values of `index` are those of a whole input tensor: read at distinct axes,
+    or at any index that reaches every element of it (`reads_whole`: a paged cache's
+    `block_table[b, j // P]`, checked as the table, not as one gathered value per key); else a
+    program holding the axes and inputs `index` reads, to evaluate it."""
     if (isinstance(index, ir.Load) and all(isinstance(e, ir.Index) for e in index.index)
             and len({e.axis for e in index.index}) == len(index.index)):
         return None
+    if isinstance(index, ir.Load) and reads_whole(index, program_axes, specs[index.tensor]):
+        return None
     loads = {n.tensor for n in ir.walk(index) if isinstance(n, ir.Load)}
     return ir.Program("index", dict(program_axes), {n: specs[n] for n in loads}, [])
+
+
+MAX_COVER_CHECK = 1 << 24  # index values evaluated at capture to prove a read reaches a whole tensor
+
+
+def reads_whole(load: ir.Load, program_axes: dict[str, int], spec: ir.TensorSpec) -> bool:
+    """Does `load` read every element of its tensor over the program's axes (so a range check of
+    the tensor's own values checks exactly the values the program reads, as eager's gather does)?
+    Each dimension's index reads no tensor and depends on at most one axis, a different one per
+    dimension, and takes every value of [0, size) over that axis's extent, evaluated here (so it
+    holds at these extents only: a dynamic axis it depends on stays static, see frontend/dynamic)."""
+    seen: set[str] = set()
+    for e, a in zip(load.index, spec.axes):
+        nodes = list(ir.walk(e))
+        used = {n.axis for n in nodes if isinstance(n, ir.Index)}
+        if any(isinstance(n, ir.Load) for n in nodes) or len(used) > 1 or used & seen:
+            return False
+        seen |= used
+        if any(program_axes[u] > MAX_COVER_CHECK for u in used):
+            return False
+        program = ir.Program("index", {u: program_axes[u] for u in used}, {}, [])
+        values = evaluate(program, {}, nodes=[e])["0"].flatten().to(torch.float64)  # (the evaluator's dtype)
+        if not torch.equal(torch.unique(values), torch.arange(program_axes[a], dtype=torch.float64)):
+            return False
+    return True
+
+
+def composed(check: IndexCheck) -> set[str]:
+    """The axes a check's index reads through an expression (not a bare axis): its values are its
+    tensor's only at the extents it was captured at (`reads_whole`)."""
+    if check.program is not None or not isinstance(check.index, ir.Load):
+        return set()
+    return {n.axis for e in check.index.index if not isinstance(e, ir.Index)
+            for n in ir.walk(e) if isinstance(n, ir.Index)}

@@ -37,7 +37,7 @@ import torch
 from .. import ir
 from ..ir import NeptuneError
 from .capture import ArgBinding, Captured, capture
-from .checks import run_checks
+from .checks import composed, run_checks
 from .compiled import bind_after, call_layout
 from .guards import same_value
 
@@ -229,7 +229,7 @@ def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps) -> str 
         return "the function reshapes an argument by its length"
     key = [(c.op, str(c.index), c.size, c.wraps, c.ignore) for c in c0.index_checks]
     if key != [(c.op, str(c.index), c.size, c.wraps, c.ignore) for c in c1.index_checks] or any(
-            c.program is not None and set(moved) & set(c.program.axes) for c in c0.index_checks):
+            set(moved) & (set(c.program.axes) if c.program is not None else composed(c)) for c in c0.index_checks):
         return "an index check depends on it (a gather or index along it)"
     if (c0.structure, c0.mutations, c0.output_dtypes) != (c1.structure, c1.mutations, c1.output_dtypes):
         return "what the function returns depends on it"
