@@ -40,6 +40,25 @@ def _host_us(fn, args) -> float:
     return (t1 - t0) * 1e6
 
 
+def _kernel_us(fn, args, reps: int = 30) -> float:
+    """Device µs per call of the generated kernels (named nq_*), from the profiler, with L2 flushed
+    before each call: what the GPU spends, apart from how fast the host issues it (decode calls
+    are host-bound under do_bench)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    fn(*args)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.zero_()
+            fn(*args)
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return sum(e.device_time_total for e in prof.key_averages()
+               if e.device_type == cuda and e.key.startswith("nq_")) / reps
+
+
 def measure(op: str, L: int) -> dict:
     import triton.testing as tt
     from cases import TOLERANCE, Case, reference, rel_err_rows
@@ -67,10 +86,12 @@ def measure(op: str, L: int) -> dict:
             row[f"{name}_ms"] = None
             continue
         row[f"{name}_ms"] = tt.do_bench(lambda p=prog: p(*xs), warmup=25, rep=200, return_mode="median")
+        row[f"{name}_kernel_us"] = _kernel_us(prog, xs)
         row[f"{name}_plan"] = (dyn.family.program_for(dyn.family.serves(xs)) if name == "dynamic" and dyn.family
                                else prog.program).alternative.structure
     if row.get("dynamic_ms") and row.get("static_ms"):
         row["dynamic_over_static"] = row["dynamic_ms"] / row["static_ms"]
+        row["dynamic_over_static_kernels"] = row["dynamic_kernel_us"] / row["static_kernel_us"]
     return row
 
 
@@ -95,6 +116,48 @@ def profile(op: str, L: int, calls: int = 300) -> None:
     pstats.Stats(pr).sort_stats("tottime").print_stats(18)
 
 
+def new_lengths(op: str, L: int, count: int = 40, profile_calls: bool = True) -> dict:
+    """Host µs of the first, second and third call at `count` lengths never called before (all in
+    the bucket of L − 7, where the function was compiled and warmed), medians; then cProfile over
+    the first calls of `count` more lengths."""
+    import cProfile
+    import io
+    import pstats
+
+    from cases import Case
+
+    from neptune_eq.frontend.dynamic import bucket
+
+    dyn, _ = _compile(op, L)
+    for _ in range(3):
+        dyn(*Case(op, L - OFFSET).inputs("cuda"))
+    lengths = [n for n in range(L, L + 4 * count) if bucket(n) == bucket(L - OFFSET)][: 2 * count]
+    xs = [Case(op, n).inputs("cuda") for n in lengths]
+    before = dyn.stats()
+    calls = [[_host_us(dyn, x) for _ in range(3)] for x in xs[:count]]
+    after = dyn.stats()
+    row = {"op": op, "L": L, "lengths": [lengths[0], lengths[count - 1]], "count": count,
+           "recompiled": {k: after[k] - before[k] for k in ("captures", "compiles", "cache_hits")}}
+    for k, name in enumerate(("first", "second", "third")):
+        us = sorted(c[k] for c in calls)
+        row[f"host_us_{name}_call"] = us[count // 2]
+        row[f"host_us_{name}_call_p90_max"] = [us[int(0.9 * (count - 1))], us[-1]]
+    row["host_us_first_call_beyond_third"] = sorted(c[0] - c[2] for c in calls)[count // 2]
+    if profile_calls:
+        pr = cProfile.Profile()
+        torch.cuda.synchronize()
+        pr.enable()
+        for x in xs[count:]:
+            dyn(*x)
+        pr.disable()
+        torch.cuda.synchronize()
+        out = io.StringIO()
+        pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(25)
+        row["profile_first_calls"] = out.getvalue()
+        print(out.getvalue())
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", nargs="+", required=True)
@@ -103,7 +166,17 @@ def main():
     ap.add_argument("--warm", action="store_true", help="compile every case in parallel processes, then exit")
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help="cProfile dynamic calls of the first op and length")
+    ap.add_argument("--new-lengths", type=int, default=0, help="host µs of first calls at this many new lengths")
     args = ap.parse_args()
+    if args.new_lengths:
+        import json
+
+        rows = [new_lengths(op, L, args.new_lengths) for op in args.ops for L in args.L]
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "rows": rows},
+                          f, indent=1)
+        return
     if args.profile:
         profile(args.ops[0], args.L[0])
         return

@@ -134,7 +134,8 @@ def prefill(docs: int, total: int, heads: int, dim: int, seed: int = 0) -> dict:
 # ---------------------------------------------------------------- paged decode
 
 
-def decode(requests: int, lo: int, hi: int, heads: tuple[int, int], dim: int, page: int, seed: int = 0) -> dict:
+def decode(requests: int, lo: int, hi: int, heads: tuple[int, int], dim: int, page: int, seed: int = 0,
+           tune: bool = False) -> dict:
     import neptune_eq
 
     dev, dt = "cuda", torch.float16
@@ -190,6 +191,14 @@ def decode(requests: int, lo: int, hi: int, heads: tuple[int, int], dim: int, pa
         row["flex_error"] = f"{type(e).__name__}: {e}"[:300]
     # the cost model sees the full padded length of every request (the lengths are data): time the
     # split-K alternatives it ranked below too, to show what the choice costs
+    if tune:  # prog.tune(): the plan by measurement, then its kernels' tiles, warps and stages
+        t0 = time.perf_counter()
+        tuned = neptune_eq.compile(paged_decode, q, kc, vc, table, lens).tune(q, kc, vc, table, lens)
+        row["tune_s"] = time.perf_counter() - t0
+        chosen = tuned._variant((q, kc, vc, table, lens)).prog
+        row["tuned_plan"] = chosen.alternative.structure
+        row["tuned_schedules"] = [str(k.schedule) for k in chosen.kernels]
+        peers["neptune_eq_tuned"] = lambda: tuned(q, kc, vc, table, lens)
     from neptune_eq.plan import Combine
 
     names = {"q": q, "k_cache": kc, "v_cache": vc, "block_table": table, "lens": lens}
@@ -210,10 +219,12 @@ def decode(requests: int, lo: int, hi: int, heads: tuple[int, int], dim: int, pa
     dst = torch.empty_like(src)
     copy_ms = _bench(lambda: dst.copy_(src))
     row["copy_bw_GBs"] = 2 * src.numel() / copy_ms / 1e6  # read + write of half the bytes
+    for name in ("neptune_eq", "neptune_eq_tuned"):
+        if row.get(f"{name}_ms"):
+            row[f"{name}_read_GBs"] = bytes_read / row[f"{name}_ms"] / 1e6
+            row[f"{name}_fraction_of_copy_bw"] = row[f"{name}_read_GBs"] / row["copy_bw_GBs"]
     if row.get("neptune_eq_ms"):
-        row["neptune_eq_read_GBs"] = bytes_read / row["neptune_eq_ms"] / 1e6
-        row["fraction_of_copy_bw"] = row["neptune_eq_read_GBs"] / row["copy_bw_GBs"]
-        best = min((row[f"{n}_ms"] for n in peers if n != "neptune_eq" and not n.startswith("split_")
+        best = min((row[f"{n}_ms"] for n in peers if n != "neptune_eq" and not n.startswith(("split_", "neptune_eq"))
                     and row.get(f"{n}_ms")), default=None)
         if best:
             row["speedup_vs_best_peer"] = best / row["neptune_eq_ms"]
@@ -226,6 +237,7 @@ def main():
     ap.add_argument("--pages", nargs="+", type=int, default=[16, 64])
     ap.add_argument("--total", type=int, default=32768)
     ap.add_argument("--out")
+    ap.add_argument("--tune", action="store_true", help="paged decode: also time the program after prog.tune()")
     args = ap.parse_args()
     import triton
     from cases import record
@@ -236,7 +248,7 @@ def main():
     if args.only in (None, "prefill"):
         jobs.append(lambda: prefill(16, args.total, 32, 128))
     if args.only in (None, "paged"):
-        jobs += [lambda p=p: decode(32, 1024, 32768, (32, 8), 128, p) for p in args.pages]
+        jobs += [lambda p=p: decode(32, 1024, 32768, (32, 8), 128, p, tune=args.tune) for p in args.pages]
     rows = []
     for job in jobs:
         try:

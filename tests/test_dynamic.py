@@ -183,3 +183,80 @@ def test_an_index_that_reads_a_whole_table_only_at_its_length_keeps_that_axis_st
         idx, y = torch.randint(0, 10, (n, 4)), torch.randn(n, 8)
         _close(prog(x, idx, y), f(x.double(), idx, y.double()))
     assert prog.stats()["signatures"] == 0
+
+
+def test_a_buckets_lengths_fall_in_ranges_each_priced_at_its_middle():
+    from neptune_eq.frontend.buckets import RANGES, length_range, range_middle
+
+    for b in (16, 64, 4096):
+        got = [length_range(n, b) for n in range(2, b + 1)]
+        assert got == sorted(got) and set(got) == set(range(RANGES))  # in order, every range used
+        for r in range(RANGES):
+            assert length_range(range_middle(b, r), b) == r
+
+
+def decode(q, k, v):  # one query row per head against a key length that changes call to call (grouped heads)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    return torch.softmax(30.0 * torch.tanh(s / 30.0), -1) @ v
+
+
+def test_each_range_of_a_bucket_runs_the_plan_priced_best_at_its_middle():
+    """A decode bucketed at 4096 runs split-K 4 at 3000 (as a compile at 3000 does) and a wider
+    split near 4096: the alternative is chosen per call from the lengths' range, among the bucket's
+    compiled alternatives (no new search), each the cheapest the cost model finds at the middle."""
+    from neptune_eq.extract.cost import plan_cost
+
+    from neptune_eq.frontend.buckets import RANGED_ALTERNATIVES, RANGES, range_middle
+
+    q, k, v = (torch.randn(1, h, n, 128, dtype=torch.float16) for h, n in ((32, 1), (16, 2993), (16, 2993)))
+    prog = neptune_eq.compile(decode, q, k, v, dynamic={1: [2], 2: [2]})
+    fam = prog.family
+    (axis,), = fam.lengths.groups
+    chosen = [fam.program_for((range_middle(4096, r),)) for r in range(RANGES)]
+    base = fam.programs[(4096,)]
+    for r, p in enumerate(chosen):
+        assert p.compilation is base.compilation
+        at = p.program.with_extents({axis: range_middle(4096, r)})
+        price = {a.id: plan_cost(a.plan, at, a.schedules, base.compilation.device).time
+                 for a in base.alternatives[:RANGED_ALTERNATIVES]}
+        assert price[p.choice] == min(price.values())
+    assert len({p.alternative.structure for p in chosen}) > 1, [p.alternative.structure for p in chosen]
+    stats = prog.stats()
+    assert stats["compiles"] + stats["cache_hits"] == 1  # one bucket compiled (or found in the cache) once
+
+
+def test_every_alternative_of_a_bucket_serves_each_of_its_lengths():
+    """What per-call choice relies on: any alternative of a bucket's compile is exact at every
+    length of the bucket, not only at the range it was chosen for."""
+    q, k, v = (torch.randn(1, h, n, 16) for h, n in ((4, 1), (2, 40), (2, 40)))
+    prog = neptune_eq.compile(decode, q, k, v, dynamic={1: [2], 2: [2]})
+    fam = prog.family
+    fam.program_for((40,))
+    base = fam.programs[(64,)]
+    structures = set()
+    for alt in base.alternatives[:6]:
+        p = base.pin(alt.id)
+        structures.add(alt.structure)
+        for n in (33, 64):
+            xs = (q, torch.randn(1, 2, n, 16), torch.randn(1, 2, n, 16))
+            out = p.run(fam.inputs(xs, (n,)))["out0"]
+            _close(out.reshape(1, 4, 1, 16), decode(*[x.double() for x in xs]), 1e-4)
+    assert len(structures) > 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+def test_a_buckets_first_cuda_call_compiles_every_plan_its_ranges_choose():
+    q, k, v = (torch.randn(1, h, n, 128, device="cuda", dtype=torch.float16)
+               for h, n in ((32, 1), (16, 2993), (16, 2993)))
+    prog = neptune_eq.compile(decode, q, k, v, dynamic={1: [2], 2: [2]})
+    prog(q, k, v)
+    ranged = prog.family._ranged[(4096,)]
+    assert all(p.launcher("cuda")._runners for p in ranged.values())
+    for n in (2100, 2600, 3500, 4000):  # one length in each range: every kernel already compiled
+        xs = (q, *(torch.randn(1, 16, n, 128, device="cuda", dtype=torch.float16) for _ in range(2)))
+        keys = {id(p): len(p.launcher("cuda")._runners) for p in ranged.values()}
+        ref = decode(*[x.double() for x in xs])
+        assert (prog(*xs).double() - ref).abs().max().item() < 2e-3
+        assert {id(p): len(p.launcher("cuda")._runners) for p in ranged.values()} == keys

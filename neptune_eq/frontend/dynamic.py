@@ -18,10 +18,13 @@ specialisation.
 
 Buckets. A length n is served by the compile for the bucket max(16, 2^⌈log₂ n⌉): a program whose
 dynamic axes hold the bucket's bound as their extent (`ir.Program.dynamic`). The e-graph holds no
-extent for them (no rule can use the value), the cost model and the schedule see the bound, and
-the kernels take the lengths as arguments (masked tails, never specialised on). Facts the compiler
-proves over the index box at the bound (a mask that always holds, an index in range) hold for every
-smaller box of the bucket.
+extent for them (no rule can use the value), the schedules are fitted at the bound, and the kernels
+take the lengths as arguments (masked tails, never specialised on). Facts the compiler proves over
+the index box at the bound (a mask that always holds, an index in range) hold for every smaller box
+of the bucket. Which plan runs is chosen per call: the bucket's lengths (B/2, B] fall in RANGES
+equal ranges, and each range runs the alternative the cost model prices best at its middle (a
+decode's split-K factor follows its length: 4 at 3000, 8 at 4000), all of them compiled and run
+once on the bucket's first CUDA call, so a later length never waits on Triton.
 """
 
 from __future__ import annotations
@@ -36,19 +39,14 @@ import torch
 
 from .. import ir
 from ..ir import NeptuneError
+from .buckets import MAX_RANGED_GROUPS, bucket, length_range, plans_by_range
 from .capture import ArgBinding, Captured, capture
 from .checks import composed, run_checks
 from .compiled import bind_after, call_layout
 from .guards import same_value
 
-MIN_BUCKET = 16
 MAX_BOUND_LAYOUTS = 64  # call layouts (so lengths) a dynamic function keeps bound launches for
 _SEEN = object()  # a layout called once (bound on its second call)
-
-
-def bucket(n: int) -> int:
-    """The largest length the compile serving length n serves."""
-    return max(MIN_BUCKET, 1 << (n - 1).bit_length())
 
 
 class NotDynamic(NeptuneError):
@@ -276,6 +274,9 @@ class DynamicFunction:
     # layout key of a call's arguments (their shapes, so the lengths) → (launcher, BoundCall or None):
     # a length called again goes straight to the kernels, as a static compile's calls do
     _bound: OrderedDict = field(default_factory=OrderedDict, repr=False)
+    # bucket bounds → {the groups' ranges: the compiled alternative run there} (plans_by_range)
+    _ranged: dict = field(default_factory=dict, repr=False)
+    _warm: set = field(default_factory=set, repr=False)  # buckets whose alternatives ran on CUDA
 
     def __post_init__(self) -> None:
         self._out_dtypes = {o.name: dt for o, dt in zip(self.captured.program.outputs, self.captured.output_dtypes)}
@@ -320,14 +321,33 @@ class DynamicFunction:
         return ns if ns is not None and all(n >= 2 for n in ns) else None
 
     def program_for(self, ns: tuple[int, ...]):
-        """The compile serving lengths `ns` (compiled once per bucket)."""
+        """The compiled plan serving lengths `ns`: the bucket's compile (once per bucket), pinned to
+        the alternative chosen for the lengths' ranges."""
         key = tuple(bucket(n) for n in ns)
         prog = self.programs.get(key)
         if prog is None:
             p0 = self.captured.program
             bound = {a: b for group, b in zip(self.lengths.groups, key) for a in group}
             prog = self.programs[key] = self.compile_fn(p0.with_extents(bound).with_dynamic(self.lengths.axes))
-        return prog
+        if len(key) > MAX_RANGED_GROUPS:
+            return prog
+        ranged = self._ranged.get(key)
+        if ranged is None:
+            ranged = self._ranged[key] = plans_by_range(prog, self.lengths.groups, key)
+        return ranged[tuple(length_range(n, b) for n, b in zip(ns, key))]
+
+    def _warm_bucket(self, ns, inputs) -> None:
+        """On a bucket's first CUDA call, run each other alternative its ranges may choose once at
+        these inputs (every alternative serves every length of the bucket): their kernels are then
+        compiled, and no later length of the bucket waits on Triton."""
+        key = tuple(bucket(n) for n in ns)
+        if key in self._warm:
+            return
+        self._warm.add(key)
+        ran = self.program_for(ns)
+        for prog in {id(p): p for p in self._ranged.get(key, {}).values()}.values():
+            if prog is not ran:
+                prog.launcher("cuda")(inputs, self._out_dtypes)
 
     def inputs(self, args, ns, cached: bool = True) -> dict[str, torch.Tensor]:
         """The program's inputs for a call at group lengths `ns`; closure tensors from the copies kept
@@ -380,6 +400,8 @@ class DynamicFunction:
         # launcher runs without the program's own input checks (a decode step is tens of µs of GPU)
         results = prog.launcher("cuda" if next(iter(inputs.values())).is_cuda else "interpreter")(
             inputs, self._out_dtypes) if prog.chunking is None else prog.run(inputs, self._out_dtypes)
+        if prog.chunking is None and next(iter(inputs.values())).is_cuda:
+            self._warm_bucket(ns, inputs)
         outs = [results[o.name] for o in cap.program.outputs]
         outs = [r if r.shape == s else r.reshape(s) for r, s in zip(outs, self.output_shapes(ns))]
         if fresh:  # launched checked twice at this layout: its later calls take the bound launches
