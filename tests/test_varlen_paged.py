@@ -8,6 +8,7 @@ bound against the tiles the mask really keeps."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -139,6 +140,15 @@ def paged(lens: list[int], page: int, heads=(4, 2), dim=16, seed=0):
     return q, kc, vc, table, torch.tensor(lens)
 
 
+def ends_at_length(src: str) -> bool:
+    """Does the kernel's key loop end at its request's length, read by the program itself (no table
+    of bounds worked out per call: `j < lens[b]` compares the loop index with one value per program)?"""
+    head = src[:src.index("for start_")]
+    length = re.search(r"(x\d+) = tl\.load\(lens_ptr", head)
+    return "db0_ptr" not in src and length is not None and \
+        re.search(rf"(ntiles|hi)_\w+ = .*\b{length.group(1)}\b", head) is not None
+
+
 def paged_ref(q, kc, vc, table, lens):
     return paged_decode(q.double(), kc.double(), vc.double(), table, lens)
 
@@ -155,7 +165,7 @@ def test_paged_decode_reads_pages_in_place_with_ragged_last_pages(page):
     table2 = table[torch.tensor([2, 0, 3, 1])]
     assert err(prog(q, kc, vc, table2, lens2), paged_ref(q, kc, vc, table2, lens2)) < 1e-5
     assert prog.stats()["compiles"] == before
-    assert "dlo0" in prog.source  # the key loop ends at each request's length
+    assert ends_at_length(prog.source)
 
 
 def test_paged_decode_split_k_bounds_each_request():
@@ -168,7 +178,7 @@ def test_paged_decode_split_k_bounds_each_request():
            if any(isinstance(ph, Combine) for k in a.plan.kernels for ph in k.phases)]
     assert ids, "split-K is offered"
     split = compiled.pin(ids[0])
-    assert "dlo0" in split.source
+    assert ends_at_length(split.source)
     out = split.run({"q": q, "k_cache": kc, "v_cache": vc, "block_table": table, "lens": lens})
     assert err(out["out0"], paged_ref(q, kc, vc, table, lens)) < 1e-5
 
@@ -209,3 +219,31 @@ def test_a_page_table_read_in_part_is_checked_on_the_entries_read():
     spare[:, -1] = kc.shape[0] + 5  # never read
     ref = first_pages(q.double(), kc.double(), vc.double(), spare, lens)
     assert err(prog(q, kc, vc, spare, lens), ref) < 1e-5
+
+
+def _window(op_lo, op_hi):
+    def attend(q, k, v, lo, hi):  # each request's keys from lo[b] to hi[b] (per-request data)
+        s = torch.einsum("bhd,bshd->bhs", q, k)
+        j = torch.arange(k.shape[1])
+        keep = op_lo(j, lo[:, None, None]) & op_hi(j, hi[:, None, None])
+        return torch.einsum("bhs,bshd->bhd", torch.softmax(s.masked_fill(~keep, float("-inf")), -1), v)
+    return attend
+
+
+@pytest.mark.parametrize("ops", [(torch.ge, torch.le), (torch.gt, torch.lt), (torch.eq, torch.le)])
+def test_a_loop_bounded_by_per_request_values_visits_each_range_exactly(ops):
+    """`lo[b] <= j <= hi[b]` and the other comparisons of the loop index with one value per program:
+    the kernel reads the values and bounds its own loop (ranges inside one tile, across tiles, at
+    the ends, empty: a request with no key gives 0, as FlexAttention does)."""
+    fn = _window(*ops)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(5, 2, 16, generator=g)
+    k, v = torch.randn(5, 70, 2, 16, generator=g), torch.randn(5, 70, 2, 16, generator=g)
+    lo, hi = torch.tensor([0, 3, 40, 69, 30]), torch.tensor([69, 9, 65, 69, 10])  # the last is empty
+    prog = ne.compile(fn, q, k, v, lo, hi)
+    assert "db0_ptr" not in prog.source
+    ref = torch.nan_to_num(fn(q.double(), k.double(), v.double(), lo, hi), nan=0.0)
+    assert err(prog(q, k, v, lo, hi), ref) < 1e-5
+    lo2, hi2 = torch.tensor([5, 0, 0, 12, 68]), torch.tensor([5, 0, 31, 60, 69])
+    ref = torch.nan_to_num(fn(q.double(), k.double(), v.double(), lo2, hi2), nan=0.0)
+    assert err(prog(q, k, v, lo2, hi2), ref) < 1e-5

@@ -83,6 +83,33 @@ def bound_for(preds: list[ir.Node], axis: str, tile: int, grid: list[tuple[str, 
     return DataBound(axis, tile, tuple(preds), along)
 
 
+def index_comparisons(db: DataBound) -> list[tuple[str, ir.Node]] | None:
+    """`db`'s comparisons as (op, v) with the loop index on the left, `j op v`, where each compares
+    the loop index itself with a value `v` that does not vary along the loop (`j < lens[b]`, a
+    per-request length; `j >= start[b]`); None where one does not. Such bounds need no table: the
+    kernel reads v and bounds its loop itself (KernelWriter.data_bound), nothing is worked out per call."""
+    out = []
+    for p in db.preds:
+        a, b = p.args
+        if isinstance(a, ir.Index) and a.axis == db.axis and db.axis not in axes_of(b):
+            out.append((p.op, b))
+        elif isinstance(b, ir.Index) and b.axis == db.axis and db.axis not in axes_of(a):
+            out.append((_FLIP[p.op], a))
+        else:
+            return None
+    return out
+
+
+def loop_range(op: str, vmin: str, vmax: str, end: str) -> tuple[str, str, str, str]:
+    """Code of (lo, hi, flo, fhi), element offsets of the loop index j where `j op v` can hold for
+    some value v of the program's, in [vmin, vmax], and where it holds for all of them: the loop
+    rounds lo and fhi down and flo up to its tiles. (A wider [vmin, vmax] only widens the loop and
+    narrows its unmasked run: sound.)"""
+    return {"lt": ("0", vmax, "0", vmin), "le": ("0", f"({vmax}) + 1", "0", f"({vmin}) + 1"),
+            "gt": (f"({vmin}) + 1", end, f"({vmax}) + 1", end), "ge": (vmin, end, vmax, end),
+            "eq": (vmin, f"({vmax}) + 1", "0", "0")}[op]
+
+
 # ---------------------------------------------------------------- per call
 
 

@@ -12,7 +12,7 @@ from ..ops import OPS
 from ..plan import KernelPlan, Plan
 from ..schedule import KernelSchedule, inner_axes
 from .contract import ContractOps
-from .databounds import DataBound
+from .databounds import DataBound, axes_of, index_comparisons, loop_range
 from .memory import MemoryOps
 from .values import (
     _TL_DTYPE,
@@ -80,8 +80,13 @@ class KernelWriter(MemoryOps, ContractOps):
         return self.extent(axis) if axis in self.program.dynamic else str(self.program.axes[axis])
 
     def data_bound(self, db: DataBound) -> tuple[str, str, str, str]:
-        """Code of the (lo, hi, flo, fhi) loop offsets of this program under `db`: read from its
-        argument tensor, db<k>_ptr [tiles of each grid axis of db..., 4]."""
+        """Code of the (lo, hi, flo, fhi) loop offsets of this program under `db`: computed here where
+        it compares the loop index with integers this program reads once (in_kernel_bound), else
+        read from its argument tensor, db<k>_ptr [tiles of each grid axis of db..., 4], worked out
+        per call by the launcher."""
+        own = self.in_kernel_bound(db)
+        if own is not None:
+            return own
         if db not in self.data_bounds:
             self.data_bounds.append(db)
         k = self.data_bounds.index(db)
@@ -91,6 +96,45 @@ class KernelWriter(MemoryOps, ContractOps):
                 self.emit(f"{name}{k} = tl.load(db{k}_ptr + {at} + {m})")
             self.scopes[-1].memo[("data bound", k)] = k
         return f"dlo{k}", f"dhi{k}", f"dflo{k}", f"dfhi{k}"
+
+    def in_kernel_bound(self, db: DataBound) -> tuple[str, str, str, str] | None:
+        """(lo, hi, flo, fhi) of `db` computed by the program itself, where every comparison is the
+        loop index against integers over the program's own grid lanes (a request's length lens[b]:
+        FlashAttention's varlen kernels read their offsets the same way): their min and max over the
+        lanes inside the extents bound the loop. None else. An integer has no NaN."""
+        cmps = index_comparisons(db)
+        if cmps is None:
+            return None
+        grid = set(self.k.grid)
+        for _, v in cmps:
+            if not axes_of(v) <= grid or any(
+                    (isinstance(m, ir.Load) and self.program.inputs[m.tensor].dtype not in _INTEGER)
+                    or (isinstance(m, ir.Const) and m.value != int(m.value))
+                    or (isinstance(m, ir.Call) and m.op not in _INTEGER_OPS) for m in ir.walk(v)):
+                return None
+        vals = [self.value(v) for _, v in cmps]
+        if any(x.kind not in ("i", *_INTEGER) for x in vals):
+            return None
+        ranges = [loop_range(op, *self.lane_range(x), self.size(db.axis)) for (op, _), x in zip(cmps, vals)]
+        lo, hi, flo, fhi = zip(*ranges)
+        return (_fold("tl.maximum", lo), _fold("tl.minimum", hi), _fold("tl.maximum", flo),
+                _fold("tl.minimum", fhi))
+
+    def lane_range(self, x: Val) -> tuple[str, str]:
+        """Code of the min and max of integer value x over the program's lanes inside the extents
+        (x itself for a scalar; masked lanes read as ±(2^31 − 1), which can only widen the range)."""
+        if not x.dims:
+            return x.code, x.code
+        key = ("lane range", x.code)
+        hit = self.lookup(key)
+        if hit is None:
+            valid = [m for m in (self.lanes_valid(a) for a in x.dims) if m is not None]
+            mask = " & ".join(self.arrange(m, x.dims) for m in valid)
+            lo = f"tl.where({mask}, {x.code}, 2147483647)" if valid else x.code
+            hi = f"tl.where({mask}, {x.code}, -2147483647)" if valid else x.code
+            hit = self.scopes[-1].memo[key] = (self.bind(f"tl.min({lo})", (), "i", "vmin").code,
+                                               self.bind(f"tl.max({hi})", (), "i", "vmax").code)
+        return hit
 
     def extent(self, axis: str) -> str:
         if axis not in self.extents:
@@ -360,3 +404,15 @@ class KernelWriter(MemoryOps, ContractOps):
         return out2
 
     # ---------------------------------------------------------------- memory
+
+
+_INTEGER = ("int8", "int16", "int32", "int64", "uint8")
+_INTEGER_OPS = ("add", "sub", "mul", "neg", "min", "max", "floordiv", "mod")
+
+
+def _fold(fn: str, codes) -> str:
+    """Code of fn over `codes` (tl.maximum / tl.minimum of two at a time)."""
+    out = codes[0]
+    for c in codes[1:]:
+        out = f"{fn}({out}, {c})"
+    return out
