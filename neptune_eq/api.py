@@ -258,15 +258,27 @@ class Compiled:
         and the best-ranked plans of up to six other split-K choices (tune.tuning_candidates), each
         first checked on the stress sets against float64 (a plan over tolerance is never kept); keep
         the fastest, then autotune its kernels' tiles, warps and stages (cached on disk under the cache
-        directory). Later calls with this signature run the tuned kernels. When an argument requires
-        grad, the kernels of training calls are tuned too: the training forward and the chosen
-        backward (fed random cotangents). Returns self."""
+        directory). Later calls with this signature run the tuned kernels. With `dynamic=`, the plan
+        of the lengths' range of their bucket is tuned and runs for that range (frontend/buckets.py).
+        When an argument requires grad, the kernels of training calls are tuned too: the training
+        forward and the chosen backward (fed random cotangents). Returns self."""
         from .autograd import tune_training
         from .tune import autotune, cache_path, choose_plan
 
         if not torch.cuda.is_available() or not all(a.is_cuda for a in args if isinstance(a, torch.Tensor)):
             raise NeptuneError("tune() times kernels on the GPU: it needs CUDA tensors (this call has none, "
                                "or there is no CUDA device)")
+        family = self._family_for(args)
+        ns = family.serves(args) if family is not None else None
+        if ns is not None and not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            # a dynamic compile: the plan of these lengths' range of their bucket, timed at them
+            inputs = {n: x.detach() for n, x in family.inputs(args, ns).items()}
+            base = family.program_for(ns)
+            best = choose_plan(base, inputs, candidates=candidates, progress=progress)
+            best = base.pin(base.choice) if best is base else best  # its own schedules, not the bucket's
+            autotune(best, inputs, progress=progress, cache_file=cache_path(self.cache.directory))
+            family.tuned(ns, best)
+            return self
         variant = self._variant(args)
         if not isinstance(variant, _Variant):
             raise NeptuneError("tune(): these shapes have a zero-size dimension; nothing is compiled for them")

@@ -233,19 +233,36 @@ def sample_rows(program: ir.Program, limit: int = 2**27, rows: int = 256) -> dic
     """{axis: indices} restricting a float64 check of a large program to `rows` fixed random indices
     of the longest axis every output has and no reduction runs over (the query rows of attention,
     the rows of a softmax — never its columns, which every output value sums over): the reference
-    of a 16K-token attention would hold 64 GiB of float64 scores. Empty where the whole program is
-    small enough."""
+    of a 16K-token attention would hold 64 GiB of float64 scores. A gathered operand the reference
+    materialises over its axes (a paged cache's K read at block_table[b, j // P]: 34 GB in float64 for
+    32 requests of 32K keys) restricts further such axes until it holds at most `limit` values. Empty
+    where the whole program is small enough."""
     import torch
 
     if math.prod(program.axes.values()) <= limit or not program.outputs:
         return {}
     reduced = {n.axis for o in program.outputs for n in ir.walk(o.expr) if isinstance(n, ir.Reduce)}
     common = set.intersection(*(set(o.axes) for o in program.outputs)) - reduced
-    axis = max(common, key=lambda a: program.axes[a], default=None)
-    if axis is None or program.axes[axis] <= rows:
-        return {}
     gen = torch.Generator().manual_seed(0)
-    return {axis: torch.randperm(program.axes[axis], generator=gen)[:rows].sort().values}
+    out = {}
+
+    def keep(a: str, n: int) -> None:
+        out[a] = torch.randperm(program.axes[a], generator=gen)[:n].sort().values
+
+    axis = max(common, key=lambda a: program.axes[a], default=None)
+    if axis is not None and program.axes[axis] > rows:
+        keep(axis, rows)
+    gathers = {n for o in program.outputs for n in ir.walk(o.expr)
+               if isinstance(n, ir.Load) and not all(isinstance(e, ir.Index) for e in n.index)}
+    for ld in sorted(gathers, key=str):
+        for a in sorted((common & set(ld.axes)) - set(out), key=lambda a: (-program.axes[a], a)):
+            held = math.prod(len(out[b]) if b in out else program.axes[b] for b in ld.axes)
+            if held <= limit:
+                break
+            n = max(2, math.ceil(program.axes[a] * limit / held))
+            if n < program.axes[a]:
+                keep(a, n)
+    return out
 
 
 @dataclass
@@ -427,7 +444,9 @@ def choose_plan(compiled, inputs: dict, *, candidates: int = 3, progress=True, r
     device = next(iter(inputs.values())).device.type
     target = "cuda" if device == "cuda" else "interpreter"
     best, tried = None, set()
-    for alt in tuning_candidates(compiled.alternatives, candidates):
+    order = tuning_candidates(compiled.alternatives, candidates)
+    own = compiled.alternatives[compiled.choice]  # the incumbent (a dynamic bucket's range may hold another)
+    for alt in [own, *(a for a in order if a is not own)]:
         p = compiled.pin(alt.id)
         tried.add(alt.id)
         try:

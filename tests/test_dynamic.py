@@ -260,3 +260,25 @@ def test_a_buckets_first_cuda_call_compiles_every_plan_its_ranges_choose():
         ref = decode(*[x.double() for x in xs])
         assert (prog(*xs).double() - ref).abs().max().item() < 2e-3
         assert {id(p): len(p.launcher("cuda")._runners) for p in ranged.values()} == keys
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+def test_tuning_a_dynamic_compile_fills_the_range_it_measured():
+    """prog.tune() at a length of a dynamic compile times the plans of that length's range of its
+    bucket and tunes the winner's kernels; that range runs it from then on, the others keep theirs."""
+    from neptune_eq.frontend.buckets import RANGES, range_middle
+
+    q, k, v = (torch.randn(1, h, n, 128, device="cuda", dtype=torch.float16)
+               for h, n in ((32, 1), (16, 2993), (16, 2993)))
+    prog = neptune_eq.compile(decode, q, k, v, dynamic={1: [2], 2: [2]})
+    prog(q, k, v)
+    fam = prog.family
+    before = [fam.program_for((range_middle(4096, r),)) for r in range(RANGES)]
+    prog.tune(q, k, v, progress=False)
+    after = [fam.program_for((range_middle(4096, r),)) for r in range(RANGES)]
+    tuned = fam.program_for((2993,))
+    assert tuned.schedules.get("cuda") and tuned not in before
+    assert [a is b for a, b in zip(before, after)].count(False) == 1  # only 2993's range changed
+    ref = decode(*[x.double() for x in (q, k, v)])
+    assert (prog(q, k, v).double() - ref).abs().max().item() < 2e-3
+    assert prog.stats()["signatures"] == 0  # no static variant was captured for the tuning

@@ -138,17 +138,18 @@ def test_a_paged_decode_call_does_not_synchronise_cuda():
     assert torch.allclose(out.double(), want, atol=1e-4)
 
 
-def test_paged_decode_bounds_replay_from_a_graph_and_follow_the_lengths():
-    """The loop bounds read from the lengths are recorded as a CUDA graph on a layout's second call and
-    replayed after (lower/replay.py): a length changed in place is seen, and a replayed call neither
-    synchronises nor differs from the eager float64 answer."""
+def test_paged_decode_bounds_its_loops_in_the_kernel_and_follows_the_lengths():
+    """The key loop's bounds come from the lengths the kernel reads itself (no table worked out per
+    call); the index check of the page table replays from a CUDA graph recorded on a layout's second
+    call: a length changed in place is seen, and a call neither synchronises nor differs from the
+    eager float64 answer."""
     q, kc, vc, table, lens = _paged_inputs()
     prog = neptune_eq.compile(_paged_decode, q, kc, vc, table, lens)
     for _ in range(3):  # eager, recorded, replayed
         prog(q, kc, vc, table, lens)
     launcher = next(m for m in prog.program._modules.values() if hasattr(m, "_bounds_replay"))
     (variant,) = prog.variants.values()
-    assert launcher._bounds_replay.recorded == 1 and variant.run._checks.recorded == 1
+    assert not any(k.data_bounds for k in launcher.kernels) and variant.run._checks.recorded == 1
     for new in ([1, 128, 16], [100, 3, 128]):
         lens.copy_(torch.tensor(new))  # in place: same address, new values
         torch.cuda.set_sync_debug_mode("error")
@@ -158,6 +159,36 @@ def test_paged_decode_bounds_replay_from_a_graph_and_follow_the_lengths():
             torch.cuda.set_sync_debug_mode("default")
         want = _paged_decode(q.double(), kc.double(), vc.double(), table, lens)
         assert torch.allclose(out.double(), want, atol=1e-4), new
+
+
+def _packed(q, k, v, doc):  # documents packed along one axis: attention within each, causal
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    i = torch.arange(q.shape[1], device=q.device)
+    keep = (doc[:, None] == doc[None, :]) & (i[None, :] <= i[:, None])
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+
+def test_packed_document_bounds_replay_from_a_graph_and_follow_the_ids():
+    """doc[i] == doc[j] bounds the loop by a table of tiles worked out per call, recorded as a CUDA
+    graph on a layout's second call and replayed after (lower/replay.py): ids changed in place are
+    seen, and a replayed call neither synchronises nor differs from the eager float64 answer."""
+    g = torch.Generator(device=DEV).manual_seed(0)
+    q, k, v = (torch.randn(2, 300, 64, device=DEV, generator=g) for _ in range(3))
+    doc = torch.repeat_interleave(torch.arange(3, device=DEV), torch.tensor([100, 150, 50], device=DEV))
+    prog = neptune_eq.compile(_packed, q, k, v, doc)
+    for _ in range(3):  # eager, recorded, replayed
+        prog(q, k, v, doc)
+    launcher = next(m for m in prog.program._modules.values() if hasattr(m, "_bounds_replay"))
+    assert launcher._bounds_replay.recorded == 1
+    for cuts in ([10, 280, 10], [0, 299, 1]):
+        doc.copy_(torch.repeat_interleave(torch.arange(3, device=DEV), torch.tensor(cuts, device=DEV)))
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = prog(q, k, v, doc)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        want = _packed(q.double(), k.double(), v.double(), doc)
+        assert torch.allclose(out.double(), want, atol=1e-4), cuts
     assert launcher._bounds_replay.recorded == 1
 
 

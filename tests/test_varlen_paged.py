@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import neptune_eq as ne
+from neptune_eq import ir
 from neptune_eq.frontend import capture
 from neptune_eq.lower.databounds import bound_tensor
 from neptune_eq.pipeline import Options
@@ -247,3 +248,33 @@ def test_a_loop_bounded_by_per_request_values_visits_each_range_exactly(ops):
     lo2, hi2 = torch.tensor([5, 0, 0, 12, 68]), torch.tensor([5, 0, 31, 60, 69])
     ref = torch.nan_to_num(fn(q.double(), k.double(), v.double(), lo2, hi2), nan=0.0)
     assert err(prog(q, k, v, lo2, hi2), ref) < 1e-5
+
+
+def test_the_float64_check_of_a_large_paged_decode_samples_requests_and_heads():
+    """At 32 requests of up to 32K keys, 32 heads, d 128, the reference gathers K and V over
+    (request, key, head, d): 34 GB in float64 (prog.tune()'s stress sets ran out of memory on the
+    H100 and no plan could be checked). The check samples requests and heads until each gathered
+    operand holds at most the limit, and stays exact on what it keeps."""
+    from neptune_eq.reference import evaluate
+    from neptune_eq.tune import sample_rows
+
+    q, kc, vc, table, lens = paged([5, 40, 33], 16, heads=(4, 2))
+    program = capture(paged_decode, q, kc, vc, table, lens).program
+    b, i, d = program.inputs["q"].axes
+    kv_heads = program.inputs["k_cache"].axes[2]
+    (o,) = program.outputs
+    reduced = {n.axis for n in ir.walk(o.expr) if isinstance(n, ir.Reduce)}
+    (key,) = reduced - {d}
+    big = program.with_extents({b: 32, i: 32, kv_heads: 8, d: 128, o.axes[-1]: 128, key: 32768})
+    limit = 2**27
+    restrict = sample_rows(big, limit=limit)
+    gathers = [n for n in ir.walk(big.outputs[0].expr) if isinstance(n, ir.Load) and n.tensor == "k_cache"]
+    assert gathers and all(math.prod(len(restrict[a]) if a in restrict else big.axes[a] for a in g.axes) <= limit
+                           for g in gathers)
+    assert set(restrict) <= {b, i} and all(len(ix) >= 2 for ix in restrict.values())
+    # on the small program the same restriction (by hand) evaluates exactly the kept rows
+    small = {b: torch.tensor([0, 2])}
+    full = evaluate(program, {"q": q, "k_cache": kc, "v_cache": vc, "block_table": table, "lens": lens})["out0"]
+    part = evaluate(program, {"q": q, "k_cache": kc, "v_cache": vc, "block_table": table, "lens": lens},
+                    restrict=small)["out0"]
+    assert torch.allclose(part, full[small["b"]])

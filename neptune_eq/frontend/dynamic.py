@@ -336,6 +336,16 @@ class DynamicFunction:
             ranged = self._ranged[key] = plans_by_range(prog, self.lengths.groups, key)
         return ranged[tuple(length_range(n, b) for n, b in zip(ns, key))]
 
+    def tuned(self, ns: tuple[int, ...], prog) -> None:
+        """Run `prog` (prog.tune() measured it at lengths `ns`) for every length of ns's range of its
+        bucket, in this process."""
+        self.program_for(ns)
+        key = tuple(bucket(n) for n in ns)
+        if key in self._ranged:
+            self._ranged[key][tuple(length_range(n, b) for n, b in zip(ns, key))] = prog
+        else:
+            self.programs[key] = prog
+
     def _warm_bucket(self, ns, inputs) -> None:
         """On a bucket's first CUDA call, run each other alternative its ranges may choose once at
         these inputs (every alternative serves every length of the bucket): their kernels are then
