@@ -418,3 +418,14 @@ def _has_state(e: ir.Node) -> bool:
 
 def plan_cost(plan: Plan, program: ir.Program, schedules: list[KernelSchedule], dev: DeviceSpec) -> Cost:
     return Cost([kernel_cost(plan, k, program, s, dev) for k, s in zip(plan.kernels, schedules)])
+
+
+def priced_at(program: ir.Program) -> ir.Program:
+    """The program the cost model prices plans at. A dynamic axis holds its bucket's bound B and
+    serves every length in (B/2, B] (frontend/buckets.py): its plan is priced at three quarters
+    of B, the mean of those lengths, not at the largest (a decode bucketed at 4096 and called at
+    3000 took split-K 8 where 3000 itself takes 4: 1.28× the kernel time, H100). The schedules
+    are still fitted at B, every length of the bucket must run them."""
+    if not program.dynamic:
+        return program
+    return program.with_extents({a: max(2, 3 * program.axes[a] // 4) for a in program.dynamic})

@@ -24,7 +24,7 @@ from egglog import EGraph, i64, ruleset, union
 
 from . import ir
 from .device import DeviceSpec, from_torch
-from .extract.cost import Cost, kernel_cost
+from .extract.cost import Cost, kernel_cost, priced_at
 from .extract.numerics import cancellation_risks, stability_notes, summed_overflow_risks
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.terms import TermExtractor
@@ -387,17 +387,6 @@ def _split_k(c: Compilation) -> None:
     if facts:
         c.egraph.register(*facts)
         c.saturator.phase("split_k", splitk.SPLITK, max_iterations=2)
-
-
-def priced_at(program: ir.Program) -> ir.Program:
-    """The program the cost model prices plans at. A dynamic axis holds its bucket's bound B and
-    serves every length in (B/2, B] (frontend/dynamic.bucket): its plan is priced at three quarters
-    of B, the mean of those lengths, not at the largest (a decode bucketed at 4096 and called at
-    3000 took split-K 8 where 3000 itself takes 4: 1.28× the kernel time, H100). The schedules
-    are still fitted at B, every length of the bucket must run them."""
-    if not program.dynamic:
-        return program
-    return program.with_extents({a: max(2, 3 * program.axes[a] // 4) for a in program.dynamic})
 
 
 def _plans(c: Compilation) -> None:

@@ -282,3 +282,12 @@ def test_tuning_a_dynamic_compile_fills_the_range_it_measured():
     ref = decode(*[x.double() for x in (q, k, v)])
     assert (prog(q, k, v).double() - ref).abs().max().item() < 2e-3
     assert prog.stats()["signatures"] == 0  # no static variant was captured for the tuning
+
+
+def test_a_bucket_is_ranked_at_the_mean_of_its_lengths():
+    from neptune_eq.extract.cost import priced_at
+
+    p = neptune_eq.compile(causal, *_qkv(8)).captured.program
+    assert priced_at(p) is p
+    d = p.with_extents({"i": 64, "j": 64}).with_dynamic({"j"})
+    assert priced_at(d).axes == {**d.axes, "j": 48}
