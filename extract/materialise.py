@@ -62,7 +62,7 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
         if any(isinstance(ph, Combine) for ph in k.phases):
             ki += 1
             continue
-        for ps in k.passes():
+        for ps in (p for p in k.passes() if p.split == 1):
             for c in ps.comps:
                 if c.op != "sum" or c.producers:
                     continue
