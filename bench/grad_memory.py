@@ -102,6 +102,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--impls", nargs="*", default=None, help="only these (neptune_eq eager compile liger)")
     args = ap.parse_args()
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -131,6 +132,8 @@ def main():
         except Exception as e:  # no Liger here
             print(f"{name} liger: not available ({e!r})", flush=True)
         for label, f in peers.items():
+            if args.impls is not None and label not in args.impls:
+                continue
             try:
                 leaves = [x.detach().clone().requires_grad_() if k in diff else x for k, x in enumerate(xs)]
 
