@@ -1,0 +1,84 @@
+"""Probe (issue 14): why a dynamic compile's prefill kernel runs slower than the static compile at
+the same length when their code is the same but for runtime strides and extents (softcap_pf,
+window_pf: 1.14–1.27×, H200 2026-11-27). Times, at length L, the kernel of the bucket's plan as
+generated (strides and lengths arguments), hand-edited with every stride a constexpr (lengths
+still arguments), and the static compile's kernel; whole-call do_bench medians.
+
+    python bench/probe_dynamic_strides.py softcap_pf 12000
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import replace
+
+import torch
+import triton.testing as tt
+from cases import Case
+
+import neptune_eq
+
+
+def constexpr_strides(src: str) -> str:
+    """Every `<name>_s<k>` parameter of the kernels' signatures made a tl.constexpr."""
+    def sig(m):
+        params = [p if not re.fullmatch(r"\w+_s\d+", p.strip()) else f"{p.strip()}: tl.constexpr"
+                  for p in m.group(2).split(",")]
+        return f"{m.group(1)}({', '.join(p.strip() for p in params)}):"
+    return re.sub(r"(def nq_\w+)\((.*?)\):", sig, src)
+
+
+def constexpr_lengths(src: str, names: tuple[str, ...] | None = None) -> str:
+    """The `n_<axis>` parameters of the kernels' signatures (those in `names`, or all) made
+    tl.constexpr (what a static compile has) and taken out of the JIT's do_not_specialize."""
+    def dns(m):
+        kept = [n for n in re.findall(r"'(\w+)'", m.group(1)) if names is not None and n not in names]
+        return f"@triton.jit(do_not_specialize={kept!r})" if kept else "@triton.jit"
+    src = re.sub(r"@triton\.jit\(do_not_specialize=(\[.*?\])\)", dns, src)
+    pat = r"\b(n_\w+)(?=[,)])" if names is None else rf"\b({'|'.join(names)})(?=[,)])"
+    return "\n".join(re.sub(pat, r"\1: tl.constexpr", ln) if ln.startswith("def nq_") else ln
+                     for ln in src.splitlines()) + "\n"
+
+
+def main(op: str, L: int) -> None:
+    c0 = Case(op, L - 7)
+    dyn = neptune_eq.compile(c0.fn, *c0.inputs("cuda"), dynamic=True)
+    xs = Case(op, L).inputs("cuda")
+    dyn(*xs)
+    fam = dyn.family
+    ns = fam.serves(xs)
+    prog = fam.program_for(ns)
+    inputs = fam.inputs(xs, ns)
+    static = neptune_eq.compile(Case(op, L).fn, *xs)
+    static(*xs)
+    src, ks = prog.lowered("cuda")
+    edited = prog.pin(prog.choice)
+    src2 = constexpr_strides(src)
+    edited._modules[("src", "cuda")] = (src2, [replace(k, source=src2) for k in ks])
+    def variant(text):
+        p = prog.pin(prog.choice)
+        p._modules[("src", "cuda")] = (text, [replace(k, source=text) for k in ks])
+        return p
+
+    both = variant(constexpr_lengths(src2))
+    ref = prog.run(inputs)
+    out = edited.run(inputs)
+    out3 = both.run(inputs)
+    diff = max(diff_of(out, ref), diff_of(out3, ref))
+    lengths = [f"n_{a}" for g in fam.lengths.groups for a in g]
+    single = {n: variant(constexpr_lengths(src, (n,))) for n in lengths}
+    rows = {"dynamic": lambda: prog.run(inputs), "dynamic, strides constexpr": lambda: edited.run(inputs),
+            "dynamic, strides + lengths constexpr": lambda: both.run(inputs), "static": lambda: static(*xs),
+            **{f"dynamic, {n} constexpr only": (lambda p=p: p.run(inputs)) for n, p in single.items()}}
+    print(f"{op} L={L} on {torch.cuda.get_device_name()}; max |edited − dynamic| = {diff:.2e}")
+    for name, fn in rows.items():
+        print(f"  {name:28s} {tt.do_bench(fn, warmup=25, rep=200, return_mode='median') * 1e3:9.1f} us", flush=True)
+
+
+def diff_of(out, ref) -> float:
+    return max(float((out[k].float() - ref[k].float()).abs().max()) for k in ref)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
