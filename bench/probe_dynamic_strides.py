@@ -72,8 +72,13 @@ def main(op: str, L: int) -> None:
             "dynamic, strides + lengths constexpr": lambda: both.run(inputs), "static": lambda: static(*xs),
             **{f"dynamic, {n} constexpr only": (lambda p=p: p.run(inputs)) for n, p in single.items()}}
     print(f"{op} L={L} on {torch.cuda.get_device_name()}; max |edited − dynamic| = {diff:.2e}")
+    progs = {"dynamic": prog, "dynamic, strides constexpr": edited, "dynamic, strides + lengths constexpr": both,
+             **{f"dynamic, {n} constexpr only": p for n, p in single.items()}}
     for name, fn in rows.items():
-        print(f"  {name:28s} {tt.do_bench(fn, warmup=25, rep=200, return_mode='median') * 1e3:9.1f} us", flush=True)
+        ms = tt.do_bench(fn, warmup=25, rep=200, return_mode="median")
+        ck = [c for c in progs[name].launcher("cuda")._runners.values()] if name in progs else []
+        regs = [(getattr(c, "n_regs", None), getattr(c, "n_spills", None)) for c in ck]
+        print(f"  {name:28s} {ms * 1e3:9.1f} us  (registers, spills) {regs}", flush=True)
 
 
 def diff_of(out, ref) -> float:
