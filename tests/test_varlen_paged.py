@@ -278,3 +278,24 @@ def test_the_float64_check_of_a_large_paged_decode_samples_requests_and_heads():
     part = evaluate(program, {"q": q, "k_cache": kc, "v_cache": vc, "block_table": table, "lens": lens},
                     restrict=small)["out0"]
     assert torch.allclose(part, full[small["b"]])
+
+
+def test_per_request_bounds_at_the_ends_of_the_integer_range():
+    """lo[b] <= j <= hi[b] with hi = 2^31 − 1 (every key) and j > lo[b] with lo = 2^31 − 1 (none): the
+    kernel's bound adds 1 to a value cut to the loop's length first, so it never wraps around."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 2, 16, generator=g)
+    k, v = torch.randn(2, 70, 2, 16, generator=g), torch.randn(2, 70, 2, 16, generator=g)
+    big = 2**31 - 1
+    fn = _window(torch.ge, torch.le)
+    lo, hi = torch.tensor([-5, 3], dtype=torch.int32), torch.tensor([big, big], dtype=torch.int32)
+    prog = ne.compile(fn, q, k, v, lo, hi)
+    assert "db0_ptr" not in prog.source
+    ref = fn(q.double(), k.double(), v.double(), lo, hi)
+    assert err(prog(q, k, v, lo, hi), ref) < 1e-5
+    fn = _window(torch.gt, torch.lt)
+    lo, hi = torch.tensor([big, 10], dtype=torch.int32), torch.tensor([big, big], dtype=torch.int32)
+    prog = ne.compile(fn, q, k, v, lo, hi)
+    out = prog(q, k, v, lo, hi)
+    ref = torch.nan_to_num(fn(q.double(), k.double(), v.double(), lo, hi), nan=0.0)
+    assert out[0].abs().max() == 0 and err(out, ref) < 1e-5

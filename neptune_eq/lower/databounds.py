@@ -104,10 +104,14 @@ def loop_range(op: str, vmin: str, vmax: str, end: str) -> tuple[str, str, str, 
     """Code of (lo, hi, flo, fhi), element offsets of the loop index j where `j op v` can hold for
     some value v of the program's, in [vmin, vmax], and where it holds for all of them: the loop
     rounds lo and fhi down and flo up to its tiles. (A wider [vmin, vmax] only widens the loop and
-    narrows its unmasked run: sound.)"""
-    return {"lt": ("0", vmax, "0", vmin), "le": ("0", f"({vmax}) + 1", "0", f"({vmin}) + 1"),
-            "gt": (f"({vmin}) + 1", end, f"({vmax}) + 1", end), "ge": (vmin, end, vmax, end),
-            "eq": (vmin, f"({vmax}) + 1", "0", "0")}[op]
+    narrows its unmasked run: sound.) A value is cut to `end` before 1 is added: j < end makes
+    `j <= v` and `j <= min(v, end)` the same, and v + 1 cannot wrap past the integer's range."""
+    def succ(v: str) -> str:
+        return f"tl.minimum({v}, {end}) + 1"
+
+    return {"lt": ("0", vmax, "0", vmin), "le": ("0", succ(vmax), "0", succ(vmin)),
+            "gt": (succ(vmin), end, succ(vmax), end), "ge": (vmin, end, vmax, end),
+            "eq": (vmin, succ(vmax), "0", "0")}[op]
 
 
 # ---------------------------------------------------------------- per call

@@ -109,7 +109,7 @@ class KernelWriter(MemoryOps, ContractOps):
         for _, v in cmps:
             if not axes_of(v) <= grid or any(
                     (isinstance(m, ir.Load) and self.program.inputs[m.tensor].dtype not in _INTEGER)
-                    or (isinstance(m, ir.Const) and m.value != int(m.value))
+                    or (isinstance(m, ir.Const) and not float(m.value).is_integer())
                     or (isinstance(m, ir.Call) and m.op not in _INTEGER_OPS) for m in ir.walk(v)):
                 return None
         vals = [self.value(v) for _, v in cmps]
@@ -407,7 +407,7 @@ class KernelWriter(MemoryOps, ContractOps):
 
 
 _INTEGER = ("int8", "int16", "int32", "int64", "uint8")
-_INTEGER_OPS = ("add", "sub", "mul", "neg", "min", "max", "floordiv", "mod")
+_INTEGER_OPS = ("add", "sub", "mul", "neg", "abs", "min2", "max2", "floordiv", "mod")
 
 
 def _fold(fn: str, codes) -> str:
