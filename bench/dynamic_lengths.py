@@ -32,31 +32,18 @@ def _compile(op: str, L: int):
 
 
 def _host_us(fn, args) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn(*args)
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) * 1e6
+    from host_profile import one_call_us
+
+    return one_call_us(lambda: fn(*args))
 
 
 def _kernel_us(fn, args, reps: int = 30) -> float:
-    """Device µs per call of the generated kernels (named nq_*), from the profiler, with L2 flushed
-    before each call: what the GPU spends, apart from how fast the host issues it (decode calls
-    are host-bound under do_bench)."""
-    from torch.profiler import ProfilerActivity, profile
+    """Device µs per call of the generated kernels (named nq_*), L2 flushed before each call: what
+    the GPU spends, apart from how fast the host issues it (decode calls are host-bound under
+    do_bench)."""
+    from host_profile import kernel_times
 
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    fn(*args)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            flush.zero_()
-            fn(*args)
-        torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA
-    return sum(e.device_time_total for e in prof.key_averages()
-               if e.device_type == cuda and e.key.startswith("nq_")) / reps
+    return sum(us for key, us, _ in kernel_times(lambda: fn(*args), reps) if key.startswith("nq_"))
 
 
 def measure(op: str, L: int) -> dict:

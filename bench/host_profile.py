@@ -34,6 +34,35 @@ def host_us(thunk, calls: int) -> float:
     return dt / calls * 1e6
 
 
+def one_call_us(thunk) -> float:
+    """Host µs of one call of `thunk` issued on an idle GPU (synchronised before and after)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    thunk()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e6
+
+
+def kernel_times(thunk, reps: int = 20) -> list[tuple[str, float, int]]:
+    """(kernel, device µs per call, launches per call) of the CUDA kernels `reps` calls of `thunk`
+    run (torch.profiler), L2 flushed before each call, slowest first; one call first to warm up."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    thunk()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.zero_()
+            thunk()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    rows = [(e.key, e.device_time_total / reps, e.count // reps) for e in prof.key_averages()
+            if e.device_type == cuda]
+    return sorted(rows, key=lambda r: -r[1])
+
+
 def profile_calls(thunk, calls: int, top: int) -> None:
     """cProfile of `calls` calls of `thunk`, the functions by their own time."""
     prof = cProfile.Profile()

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 
 import torch
 import triton.testing as tt
-from torch.profiler import ProfilerActivity, profile
+from host_profile import kernel_times, one_call_us
 from varlen_paged import paged_decode
 
 import neptune_eq
@@ -35,29 +34,14 @@ def main(ordered: bool) -> None:
     prog = neptune_eq.compile(paged_decode, *args)
     for _ in range(5):
         prog(*args)
-    torch.cuda.synchronize()
-    flush = torch.empty(256 << 20, dtype=torch.int8, device=dev)
-    reps = 20
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            flush.zero_()
-            prog(*args)
-        torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA
-    rows = sorted((e for e in prof.key_averages() if e.device_type == cuda), key=lambda e: -e.device_time_total)
-    for e in rows:
-        print(f"{e.device_time_total / reps:9.1f} us/call  x{e.count // reps:<3d} {e.key[:100]}")
+    for key, us, count in kernel_times(lambda: prog(*args), reps=20):
+        if not key.startswith("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<signed"):
+            print(f"{us:9.1f} us/call  x{count:<3d} {key[:100]}")  # (all but the L2 flush)
     bytes_read = 2 * sum(lens_l) * 8 * 128 * 2
     src = torch.empty(bytes_read // 2, dtype=torch.int8, device=dev)
     dst = torch.empty_like(src)
-    host = []
-    for _ in range(51):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        prog(*args)
-        host.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    print(f"host time per call: {sorted(host)[25]:.1f} us (median of 51)")
+    host = sorted(one_call_us(lambda: prog(*args)) for _ in range(51))
+    print(f"host time per call: {host[25]:.1f} us (median of 51)")
     copy_us = tt.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median") * 1e3
     call_us = tt.do_bench(lambda: prog(*args), warmup=25, rep=200, return_mode="median") * 1e3
     print(f"copy of the bytes read: {copy_us:.1f} us; call: {call_us:.1f} us ({copy_us / call_us:.1%} of copy)")

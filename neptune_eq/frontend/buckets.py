@@ -43,10 +43,12 @@ def plans_by_range(prog, groups, bounds) -> dict[tuple[int, ...], object]:
     pinned = {prog.choice: prog}
     out = {}
     for r in itertools.product(range(RANGES), repeat=len(groups)):
-        at = {a: range_middle(b, k) for group, b, k in zip(groups, bounds, r) for a in group}
-        program = prog.program.with_extents(at)
-        best = min(prog.alternatives[:RANGED_ALTERNATIVES], key=lambda alt: plan_cost(alt.plan, program, alt.schedules,
-                                                                prog.compilation.device).time)
+        at = prog.program.with_extents({a: range_middle(b, k) for group, b, k in zip(groups, bounds, r) for a in group})
+
+        def price(alt, at=at):
+            return plan_cost(alt.plan, at, alt.schedules, prog.compilation.device).time
+
+        best = min(prog.alternatives[:RANGED_ALTERNATIVES], key=price)
         if best.id not in pinned:
             pinned[best.id] = prog.pin(best.id)
         out[r] = pinned[best.id]
