@@ -22,6 +22,7 @@ from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 
 from .materialise import materialise_operands
+from .merge import merge_shared_sums
 
 
 class LoopTermError(LookupError):
@@ -317,6 +318,7 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
             k.epilogue.append(store)
     floats = compute_dtype(program)
     buffers: dict[str, BufferSpec] = {}
+    derivation += merge_shared_sums(kernels, owner_kernel)
     if materialise:
         mats = materialise_operands(kernels, program, owner_kernel, epilogues)
         if mats is None:

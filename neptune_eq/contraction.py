@@ -25,7 +25,11 @@ class Opened:
 
 
 def opened(body: Node) -> Opened:
-    """`body` opened into factors, conditions and structure (a body that is no product is one factor)."""
+    """`body` opened into factors, conditions and structure (a body that is no product is one factor;
+    a sum or difference of products that share a factor is that factor times the sum of the rest)."""
+    shared = _common_factor(body)
+    if shared is not None:
+        return shared
     factors, conditions, structure = [], [], []
     todo = _product(body, structure)
     while todo:
@@ -38,6 +42,41 @@ def opened(body: Node) -> Opened:
         else:
             factors.append(n)
     return Opened(tuple(factors), tuple(conditions), tuple(structure))
+
+
+def _common_factor(body: Node) -> Opened | None:
+    """x·f ± y·f (each term a product under its own conditions) opened as (x ± y)·f: the factors both
+    terms share, and one computed factor holding the rest of each, its conditions as zero-branch
+    selections. Two gradient contributions to one weight, Σᵢ pᵢⱼ·hᵢ + Σᵢ [tᵢ = j]·cᵢ·hᵢ, become one
+    dot of (p + [t = j]·c) with h. Where h holds inf and both terms are selected out the sum was 0 and
+    the dot meets 0·inf: the loaded operand is taken as finite, as for any masked dot (README)."""
+    if not (isinstance(body, Call) and body.op in ("add", "sub")):
+        return None
+    x, y = (opened(t) for t in body.args)
+    if len(x.factors) < 2 or len(y.factors) < 2:
+        return None
+    rest_y = list(y.factors)
+    common = []
+    for f in x.factors:
+        if f in rest_y and not isinstance(f, Const):
+            rest_y.remove(f)
+            common.append(f)
+    if not common:
+        return None
+    rest_x = list(x.factors)
+    for f in common:
+        rest_x.remove(f)
+
+    def term(factors: list[Node], conditions: tuple[Node, ...]) -> Node:
+        out = factors[0] if factors else _ONE
+        for f in factors[1:]:
+            out = Call("mul", (out, f))
+        for c in conditions:
+            out = Call("where", (c, out, _ZERO))
+        return out
+
+    rest = Call(body.op, (term(rest_x, x.conditions), term(rest_y, y.conditions)))
+    return Opened((rest, *common), (), (body, *x.structure, *y.structure))
 
 
 def _product(n: Node, structure: list[Node]) -> list[Node]:
@@ -56,7 +95,7 @@ def is_product(node: Node) -> bool:
     sum that can become a tl.dot."""
     while isinstance(node, Call) and node.op == "where" and _ZERO in node.args[1:]:
         node = node.args[2] if node.args[1] == _ZERO else node.args[1]
-    return isinstance(node, Call) and node.op in ("mul", "div")
+    return (isinstance(node, Call) and node.op in ("mul", "div")) or _common_factor(node) is not None
 
 
 @dataclass(frozen=True)
