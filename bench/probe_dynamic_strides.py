@@ -2,7 +2,8 @@
 the same length when their code is the same but for runtime strides and extents (softcap_pf,
 window_pf: 1.14–1.27×, H200 2026-11-27). Times, at length L, the kernel of the bucket's plan as
 generated (strides and lengths arguments), hand-edited with every stride a constexpr (lengths
-still arguments), and the static compile's kernel; whole-call do_bench medians.
+still arguments), with each length a constexpr, with the lengths left to the JIT to specialise
+(divisibility by 16; "specialised"), and the static compile's kernel; whole-call do_bench medians.
 
     python bench/probe_dynamic_strides.py softcap_pf 12000
 """
@@ -68,17 +69,40 @@ def main(op: str, L: int) -> None:
     diff = max(diff_of(out, ref), diff_of(out3, ref))
     lengths = [f"n_{a}" for g in fam.lengths.groups for a in g]
     single = {n: variant(constexpr_lengths(src, (n,))) for n in lengths}
+    # lengths still arguments, but the JIT left free to specialise them (divisible by 16 or not)
+    single["specialised"] = variant(re.sub(r"@triton\.jit\(do_not_specialize=\[.*?\]\)", "@triton.jit", src))
+    # n_i's two uses apart, each written as this call's literal value: the program-id decomposition
+    # (the tile count cdiv(n_i, T)) and the row masks of the q load and the output store
+    n_i = next((n for g, n in zip(fam.lengths.groups, ns) if "i" in g), None)
+    if n_i is not None:
+        single["order literal"] = variant(re.sub(r"\(\(n_i \+ (\d+) - 1\) // \1\)",
+                                                 lambda m: str(-(-n_i // int(m.group(1)))), src))
+        single["masks literal"] = variant(src.replace("(offs_i < n_i)", f"(offs_i < {n_i})"))
+        # the load's mask alone as a literal; the load's rows clamped into range instead of masked
+        load = re.compile(r"(tl\.load\([^\n]*?)offs_i\[:, None\]([^\n]*?), mask=\(offs_i < n_i\)\[:, None\], other=0\)")
+        single["load literal"] = variant(load.sub(lambda m: f"{m.group(1)}offs_i[:, None]{m.group(2)}, "
+                                                  f"mask=(offs_i < {n_i})[:, None], other=0)", src))
+        single["load clamped"] = variant(load.sub(lambda m: f"{m.group(1)}tl.minimum(offs_i, n_i - 1)[:, None]"
+                                                  f"{m.group(2)})", src))
     rows = {"dynamic": lambda: prog.run(inputs), "dynamic, strides constexpr": lambda: edited.run(inputs),
             "dynamic, strides + lengths constexpr": lambda: both.run(inputs), "static": lambda: static(*xs),
-            **{f"dynamic, {n} constexpr only": (lambda p=p: p.run(inputs)) for n, p in single.items()}}
+            **{_label(n): (lambda p=p: p.run(inputs)) for n, p in single.items()}}
     print(f"{op} L={L} on {torch.cuda.get_device_name()}; max |edited − dynamic| = {diff:.2e}")
     progs = {"dynamic": prog, "dynamic, strides constexpr": edited, "dynamic, strides + lengths constexpr": both,
-             **{f"dynamic, {n} constexpr only": p for n, p in single.items()}}
+             **{_label(n): p for n, p in single.items()}}
     for name, fn in rows.items():
         ms = tt.do_bench(fn, warmup=25, rep=200, return_mode="median")
         ck = [c for c in progs[name].launcher("cuda")._runners.values()] if name in progs else []
         regs = [(getattr(c, "n_regs", None), getattr(c, "n_spills", None)) for c in ck]
         print(f"  {name:28s} {ms * 1e3:9.1f} us  (registers, spills) {regs}", flush=True)
+
+
+def _label(n: str) -> str:
+    if n == "specialised":
+        return "dynamic, lengths specialised by the JIT"
+    if n == "load clamped":
+        return "dynamic, q rows clamped, not masked"
+    return f"dynamic, n_i's {n.split()[0]} as a literal" if n.endswith("literal") else f"dynamic, {n} constexpr only"
 
 
 def diff_of(out, ref) -> float:
