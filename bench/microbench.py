@@ -5,6 +5,8 @@ that none of them is fitted on the programs the model is judged on (bench/beyond
     mm          torch.mm of bf16 8192³: dense tensor-core FLOP/s
     exp         a Triton loop of dependent exp2 per element: special-function ops per second
     launch      back-to-back launches of an empty Triton kernel: seconds per launch
+    l2          every program re-reading one 16 MiB buffer (it stays in L2): bytes L2 delivers to
+                the SMs per second, the roof of a K-loop that re-reads its operand tiles
     latency     a Triton row sum streaming 64 MiB with one tile in flight per program, tiles of
                 256 to 4096 values: the memory latency that Little's law needs (rate = bytes in
                 flight / latency), fitted on the smallest tiles (latency-bound, far from the HBM roof)
@@ -47,6 +49,35 @@ def _row_sum(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
     tl.store(y_ptr + row, tl.sum(acc))
 
 
+@triton.jit
+def _l2_read(x_ptr, out_ptr, n, reps, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], tl.float32)
+    tiles = n // BLOCK
+    for r in range(reps):
+        t = (pid * 7 + r) % tiles
+        acc += tl.load(x_ptr + t * BLOCK + tl.arange(0, BLOCK)).to(tl.float32)
+    tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), acc)
+
+
+def l2_read_rates(mb: int = 16) -> dict[str, float]:
+    """Bytes per second every program re-reading a `mb` MiB buffer gets, for a few block sizes,
+    warps and programs per SM (the buffer stays in L2)."""
+    n = mb * (1 << 20) // 2
+    x = torch.randn(n, device="cuda").half()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = {}
+    for block, warps, per_sm in ((4096, 8, 4), (8192, 8, 4), (8192, 16, 2)):
+        programs, reps = sms * per_sm, 256
+        o = torch.empty(programs * block, device="cuda")
+
+        def run(programs=programs, o=o, reps=reps, block=block, warps=warps):
+            _l2_read[(programs,)](x, o, n, reps, BLOCK=block, num_warps=warps)
+
+        out[f"block{block}_w{warps}_x{per_sm}"] = programs * reps * block * 2 / (_ms(run) * 1e-3)
+    return out
+
+
 def _ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
@@ -72,6 +103,8 @@ def measure() -> dict:
     y = torch.empty_like(x)
     t = _ms(lambda: _exp_chain[(n // 1024,)](x, y, n, REPS=reps, BLOCK=1024))
     out["sfu_ops_per_s"] = n * reps / (t * 1e-3)
+    out["l2_read"] = l2_read_rates()
+    out["l2_read_bytes_per_s"] = max(out["l2_read"].values())
     z = torch.empty(1, device=dev)
     k = 200
 

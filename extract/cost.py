@@ -337,6 +337,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     bw = min(dev.hbm_bytes_per_s, active * rate)
     t_mem_eff = hbm / bw * (waves * active / programs if programs > slots else 1.0) * spill
     terms = [t_mem_eff, *t_compute]
+    t_l2 = _l2_time(requested, c, sched, iters_total, active, dev)
     chain = _data_bounded_chain(k, program, plan)
     if chain:
         # a loop bounded by the inputs' values (lower/databounds.py): the lengths are data, unknown
@@ -345,16 +346,36 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
         # each tile waiting on `chain` dependent loads (a page table, then the page), which
         # software pipelining cannot overlap (one in `stages` where the addresses are plain)
         terms = [t * _DATA_LENGTH_PRIOR for t in terms]
+        t_l2 *= _DATA_LENGTH_PRIOR
         per_tile = dev.mem_latency_s * (chain if chain > 1 else 1 / max(2, sched.num_stages))
         terms.append(iters_total * per_tile)
     dominant = max(terms)
     # a resident program alone on its SM has no loop to pipeline and no other program to switch to:
     # its loads, its arithmetic and its stores follow one another
     overlap = 1.0 if sched.resident and occ == 1 else dev.overlap
-    time = dominant + overlap * (sum(terms) - dominant) + dev.launch_s
+    # L2 → SM delivery bounds the kernel when it takes longer than every unit (the others then overlap it)
+    time = max(dominant, t_l2) + overlap * (sum(terms) - dominant) + dev.launch_s
     latency = hbm / bw
     return KernelCost(k.name, programs, iters_total, hbm, requested + stored, c.tc * programs, c.alu * programs,
                       c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time)
+
+
+def _l2_time(requested: float, c: _Counter, sched: KernelSchedule, iters_total: float, active: int,
+             dev: DeviceSpec) -> float:
+    """Seconds for L2 to deliver every byte the programs load (HBM's share passes through it too). A
+    K-loop, or a GEMM's pass over K tiles (a grouped 2-D schedule), keeps `num_stages − 1` K steps in
+    flight per program (the software pipeline's prefetch); the programs running together then pull at
+    most that per memory latency. H200, linear cross-entropy's K-loop kernel
+    (bench/results/h200_2026-11-27/kloop_tiles.json): 64 rows × 256 × 64, 168 GB requested, 31.1 ms at
+    2 stages (one 40 KB step in flight: 5.3 TB/s) and 17.4 at 3 (the 8.5 TB/s roof: 19.8); 128 rows,
+    101 GB: 16.5 and 13.4 ms. Other kernels stream their loop tiles as the HBM term prices them (its
+    latency model), under L2's rate alone."""
+    if not (c.ksteps or sched.group > 1) or requested <= 0:
+        return requested / dev.l2_read_bytes_per_s
+    steps = max(1.0, iters_total) * math.prod(c.ksteps.values())
+    step_bytes = c.bytes_loaded / steps
+    per_program = max(step_bytes * max(1, sched.num_stages - 1) / dev.mem_latency_s, dev.sm_stream_bytes_per_s)
+    return requested / min(dev.l2_read_bytes_per_s, active * per_program)
 
 
 # operations per element of a computed dot operand beside its arithmetic: a load from shared

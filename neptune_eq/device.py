@@ -27,6 +27,10 @@ class DeviceSpec:
     overlap: float = 0.5  # fraction of non-dominant work that does not overlap the dominant unit
     # what one program's loads wait for: a program streams about (bytes in flight) / latency
     mem_latency_s: float = 1.0e-6
+    # what L2 delivers to the SMs (every program re-reading one 16 MiB buffer: 8.3-8.8 TB/s on an H200,
+    # the H100's GH100 die, bench/microbench.py l2, 2026-11-27): a K-loop tile of 64 rows re-reads the
+    # weight of linear cross-entropy from L2 twice as often as one of 128 and ran 17.4 against 13.4 ms
+    l2_read_bytes_per_s: float = 8.5e12
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536
 
@@ -70,4 +74,5 @@ def from_torch(default: DeviceSpec = H100) -> DeviceSpec:
     if mem_clock and bus:  # peak = 2 transfers per clock × bus width; copies reach about 85% of it
         bw = 0.85 * 2 * mem_clock * 1e3 * bus / 8
     return replace(default, name=p.name, sms=p.multi_processor_count, clock_hz=clock,
-                   tensor_flops=default.tensor_flops * scale, l2_bytes=l2, hbm_bytes_per_s=bw)
+                   tensor_flops=default.tensor_flops * scale, l2_bytes=l2, hbm_bytes_per_s=bw,
+                   l2_read_bytes_per_s=default.l2_read_bytes_per_s * scale)
