@@ -222,9 +222,35 @@ def first_chunk(c: Chunking, inputs: dict, program: ir.Program) -> dict:
                    for o, a in c.accumulators.items()}
 
 
-def run_chunked(c: Chunking, run, inputs: dict, program: ir.Program, out_dtypes=None) -> dict:
-    """The outputs of `program` on `inputs`, by running `run(inputs, out_dtypes)` (the chunk program's)
-    once per chunk: sliced outputs are copied into their place, summed ones accumulate in fp32."""
+def aliasable(plan, program: ir.Program, out: str, acc: str) -> bool:
+    """May the chunk plan write output `out` over its accumulator input `acc`? Yes where the one store of
+    `out` is the only place `acc` is read, at the element it stores (acc[j, d] + Σ …): each element is
+    then read before it is written, by the same program, and by nothing else."""
+    from .schedule import with_inlined
+
+    stores = [st for k in plan.kernels for ph in k.passes() for st in ph.stores if st.target == out]
+    stores += [st for k in plan.kernels for st in k.epilogue if st.target == out]
+    if len(stores) != 1:
+        return False
+    at = tuple(ir.Index(a) for a in stores[0].axes)
+    spec = program.inputs.get(acc)
+    if spec is None or tuple(spec.axes) != tuple(stores[0].axes):
+        return False
+    for k in plan.kernels:
+        exprs = [e for ph in k.passes() for c in ph.comps for e in (c.core, c.mask, c.corr) if e is not None]
+        exprs += [st.expr for ph in k.passes() for st in ph.stores if st is not stores[0]]
+        exprs += [st.expr for st in k.epilogue if st is not stores[0]]
+        if any(isinstance(n, ir.Load) and n.tensor == acc for e in with_inlined(exprs, plan) for n in ir.walk(e)):
+            return False
+    return all(n.index == at for n in ir.walk(stores[0].expr) if isinstance(n, ir.Load) and n.tensor == acc)
+
+
+def run_chunked(c: Chunking, run, inputs: dict, program: ir.Program, out_dtypes=None,
+                alias: dict[str, str] | None = None) -> dict:
+    """The outputs of `program` on `inputs`, by running `run(inputs, out_dtypes, into)` (the chunk
+    program's) once per chunk: sliced outputs are copied into their place, summed ones accumulate in
+    fp32 — written over their accumulator where `alias` (summed output → its accumulator input) says
+    the chunk plan may (`aliasable`), so one fp32 copy of each is held, not two."""
     import torch
 
     from .lower.launch import _TORCH_DTYPES
@@ -242,7 +268,7 @@ def run_chunked(c: Chunking, run, inputs: dict, program: ir.Program, out_dtypes=
         length = min(c.size, n - start)
         feed = {k: (v.narrow(dims[k], start, length) if k in dims else v) for k, v in inputs.items()}
         feed |= {c.accumulators[o]: acc for o, acc in accs.items()}
-        res = run(feed, kept)
+        res = run(feed, kept, {o: acc for o, acc in accs.items() if o in (alias or {})})
         for o in accs:
             accs[o] = res[o]
         for o in outs:
@@ -251,5 +277,5 @@ def run_chunked(c: Chunking, run, inputs: dict, program: ir.Program, out_dtypes=
     return outs | {o: acc.to(want[o]) for o, acc in accs.items()}
 
 
-__all__ = ["Chunking", "choose", "chunk_program", "default_limit", "first_chunk", "io_bytes", "plan_scratch",
-           "run_chunked", "why_not"]
+__all__ = ["Chunking", "aliasable", "choose", "chunk_program", "default_limit", "first_chunk", "io_bytes",
+           "plan_scratch", "run_chunked", "why_not"]

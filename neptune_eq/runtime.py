@@ -153,17 +153,22 @@ class CompiledProgram:
         return self._modules[key]
 
     # ---- running
-    def run(self, inputs: dict[str, torch.Tensor], out_dtypes=None) -> dict[str, torch.Tensor]:
+    def run(self, inputs: dict[str, torch.Tensor], out_dtypes=None, into=None) -> dict[str, torch.Tensor]:
         """The outputs for `inputs` (all on one device: CUDA runs the compiled kernels, CPU Triton's
         interpreter). Raises NeptuneError naming the first input of the wrong dtype, shape or device,
-        and NoBackward when an input requires grad (grad mode on): this runs the forward alone."""
+        and NoBackward when an input requires grad (grad mode on): this runs the forward alone.
+        `into`: output name → the tensor to write it into where its shape and dtype match (internal:
+        a chunk's accumulators, chunked.run_chunked)."""
         refuse_grad(self.program, grad_needed(inputs))
         check_inputs(self.program, inputs, self._input_specs, self._length_sources)
         device = _one_device(inputs)
         if self.chunking is not None:
-            return chunked.run_chunked(self.chunking, self.chunk_compiled.run, inputs, self.program, out_dtypes)
+            c = self.chunking
+            alias = {o: a for o, a in c.accumulators.items()
+                     if chunked.aliasable(self.chunk_compiled.plan, c.program, o, a)}
+            return chunked.run_chunked(c, self.chunk_compiled.run, inputs, self.program, out_dtypes, alias)
         target = "cuda" if device.type == "cuda" else "interpreter"
-        return self.launcher(target)(inputs, out_dtypes)
+        return self.launcher(target)(inputs, out_dtypes, into=into)
 
     def __call__(self, *args, **kwargs):
         names = list(self.program.inputs)

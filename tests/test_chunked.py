@@ -103,9 +103,39 @@ def test_a_plan_over_its_scratch_limit_runs_in_chunks_and_matches_the_whole():
     assert c is not None and c.axis == "i" and c.count >= 3 and 100 % c.size != 0
     assert chunked.plan_scratch(cut.chunk_compiled.plan, cut.chunk_compiled.program) <= limit
     assert "chunks of" in cut.explain()
+    # grad_W accumulates over the chunks in place: its one store reads the accumulator at its element
+    assert chunked.aliasable(cut.chunk_compiled.plan, c.program, "grad_W", c.accumulators["grad_W"])
     got, ref = cut.run(inputs), whole.run(inputs)
     for name in ("grad_h", "grad_W"):
         torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-6)
+
+
+def test_an_accumulator_read_anywhere_but_its_own_store_is_not_overwritten():
+    """out[j] = acc[j] + Σ_i x[i, j]: the store reads acc at the element it writes (in place is exact);
+    where a second output also reads acc, writing out over it would change what that one reads."""
+    for shared in (False, True):
+        P = ne.program("acc_sum")
+        i, j = P.axes(i=40, j=24)
+        x, acc = P.input("x", i, j), P.input("acc", j)
+        P.output("out", acc + ne.sum(x, i), (j,))
+        if shared:
+            P.output("twice", acc * 2.0, (j,))
+        prog = compile_ir(P.build(), Options())
+        assert chunked.aliasable(prog.plan, prog.program, "out", "acc") is not shared
+    x, acc = torch.randn(40, 24), torch.randn(24)
+    ref = acc.double() + x.double().sum(0)
+    into = acc.clone()
+    got = compile_ir(_acc_sum(), Options()).run({"x": x, "acc": into}, into={"out": into})["out"]
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    assert got.data_ptr() == into.data_ptr()
+
+
+def _acc_sum():
+    P = ne.program("acc_sum")
+    i, j = P.axes(i=40, j=24)
+    x, acc = P.input("x", i, j), P.input("acc", j)
+    P.output("out", acc + ne.sum(x, i), (j,))
+    return P.build()
 
 
 def test_attention_gradients_with_a_backward_in_chunks_match_float64():

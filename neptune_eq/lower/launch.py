@@ -179,12 +179,14 @@ class Launcher:
         return t
 
     def __call__(self, inputs: dict[str, torch.Tensor], out_dtypes: dict[str, torch.dtype] | None = None,
-                 compiled: list | None = None) -> dict[str, torch.Tensor]:
+                 compiled: list | None = None, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Run the plan's kernels; `compiled`, if given, receives Triton's compiled kernel of each
-        launch (its .asm holds the TTGIR, PTX and SASS)."""
+        launch (its .asm holds the TTGIR, PTX and SASS). `into`: output name → a contiguous tensor of
+        its shape and dtype to write it into (a chunked sum's accumulator, read element by element
+        by the store that overwrites it: chunked.aliasable)."""
         wide = self._wide_for(inputs)
         if wide is not None:
-            return wide(inputs, out_dtypes, compiled)
+            return wide(inputs, out_dtypes, compiled, into)
         device = next(iter(inputs.values())).device
         if self._descriptors:
             bad = next((n for n, dims in self._descriptors if not descriptor_ok(inputs[n], dims)), None)
@@ -194,7 +196,7 @@ class Launcher:
                                        "16-byte aligned start and row strides, innermost stride 1)")
                 if self._fallback_launcher is None:
                     self._fallback_launcher = self._fallback()
-                return self._fallback_launcher(inputs, out_dtypes, compiled)
+                return self._fallback_launcher(inputs, out_dtypes, compiled, into)
         if self._any_descriptor and device.type == "cuda" and not self._allocator_checked:
             _ensure_allocator()
             self._allocator_checked = True
@@ -202,7 +204,11 @@ class Launcher:
         outs = {}
         calls, out_shapes, axes = self._at(inputs)
         for name, shape, dt in out_shapes:
-            outs[name] = tensors[name] = torch.empty(shape, dtype=(out_dtypes or {}).get(name) or dt, device=device)
+            dt = (out_dtypes or {}).get(name) or dt
+            t = (into or {}).get(name)
+            if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dt or not t.is_contiguous():
+                t = torch.empty(shape, dtype=dt, device=device)
+            outs[name] = tensors[name] = t
         for name in self.plan.buffers:
             tensors[name] = self._buffer(device, name, axes)
         cuda = device.type == "cuda"
