@@ -243,10 +243,15 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
             else:
                 held[key] = size(ld)
         streamed.append(total)
+    # the epilogue's tiles (a chunked sum's fp32 accumulator, read once after the loop) are live only
+    # once the loops' pipeline buffers are not: Triton's allocator gives them the same shared memory
+    after = {}
     for ld in (n for e in with_inlined([st.expr for st in k.epilogue], plan) for n in ir.walk(e)
                if isinstance(n, ir.Load)):
-        held[(ld.tensor, tuple(sorted(ld.axes)))] = size(ld)
-    return sum(held.values()) + max(streamed)
+        key = (ld.tensor, tuple(sorted(ld.axes)))
+        if key not in held:
+            after[key] = size(ld)
+    return sum(held.values()) + max(max(streamed), sum(after.values()))
 
 
 def fit_shared(sched: KernelSchedule, k: KernelPlan, program: ir.Program, plan: Plan,
