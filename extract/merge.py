@@ -9,10 +9,11 @@ values, but the factored body (x + y)·f is not an identity where f is ±inf and
 selected out (0 against 0·inf); the dot's lowering already takes a loaded operand as finite
 (README, "What is guaranteed"), and contraction.opened reads the sum as that product.
 
-Applies to two sum components of one kernel's unsplit passes over one axis, with the same free axes, no repair and no
-integer state, each a tile product, whose sum is again one (a shared factor), when every reference
-to either result is to their sum. The components' masks go into the body as conditions except the
-affine conjuncts they share, which still bound the tiles the loop visits.
+Applies to two sum components of one kernel's unsplit passes over one axis, with the same free
+axes, no repair and no integer state, each a tile product, whose sum is again one (a shared
+factor), when every reference to either result is to their sum. The components' masks go into
+the body as conditions except the affine conjuncts they share, which still bound the tiles the
+loop visits.
 """
 
 from __future__ import annotations
