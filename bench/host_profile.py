@@ -63,6 +63,18 @@ def kernel_times(thunk, reps: int = 20) -> list[tuple[str, float, int]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
+def schedule_times(compiled, alt_id: int, schedules, feed: dict, label: str, reps: int = 5):
+    """kernel_times of alternative `alt_id` of `compiled` run on `feed` with `schedules` (its kernels'),
+    or None, printed with `label`, where Triton refuses them (a tile that does not fit is a result too)."""
+    prog = compiled.pin(alt_id)
+    prog.schedules["cuda"] = list(schedules)
+    try:
+        return kernel_times(lambda: prog.run(feed), reps=reps)
+    except Exception as e:  # (any compile or launch failure of the schedule)
+        print(f"{label}: failed {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return None
+
+
 def profile_calls(thunk, calls: int, top: int) -> None:
     """cProfile of `calls` calls of `thunk`, the functions by their own time."""
     prof = cProfile.Profile()

@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from beyond.programs import linear_ce
-from host_profile import kernel_times
+from host_profile import schedule_times
 
 import neptune_eq
 from neptune_eq import autograd
@@ -47,12 +47,8 @@ def main():
     for rt, ct, stages in ((128, 128, 2), (128, 128, 3), (128, 128, 4), (128, 256, 2), (128, 256, 3)):
         scheds = list(a.schedules)
         scheds[gemm] = replace(scheds[gemm].with_tiles(**{rows: rt, cols: ct}), num_stages=stages)
-        p = chunk.pin(a.id)
-        p.schedules["cuda"] = scheds
-        try:
-            times = kernel_times(lambda p=p: p.run(feed), reps=5)
-        except Exception as e:  # a schedule that does not fit is a result too
-            print(f"{rt}×{ct}, stages {stages}: failed {type(e).__name__}: {str(e)[:200]}", flush=True)
+        times = schedule_times(chunk, a.id, scheds, feed, f"{rt}×{ct}, stages {stages}")
+        if times is None:
             continue
         mine = [(name[-30:], round(us)) for name, us, _ in times if name.startswith("nq_")]
         print(f"{rows} {rt} × {cols} {ct}, stages {stages}:", mine, flush=True)

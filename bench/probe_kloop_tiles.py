@@ -25,7 +25,7 @@ import triton.testing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from beyond.programs import linear_ce
-from host_profile import kernel_times
+from host_profile import schedule_times
 from microbench import l2_read_rates
 from neptune_eq.extract.cost import plan_cost
 
@@ -85,12 +85,8 @@ def main():
             scheds[ki + 1] = scheds[ki + 1].with_tiles(**{x: v for x, v in scheds[ki].tiles.items()
                                                          if x in a.plan.kernels[ki + 1].grid})
         pred = plan_cost(a.plan, fwd.program, scheds, dev).kernels[ki]
-        prog = fwd.pin(a.id)
-        prog.schedules["cuda"] = scheds
-        try:
-            times = kernel_times(lambda prog=prog: prog.run(feed), reps=5)
-        except Exception as e:  # a tile that does not fit is a result too
-            print(f"{bm}×{bn}×{bk} w{warps} s{stages}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
+        times = schedule_times(fwd, a.id, scheds, feed, f"{bm}×{bn}×{bk} w{warps} s{stages}")
+        if times is None:
             continue
         us = next((t for name, t, _ in times if name.endswith(k.name)), None)
         row = {"tiles": [bm, bn, bk], "warps": warps, "stages": stages, "kernel_us": us,
