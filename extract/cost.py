@@ -51,12 +51,13 @@ class KernelCost:
     efficiency: float
     latency: float
     time: float
+    t_l2: float = 0.0  # L2 → SM delivery of every byte the programs load (_l2_time)
 
     def __str__(self) -> str:
         return (f"kernel {self.name}: {self.programs} programs, {self.iterations:.1f} loop tiles each, "
                 f"{self.hbm_bytes / 1e6:.3f} MB HBM, predicted {self.time * 1e6:.2f} µs "
                 f"(mem {self.t_mem * 1e6:.2f}, tensor {self.t_tc * 1e6:.2f}, alu {self.t_alu * 1e6:.2f}, "
-                f"sfu {self.t_sfu * 1e6:.2f} µs; fill {self.efficiency:.0%})")
+                f"sfu {self.t_sfu * 1e6:.2f}, L2 {self.t_l2 * 1e6:.2f} µs; fill {self.efficiency:.0%})")
 
 
 @dataclass
@@ -357,7 +358,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     time = max(dominant, t_l2) + overlap * (sum(terms) - dominant) + dev.launch_s
     latency = hbm / bw
     return KernelCost(k.name, programs, iters_total, hbm, requested + stored, c.tc * programs, c.alu * programs,
-                      c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time)
+                      c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time, t_l2)
 
 
 def _l2_time(requested: float, c: _Counter, sched: KernelSchedule, iters_total: float, active: int,
