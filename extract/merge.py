@@ -77,7 +77,8 @@ def _merge(kernels: list[KernelPlan], a: CompPlan, b: CompPlan) -> bool:
     if not is_product(body):
         return False
     a.core, a.mask = body, conjunction(shared)
-    _substitute(kernels, both)
+    for k in kernels:
+        k.substitute(both)
     return True
 
 
@@ -88,16 +89,3 @@ def _exprs(kernels: list[KernelPlan]):
                 yield from (e for e in (c.core, c.mask, c.corr, *(h for _, h in c.affine)) if e is not None)
             yield from (st.expr for st in ph.stores)
         yield from (st.expr for st in k.epilogue)
-
-
-def _substitute(kernels: list[KernelPlan], mapping: dict[ir.Node, ir.Node]) -> None:
-    for k in kernels:
-        for ph in k.passes():
-            for c in ph.comps:
-                c.core = ir.substitute(c.core, mapping)
-                c.mask = ir.substitute(c.mask, mapping) if c.mask is not None else None
-                c.corr = ir.substitute(c.corr, mapping) if c.corr is not None else None
-            for st in ph.stores:
-                st.expr = ir.substitute(st.expr, mapping)
-        for st in k.epilogue:
-            st.expr = ir.substitute(st.expr, mapping)

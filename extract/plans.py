@@ -407,23 +407,7 @@ def _syms_needed(k: KernelPlan) -> set[str]:
 
 
 def _replace_syms(k: KernelPlan, name: str, load: ir.Load) -> None:
-    mapping = {}
-
-    def sub(e: ir.Node) -> ir.Node:
-        for n in ir.walk(e):
-            if isinstance(n, ir.StateRef) and n.kind in _VALUES and n.name == name:
-                mapping[n] = load
-        return ir.substitute(e, mapping) if mapping else e
-
-    for ph in k.phases:
-        src = ph.source if isinstance(ph, Combine) else ph
-        if isinstance(ph, Combine):
-            continue
-        for c in src.comps:
-            c.core = sub(c.core)
-            c.mask = sub(c.mask) if c.mask is not None else None
-            c.corr = sub(c.corr) if c.corr is not None else None
-        for st in src.stores:
-            st.expr = sub(st.expr)
-    for st in k.epilogue:
-        st.expr = sub(st.expr)
+    mapping = {n: load for e in _exprs(k) for n in ir.walk(e)
+               if isinstance(n, ir.StateRef) and n.kind in _VALUES and n.name == name}
+    if mapping:
+        k.substitute(mapping)

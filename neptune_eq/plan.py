@@ -96,6 +96,21 @@ class KernelPlan:
     def passes(self) -> list[Pass]:
         return [p for p in self.phases if isinstance(p, Pass)]
 
+    def substitute(self, mapping: dict[ir.Node, ir.Node]) -> None:
+        """Replace, in place, every occurrence of the keys (by value) with their values in what the
+        kernel's passes compute (their components' cores, masks and repairs) and store, and in its
+        epilogue (a Combine folds its source pass's states as they are)."""
+        def sub(e):
+            return ir.substitute(e, mapping) if e is not None else None
+
+        for ps in self.passes():
+            for c in ps.comps:
+                c.core, c.mask, c.corr = sub(c.core), sub(c.mask), sub(c.corr)
+            for st in ps.stores:
+                st.expr = sub(st.expr)
+        for st in self.epilogue:
+            st.expr = sub(st.expr)
+
 
 @dataclass(frozen=True)
 class BufferSpec:

@@ -99,6 +99,15 @@ class CompiledProgram:
         compile_fn = self.compile_fn or (lambda p: compile_ir(p, self.compilation.options))
         return compile_fn(self.chunking.program)
 
+    def _aliases(self, c: chunked.Chunking) -> dict[str, str]:
+        """The summed outputs the chunk plan may write over their accumulators (chunked.aliasable),
+        worked out once per chunk plan, not per call."""
+        plan = self.chunk_compiled.plan
+        key = ("aliases", id(plan))
+        if key not in self._modules:
+            self._modules[key] = {o: a for o, a in c.accumulators.items() if chunked.aliasable(plan, c.program, o, a)}
+        return self._modules[key]
+
     # ---- lowering
     def _schedules(self, target: str) -> list[KernelSchedule]:
         """The tuned schedules for `target` if any, else the plan's defaults."""
@@ -164,9 +173,8 @@ class CompiledProgram:
         device = _one_device(inputs)
         if self.chunking is not None:
             c = self.chunking
-            alias = {o: a for o, a in c.accumulators.items()
-                     if chunked.aliasable(self.chunk_compiled.plan, c.program, o, a)}
-            return chunked.run_chunked(c, self.chunk_compiled.run, inputs, self.program, out_dtypes, alias)
+            return chunked.run_chunked(c, self.chunk_compiled.run, inputs, self.program, out_dtypes,
+                                       self._aliases(c))
         target = "cuda" if device.type == "cuda" else "interpreter"
         return self.launcher(target)(inputs, out_dtypes, into=into)
 
