@@ -138,11 +138,17 @@ class _Counter:
             axes |= e.axes
         return self.size(axes, loop)
 
+    def dot(self, n: ir.Node, loop: str | None) -> bool:
+        """A sum the lowering emits as tl.dot: a product over its axis and two more tiled ones (a row
+        dot such as Σ_e dO[i, e]·O[i, e] is an elementwise product and a tl.sum: ALU work)."""
+        tiled = self.block_axes | {loop}
+        return (isinstance(n, ir.Reduce) and n.op == "sum" and is_product(n.body) and n.axis in tiled
+                and len(n.body.axes & tiled) == 3)
+
     def count(self, exprs: list[ir.Node], loop: str | None, reps: float, seen: set, kloop: bool = False) -> None:
         for e in exprs:
             for n in ir.walk(e):  # a contraction lowered to tl.dot: its product is tensor-core work
-                if isinstance(n, ir.Reduce) and n.op == "sum" and is_product(n.body) \
-                        and n.axis in self.block_axes | {loop}:
+                if self.dot(n, loop):
                     seen.update(opened(n.body).structure)
             for n in ir.walk(e):
                 if n in seen:
@@ -163,7 +169,7 @@ class _Counter:
                     self.sectors[n.tensor] = max(self.sectors.get(n.tensor, 1.0), waste)
                 elif isinstance(n, ir.Reduce):
                     body = self.size(n.body.axes, loop)
-                    if n.op == "sum" and n.axis in self.block_axes | {loop}:
+                    if self.dot(n, loop):
                         self.tc += 2.0 * body * reps
                     else:
                         self.alu += body * reps

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from neptune_eq import ir
-from neptune_eq.contraction import is_product
+from neptune_eq.contraction import is_product, opened
 from neptune_eq.fusion.types import Binding, LoopCandidate, direct_bindings
 from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
@@ -93,8 +93,15 @@ class PlanSpace:
 
 
 def _tile_contraction(b: Binding) -> bool:
-    """A sum of products into two free axes: per tile a tl.dot, over a long axis a K-loop of them."""
-    return b.op == "sum" and len(b.free) >= 2 and is_product(b.node.body)
+    """A sum of products into two free axes, each missing from a factor that varies along the sum
+    (A[m, k]·B[k, n]): per tile a tl.dot, over a long axis a K-loop of them. A row dot whose factors
+    all span the free axes (attention's D = Σ_e dO[i, e]·O[i, e]) is no matrix product: inlined in a
+    loop over i it would reload O every step, so the plan space also writes it once."""
+    if not (b.op == "sum" and len(b.free) >= 2 and is_product(b.node.body)):
+        return False
+    free = set(b.free)
+    missing = [free - f.axes for f in opened(b.node.body).factors if b.axis in f.axes]
+    return any(m and n and len(m | n) >= 2 for m, n in itertools.combinations(missing, 2))
 
 
 def _covers(names: list[str], loops: list[tuple[int, LoopCandidate]]):

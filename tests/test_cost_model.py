@@ -87,3 +87,28 @@ def test_what_an_epilogue_writes_does_not_crowd_the_wave_out_of_l2():
     # x̂ written (bf16) and x read for it: nothing more (the L2 penalty had added over 1 GB)
     extra = with_store.hbm_bytes - without.hbm_bytes
     assert 1.9 * m * k_ * 2 < extra < 2.1 * m * k_ * 2, (with_store, without)
+
+
+def test_a_row_dot_inlined_in_a_loop_is_alu_work_not_tensor_core_work():
+    """Attention's D = Σ_e dO[i, e]·O[i, e] computed per query tile inside the dK/dV pass is an
+    elementwise product and a tl.sum (lower/contract.py emits a dot only into two tiled axes): the
+    kernel recomputing it has the tensor-core work of the one reading D from its buffer, and more ALU
+    work. (It had been priced as a dot, so recomputing D per key tile looked nearly free.)"""
+    import torch
+    from test_grad_saved import _global
+
+    from neptune_eq.frontend import capture
+    from neptune_eq.grad import backward_program
+    from neptune_eq.runtime import compile_ir
+
+    xs = [torch.randn(1, 4, 2048, 64, dtype=torch.float16) for _ in range(3)]
+    alts = compile_ir(backward_program(capture(_global, *xs).program, saved=True).program).alternatives
+
+    def dkdv(prefix):
+        alt = next(a for a in alts if a.structure.split(", ", 1)[1].startswith(prefix))
+        return next(kc for k, kc in zip(alt.plan.kernels, alt.cost.kernels) if k.passes()[-1].axis == "i")
+
+    inline = dkdv("pass over j (sum_j); pass over i (sum_i, sum_i2)")
+    read = dkdv("pass over e (sum_e); pass over j (sum_j); pass over i (sum_i, sum_i2)")
+    assert inline.tensor_flops == read.tensor_flops
+    assert inline.alu_ops > read.alu_ops

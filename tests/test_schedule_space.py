@@ -411,3 +411,22 @@ def test_an_epilogue_tile_shares_the_pipeline_buffers_shared_memory():
     (v,) = [v for v in variants if v.kind.startswith("2-D 128×256")]
     assert v.schedule.num_stages == 3
     assert shared_bytes(k, prog.program, alt.plan, v.schedule) == 3 * (128 + 256) * 64 * 2 <= SHARED_BUDGET
+
+
+def test_a_row_dot_is_no_tile_contraction():
+    """Σ_d q[i, d]·k[j, d] is a matrix product (each factor misses one free axis): a tl.dot per tile,
+    inlined where it is used in every plan. Σ_e dO[i, e]·O[i, e] has two free axes too, but each factor
+    spans both: an elementwise product, which the plan space may also write once and read (attention's
+    D), rather than recompute in every step of a loop over i."""
+    from neptune_eq.extract.plans import _tile_contraction
+
+    from neptune_eq import ir
+    from neptune_eq.fusion.types import Binding
+
+    def binding(free, axis, a, b):
+        body = ir.Call("mul", (ir.Load("a", tuple(map(ir.Index, a))), ir.Load("b", tuple(map(ir.Index, b)))))
+        return Binding("s", ir.Reduce("sum", axis, body), 0, free)
+
+    assert _tile_contraction(binding(("h", "i", "j"), "d", ("h", "i", "d"), ("h", "j", "d")))
+    assert not _tile_contraction(binding(("h", "i"), "e", ("h", "i", "e"), ("h", "i", "e")))
+    assert not _tile_contraction(binding(("h", "i"), "e", ("h", "i", "e"), ("e",)))  # one factor short: a row dot
