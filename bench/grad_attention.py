@@ -6,6 +6,7 @@ would not fit), then fwd+bwd is timed at the target length: median of triton.tes
 peers in one process, peak memory beside it.
 
     python bench/grad_attention.py [--ops causal_pf global_pf] [--L 16384] [--check-L 1024] [--out F]
+                                   [--impls neptune_eq sdpa flex]
 """
 
 from __future__ import annotations
@@ -31,13 +32,16 @@ def _neptune(case: Case, q, k, v):
     return (lambda: prog(q, k, v)), prog
 
 
-def implementations(case: Case, q, k, v) -> dict:
+IMPLS = ("neptune_eq", "sdpa", "flex")
+
+
+def implementations(case: Case, q, k, v, only=IMPLS) -> dict:
     out = {}
-    run, prog = _neptune(case, q, k, v)
-    out["neptune_eq"] = (run, prog)
+    if "neptune_eq" in only:
+        out["neptune_eq"] = _neptune(case, q, k, v)
     for name, build in (("sdpa", sdpa), ("flex", flex)):
-        fn, note = build(case, q, k, v)
-        out[name] = (fn, note)
+        if name in only:
+            out[name] = build(case, q, k, v)
     return out
 
 
@@ -56,7 +60,7 @@ def rel_err(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def check(op: str, L: int, log=print) -> dict[str, float]:
+def check(op: str, L: int, log=print, only=IMPLS) -> dict[str, float]:
     """Each implementation's largest relative gradient error (of q, k, v) against float64 autograd of
     the plain operator at length L; an implementation that is n/a or fails is left out (and logged)."""
     small = Case(op, L)
@@ -66,7 +70,7 @@ def check(op: str, L: int, log=print) -> dict[str, float]:
     ref64 = [x.detach().double().requires_grad_() for x in xs]
     ref = grads(lambda: small.fn(*ref64), ref64, g.double())
     errs = {}
-    for name, (fn, extra) in implementations(small, *xs).items():
+    for name, (fn, extra) in implementations(small, *xs, only).items():
         if fn is None:
             log(f"{op} {name}: n/a ({extra})")
             continue
@@ -87,6 +91,7 @@ def main():
     ap.add_argument("--L", type=int, default=16384)
     ap.add_argument("--check-L", type=int, default=1024)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--impls", nargs="*", default=list(IMPLS), choices=IMPLS, help="which to check and time")
     ap.add_argument("--tune", action="store_true", help="prog.tune() neptune_eq's forward and backward first")
     args = ap.parse_args()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -96,7 +101,7 @@ def main():
     rows = []
     for op in args.ops:
         ok = {}
-        for name, err in check(op, args.check_L, log).items():
+        for name, err in check(op, args.check_L, log, args.impls).items():
             ok[name] = err <= tolerance(name)
             log(f"{op} {name}: grad rel err {err:.1e} at L={args.check_L} "
                 f"({'ok' if ok[name] else 'OVER'} {tolerance(name)})")
@@ -104,7 +109,7 @@ def main():
         case = Case(op, args.L)
         xs = leaves(case)
         g = torch.randn(case.inputs("cuda")[0].shape, device="cuda", dtype=case.dtype)
-        for name, (fn, extra) in implementations(case, *xs).items():
+        for name, (fn, extra) in implementations(case, *xs, args.impls).items():
             if fn is None or not ok.get(name):
                 continue
             try:
