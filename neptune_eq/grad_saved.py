@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import ir
+from .grad_fold import fold
 from .ir import Call, Const, Load, Reduce
 
 
@@ -82,7 +83,7 @@ class Saved:
     backward reads the forward outputs named in `outputs` and the stats by name."""
 
     forward: ir.Program
-    stats: dict[str, Reduce]
+    stats: dict[str, ir.Node]
     outputs: tuple[str, ...]
 
 
@@ -99,13 +100,22 @@ def save(program: ir.Program, exprs: list[ir.Node], taken: set[str]) -> tuple[li
         if inner is not None and _only_parent(program, inner, o.expr):
             guarded[inner] = load
     wide = "float64" if any(s.dtype == "float64" for s in program.inputs.values()) else "float32"
-    stats: dict[str, Reduce] = {}
+    stats: dict[str, ir.Node] = {}
     for r in statistics(program):
         name = _fresh(f"saved_{len(stats)}", taken)
         taken.add(name)
         stats[name] = r
         loads[r] = Load(name, tuple(ir.Index(a) for a in sorted(r.axes, key=order.index)))
     rewritten = [_replace(e, loads, guarded) for e in exprs]
+
+    def fresh(stem: str) -> str:
+        name = _fresh(stem, taken)
+        taken.add(name)
+        return name
+
+    specs = {k: ir.TensorSpec(k, tuple(sorted(r.axes, key=order.index)), wide, holds=r) for k, r in stats.items()}
+    rewritten, lse = fold(rewritten, specs, fresh)  # (grad_fold: e^{t − m}/l read as e^{t − (m + log l)})
+    stats.update(lse)
     used = {n.tensor for e in rewritten for n in ir.walk(e) if isinstance(n, Load)}
     stats = {k: r for k, r in stats.items() if k in used}
     read = tuple(o.name for o in program.outputs if o.name in used)

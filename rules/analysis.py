@@ -124,6 +124,9 @@ NONPOS = ruleset(
     # its log is at least a − b (a log-softmax, as log_softmax is written out: no max of it is needed)
     rule(eq(t).to(a - (b + log(red("sum", ax, exp(a - b)))))).then(nonpos(t)),
     rule(eq(t).to((a - b) - log(red("sum", ax, exp(a - b))))).then(nonpos(t)),  # the same, reassociated
+    # a − (b + (c ? ∞ : log Σⱼ e^{a−b})) ≤ 0: the same with an empty row's log-sum-exp ∞ (the statistic
+    # neptune_eq/grad_fold saves where Σⱼ e^{a−b} = 0): a − ∞ is −∞
+    rule(eq(t).to(a - (b + where_(c, Term(math.inf), log(red("sum", ax, exp(a - b))))))).then(nonpos(t)),
     rule(eq(t).to(a - max2(a, b))).then(nonpos(t)),  # a − max(a, b) ≤ 0
     rule(eq(t).to(a - max2(b, a))).then(nonpos(t)),  # a − max(b, a) ≤ 0
     rule(eq(t).to(Term(x)), x <= f64(0.0)).then(nonpos(t)),  # c ≤ 0

@@ -54,6 +54,14 @@ def _args(shapes, seed=0):
     return out
 
 
+def _saved_feed(back, feed: dict) -> dict:
+    """`feed` with the forward's output and statistics as its training forward writes them from the
+    inputs in `feed`: a random row max and sum are no such pair (a sum below 1, or negative, is none)."""
+    fwd = evaluate(back.saved.forward, {k: feed[k] for k in back.saved.forward.inputs})
+    return {**feed, **{k: fwd[k].to(feed[k].dtype) if k in feed else fwd[k]
+                       for k in (*back.saved.outputs, *back.saved.stats)}}
+
+
 def test_hoisting_pulls_a_row_factor_and_guard_out_of_the_sum():
     """Σ_j where(l == 0, 0, p/l)·v = where(l == 0, 0, (Σ_j p·v)/l): the text changes, the value does not
     (also on a row where l = 0)."""
@@ -128,6 +136,53 @@ def test_saved_attention_backward_is_flashattention2():
     assert "horizontal_fusion: sum_i, sum_i2 share one pass over i" in derivation
     for k, s in zip(alt.plan.kernels, alt.schedules):
         assert shared_bytes(k, prog, alt.plan, s) <= SHARED_BUDGET
+
+
+def test_the_saved_backward_reads_the_log_sum_exp():
+    """grad_fold: the forward saves lse = m + log l (∞ on a row with no key) and the backward weighs
+    every gradient by one exponential e^{s − lse} — dV = Σ_i dO·P with no guard, dS = P·(dP − D) —
+    with nothing divided by l per score. The plain shift (global) saves lse alone."""
+    xs = [torch.randn(1, 2, 64, 16, dtype=torch.float16) for _ in range(3)]
+    for fn, alone in ((_causal, False), (_global, True)):
+        back = backward_program(capture(fn, *xs).program, saved=True)
+        prog, stats = back.program, back.saved.stats
+        assert "saved_lse" in stats and (set(stats) == {"saved_lse"}) == alone, (fn.__name__, stats)
+        lse = ir.show(stats["saved_lse"])
+        assert "log(sum_j(exp(" in lse and ("== 0, inf, log(" in lse) != alone, lse
+        nodes = {n for o in prog.outputs for n in ir.walk(o.expr)}
+        weights = {n for n in nodes if isinstance(n, ir.Call) and n.op == "exp" and {"i", "j"} <= n.axes}
+        assert len(weights) == 1 and "saved_lse" in ir.show(next(iter(weights))), weights
+        assert not any(isinstance(n, ir.Call) and n.op == "div" and isinstance(n.args[1], Load)
+                       and n.args[1].tensor in stats for n in nodes), fn.__name__
+        dv = next(o.expr for o in prog.outputs if o.name == back.grads["v"])
+        assert not any(isinstance(n, Load) and n.tensor in stats and n.tensor != "saved_lse" for n in ir.walk(dv))
+    # s/4 − lse ≤ 0 is known (rules.analysis, with the ∞ of an empty row): no stabilising max pass
+    xs = [torch.randn(2, 100, 64) for _ in range(3)]
+    back = backward_program(capture(lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v,
+                                    *xs).program, saved=True)
+    assert "max_" not in compile_ir(back.program).alternative.structure
+
+
+def test_rows_with_no_key_get_zero_gradients_through_the_saved_log_sum_exp():
+    """Rows 0 and 1 see no key (l = 0, lse = ∞): the saved backward, evaluated in float64 on what its
+    forward writes, gives the recompute backward's gradients — finite, and 0 for those query rows."""
+    args = _args([(1, 2, 6, 4)] * 3, seed=4)
+    c = capture(_masked_rows, *args)
+    inputs = c.inputs(*args)
+    g = torch.randn(c.program.output_shape(c.program.outputs[0]), generator=torch.Generator().manual_seed(9),
+                    dtype=torch.float64)
+    got = {}
+    for saved in (False, True):
+        back = backward_program(c.program, saved=saved)
+        feed = {**inputs, back.cotangents["out0"]: g}
+        if saved:
+            assert "where(" in ir.show(back.saved.stats["saved_lse"])
+            feed = _saved_feed(back, feed)
+        got[saved] = {n: evaluate(back.program, feed)[back.grads[n]] for n in back.grads}
+    for n, want in got[False].items():
+        assert torch.isfinite(got[True][n]).all(), n
+        assert torch.allclose(got[True][n], want, rtol=1e-9, atol=1e-12), n
+    assert got[True]["q"].reshape(1, 2, 6, 4)[:, :, :2].abs().max() == 0  # (b, h, i, d)
 
 
 def _global(q, k, v):  # the softmax written out, the score scale a division (examples/neptune_ops.py)
@@ -235,7 +290,7 @@ def test_backward_plans_with_D_written_once_match_float64_in_the_interpreter():
         if a.structure.split(", ", 1)[1].startswith("pass over e (sum_e); pass over j (sum_j); pass over i"):
             picks.setdefault(kinds, a.id)
     assert set(picks) >= {2, 3}, [a.structure for a in compiled.alternatives[:8]]
-    feed = random_inputs(prog, seed=5)
+    feed = _saved_feed(back, random_inputs(prog, seed=5))
     want = evaluate(prog, {k: v.double() for k, v in feed.items()})
     for kinds, i in sorted(picks.items()):
         got = compiled.pin(i).run(feed)
@@ -267,7 +322,8 @@ def test_a_group_sum_over_many_heads_steps_a_bounded_block_and_matches_float64()
         return torch.softmax(q @ k.transpose(-1, -2) / 8.0, -1) @ v
 
     xs = [torch.randn(1, h, 5, 64) for h in (64, 8, 8)]
-    prog = backward_program(capture(gqa, *xs).program, saved=True).program
+    back = backward_program(capture(gqa, *xs).program, saved=True)
+    prog = back.program
     compiled = compile_ir(prog)
 
     def group_sums(alt):  # the kernels summing a group's heads from per-head buffers
@@ -279,7 +335,7 @@ def test_a_group_sum_over_many_heads_steps_a_bounded_block_and_matches_float64()
         (p,) = k.passes()
         assert s.tiles[p.axis] < prog.axes[p.axis], s
         assert 8 * s.tiles[p.axis] * 64 <= BLOCK_VALUES, s
-    feed = random_inputs(prog, seed=3)
+    feed = _saved_feed(back, random_inputs(prog, seed=3))
     want = evaluate(prog, {n: x.double() for n, x in feed.items()})
     got = compiled.pin(alt.id).run(feed)
     for name, ref in want.items():
