@@ -32,6 +32,7 @@ of computed values (dS: dP − D could be ∞ − ∞ there). Only when every us
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from . import ir
 from .ir import Call, Const, Load, Reduce
@@ -44,7 +45,8 @@ def _call(op: str, *args: ir.Node) -> Call:
     return Call(op, tuple(args))
 
 
-def fold(exprs: list[ir.Node], stats: dict[str, ir.TensorSpec], fresh) -> tuple[list[ir.Node], dict[str, ir.Node]]:
+def fold(exprs: list[ir.Node], stats: dict[str, ir.TensorSpec],
+         fresh: Callable[[str], str]) -> tuple[list[ir.Node], dict[str, ir.Node]]:
     """The backward expressions `exprs` with the three steps above applied (see the module docstring),
     and the statistics they now read: name → what the forward computes for it. `stats` are the saved
     statistics (each spec holds its forward reduction); `fresh(stem)` names a new one. The row shift
@@ -80,7 +82,8 @@ def _exp_sums(stats: dict[str, ir.TensorSpec]) -> dict[Load, tuple[str, ir.Node,
 
 
 class _Folder:
-    def __init__(self, sums: dict[Load, tuple[str, ir.Node, str]], held: dict[Load, ir.Node], fresh):
+    def __init__(self, sums: dict[Load, tuple[str, ir.Node, str]], held: dict[Load, ir.Node],
+                 fresh: Callable[[str], str]):
         self.sums = sums
         self.held = held  # saved load → the forward reduction it holds
         self.fresh = fresh

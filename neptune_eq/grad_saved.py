@@ -17,7 +17,10 @@ vectors the forward computes anyway. Two steps, both exact and neither keyed on 
    a proper subset of the axes of some tensor the program holds (a row max or sum of x[i, d], never
    the scores s[i, j] of a contraction): saving it never costs more memory than a tensor already held.
 
-The forward then writes the statistics the backward reads as extra outputs (`Saved.forward`).
+Then `grad_fold.fold` takes the row sum's divisor of a normalised exponential into its exponent
+(e^{a − m}/l as e^{a − lse}): the backward reads the log-sum-exp lse = m + log l instead of m (and of l
+where only the weight read it). The forward writes the statistics the backward reads as extra outputs
+(`Saved.forward`).
 """
 
 from __future__ import annotations
