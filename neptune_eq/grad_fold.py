@@ -1,8 +1,8 @@
 """Row scales folded into exponential weights: a saved backward reads the log-sum-exp, P = e^{a − lse}.
 
-After `grad_saved.save`, the backward of a normalised exponential (softmax, attention, cross-entropy)
-reads the forward's row max m and sum l = Σⱼ e^{a − m} and spells every gradient with the divisor
-and its zero guard per element — attention's dS = (where(l = 0, 0, dP/l) + where(l = 0, 0, −D/l))·
+After `grad_saved.save`, the backward of a normalised exponential (a softmax, attention) reads the
+forward's row max m and sum l = Σⱼ e^{a − m} and spells every gradient with the divisor and its zero
+guard per element — attention's dS = (where(l = 0, 0, dP/l) + where(l = 0, 0, −D/l))·
 e^{a − m}, dV's weight where(l = 0, 0, dO/l)·e^{a − m}: two selects, two products by 1/l and an add
 per score beside the exponential. Three exact steps give FlashAttention-2's form — one weight
 P = e^{a − lse} shared by every gradient, dS = where(l = 0, 0, (dP − D)·P), nothing divided per
