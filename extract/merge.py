@@ -83,9 +83,7 @@ def _merge(kernels: list[KernelPlan], a: CompPlan, b: CompPlan) -> bool:
 
 
 def _exprs(kernels: list[KernelPlan]):
+    """What the kernels compute and store, their affine repair terms included."""
     for k in kernels:
-        for ph in k.passes():
-            for c in ph.comps:
-                yield from (e for e in (c.core, c.mask, c.corr, *(h for _, h in c.affine)) if e is not None)
-            yield from (st.expr for st in ph.stores)
-        yield from (st.expr for st in k.epilogue)
+        yield from k.exprs()
+        yield from (h for ps in k.passes() for c in ps.comps for _, h in c.affine)

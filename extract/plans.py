@@ -353,7 +353,7 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
             buf = f"buf_{name}"
             if buf not in buffers:
                 streamed = [set(by_name[n].free) for n in needed if n in by_name and n not in inline
-                            and n not in computed[ki]] + [set(ld.axes) for e in _exprs(k) for ld in ir.walk(e)
+                            and n not in computed[ki]] + [set(ld.axes) for e in k.exprs() for ld in ir.walk(e)
                                                           if isinstance(ld, ir.Load)]
                 axes = _buffer_layout(b.free, k, streamed)
                 buffers[buf] = BufferSpec(buf, axes, "int64" if name in ints else floats)
@@ -385,28 +385,12 @@ def _compatible(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return set(a) <= set(b) or set(b) <= set(a)
 
 
-def _exprs(k: KernelPlan):
-    for ph in k.phases:
-        src = ph.source if isinstance(ph, Combine) else ph
-        for c in src.comps:
-            yield c.core
-            if c.mask is not None:
-                yield c.mask
-            if c.corr is not None:
-                yield c.corr
-        if isinstance(ph, Pass):
-            for st in ph.stores:
-                yield st.expr
-    for st in k.epilogue:
-        yield st.expr
-
-
 _VALUES = (ir.RefKind.FINAL, ir.RefKind.INLINE)  # references a kernel needs computed, loaded or inline
 
 
 def _syms_needed(k: KernelPlan) -> set[str]:
     out = set()
-    for e in _exprs(k):
+    for e in k.exprs():
         for n in ir.walk(e):
             if isinstance(n, ir.StateRef) and n.kind in _VALUES:
                 out.add(n.name)
@@ -414,7 +398,7 @@ def _syms_needed(k: KernelPlan) -> set[str]:
 
 
 def _replace_syms(k: KernelPlan, name: str, load: ir.Load) -> None:
-    mapping = {n: load for e in _exprs(k) for n in ir.walk(e)
+    mapping = {n: load for e in k.exprs() for n in ir.walk(e)
                if isinstance(n, ir.StateRef) and n.kind in _VALUES and n.name == name}
     if mapping:
         k.substitute(mapping)

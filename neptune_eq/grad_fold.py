@@ -55,8 +55,7 @@ def fold(exprs: list[ir.Node], stats: dict[str, ir.TensorSpec],
     sums = _exp_sums(stats)
     if not sums:
         return exprs, {}
-    folder = _Folder(sums, {Load(n, tuple(ir.Index(a) for a in sp.axes)): sp.holds for n, sp in stats.items()},
-                     fresh)
+    folder = _Folder(sums, {_load(n, sp): sp.holds for n, sp in stats.items()}, fresh)
     memo: dict = {}
     out = [ir.rebuild(e, folder.step, memo) for e in exprs]
     left = {n for e in out for n in ir.walk(e)}
@@ -68,8 +67,7 @@ def fold(exprs: list[ir.Node], stats: dict[str, ir.TensorSpec],
 def _exp_sums(stats: dict[str, ir.TensorSpec]) -> dict[Load, tuple[str, ir.Node, str]]:
     """Saved statistics l = Σⱼ e^{t} with the max shift: load → (exp op, t as the backward spells it,
     "plain" or "guarded"). t reads the other saved statistics where it reduces to one."""
-    holds = {s.holds: Load(n, tuple(ir.Index(a) for a in s.axes)) for n, s in stats.items()
-             if s.holds is not None}
+    holds = {s.holds: _load(n, s) for n, s in stats.items() if s.holds is not None}
     out = {}
     for name, spec in stats.items():
         kind = shifted_exp_sum(spec.holds) if spec.holds is not None else None
@@ -77,8 +75,12 @@ def _exp_sums(stats: dict[str, ir.TensorSpec]) -> dict[Load, tuple[str, ir.Node,
             continue
         body = spec.holds.body
         exponent = ir.substitute(body.args[0], {r: ld for r, ld in holds.items() if r != spec.holds})
-        out[Load(name, tuple(ir.Index(a) for a in spec.axes))] = (body.op, exponent, kind)
+        out[_load(name, spec)] = (body.op, exponent, kind)
     return out
+
+
+def _load(name: str, spec: ir.TensorSpec) -> Load:
+    return Load(name, tuple(ir.Index(a) for a in spec.axes))
 
 
 class _Folder:

@@ -116,15 +116,18 @@ def save(program: ir.Program, exprs: list[ir.Node], taken: set[str]) -> tuple[li
         taken.add(name)
         return name
 
-    specs = {k: ir.TensorSpec(k, tuple(sorted(r.axes, key=order.index)), wide, holds=r) for k, r in stats.items()}
-    rewritten, lse = fold(rewritten, specs, fresh)  # (grad_fold: e^{t − m}/l read as e^{t − (m + log l)})
+    def spec(name: str, value: ir.Node) -> ir.TensorSpec:  # a statistic as the backward's input
+        return ir.TensorSpec(name, tuple(sorted(value.axes, key=order.index)), wide, holds=value)
+
+    # grad_fold: e^{t − m}/l read as e^{t − (m + log l)}, lse = m + log l a statistic of its own
+    rewritten, lse = fold(rewritten, {k: spec(k, r) for k, r in stats.items()}, fresh)
     stats.update(lse)
     used = {n.tensor for e in rewritten for n in ir.walk(e) if isinstance(n, Load)}
     stats = {k: r for k, r in stats.items() if k in used}
     read = tuple(o.name for o in program.outputs if o.name in used)
     inputs = {o.name: ir.TensorSpec(o.name, o.axes, o.dtype or "float32") for o in program.outputs if o.name in read}
     for k, r in stats.items():
-        inputs[k] = ir.TensorSpec(k, tuple(sorted(r.axes, key=order.index)), wide, holds=r)
+        inputs[k] = spec(k, r)
     outs = list(program.outputs) + [ir.Output(k, inputs[k].axes, r, wide) for k, r in stats.items()]
     forward = ir.Program(program.name, dict(program.axes), dict(program.inputs), outs).validate()
     return rewritten, inputs, Saved(forward, stats, read)

@@ -96,6 +96,17 @@ class KernelPlan:
     def passes(self) -> list[Pass]:
         return [p for p in self.phases if isinstance(p, Pass)]
 
+    def exprs(self):
+        """Every expression the kernel computes or stores: its components' cores, masks and repairs (a
+        Combine's through its source pass), its passes' stores and its epilogue."""
+        for ph in self.phases:
+            src = ph.source if isinstance(ph, Combine) else ph
+            for c in src.comps:
+                yield from (e for e in (c.core, c.mask, c.corr) if e is not None)
+            if isinstance(ph, Pass):
+                yield from (st.expr for st in ph.stores)
+        yield from (st.expr for st in self.epilogue)
+
     def substitute(self, mapping: dict[ir.Node, ir.Node]) -> None:
         """Replace, in place, every occurrence of the keys (by value) with their values in what the
         kernel's passes compute (their components' cores, masks and repairs) and store, and in its
