@@ -9,11 +9,20 @@ runs once per chunk of `a` (Liger's fused linear cross-entropy cuts the tokens s
     out[..]        = Σₐ b + Σₐ c   a sum over a: each chunk adds its part to an fp32 accumulator,
                                    acc ← acc + Σ_{a ∈ chunk} b + ...  (an input of the chunk program)
 
-Nothing else may mix the chunks: a reduction over `a` anywhere else, an index of `a` used as a
-number (a causal mask i ≥ j would need the chunk's offset), a load at a computed index built from
-`a`, or a term of a summed output that does not vary over `a` (it would be added once per chunk).
-The chunk program is the same program at the chunk's extent, with `a` dynamic so the last, shorter
-chunk runs the same kernels; compiled by the same pipeline.
+Two things need the chunk's place in the axis, an input `off` of the chunk program (its first index):
+an index of `a` compared for equality (a one-hot j = t[i]) becomes a + off, and a term
+of a summed output that reads an input cut along `a` at a computed index g (a gather, W[t[i], d]) and
+otherwise does not vary over `a` becomes a one-hot sum over it, exact since one element is selected
+and the others add zeros:
+
+    W[g, d]·c  =  Σₐ where(g = a + off, W[a, d]·c, 0)      (each chunk adds it where g falls in it)
+
+Nothing else may mix the chunks: a reduction over `a` anywhere else, the index of `a` used as a number
+otherwise (a causal mask j ≤ i, a grouped head h // G: the chunk would compute its masked tiles and the
+other axis whole), a load of a cut input at an index built from `a`, a gather along `a` in an output
+cut along it, or a term of a summed output that does not vary over `a` and gathers nothing (it would
+be added once per chunk). The chunk program is the same program at the chunk's extent, with `a`
+dynamic so the last, shorter chunk runs the same kernels; compiled by the same pipeline.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ class Chunking:
     program: ir.Program  # the chunk program (axis dynamic up to `size`, accumulators as inputs)
     accumulators: dict[str, str]  # summed output → the input its running sum enters as
     why: str  # the scratch it saves, for explain()
+    offset: str | None = None  # the input that takes the chunk's first index, where the program reads it
+    end: str | None = None  # the input that takes the index past its last (a gather of its slice reads it)
 
     def describe(self) -> str:
         return f"runs in {self.count} chunks of ≤ {self.size} along '{self.axis}': {self.why}"
@@ -46,17 +57,22 @@ def why_not(program: ir.Program, axis: str) -> str | None:
     """None if `program` can run in chunks of `axis`, else the reason it cannot (naming the output)."""
     if axis in program.dynamic:
         return f"'{axis}' is dynamic"
-    sliced = {n: tuple(k for k, a in enumerate(s.axes) if a == axis) for n, s in program.inputs.items()}
-    for out in program.outputs:
+    index = ir.Index(axis)
+    for out in program.outputs:  # the chunk's offset serves a one-hot (a = t[i]); a mask a ≤ i or a // G
+        for n in ir.walk(out.expr):  # would also need the loop bounds and grouped axes it narrows
+            if (isinstance(n, ir.Call) and n.op not in ("eq", "ne") and index in n.args) or (
+                    isinstance(n, ir.Reduce) and n.body == index):
+                return (f"output '{out.name}' uses the index of '{axis}' as a number ({ir.show(n)[:80]}): a "
+                        "chunk would need its offset")
+    sliced = _sliced(program, axis)
+    outputs, _ = _in_chunks(program, axis, _fresh(f"off_{axis}", program.inputs, program))
+    for out in outputs:
         for n in ir.walk(out.expr):
             if isinstance(n, ir.Load):
                 at = tuple(k for k, e in enumerate(n.index) if isinstance(e, ir.Index) and e.axis == axis)
-                if at != sliced[n.tensor]:
+                if at != sliced.get(n.tensor, ()):
                     return (f"output '{out.name}' reads '{n.tensor}' along '{axis}' at other dimensions than "
-                            f"it is declared over ({ir.show(n)})")
-            elif any(isinstance(c, ir.Index) and c.axis == axis for c in n.children()):
-                return (f"output '{out.name}' uses the index of '{axis}' as a number ({ir.show(n)[:80]}): a "
-                        "chunk would need its offset")
+                            f"it is declared over ({ir.show(n)}), and not as a term of a sum over the chunks")
         if axis in out.axes:
             if not _no_reduce_over(out.expr, axis):
                 return f"output '{out.name}' reduces over '{axis}' and varies over it"
@@ -65,6 +81,86 @@ def why_not(program: ir.Program, axis: str) -> str | None:
         if bad:
             return f"output '{out.name}' is not a sum of sums over '{axis}': {bad}"
     return None
+
+
+def _sliced(program: ir.Program, axis: str) -> dict[str, tuple[int, ...]]:
+    """Input → the dimensions a chunk of `axis` cuts it along."""
+    return {n: tuple(k for k, a in enumerate(s.axes) if a == axis) for n, s in program.inputs.items()}
+
+
+def _in_chunks(program: ir.Program, axis: str, off: str, end: str | None = None) -> tuple[list[ir.Output], bool]:
+    """The outputs as a chunk computes them, given its first index as input `off`: the index of `axis`
+    used as a number shifted by it, and a gather along `axis` that is a term of a summed output made the
+    one-hot sum it stands for (end None: what the checks read), or, given the chunk's end as input `end`,
+    the gather of the chunk's own slice it runs as (where(off ≤ g < end, term[X[g − off]], 0), the index
+    clamped into the slice). Also whether `off` is read."""
+    index = ir.Index(axis)
+    shift = ir.Call("add", (index, ir.Load(off, ())))
+
+    def shifted(old, new):
+        if isinstance(new, ir.Call) and index in new.args:
+            return ir.Call(new.op, tuple(shift if a == index else a for a in new.args))
+        if isinstance(new, ir.Reduce) and new.body == index:
+            return ir.Reduce(new.op, new.axis, shift)
+        return new
+
+    def gathered(term: ir.Node, g: ir.Node) -> ir.Node:
+        if end is None:  # Σₐ where(g = a + off, term[X[a]], 0)
+            return ir.Reduce("sum", axis, ir.Call("where", (ir.Call("eq", (g, shift)), _read_at(term, sliced, index),
+                                                            ir.Const(0.0))))
+        lo, hi = ir.Load(off, ()), ir.Load(end, ())
+        last = ir.Call("sub", (ir.Call("sub", (hi, lo)), ir.Const(1.0)))
+        k = ir.Call("min2", (ir.Call("max2", (ir.Call("sub", (g, lo)), ir.Const(0.0))), last))
+        inside = ir.Call("and", (ir.Call("ge", (g, lo)), ir.Call("lt", (g, hi))))
+        return ir.Call("where", (inside, _read_at(term, sliced, k), ir.Const(0.0)))
+
+    sliced = _sliced(program, axis)
+    outputs = []
+    for out in program.outputs:
+        expr = ir.rebuild(out.expr, shifted)
+        if axis not in out.axes:
+            expr = _gather_terms(expr, axis, sliced, gathered)
+        outputs.append(replace(out, expr=expr))
+    used = any(isinstance(n, ir.Load) and n.tensor == off for o in outputs for n in ir.walk(o.expr))
+    return outputs, used
+
+
+def _read_at(term: ir.Node, sliced: dict, k: ir.Node) -> ir.Node:
+    """`term` reading every input cut along the axis at index `k` of its cut dimensions."""
+    def at(old, new):
+        if isinstance(new, ir.Load) and sliced.get(new.tensor):
+            return ir.Load(new.tensor, tuple(k if d in sliced[new.tensor] else e for d, e in enumerate(new.index)))
+        return new
+    return ir.rebuild(term, at)
+
+
+def _gather_terms(expr: ir.Node, axis: str, sliced: dict, gathered) -> ir.Node:
+    """`expr` (a linear combination of terms, as _why_not_additive reads it) with each term that does not
+    vary over `axis` but gathers inputs cut along it at one index g replaced by gathered(term, g)."""
+    if isinstance(expr, ir.Reduce) and expr.axis == axis:
+        return expr
+    if _constant_over(expr, axis):
+        g = _gather_index(expr, sliced)
+        return expr if g is None else gathered(expr, g)
+    if isinstance(expr, ir.Call) and expr.op in _LINEAR:
+        return ir.Call(expr.op, tuple(_gather_terms(a, axis, sliced, gathered) for a in expr.args))
+    if isinstance(expr, ir.Call) and expr.op in ("mul", "div"):  # the factor that varies (the other does not)
+        x, f = expr.args
+        if expr.op == "mul" and _constant_over(x, axis):
+            return ir.Call("mul", (x, _gather_terms(f, axis, sliced, gathered)))
+        return ir.Call(expr.op, (_gather_terms(x, axis, sliced, gathered), f))
+    return expr
+
+
+def _gather_index(expr: ir.Node, sliced: dict) -> ir.Node | None:
+    """The one index g at which `expr` reads every input cut along the axis (at every cut dimension),
+    where g itself reads none of them; None if there is no such load or more than one index."""
+    found = {e for n in ir.walk(expr) if isinstance(n, ir.Load) and sliced.get(n.tensor)
+             for k, e in enumerate(n.index) if k in sliced[n.tensor]}
+    if len(found) != 1:
+        return None
+    g = next(iter(found))
+    return None if any(isinstance(n, ir.Load) and sliced.get(n.tensor) for n in ir.walk(g)) else g
 
 
 def _why_not_additive(expr: ir.Node, axis: str) -> str | None:
@@ -107,16 +203,25 @@ def _constant_over(expr: ir.Node, axis: str) -> bool:
     return not any(isinstance(n, ir.Reduce | ir.Index) and n.axis == axis for n in ir.walk(expr))
 
 
-def chunk_program(program: ir.Program, axis: str, size: int) -> tuple[ir.Program, dict[str, str]]:
-    """The program one chunk of at most `size` along `axis` runs, and its accumulator inputs."""
+def chunk_program(program: ir.Program, axis: str, size: int) -> tuple[ir.Program, dict[str, str], tuple]:
+    """The program one chunk of at most `size` along `axis` runs, its accumulator inputs, and the inputs
+    that take the chunk's first index and its end (each None where nothing reads it)."""
     bad = why_not(program, axis)
     if bad:
         raise ir.ProgramError(f"{program.name} cannot run in chunks of '{axis}': {bad}")
+    off = _fresh(f"off_{axis}", program.inputs, program)
+    end = _fresh(f"end_{axis}", program.inputs | {off: None}, program)
+    cut, used = _in_chunks(program, axis, off, end)
+    gathers = any(isinstance(n, ir.Load) and n.tensor == end for o in cut for n in ir.walk(o.expr))
     # a saved statistic's `holds` is its value over the whole axis: kept only where it is per element
     inputs = {n: s if s.holds is None or _elementwise_in(s.holds, axis) else replace(s, holds=None)
               for n, s in program.inputs.items()}
+    if used:
+        inputs[off] = ir.TensorSpec(off, (), "int32")
+    if gathers:
+        inputs[end] = ir.TensorSpec(end, (), "int32")
     outputs, accs = [], {}
-    for out in program.outputs:
+    for out in cut:
         if axis in out.axes:
             outputs.append(out)
             continue
@@ -128,7 +233,7 @@ def chunk_program(program: ir.Program, axis: str, size: int) -> tuple[ir.Program
     axes = dict(program.axes)
     axes[axis] = size
     chunk = ir.Program(f"{program.name}_chunk", axes, inputs, outputs, program.dynamic | {axis})
-    return chunk.validate(), accs
+    return chunk.validate(), accs, (off if used else None, end if gathers else None)
 
 
 def _fresh(base: str, inputs: dict, program: ir.Program) -> str:
@@ -168,10 +273,20 @@ def default_limit(program: ir.Program) -> int:
     return max(FLOOR, *io_bytes(program))
 
 
+_CHUNK_BYTES = 8 << 20  # what one more chunk's launches cost, as bytes of HBM traffic (≈ 3 µs at 3 TB/s)
+
+
+def _accumulated_bytes(program: ir.Program, axis: str) -> int:
+    """The fp32 running sums chunks of `axis` keep: the outputs that do not vary over it."""
+    return sum(math.prod(program.output_shape(o)) * 4 for o in program.outputs if axis not in o.axes)
+
+
 def choose(program: ir.Program, plan, limit: int | None = None, tile: int = 128) -> Chunking | None:
-    """The chunking that brings the plan's scratch under `limit` bytes (None: default_limit) with the
-    fewest chunks, or None where the scratch fits or no axis can be cut. Chunks are tile multiples
-    where the axis is longer than a tile."""
+    """The chunking that brings the plan's scratch under `limit` bytes (None: default_limit), or None
+    where the scratch fits or no axis can be cut. Of the axes that can be cut, the one whose chunks move
+    the fewest bytes beyond the whole plan's: each chunk reads and writes every fp32 running sum (the
+    outputs that do not vary over the axis) and costs its launches; then the fewest chunks. Chunks are
+    tile multiples where the axis is longer than a tile."""
     default = limit is None
     if default:
         limit = default_limit(program)
@@ -194,16 +309,17 @@ def choose(program: ir.Program, plan, limit: int | None = None, tile: int = 128)
         size = math.ceil(n / count)  # balanced, rounded up to a tile where that still fits
         if most >= tile and size % tile and size + tile - size % tile <= most:
             size += tile - size % tile
-        if best is None or count < best[1]:
-            best = (axis, count, size)
+        moved = count * (2 * _accumulated_bytes(program, axis) + _CHUNK_BYTES)
+        if best is None or (moved, count) < best[0]:
+            best = ((moved, count), axis, count, size)
     if best is None:
         return None
-    axis, count, size = best
-    chunk, accs = chunk_program(program, axis, size)
+    _, axis, count, size = best
+    chunk, accs, (off, end) = chunk_program(program, axis, size)
     why = (f"the plan's scratch is {_gb(scratch)} against a limit of {_gb(limit)} "
            f"({'the largest input or output' if default else 'Options.scratch_limit'}); "
            f"{_gb(plan_scratch(plan, program, {axis: size}))} per chunk")
-    return Chunking(axis, size, count, chunk, accs, why)
+    return Chunking(axis, size, count, chunk, accs, why, off, end)
 
 
 def _gb(n: int) -> str:
@@ -218,6 +334,10 @@ def first_chunk(c: Chunking, inputs: dict, program: ir.Program) -> dict:
     device = next(iter(inputs.values())).device
     feed = {k: (v.narrow(dims[k], 0, min(c.size, v.shape[dims[k]])) if k in dims else v) for k, v in inputs.items()}
     outs = {o.name: o for o in program.outputs}
+    if c.offset:
+        feed[c.offset] = torch.zeros((), dtype=torch.int32, device=device)
+    if c.end:
+        feed[c.end] = torch.tensor(min(c.size, program.axes[c.axis]), dtype=torch.int32, device=device)
     return feed | {a: torch.zeros(program.output_shape(outs[o]), dtype=torch.float32, device=device)
                    for o, a in c.accumulators.items()}
 
@@ -248,7 +368,7 @@ def aliasable(plan, program: ir.Program, out: str, acc: str) -> bool:
 def run_chunked(c: Chunking, run, inputs: dict, program: ir.Program, out_dtypes=None,
                 alias: dict[str, str] | None = None) -> dict:
     """The outputs of `program` on `inputs`, by running `run(inputs, out_dtypes, into)` (the chunk
-    program's) once per chunk: sliced outputs are copied into their place, summed ones accumulate in
+    program's) once per chunk: sliced outputs are written into their place, summed ones accumulate in
     fp32 — written over their accumulator where `alias` (summed output → its accumulator input) says
     the chunk plan may (`aliasable`), so one fp32 copy of each is held, not two."""
     import torch
@@ -264,16 +384,25 @@ def run_chunked(c: Chunking, run, inputs: dict, program: ir.Program, out_dtypes=
     outs = {o.name: torch.empty(program.output_shape(o), dtype=want[o.name], device=device)
             for o in program.outputs if o.name not in c.accumulators}
     kept = {o: dt for o, dt in want.items() if o in outs}
-    for start in range(0, n, c.size):
+    cut = {o.name: o.axes.index(c.axis) for o in program.outputs if o.name in outs}
+    # the chunks' first indices and ends, one copy to the device for all chunks
+    starts = torch.arange(0, n, c.size, dtype=torch.int32, device=device)
+    ends = torch.clamp(starts + c.size, max=n)
+    for step, start in enumerate(range(0, n, c.size)):
         length = min(c.size, n - start)
         feed = {k: (v.narrow(dims[k], start, length) if k in dims else v) for k, v in inputs.items()}
         feed |= {c.accumulators[o]: acc for o, acc in accs.items()}
-        res = run(feed, kept, {o: acc for o, acc in accs.items() if o in (alias or {})})
+        if c.offset:
+            feed[c.offset] = starts[step]
+        if c.end:
+            feed[c.end] = ends[step]
+        places = {o: t.narrow(cut[o], start, length) for o, t in outs.items()}
+        res = run(feed, kept, {o: acc for o, acc in accs.items() if o in (alias or {})} | places)
         for o in accs:
             accs[o] = res[o]
-        for o in outs:
-            at = next(p for p in program.outputs if p.name == o).axes.index(c.axis)
-            outs[o].narrow(at, start, length).copy_(res[o])
+        for o, place in places.items():  # written in place where the slice is contiguous, else copied
+            if res[o].data_ptr() != place.data_ptr():
+                place.copy_(res[o])
     return outs | {o: acc.to(want[o]) for o, acc in accs.items()}
 
 

@@ -33,11 +33,12 @@ def _lce_backward():
     return backward_program(capture(linear_ce, *_lce_inputs()).program, saved=True)
 
 
-def test_linear_cross_entropy_backward_is_cut_along_the_tokens_alone():
+def test_linear_cross_entropy_backward_is_cut_along_the_tokens_or_the_vocabulary():
     prog = _lce_backward().program
     assert chunked.why_not(prog, "i") is None
-    # the vocabulary: grad_W varies over it and its gradient holds sums over it (the softmax)
-    assert "'j'" in chunked.why_not(prog, "j")
+    # the vocabulary: the one-hot of the targets needs the chunk's offset, and grad_h's gather of the
+    # target's row W[t_i] becomes a gather of the chunk's slice where t_i falls in it
+    assert chunked.why_not(prog, "j") is None
     assert "reduces over 'd' and varies over it" in chunked.why_not(prog, "d")
 
 
@@ -53,7 +54,11 @@ def _one_output(build):
 @pytest.mark.parametrize("build, axis, why", [
     (lambda i, j, x, y: ("o", ne.sum(ne.where(j.index <= i.index, x, 0.0), j)), "j",
      "index of 'j' as a number"),
+    (lambda i, j, x, y: ("o", ne.sum(ne.where(ne.eq(i.index // 2, j.index), x, 0.0), i)), "i",
+     "index of 'i' as a number"),
     (lambda i, j, x, y: ("o", ne.max(x, i)), "i", "a max over 'i'"),
+    (lambda i, j, x, y: ("o", x + x.builder.gather("x", i.index, 0)), "j",
+     "reads 'x' along 'j' at other dimensions"),
     (lambda i, j, x, y: ("o", ne.sum(x, i) + 1.0), "i", "does not vary over 'i'"),
     (lambda i, j, x, y: ("o", ne.sum(x, i) * ne.sum(y, i)), "i", "product of two values that vary over 'i'"),
     (lambda i, j, x, y: ("o", ne.sum(x - ne.sum(y, i), i)), "i", "a reduction over 'i' inside a sum over it"),
@@ -63,15 +68,50 @@ def test_what_cannot_be_cut_is_named(build, axis, why):
     assert why in chunked.why_not(_one_output(build), axis)
 
 
+def _one_hot_program(T=37, V=23, D=5):
+    """o[i, d] = Σ_j where(t_i = j, 2, 1)·x[j, d] + 3·x[t_i, d] (a one-hot and a gather of the vocabulary),
+    p[j, d] = Σ_i where(t_i = j, 1, ½)·y[i, d]: cut along j, the first needs the chunk's offset and a
+    gather of its slice, the second the offset."""
+    P = ne.program("one_hot")
+    i, j, d = P.axes(i=T, j=V, d=D)
+    x, y, t = P.input("x", j, d), P.input("y", i, d), P.input("t", i, dtype="int64")
+    hit = ne.eq(t, j.index)
+    P.output("o", ne.sum(ne.where(hit, 2.0, 1.0) * x, j) + 3.0 * P.gather("x", t, d.index), (i, d))
+    P.output("p", ne.sum(ne.where(hit, 1.0, 0.5) * y, i), (j, d))
+    return P.build()
+
+
+def test_a_one_hot_and_a_gather_of_the_cut_axis_run_in_chunks_against_float64():
+    prog = _one_hot_program()
+    chunk, accs, (off, end) = chunked.chunk_program(prog, "j", 7)  # 23 = 7 + 7 + 7 + 2
+    assert accs == {"o": "acc_o"} and off and end
+    c = chunked.Chunking("j", 7, 4, chunk, accs, "test", off, end)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(23, 5, generator=g), torch.randn(37, 5, generator=g)
+    t = torch.randint(0, 23, (37,), generator=g)
+    t[:4] = torch.tensor([0, 6, 7, 22])  # the first and last index of a chunk, and of the axis
+    compiled = compile_ir(chunk, Options())
+    got = chunked.run_chunked(c, compiled.run, {"x": x, "y": y, "t": t}, prog)
+    hit = (t[:, None] == torch.arange(23)).double()
+    o = (hit + 1) @ x.double() + 3 * x.double()[t]
+    p = (0.5 + hit / 2).T @ y.double()
+    torch.testing.assert_close(got["o"].double(), o, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["p"].double(), p, rtol=1e-5, atol=1e-5)
+
+
 def test_a_sum_of_scaled_sums_can_be_cut():
     prog = _one_output(lambda i, j, x, y: ("o", 2.0 * ne.sum(x, i) - ne.sum(x * y, i) / 3.0))
     assert chunked.why_not(prog, "i") is None
+    # a one-hot of the cut axis's index: each chunk compares its indices plus its offset
+    one_hot = _one_output(lambda i, j, x, y: ("o", ne.sum(ne.where(ne.eq(j.index, i.index), x, 0.0), j)))
+    assert chunked.why_not(one_hot, "j") is None
+    assert chunked.chunk_program(one_hot, "j", 3)[2][0] == "off_j"
 
 
 def test_the_chunk_program_accumulates_sums_and_drops_statistics_over_the_whole_axis():
     back = _lce_backward().program
-    chunk, accs = chunked.chunk_program(back, "i", 32)
-    assert accs == {"grad_W": "acc_grad_W"}
+    chunk, accs, places = chunked.chunk_program(back, "i", 32)
+    assert accs == {"grad_W": "acc_grad_W"} and places == (None, None)  # nothing reads the chunk's place
     assert chunk.axes["i"] == 32 and "i" in chunk.dynamic
     assert chunk.inputs["acc_grad_W"].axes == ("j", "d")
     by = {o.name: o for o in chunk.outputs}
@@ -168,8 +208,15 @@ def test_linear_cross_entropy_backward_at_scale_never_holds_all_the_logits():
     compiled = compile_ir(back, Options())
     assert chunked.plan_scratch(compiled.plan, back) >= 8192 * 128256 * 4  # the fp32 logits, whole
     c = compiled.chunking
-    assert c is not None and c.axis == "i" and c.count * c.size >= 8192 and c.size % 128 == 0
-    assert chunked.plan_scratch(compiled.chunk_compiled.plan, c.program) <= chunked.default_limit(back)
+    # both axes need 4 chunks; cutting the vocabulary keeps grad_h's running sum (tokens × hidden, 128 MiB
+    # fp32), cutting the tokens grad_W's (vocabulary × hidden, 2 GiB), read and written by every chunk
+    assert c is not None and c.axis == "j" and c.count * c.size >= 128256 and c.size % 128 == 0
+    assert set(c.accumulators) == {"grad_h"} and c.offset and c.end
+    chunk_plan = compiled.chunk_compiled.plan
+    assert chunked.plan_scratch(chunk_plan, c.program) <= chunked.default_limit(back)
+    # the gather of the target's row is a gather of the chunk's slice, not a one-hot product
+    over_j = [c for k in chunk_plan.kernels for ph in k.passes() if ph.axis == "j" for c in ph.comps]
+    assert len(over_j) == 1
 
 
 @pytest.mark.parametrize("bad", [True, 1.5, 0])

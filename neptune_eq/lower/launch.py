@@ -23,7 +23,7 @@ from .._interpret import quiet_ieee, require_interpreter
 from ..cachedir import cache_dir as cache_dir_at
 from ..cachedir import default_cache_dir
 from ..ir import NeptuneError, NeptuneWarning
-from ..plan import Plan
+from ..plan import ROW_PAD, Plan
 from .databounds import axes_of, bound_tensor
 from .replay import MAX_ELEMENTS, Replayer, layout_of
 from .values import KernelSource, _ident
@@ -169,13 +169,24 @@ class Launcher:
                        and any(s.target == name for s in k.epilogue)), 1)
         return tuple(chunks if a is ir.CHUNK else (axes or self.program.axes)[a] for a in buf.axes)
 
+    def _row_tile(self, axis: str) -> int:
+        """What a buffer's rows along `axis` are padded to a multiple of: the largest tile of at most
+        ROW_PAD any kernel takes along it (each such tile, a power of two, divides it), else 1."""
+        return max((t for k in self.kernels for a, t in k.schedule.tiles.items()
+                    if a == axis and isinstance(t, int) and t <= ROW_PAD), default=1)
+
     def _buffer(self, device, name: str, axes: dict[str, int] | None = None) -> torch.Tensor:
         key = (device, name)
         shape = self.buffer_shape(name, axes)
         t = self._buffers.get(key)
         if t is None or t.shape != shape:  # (a dynamic program's buffers follow the call's lengths)
             buf = self.plan.buffers[name]
-            t = self._buffers[key] = torch.empty(shape, dtype=_TORCH_DTYPES[buf.dtype], device=device)
+            padded = shape
+            if shape and isinstance(buf.axes[-1], str):  # rows padded (plan.ROW_PAD says why)
+                tile = self._row_tile(buf.axes[-1])
+                padded = (*shape[:-1], -(-shape[-1] // tile) * tile)
+            t = torch.empty(padded, dtype=_TORCH_DTYPES[buf.dtype], device=device)
+            t = self._buffers[key] = t[..., :shape[-1]] if padded != shape else t
         return t
 
     def __call__(self, inputs: dict[str, torch.Tensor], out_dtypes: dict[str, torch.dtype] | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .. import ir
 from ..numeric import index_within
-from ..plan import StorePlan
+from ..plan import ROW_PAD, StorePlan
 from .values import _TL_DTYPE, Val, _ident, _literal, block_shape
 
 
@@ -39,6 +39,8 @@ class MemoryOps:
                 entries.append((u, stride))
             elif isinstance(e, ir.Index) and e.axis in self.vector:
                 valid = self.lanes_valid(e.axis)
+                if valid is not None and self._in_padding(tensor, k, e.axis, load=clamp_rows):
+                    valid = None  # the tile's tail lies in the buffer's row padding (plan.ROW_PAD)
                 if valid is not None and clamp_rows and e.axis in self.k.grid and e.axis not in self.row_masks \
                         and axes[k] == e.axis:
                     last = f"{self.extent(e.axis)} - 1"
@@ -116,6 +118,16 @@ class MemoryOps:
         # the shared-memory copy a dot operand came from transposed, rather than loading it twice)
         self.scopes[-1].memo[("load any order", n)] = v
         return v
+
+    def _in_padding(self, tensor: str, k: int, axis: str, load: bool) -> bool:
+        """Whether dimension k of `tensor` is a plan buffer's last (padded) axis, tiled along `axis` by a
+        tile that divides ROW_PAD: a tail lane then falls in the padding. A load may read it only along a
+        grid axis (its lanes stay apart: a reduced axis would add the padding in); a store may write it."""
+        buf = self.plan.buffers.get(tensor)
+        if buf is None or k != len(buf.axes) - 1 or not isinstance(buf.axes[k], str) or axis in self.row_masks:
+            return False
+        tile = self.tiles.get(axis)
+        return isinstance(tile, int) and ROW_PAD % tile == 0 and (not load or axis in self.k.grid)
 
     def descriptor_load(self, n: ir.Load) -> tuple[str, tuple[str, ...]] | None:
         """(code, dims) of a tile of input `n.tensor` read through a tensor descriptor, or None where
@@ -206,6 +218,8 @@ class MemoryOps:
             self.depth += 1
         if dims != dims_all:
             code = self.arrange(Val(code, dims, "f"), dims_all)
+        if v.kind not in ("i", "b"):
+            code = self.rounded(code, dtype)
         self.emit(f"tl.store({ptr}, ({code}).to({_ident(st.target)}_ptr.dtype.element_ty)"
                   + (f", mask={m})" if m else ")"))
         if guard:
