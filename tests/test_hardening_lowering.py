@@ -224,3 +224,19 @@ def test_a_reciprocal_is_taken_only_of_a_proven_divisor():
     assert not reciprocal_exact(ir.Load("y", (ir.Index("i"),)), saved)
     assert not reciprocal_exact(other, saved) and not reciprocal_exact(ir.Const(1e-40), saved)
     assert reciprocal_exact(ir.Const(2.0), saved) and reciprocal_exact(plain, saved)
+
+
+def test_bfloat16_rounds_to_nearest_even_in_the_interpreter_as_on_the_gpu():
+    """Triton's interpreter converts fp32 to bfloat16 by truncation (up to 2⁻⁷ off, twice the GPU's
+    error): a bf16 output and a bf16 GEMM operand computed in fp32 round to nearest even, like torch."""
+    P = ne.program("bf16_round")
+    i, j, k = P.axes(i=16, j=32, k=16)
+    x, w = P.input("x", i, j), P.input("w", j, k, dtype="bfloat16")
+    P.output("y", x * 3.0, (i, j), dtype="bfloat16")
+    P.output("o", ne.sum(x * w, j), (i, k))  # the fp32 operand x goes to the tensor cores as bf16
+    g = torch.Generator().manual_seed(4)
+    xs, ws = torch.randn(16, 32, generator=g), torch.randn(32, 16, generator=g).bfloat16()
+    out = compile_ir(P.build()).run({"x": xs, "w": ws})
+    assert torch.equal(out["y"], (xs * 3.0).bfloat16())
+    ref = xs.bfloat16().double() @ ws.double()  # the operand rounded once, then exact products
+    torch.testing.assert_close(out["o"].double(), ref, rtol=1e-5, atol=1e-5)

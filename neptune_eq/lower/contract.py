@@ -190,9 +190,9 @@ class ContractOps:
         a = self.operand(left, (m, k), a_mask)
         b = self.operand(right, (k, n), b_mask)
         if a.native and not b.native:
-            b = Val(f"{b.code}.to({_TL_DTYPE[a.kind]})", b.dims, a.kind)
+            b = Val(f"{self.rounded(b.code, a.kind)}.to({_TL_DTYPE[a.kind]})", b.dims, a.kind)
         elif b.native and not a.native:
-            a = Val(f"{a.code}.to({_TL_DTYPE[b.kind]})", a.dims, b.kind)
+            a = Val(f"{self.rounded(a.code, b.kind)}.to({_TL_DTYPE[b.kind]})", a.dims, b.kind)
         elif a.native and b.native and a.kind != b.kind:
             a, b = self.f32(a), self.f32(b)
         if self.target != "cuda" and "bfloat16" in (a.kind, b.kind):

@@ -222,6 +222,11 @@ class KernelWriter(MemoryOps, ContractOps):
         dims = tuple(a for a in self.canon if any(a in v.dims for v in vals))
         return [self.arrange(v, dims) for v in vals], dims
 
+    def rounded(self, code: str, dtype: str) -> str:
+        """`code` (fp32) ready to convert to `dtype`: bfloat16 rounds to nearest even on the GPU, and in
+        Triton's interpreter (which truncates) through _rne_bf16."""
+        return f"_rne_bf16({code})" if dtype == "bfloat16" and self.target != "cuda" else code
+
     def f32(self, v: Val) -> Val:
         """v as a float of the kernel's compute precision (float32, or float64 for float64 programs)."""
         if v.kind == "f":

@@ -196,6 +196,15 @@ def _nan_max(a, b):
 @triton.jit
 def _nan_min(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _rne_bf16(x):
+    # x rounded to bfloat16's precision to nearest, ties to even (what the GPU's conversion does;
+    # Triton's interpreter truncates), still fp32: converting it to bfloat16 is then exact
+    u = x.to(tl.uint32, bitcast=True)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, r)
 '''
 
 TANH_CUDA = '''
