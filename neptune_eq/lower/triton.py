@@ -196,7 +196,9 @@ def _nan_max(a, b):
 @triton.jit
 def _nan_min(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+'''
 
+RNE_BF16_INTERPRETER = '''
 
 @triton.jit
 def _rne_bf16(x):
@@ -231,7 +233,7 @@ def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule
     if target == "cuda" and pdl_supported():
         kernels = _dependent_launches(kernels)
     fast = target == "cuda" and any(s.fast_math for s in schedules)
-    src = PRELUDE + (TANH_CUDA if fast else TANH_PORTABLE)
+    src = PRELUDE + (TANH_CUDA if fast else TANH_PORTABLE) + ("" if target == "cuda" else RNE_BF16_INTERPRETER)
     for ks in kernels:
         src += "\n\n" + ks.source
     return src, kernels
