@@ -430,3 +430,20 @@ def test_a_row_dot_is_no_tile_contraction():
     assert _tile_contraction(binding(("h", "i", "j"), "d", ("h", "i", "d"), ("h", "j", "d")))
     assert not _tile_contraction(binding(("h", "i"), "e", ("h", "i", "e"), ("h", "i", "e")))
     assert not _tile_contraction(binding(("h", "i"), "e", ("h", "i", "e"), ("e",)))  # one factor short: a row dot
+
+
+def test_a_group_sum_takes_one_group_per_program_and_sums_it_unmasked():
+    """o[g, j, d] = Σ_h [h // 4 = g]·x[h, j, d] (grouped-query attention's dK summed over the query heads
+    of each kv head): the groups share no loaded tile, so a program takes one g, and a loop tile that
+    divides 4 leaves the group's tiles whole (no [g, h, d] masked block)."""
+    P = ne.program("group_sum")
+    h, g, j, d = P.axes(h=12, g=3, j=5, d=24)
+    x = P.input("x", h, j, d)
+    P.output("o", ne.sum(ne.where(ne.eq(h.index // 4, g.index), x, 0.0), h), (g, j, d))
+    prog = compile_ir(P.build())
+    streamed = next(i for i, a in enumerate(prog.alternatives) if a.kind == "streamed")
+    (sched,) = prog.alternatives[streamed].schedules
+    assert sched.tiles["g"] == 1 and 4 % sched.tiles["h"] == 0
+    xs = torch.randn(12, 5, 24, generator=torch.Generator().manual_seed(3))
+    for p in (prog, prog.pin(streamed)):
+        torch.testing.assert_close(p.run({"x": xs})["o"], xs.view(3, 4, 5, 24).sum(1), rtol=1e-5, atol=1e-5)
