@@ -102,6 +102,9 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
                                            + (f"; {bwd.chunking.describe()}" if bwd.chunking else "")))
     options.sort(key=lambda o: o[0])
     t.chosen = options[0][2]
+    chosen = _compiled(f"{qualname}:{options[0][1]}", t.chosen.program, compile_fn)
+    if chosen.chunking is not None:  # its chunk program is compiled here too, not at its first run
+        chosen.chunk_compiled  # noqa: B018
     t.report = [f"backward: chose {options[0][1]} (the cost model's fastest forward + backward)"]
     t.report += ["  " + o[3] for o in options]
     return t.chosen

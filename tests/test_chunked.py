@@ -223,3 +223,33 @@ def test_linear_cross_entropy_backward_at_scale_never_holds_all_the_logits():
 def test_a_bad_scratch_limit_is_named(bad):
     with pytest.raises(neptune_eq.NeptuneError, match="scratch_limit"):
         Options(scratch_limit=bad)
+
+
+def test_a_chunked_backward_compiles_its_chunk_program_on_the_forward_thread(monkeypatch):
+    """Autograd runs a CUDA backward on a thread of its own, and egglog's e-graphs cannot be freed on
+    another thread than the one that made them: every compile, the chunk program's too, happens at the
+    forward call. Here the backward runs on a second thread, as autograd's would."""
+    import threading
+
+    import egglog
+
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
+
+    made = []
+    init = egglog.EGraph.__init__
+
+    def recording(self, *a, **kw):
+        made.append(threading.current_thread())
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(egglog.EGraph, "__init__", recording)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 40, 64, generator=g, requires_grad=True) for _ in range(3))
+    f = neptune_eq.compile(attention, q, k, v, scratch_limit=100)
+    out = f(q, k, v)
+    worker = threading.Thread(target=lambda: out.sum().backward())
+    worker.start()
+    worker.join()
+    assert "chunks of" in f.explain() and q.grad is not None
+    assert made and all(t is threading.main_thread() for t in made)
