@@ -225,7 +225,7 @@ def test_a_bad_scratch_limit_is_named(bad):
         Options(scratch_limit=bad)
 
 
-def test_a_chunked_backward_compiles_its_chunk_program_on_the_forward_thread(monkeypatch):
+def test_a_chunked_backward_compiles_its_chunk_program_on_the_forward_thread(monkeypatch, tmp_path):
     """Autograd runs a CUDA backward on a thread of its own, and egglog's e-graphs cannot be freed on
     another thread than the one that made them: every compile, the chunk program's too, happens at the
     forward call. Here the backward runs on a second thread, as autograd's would."""
@@ -246,7 +246,7 @@ def test_a_chunked_backward_compiles_its_chunk_program_on_the_forward_thread(mon
     monkeypatch.setattr(egglog.EGraph, "__init__", recording)
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 40, 64, generator=g, requires_grad=True) for _ in range(3))
-    f = neptune_eq.compile(attention, q, k, v, scratch_limit=100)
+    f = neptune_eq.compile(attention, q, k, v, scratch_limit=100, cache_dir=tmp_path)  # (compiled, not cached)
     out = f(q, k, v)
     worker = threading.Thread(target=lambda: out.sum().backward())
     worker.start()
