@@ -293,7 +293,7 @@ def choose(program: ir.Program, plan, limit: int | None = None, tile: int = 128)
     scratch = plan_scratch(plan, program)
     if scratch <= limit:
         return None
-    best = None
+    best, others = None, {}
     for axis in program.axes:
         n = program.axes[axis]
         fixed = plan_scratch(plan, program, {axis: 0})
@@ -310,15 +310,19 @@ def choose(program: ir.Program, plan, limit: int | None = None, tile: int = 128)
         if most >= tile and size % tile and size + tile - size % tile <= most:
             size += tile - size % tile
         moved = count * (2 * _accumulated_bytes(program, axis) + _CHUNK_BYTES)
+        others[axis] = count
         if best is None or (moved, count) < best[0]:
             best = ((moved, count), axis, count, size)
     if best is None:
         return None
     _, axis, count, size = best
     chunk, accs, (off, end) = chunk_program(program, axis, size)
+    rival = "; ".join(f"along '{a}': {k} chunks, running sums {_gb(_accumulated_bytes(program, a))}"
+                      for a, k in others.items() if a != axis)
     why = (f"the plan's scratch is {_gb(scratch)} against a limit of {_gb(limit)} "
            f"({'the largest input or output' if default else 'Options.scratch_limit'}); "
-           f"{_gb(plan_scratch(plan, program, {axis: size}))} per chunk")
+           f"{_gb(plan_scratch(plan, program, {axis: size}))} per chunk, running sums (fp32, read and written "
+           f"by each chunk) {_gb(_accumulated_bytes(program, axis))}" + (f" (rather than {rival})" if rival else ""))
     return Chunking(axis, size, count, chunk, accs, why, off, end)
 
 

@@ -212,6 +212,8 @@ def test_linear_cross_entropy_backward_at_scale_never_holds_all_the_logits():
     # fp32), cutting the tokens grad_W's (vocabulary × hidden, 2 GiB), read and written by every chunk
     assert c is not None and c.axis == "j" and c.count * c.size >= 128256 and c.size % 128 == 0
     assert set(c.accumulators) == {"grad_h"} and c.offset and c.end
+    assert "running sums (fp32, read and written by each chunk) 128.0 MiB (rather than along 'i': 4 chunks, " \
+           "running sums 1.96 GiB)" in c.describe()
     chunk_plan = compiled.chunk_compiled.plan
     assert chunked.plan_scratch(chunk_plan, c.program) <= chunked.default_limit(back)
     # the gather of the target's row is a gather of the chunk's slice, not a one-hot product
