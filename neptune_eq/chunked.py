@@ -62,8 +62,8 @@ def why_not(program: ir.Program, axis: str) -> str | None:
         for n in ir.walk(out.expr):  # would also need the loop bounds and grouped axes it narrows
             if (isinstance(n, ir.Call) and n.op not in ("eq", "ne") and index in n.args) or (
                     isinstance(n, ir.Reduce) and n.body == index):
-                return (f"output '{out.name}' uses the index of '{axis}' as a number ({ir.show(n)[:80]}): a "
-                        "chunk would need its offset")
+                return (f"output '{out.name}' uses the index of '{axis}' as a number ({ir.show(n)[:80]}), not "
+                        "in an equality: a chunk would compute the tiles it masks")
     sliced = _sliced(program, axis)
     outputs, _ = _in_chunks(program, axis, _fresh(f"off_{axis}", program.inputs, program))
     for out in outputs:
