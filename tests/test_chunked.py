@@ -255,3 +255,21 @@ def test_a_chunked_backward_compiles_its_chunk_program_on_the_forward_thread(mon
     worker.join()
     assert "chunks of" in f.explain() and q.grad is not None
     assert made and all(t is threading.main_thread() for t in made)
+
+
+def test_linear_cross_entropy_backward_in_chunks_of_the_vocabulary_matches_the_whole():
+    """dW's one-hot reads the chunk's offset, dH's gather of the target's row W[t_i] the chunk's slice
+    (targets at the first and last word of a chunk and of the vocabulary, an ignored token)."""
+    back = _lce_backward()
+    h, W, t = _lce_inputs()
+    t[7], t[8], t[9], t[10] = 69, 0, 32, 31  # chunks of 32 over 70 words: [0, 32), [32, 64), [64, 70)
+    st = compile_ir(back.saved.forward, Options()).run({"h": h, "W": W, "target": t})
+    inputs = {"h": h, "W": W, "target": t, "grad_out0": torch.tensor(0.7)}
+    inputs |= {k: st[k] for k in back.program.inputs if k not in inputs}
+    prog, accs, (off, end) = chunked.chunk_program(back.program, "j", 32)
+    assert accs == {"grad_h": "acc_grad_h"} and off and end
+    cut = chunked.Chunking("j", 32, 3, prog, accs, "test", off, end)
+    got = chunked.run_chunked(cut, compile_ir(prog, Options()).run, inputs, back.program)
+    ref = compile_ir(back.program, Options()).run(inputs)
+    for name in ("grad_h", "grad_W"):
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-6)
