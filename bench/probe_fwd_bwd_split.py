@@ -1,5 +1,5 @@
 """Forward and backward of attention timed apart, neptune_eq beside FlexAttention, and the CUDA kernels of
-one fwd+bwd step by total time (torch.profiler). GPU only; run from bench/:
+one fwd+bwd step (host_profile.kernel_times). GPU only; run from bench/:
 
     python probe_fwd_bwd_split.py [--ops causal_pf alibi_pf] [--L 16384]
 """
@@ -12,18 +12,7 @@ import torch
 import triton.testing
 from cases import Case
 from grad_attention import implementations, leaves
-
-
-def _kernels(step, top: int = 8) -> None:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    rows.sort(key=lambda e: -e.device_time_total)
-    for e in rows[:top]:
-        print(f"      {e.device_time_total / 1e3:8.3f} ms  x{e.count:<3d} {e.key[:100]}", flush=True)
+from host_profile import kernel_times
 
 
 def main():
@@ -40,7 +29,8 @@ def main():
             fwd = triton.testing.do_bench(lambda: fn(), rep=300)  # noqa: B023
             both = triton.testing.do_bench(lambda: fn().backward(g), rep=300)  # noqa: B023
             print(f"{op} {name}: fwd {fwd:.2f} ms, fwd+bwd {both:.2f}, bwd {both - fwd:.2f}", flush=True)
-            _kernels(lambda: fn().backward(g))  # noqa: B023
+            for key, us, n in kernel_times(lambda: fn().backward(g), reps=3)[:8]:  # noqa: B023
+                print(f"      {us / 1e3:8.3f} ms  x{n:<3d} {key[:100]}", flush=True)
 
 
 if __name__ == "__main__":
