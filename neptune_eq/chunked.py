@@ -112,7 +112,13 @@ def _in_chunks(program: ir.Program, axis: str, off: str, end: str | None = None)
         last = ir.Call("sub", (ir.Call("sub", (hi, lo)), ir.Const(1.0)))
         k = ir.Call("min2", (ir.Call("max2", (ir.Call("sub", (g, lo)), ir.Const(0.0))), last))
         inside = ir.Call("and", (ir.Call("ge", (g, lo)), ir.Call("lt", (g, hi))))
-        return ir.Call("where", (inside, _read_at(term, sliced, k), ir.Const(0.0)))
+        # an index outside the whole axis reads nothing (NaN), as the unchunked gather does: in the first
+        # chunk alone, so it is added once
+        n = ir.Const(float(program.axes[axis]))
+        outside = ir.Call("and", (ir.Call("eq", (lo, ir.Const(0.0))),
+                                  ir.Call("or", (ir.Call("lt", (g, ir.Const(0.0))), ir.Call("ge", (g, n))))))
+        nothing = ir.Call("where", (outside, _read_at(term, sliced, None), ir.Const(0.0)))
+        return ir.Call("where", (inside, _read_at(term, sliced, k), nothing))
 
     sliced = _sliced(program, axis)
     outputs = []
@@ -125,10 +131,13 @@ def _in_chunks(program: ir.Program, axis: str, off: str, end: str | None = None)
     return outputs, used
 
 
-def _read_at(term: ir.Node, sliced: dict, k: ir.Node) -> ir.Node:
-    """`term` reading every input cut along the axis at index `k` of its cut dimensions."""
+def _read_at(term: ir.Node, sliced: dict, k: ir.Node | None) -> ir.Node:
+    """`term` reading every input cut along the axis at index `k` of its cut dimensions (k None: reading
+    nothing, NaN, as a gather outside its tensor does)."""
     def at(old, new):
         if isinstance(new, ir.Load) and sliced.get(new.tensor):
+            if k is None:
+                return ir.Const(math.nan)
             return ir.Load(new.tensor, tuple(k if d in sliced[new.tensor] else e for d, e in enumerate(new.index)))
         return new
     return ir.rebuild(term, at)

@@ -97,6 +97,12 @@ def test_a_one_hot_and_a_gather_of_the_cut_axis_run_in_chunks_against_float64():
     p = (0.5 + hit / 2).T @ y.double()
     torch.testing.assert_close(got["o"].double(), o, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got["p"].double(), p, rtol=1e-5, atol=1e-5)
+    # an index outside the axis reads nothing (NaN) in chunks as in the whole plan, not 0
+    t[4], t[5] = 23, -1
+    got = chunked.run_chunked(c, compiled.run, {"x": x, "y": y, "t": t}, prog)
+    whole = compile_ir(prog, Options()).run({"x": x, "y": y, "t": t})
+    assert got["o"][4:6].isnan().all()
+    torch.testing.assert_close(got["o"], whole["o"], rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 def test_a_sum_of_scaled_sums_can_be_cut():
