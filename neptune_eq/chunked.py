@@ -386,7 +386,7 @@ def run_chunked(c: Chunking, run, inputs: dict, program: ir.Program, out_dtypes=
     the chunk plan may (`aliasable`), so one fp32 copy of each is held, not two."""
     import torch
 
-    from .lower.launch import _TORCH_DTYPES
+    from .lower.buffers import _TORCH_DTYPES
 
     dims = {n: s.axes.index(c.axis) for n, s in program.inputs.items() if c.axis in s.axes}
     n = program.axes[c.axis]

@@ -124,7 +124,7 @@ class KernelPlan:
 
 
 # A plan buffer's rows (its last axis) are allocated padded to a multiple of the largest tile of at
-# most ROW_PAD elements any of the plan's kernels takes along that axis (launch.Launcher._row_tile):
+# most ROW_PAD elements any of the plan's kernels takes along that axis (lower/buffers.Buffers.row_tile):
 # such a tile lies inside the allocation, so where its lanes are independent (a grid axis) it is read
 # and written unmasked, and stays contiguous (a tail clamped or masked at a runtime length is not: a
 # GEMM operand read so ran 10× slower). A row that is a tile multiple is not padded.

@@ -23,13 +23,11 @@ from .._interpret import quiet_ieee, require_interpreter
 from ..cachedir import cache_dir as cache_dir_at
 from ..cachedir import default_cache_dir
 from ..ir import NeptuneError, NeptuneWarning
-from ..plan import ROW_PAD, Plan
+from ..plan import Plan
+from .buffers import _TORCH_DTYPES, Buffers
 from .databounds import axes_of, bound_tensor
 from .replay import MAX_ELEMENTS, Replayer, layout_of
 from .values import KernelSource, _ident
-
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                 "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool}
 
 
 def load_module(source: str, cache_dir: Path | None = None):
@@ -111,7 +109,7 @@ class Launcher:
         self._any_descriptor = any(ks.descriptors for ks in kernels)
         self._fallback, self._fallback_launcher = fallback, None
         self._allocator_checked = False  # Triton's scratch allocator set (once, on the first CUDA call)
-        self._buffers: dict = {}  # (device, name) → tensor, reused across calls
+        self._buffers = Buffers(program, plan, kernels)  # intermediate buffers, reused across calls
         self._runners: dict = {}  # specialisation key → Triton's compiled kernel
         self._fixed: dict = {}  # specialisation key → its runner at the one grid of a static program
         self._stages: dict[int, int] = {}  # kernel → the pipeline stages it was launched with
@@ -163,32 +161,6 @@ class Launcher:
             self._wide_launcher = self._widened()
         return self._wide_launcher
 
-    def buffer_shape(self, name: str, axes: dict[str, int] | None = None) -> tuple[int, ...]:
-        buf = self.plan.buffers[name]
-        chunks = next((k.chunks for k in self.plan.kernels if k.chunks > 1
-                       and any(s.target == name for s in k.epilogue)), 1)
-        return tuple(chunks if a is ir.CHUNK else (axes or self.program.axes)[a] for a in buf.axes)
-
-    def _row_tile(self, axis: str) -> int:
-        """What a buffer's rows along `axis` are padded to a multiple of: the largest tile of at most
-        ROW_PAD any kernel takes along it (each such tile, a power of two, divides it), else 1."""
-        return max((t for k in self.kernels for a, t in k.schedule.tiles.items()
-                    if a == axis and isinstance(t, int) and t <= ROW_PAD), default=1)
-
-    def _buffer(self, device, name: str, axes: dict[str, int] | None = None) -> torch.Tensor:
-        key = (device, name)
-        shape = self.buffer_shape(name, axes)
-        t = self._buffers.get(key)
-        if t is None or t.shape != shape:  # (a dynamic program's buffers follow the call's lengths)
-            buf = self.plan.buffers[name]
-            padded = shape
-            if shape and isinstance(buf.axes[-1], str):  # rows padded (plan.ROW_PAD says why)
-                tile = self._row_tile(buf.axes[-1])
-                padded = (*shape[:-1], -(-shape[-1] // tile) * tile)
-            t = torch.empty(padded, dtype=_TORCH_DTYPES[buf.dtype], device=device)
-            t = self._buffers[key] = t[..., :shape[-1]] if padded != shape else t
-        return t
-
     def __call__(self, inputs: dict[str, torch.Tensor], out_dtypes: dict[str, torch.dtype] | None = None,
                  compiled: list | None = None, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Run the plan's kernels; `compiled`, if given, receives Triton's compiled kernel of each
@@ -221,7 +193,7 @@ class Launcher:
                 t = torch.empty(shape, dtype=dt, device=device)
             outs[name] = tensors[name] = t
         for name in self.plan.buffers:
-            tensors[name] = self._buffer(device, name, axes)
+            tensors[name] = self._buffers.get(device, name, axes)
         cuda = device.type == "cuda"
         if not cuda:
             require_interpreter()
@@ -300,7 +272,7 @@ class Launcher:
         for k, (name, _, _) in enumerate(outs):
             slot[name] = len(order) + k
         for name in self.plan.buffers:
-            tensors[name] = self._buffer(device, name, axes)
+            tensors[name] = self._buffers.get(device, name, axes)
         launches = []
         for ki, (_, names, extents, grid, interp_kw, _) in enumerate(calls):
             xs = [tensors[n] for n in names]
