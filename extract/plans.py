@@ -21,6 +21,7 @@ from neptune_eq.fusion.types import Binding, LoopCandidate, direct_bindings
 from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 
+from .hoist import hoist_row_conditions
 from .materialise import materialise_operands
 from .merge import merge_shared_sums
 
@@ -359,6 +360,7 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
                 buffers[buf] = BufferSpec(buf, axes, "int64" if name in ints else floats)
                 kernels[src].epilogue.append(StorePlan(buf, axes, b.ref(ir.RefKind.FINAL)))
             _replace_syms(k, name, ir.Load(buf, tuple(ir.Index(a) for a in buffers[buf].axes)))
+    derivation += hoist_row_conditions(kernels)
     inline_terms = {name: space.terms.inline_term(by_name[name]) for name in inline}
     for term in inline_terms.values():  # an inline term computed per tile cannot wait for a loop's result
         if any(isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name not in inline

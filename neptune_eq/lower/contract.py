@@ -86,8 +86,7 @@ class ContractOps:
             self.emit(f"offs_{a} = start_{a} + tl.arange(0, BLOCK_{a})")
             valid = Val(f"(offs_{a} < {self.extent(axis)})", (axis,), "b") if self.tail_masks[axis] else None
             if mask is not None and valid is not None:
-                codes, mdims = self.align([valid, mask])
-                valid = self.bind(f"({codes[0]} & {codes[1]})", mdims, "b", "m")
+                valid = self.conj(valid, mask)
             elif mask is not None:
                 valid = mask
             part = self.contract(op, axis, body, valid, acc=acc if op == "sum" else None)
@@ -218,10 +217,7 @@ class ContractOps:
 
     def both(self, a: Val | None, b: Val) -> Val:
         """a ∧ b (b when a is None)."""
-        if a is None:
-            return b
-        codes, dims = self.align([a, b])
-        return self.bind(f"({codes[0]} & {codes[1]})", dims, "b", "m")
+        return b if a is None else self.conj(a, b)
 
     def _mul(self, a: Val, b: Val) -> Val:
         codes, dims = self.align([a, b])

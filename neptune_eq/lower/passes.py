@@ -309,11 +309,7 @@ class _PassWriter:
             w.emit(f"{self.state_names(c)} = {new[c.name].code}")
 
     def _and(self, a: Val, b: Val) -> Val:
-        def make():
-            codes, dims = self.w.align([a, b])
-            return self.w.bind(f"({codes[0]} & {codes[1]})", dims, "b", "m")
-
-        return self.w.memoised(("and", a.code, b.code), make)
+        return self.w.memoised(("and", a.code, b.code), lambda: self.w.conj(a, b))
 
 
 def _is_true(n: ir.Node) -> bool:
