@@ -71,6 +71,7 @@ class TermExtractor:
     cancel_risk: float = CANCEL_RISK  # 0.0: price differences of sums by work alone
     _sums: dict[int, int] | None = None
     held: frozenset[int] = frozenset()  # classes of inputs holding a computed value: never recomputed
+    loop_min: int = 256  # a reduction over a longer axis is a loop (pipeline.Options.inline_max)
 
     def size(self, cid: int) -> float:
         """Number of points the class varies over (product of extents of its deps)."""
@@ -149,8 +150,10 @@ class TermExtractor:
                     # a reduction's body runs over the reduction's own axes; other operands where their user does
                     inner = deps.get(c, 0) | bit.get(n.args[1], 0) if n.op == "red" else space[c]
                     for a in self._child_classes(n):
-                        if a in space and inner & ~space[a]:
-                            space[a] |= inner
+                        # a value that does not vary along a loop is computed once outside it, not per step
+                        mine = inner & ~(self._looped(bit) & ~deps.get(a, 0))
+                        if a in space and mine & ~space[a]:
+                            space[a] |= mine
                             work.append(a)
             self._space = space
         return self._space
@@ -210,6 +213,10 @@ class TermExtractor:
                     pc, _, own, kids = entries[p]
                     heapq.heappush(heap, (own + sum(best[a][0] for a in kids), pc, p))
         return best
+
+    def _looped(self, bit: dict[str, int]) -> int:
+        """Bits of the axes reductions run as loops (longer than a tile: a shorter one is a tile dot)."""
+        return sum(b for ax, b in bit.items() if self.extents.get(ax, 0) > self.loop_min)
 
     @staticmethod
     def _child_classes(n: ENode) -> list[int]:

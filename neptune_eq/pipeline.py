@@ -315,7 +315,7 @@ def _held_forms(load: ir.Load, value: ir.Node) -> list[tuple[ir.Node, ir.Node]]:
 def _extractor(c: Compilation, view: EGraphView) -> TermExtractor:
     held = positive_multiples(view, frozenset(class_of(c.egraph, view, t) for t in c.held))
     return TermExtractor(view, c.encoder.axis_order, dict(c.program.axes), c.encoder.loads, c.encoder.syms,
-                         held=held)
+                         held=held, loop_min=c.options.inline_max)
 
 
 def _represent(c: Compilation) -> None:
