@@ -100,3 +100,19 @@ def test_loop_invariant_term_is_priced_once_per_row():
     xs = {"x": torch.randn(5, 300, generator=gen), "r": torch.randn(5, generator=gen)}
     ref = torch.exp(-xs["x"].double() ** 2 * 0.5 - xs["r"].double()[:, None] ** 2).sum(1)
     assert torch.allclose(prog.run(xs)["o"].double(), ref, rtol=1e-5)
+
+
+def test_row_flag_or_tile_mask_in_the_interpreter():
+    """A data flag of one value per program (one row per program) combined with a tile mask by ∨: Triton's
+    interpreter cannot `|` them (it cannot `&` them either: the hoist tests above), so the lowering
+    selects there. o[i] = Σⱼ where(all[i] != 0 | j <= i, x, 0)."""
+    P = ne.program("row_or_causal")
+    i, j = P.axes(i=19, j=23)
+    x, flag = P.input("x", i, j), P.input("all", i)
+    P.output("o", ne.sum(ne.where((flag != 0.0) | (j.index <= i.index), x, 0.0), j), (i,))
+    prog = compile_ir(P.build())
+    gen = torch.Generator().manual_seed(0)
+    xs = {"x": torch.randn(19, 23, generator=gen), "all": (torch.rand(19, generator=gen) > 0.5).float()}
+    causal = torch.arange(23)[None, :] <= torch.arange(19)[:, None]
+    ref = torch.where((xs["all"][:, None] != 0) | causal, xs["x"].double(), 0.0).sum(1)
+    assert torch.allclose(prog.run(xs)["o"].double(), ref, rtol=1e-5, atol=1e-6)

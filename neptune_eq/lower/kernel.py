@@ -223,13 +223,18 @@ class KernelWriter(MemoryOps, ContractOps):
         return [self.arrange(v, dims) for v in vals], dims
 
     def conj(self, a: Val, b: Val) -> Val:
-        """a ∧ b as a mask. Triton's interpreter cannot `&` a tile with a predicate of one value per
+        """a ∧ b as a mask."""
+        return self._logical("and", a, b)
+
+    def _logical(self, op: str, a: Val, b: Val) -> Val:
+        """a ∧ b or a ∨ b. Triton's interpreter cannot `&` / `|` a tile with a predicate of one value per
         program read from data (a row test when a program takes one row): there it selects instead."""
         codes, dims = self.align([a, b])
         if self.target != "cuda" and dims and not (a.dims and b.dims):
             flag, tile = (codes[0], codes[1]) if not a.dims else (codes[1], codes[0])
-            return self.bind(f"tl.where({flag}, {tile}, False)", dims, "b", "m")
-        return self.bind(f"({codes[0]} & {codes[1]})", dims, "b", "m")
+            code = f"tl.where({flag}, {tile}, False)" if op == "and" else f"tl.where({flag}, True, {tile})"
+            return self.bind(code, dims, "b", "m")
+        return self.bind(OPS[op].triton.format(*codes), dims, "b", "m")
 
     def rounded(self, code: str, dtype: str) -> str:
         """`code` (fp32) ready to convert to `dtype`: bfloat16 rounds to nearest even on the GPU, and in
@@ -319,9 +324,9 @@ class KernelWriter(MemoryOps, ContractOps):
             if n.op == "where":
                 codes, dims = self.align([self.as_bool(args[0]), *data])
                 return self.bind(op.triton.format(*codes), dims, "i")
-        if n.op == "and":
-            return self.conj(*(self.as_bool(a) for a in args))
-        if n.op in ("or", "not"):
+        if n.op in ("and", "or"):
+            return self._logical(n.op, *(self.as_bool(a) for a in args))
+        if n.op == "not":
             codes, dims = self.align([self.as_bool(a) for a in args])
             return self.bind(op.triton.format(*codes), dims, "b", "m")
         if op.predicate:
