@@ -142,6 +142,7 @@ class TermExtractor:
             space = {c: deps.get(c, 0) for c, ns in self.view.classes.items() if self.view.sort.get(c) == "Term"}
             bit = {ax: 1 << k for k, ax in enumerate(self.axis_order)}
             work = list(space)
+            looped = self._looped(bit)
             while work:
                 c = work.pop()
                 for n in self.view.nodes(c):
@@ -151,7 +152,7 @@ class TermExtractor:
                     inner = deps.get(c, 0) | bit.get(n.args[1], 0) if n.op == "red" else space[c]
                     for a in self._child_classes(n):
                         # a value that does not vary along a loop is computed once outside it, not per step
-                        mine = inner & ~(self._looped(bit) & ~deps.get(a, 0))
+                        mine = inner & ~(looped & ~deps.get(a, 0))
                         if a in space and mine & ~space[a]:
                             space[a] |= mine
                             work.append(a)

@@ -33,6 +33,7 @@ from .fusion.search import MAX_GROUPS_PER_AXIS, FusionSearch
 from .fusion.types import Binding
 from .ir import NeptuneError
 from .lower.names import check_names
+from .masks import conjunction, conjuncts
 from .plan import Plan
 from .rules import analysis, splitk
 from .rules.algebra import ALGEBRA, STABILITY, STABILITY_HELPERS, simplifies
@@ -417,7 +418,11 @@ def _plans(c: Compilation) -> None:
     def comp_mask(lp, i):
         t = lp.comps[i].mask_term
         node = best(t)
-        return None if isinstance(node, ir.Const) and node.value != 0.0 else node
+        if isinstance(node, ir.Const) and node.value != 0.0:
+            return None
+        parts = conjuncts(node)
+        unique = list(dict.fromkeys(parts))  # a ∧ b ∧ a → a ∧ b
+        return node if len(unique) == len(parts) else conjunction(unique)
 
     def comp_core(lp, i):
         return best(lp.comps[i].core_term)

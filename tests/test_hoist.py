@@ -116,3 +116,22 @@ def test_row_flag_or_tile_mask_in_the_interpreter():
     causal = torch.arange(23)[None, :] <= torch.arange(19)[:, None]
     ref = torch.where((xs["all"][:, None] != 0) | causal, xs["x"].double(), 0.0).sum(1)
     assert torch.allclose(prog.run(xs)["o"].double(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_repeated_conjunct_is_tested_once():
+    """where(j ≤ i ∧ x > 0 ∧ j ≤ i, …): a mask a derivation repeats (the forward's mask and the backward's
+    where) is one conjunct in the loop; the result is unchanged."""
+    P = ne.program("repeated_mask")
+    i, j = P.axes(i=21, j=29)
+    x = P.input("x", i, j)
+    causal = j.index <= i.index
+    P.output("o", ne.sum(ne.where(causal & (x > 0.0) & causal, x, 0.0), j), (i,))
+    prog = compile_ir(P.build())
+    for mask in _loop_masks(prog):
+        cjs = conjuncts(mask)
+        assert len(cjs) == len(set(cjs)), ir.show(mask)
+    gen = torch.Generator().manual_seed(0)
+    xs = {"x": torch.randn(21, 29, generator=gen)}
+    v = xs["x"].double()
+    ok = (torch.arange(29)[None, :] <= torch.arange(21)[:, None]) & (v > 0)
+    assert torch.allclose(prog.run(xs)["o"].double(), torch.where(ok, v, 0.0).sum(1), rtol=1e-5, atol=1e-6)
