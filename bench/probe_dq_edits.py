@@ -4,8 +4,10 @@ run slower than a hand-written one with the same tiles (bench/probe_atomic_dq.py
 Times the generated kernel (a saved cuda-target source) and hand edits of it, each one difference from
 the hand-written kernel, beside that kernel, interleaved over rounds (do_bench medians). The statistics
 are random (timing only); each edit's dQ is compared with the unedited kernel's on the same inputs.
+With --kernel dkdv: the generated dK/dV kernel of session 37 (exp2, scale folded) against itself with
+exp (it measured 0.4-0.6 ms slower than the exp version in the whole backward).
 
-    python bench/probe_dq_edits.py [--rounds 3]
+    python bench/probe_dq_edits.py [--rounds 3] [--kernel dq|dkdv] [--dump DIR]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import triton.testing
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE / "results/h100_2026-11-27/session37/causal_bwd_k0_cuda.txt"
+SRC_DKDV = HERE / "results/h100_2026-11-27/session37/causal_bwd_k1_cuda.txt"
 sys.path.insert(0, str(HERE))
 
 from probe_atomic_dq import dq_kernel  # noqa: E402
@@ -85,13 +88,57 @@ EDITS = {"generated": [], "no_row_check": [no_row_check], "exp2": [exp2], "kv_ro
          "s_first": [s_first], "s_first_row_exp2": [s_first, no_row_check, exp2]}
 
 
-def load(name, text):
-    path = Path(tempfile.mkdtemp()) / f"dq_{name}.py"
+def as_exp(s):  # the dK/dV kernel's exp2(s·c·log₂e − lse·log₂e) back as exp(s·c − lse)
+    s = re.sub(r"(t\d+) = \((x\d+) \* 1\.4426950408889634\)", r"\1 = \2", s)
+    s = s.replace("0.12751743082459868", "0.08838834764831843")
+    return s.replace("tl.exp2(", "tl.exp(")
+
+
+def dkdv(rounds: int, dump_dir: str | None) -> None:
+    H, L, D = 32, 16384, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(H, L, D, device="cuda", generator=g, dtype=torch.float16) for _ in range(4))
+    lse = (torch.rand(H, L, device="cuda", generator=g) + math.log(L) / 2).contiguous()
+    l1 = torch.rand(H, L, device="cuda", generator=g) + 1
+    dd = torch.randn(H, L, device="cuda", generator=g) * 0.1
+    base = SRC_DKDV.read_text()
+    variants = {"generated_exp2": base, "exp": as_exp(base)}
+    assert variants["exp"] != base
+    outs, runs = {}, {}
+    for name, text in variants.items():
+        fn = _kernel(name, text, "k1")
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        outs[name] = (dk, dv)
+
+        def run(fn=fn, dk=dk, dv=dv):
+            return fn[(L // 64 * H,)](l1, *l1.stride(), v, *v.stride(), do, *do.stride(), dd, *dd.stride(), k,
+                                      *k.stride(), q, *q.stride(), lse, *lse.stride(), dk, *dk.stride(), dv,
+                                      *dv.stride(), n_e=D, n_j=L, n_d=D, n_h=H, n_i=L, BLOCK_h=1, BLOCK_d=128,
+                                      BLOCK_j=64, BLOCK_e=128, BLOCK_i=64, USE_PDL=False, num_warps=4, num_stages=2)
+        dump(name, run(), dump_dir)
+        runs[name] = run
+    a, b = outs["generated_exp2"], outs["exp"]
+    print("max |exp2 - exp| dK, dV:", [(x.float() - y.float()).abs().max().item() for x, y in zip(a, b)])
+    times = {n: [] for n in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            times[name].append(triton.testing.do_bench(run, warmup=50, rep=400, return_mode="median"))
+    print(f"H100 dK/dV kernel, H={H} L={L} D={D} causal, ms per round:")
+    for name, ts in times.items():
+        print(f"  {name:16s} " + "  ".join(f"{t:.3f}" for t in ts))
+
+
+def _kernel(name, text, which):
+    path = Path(tempfile.mkdtemp()) / f"{which}_{name}.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location(f"dq_{name}", path)
+    spec = importlib.util.spec_from_file_location(f"{which}_{name}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.nq_causal_pf_backward_k0
+    return getattr(mod, f"nq_causal_pf_backward_{which}")
+
+
+def load(name, text):
+    return _kernel(name, text, "k0")
 
 
 def dump(name, ck, folder):
@@ -107,7 +154,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--L", type=int, default=16384)
     ap.add_argument("--dump", default=None, help="folder for each variant's TTGIR and PTX")
+    ap.add_argument("--kernel", choices=("dq", "dkdv"), default="dq")
     a = ap.parse_args()
+    if a.kernel == "dkdv":
+        return dkdv(a.rounds, a.dump)
     H, L, D = 32, a.L, 128
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do, o = (torch.randn(H, L, D, device="cuda", generator=g, dtype=torch.float16) for _ in range(5))
