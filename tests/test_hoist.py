@@ -1,6 +1,8 @@
-"""A loop's data conjunct that does not vary along the loop is applied once after it (extract/hoist.py):
-Σⱼ where(c ∧ m, x, 0) = where(c, Σⱼ where(m, x, 0), 0). Plans run in the interpreter on ragged sizes
-against float64, with NaN in the rows the condition drops (they still give the identity)."""
+"""Work that does not vary along a loop, done once: a loop's data conjunct applied after it
+(extract/hoist.py, Σⱼ where(c ∧ m, x, 0) = where(c, Σⱼ where(m, x, 0), 0)), a loop-invariant term priced
+once by the extractor (exp2 with its scale folded), a repeated conjunct tested once; and the interpreter's
+select for a per-program flag combined with a tile mask. Plans run in the interpreter on ragged sizes
+against float64, with NaN in the rows a condition drops (they still give the identity)."""
 
 import math
 
