@@ -11,9 +11,11 @@ Session 37 (64 × 48 → 200): the best plan rolls dH = Σⱼ softmax·W into th
 FlashAttention-like P·W with the running max and sum as corrections) and computes dW in a second pass
 over the tokens: four GEMM-sized products, as the forward + saved backward already runs. The three-GEMM
 plan (torch.compile's, Liger's) reads the probabilities of a chunk of tokens written once. At the full
-size (8192 × 4096 → 128256) the saturation stops at its node budget and the best plan found is predicted
-1.6 s (a dW pass split 64 ways over the vocabulary), against ~51 ms measured for forward + saved backward:
-the joint program is not an alternative yet.
+size (8192 × 4096 → 128256) the best plan found is predicted 1.6 s (2.2 s with a 30000-node budget),
+against ~51 ms measured for forward + saved backward: a pass that accumulates dH = Σⱼ p·W holds a tile of
+the 4096-wide hidden axis per program and recomputes the logits for each tile (3 TB of traffic predicted).
+The joint program is not an alternative yet; with the hidden axis that wide, the three-GEMM plan must
+write the probabilities of a token chunk once.
 """
 
 from __future__ import annotations
