@@ -386,12 +386,12 @@ def run_chunked(c: Chunking, run, inputs: dict, program: ir.Program, out_dtypes=
     the chunk plan may (`aliasable`), so one fp32 copy of each is held, not two."""
     import torch
 
-    from .lower.buffers import _TORCH_DTYPES
+    from .lower.buffers import TORCH_DTYPES
 
     dims = {n: s.axes.index(c.axis) for n, s in program.inputs.items() if c.axis in s.axes}
     n = program.axes[c.axis]
     device = next(iter(inputs.values())).device
-    want = {o.name: (out_dtypes or {}).get(o.name) or _TORCH_DTYPES[o.dtype or "float32"] for o in program.outputs}
+    want = {o.name: (out_dtypes or {}).get(o.name) or TORCH_DTYPES[o.dtype or "float32"] for o in program.outputs}
     accs = {o.name: torch.zeros(program.output_shape(o), dtype=torch.float32, device=device)
             for o in program.outputs if o.name in c.accumulators}
     outs = {o.name: torch.empty(program.output_shape(o), dtype=want[o.name], device=device)

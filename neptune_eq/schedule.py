@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from . import ir
 from .contraction import is_product, opened
+from .masks import conjuncts
 from .plan import Combine, KernelPlan, Pass, Plan
 
 
@@ -282,8 +283,6 @@ BLOCK_VALUES = 16384
 def _group_selections(k: KernelPlan) -> dict[str, tuple[str, int]]:
     """Grid axis b → (pass axis a, G) where a pass's mask selects a // G = b: each b sums its own
     group of G elements of a (grouped-query attention's Σ_h [h // G = h0]·dK_h for kv head h0)."""
-    from .masks import conjuncts
-
     found: dict[str, tuple[str, int]] = {}
     for p in k.passes():
         for c in p.comps:

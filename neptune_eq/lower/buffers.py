@@ -9,7 +9,7 @@ from .. import ir
 from ..plan import ROW_PAD, Plan
 from .values import KernelSource
 
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                  "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool}
 
 
@@ -40,6 +40,6 @@ class Buffers:
             if shape and isinstance(buf.axes[-1], str):
                 tile = self.row_tile(buf.axes[-1])
                 padded = (*shape[:-1], -(-shape[-1] // tile) * tile)
-            t = torch.empty(padded, dtype=_TORCH_DTYPES[buf.dtype], device=device)
+            t = torch.empty(padded, dtype=TORCH_DTYPES[buf.dtype], device=device)
             t = self._held[key] = t[..., :shape[-1]] if padded != shape else t
         return t

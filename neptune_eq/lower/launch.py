@@ -24,7 +24,7 @@ from ..cachedir import cache_dir as cache_dir_at
 from ..cachedir import default_cache_dir
 from ..ir import NeptuneError, NeptuneWarning
 from ..plan import Plan
-from .buffers import _TORCH_DTYPES, Buffers
+from .buffers import TORCH_DTYPES, Buffers
 from .databounds import axes_of, bound_tensor
 from .replay import MAX_ELEMENTS, Replayer, layout_of
 from .values import KernelSource, _ident
@@ -122,7 +122,7 @@ class Launcher:
             all(c <= MAX_ELEMENTS for c in cells)
         self._bounds_replay = Replayer(self._bounds_eager) if small else None
         self._bound_inputs = sorted({n.tensor for side in sides for n in ir.walk(side) if isinstance(n, ir.Load)})
-        self._out_shapes = [(o.name, self.program.output_shape(o), _TORCH_DTYPES[o.dtype or "float32"])
+        self._out_shapes = [(o.name, self.program.output_shape(o), TORCH_DTYPES[o.dtype or "float32"])
                             for o in program.outputs]
         # a dynamic axis's length is read from the first input that has it (input name, dimension)
         self._lengths = length_sources(program)
@@ -418,7 +418,7 @@ def check_inputs(program: ir.Program, inputs: dict[str, torch.Tensor], specs: tu
         t = inputs[name]
         if not isinstance(t, torch.Tensor):
             raise NeptuneError(f"input '{name}' must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != _TORCH_DTYPES[spec.dtype]:
+        if t.dtype != TORCH_DTYPES[spec.dtype]:
             raise NeptuneError(f"input '{name}' has dtype {str(t.dtype).replace('torch.', '')}; the program was "
                                f"compiled for {spec.dtype}")
         want = program.input_shape(name)
@@ -467,7 +467,7 @@ def length_source(program: ir.Program, axis: str) -> tuple[str, int]:
 
 def input_specs(program: ir.Program) -> tuple:
     """(name, torch dtype, shape) of each program input."""
-    return tuple((name, _TORCH_DTYPES[spec.dtype], program.input_shape(name)) for name, spec in program.inputs.items())
+    return tuple((name, TORCH_DTYPES[spec.dtype], program.input_shape(name)) for name, spec in program.inputs.items())
 
 
 _ = _ident, default_cache_dir  # re-exported
