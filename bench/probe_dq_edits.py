@@ -5,7 +5,8 @@ Times the generated kernel (a saved cuda-target source) and hand edits of it, ea
 the hand-written kernel, beside that kernel, interleaved over rounds (do_bench medians). The statistics
 are random (timing only); each edit's dQ is compared with the unedited kernel's on the same inputs.
 With --kernel dkdv: the generated dK/dV kernel of session 37 (exp2, scale folded) against itself with
-exp (it measured 0.4-0.6 ms slower than the exp version in the whole backward).
+exp (it measured 0.4-0.6 ms slower than the exp version in the whole backward), each with and without
+the unmasked loop's per-element select of rows whose softmax sum is 0.
 
     python bench/probe_dq_edits.py [--rounds 3] [--kernel dq|dkdv] [--dump DIR]
 """
@@ -94,6 +95,20 @@ def as_exp(s):  # the dK/dV kernel's exp2(s·c·log₂e − lse·log₂e) back a
     return s.replace("tl.exp2(", "tl.exp(")
 
 
+def prescaled(s):  # the loop's lse·log2(e) read from a buffer that holds it (no multiply per step)
+    out = re.sub(r"(t\d+) = \((x\d+) \* 1\.4426950408889634\)", r"\1 = \2", s)
+    assert out != s
+    return out
+
+
+def asm_exp2(s, ftz=True):  # tl.exp2 (libdevice in triton 3.6: LLVM may move it) as PTX's ex2 in inline asm
+    op = "ex2.approx.ftz.f32" if ftz else "ex2.approx.f32"
+    helper = (f"@triton.jit\ndef _ex2(x):\n    return tl.inline_asm_elementwise(\"{op} $0, $1;\", \"=r,r\", [x], "
+              "dtype=tl.float32, is_pure=True, pack=1)\n\n\n")
+    i = s.index("@triton.jit")
+    return s[:i] + helper + s[i:].replace("tl.exp2(", "_ex2(")
+
+
 def dkdv(rounds: int, dump_dir: str | None) -> None:
     H, L, D = 32, 16384, 128
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -102,23 +117,29 @@ def dkdv(rounds: int, dump_dir: str | None) -> None:
     l1 = torch.rand(H, L, device="cuda", generator=g) + 1
     dd = torch.randn(H, L, device="cuda", generator=g) * 0.1
     base = SRC_DKDV.read_text()
-    variants = {"generated_exp2": base, "exp": as_exp(base)}
-    assert variants["exp"] != base
+    no_row = base.replace("p42 = tl.where(m29[None, :], t41, 0.0)", "p42 = t41")
+    variants = {"generated_exp2": base, "exp": as_exp(base), "exp2_no_row_check": no_row,
+                "exp_no_row_check": as_exp(no_row), "exp2_lse2": prescaled(base), "exp2_no_row_lse2": prescaled(no_row),
+                "asm_ftz": asm_exp2(base), "asm_ftz_no_row": asm_exp2(no_row), "asm_no_row": asm_exp2(no_row, False)}
+    assert len({*variants.values()}) == len(variants), "an edit changed nothing"
+    lse2 = lse * LOG2E  # what the "_lse2" variants read: the log-sum-exp already times log2(e)
     outs, runs = {}, {}
     for name, text in variants.items():
+        lse_in = lse2 if name.endswith("_lse2") else lse
         fn = _kernel(name, text, "k1")
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         outs[name] = (dk, dv)
 
-        def run(fn=fn, dk=dk, dv=dv):
+        def run(fn=fn, dk=dk, dv=dv, lse=lse_in):
             return fn[(L // 64 * H,)](l1, *l1.stride(), v, *v.stride(), do, *do.stride(), dd, *dd.stride(), k,
                                       *k.stride(), q, *q.stride(), lse, *lse.stride(), dk, *dk.stride(), dv,
                                       *dv.stride(), n_e=D, n_j=L, n_d=D, n_h=H, n_i=L, BLOCK_h=1, BLOCK_d=128,
                                       BLOCK_j=64, BLOCK_e=128, BLOCK_i=64, USE_PDL=False, num_warps=4, num_stages=2)
         dump(name, run(), dump_dir)
         runs[name] = run
-    a, b = outs["generated_exp2"], outs["exp"]
-    print("max |exp2 - exp| dK, dV:", [(x.float() - y.float()).abs().max().item() for x, y in zip(a, b)])
+    for name in variants:
+        a, b = outs["generated_exp2"], outs[name]
+        print(f"max |generated - {name}| dK, dV:", [(x.float() - y.float()).abs().max().item() for x, y in zip(a, b)])
     times = {n: [] for n in runs}
     for _ in range(rounds):
         for name, run in runs.items():
@@ -142,11 +163,15 @@ def load(name, text):
 
 
 def dump(name, ck, folder):
-    print(f"  {name}: {ck.n_regs} registers, {ck.n_spills} spills", flush=True)
+    ttgir = ck.asm["ttgir"]
+    print(f"  {name}: {ck.n_regs} registers, {ck.n_spills} spills; TTGIR: {ttgir.count('convert_layout')} "
+          f"convert_layout, {ttgir.count('local_alloc')} local_alloc, {ttgir.count('local_load')} local_load",
+          flush=True)
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         for kind in ("ttgir", "ptx"):
             (Path(folder) / f"{name}.{kind}").write_text(ck.asm[kind])
+        (Path(folder) / f"{name}.cubin").write_bytes(ck.asm["cubin"])  # nvdisasm reads it off the GPU
 
 
 def main():

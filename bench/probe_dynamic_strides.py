@@ -84,6 +84,10 @@ def main(op: str, L: int) -> None:
                                                   f"mask=(offs_i < {n_i})[:, None], other=0)", src))
         single["load clamped"] = variant(load.sub(lambda m: f"{m.group(1)}tl.minimum(offs_i, n_i - 1)[:, None]"
                                                   f"{m.group(2)})", src))
+    n_j = next((n for g, n in zip(fam.lengths.groups, ns) if "j" in g), None)
+    if n_j is not None:  # the key length's uses: the key loads' masks, the loop's last tile
+        single["n_j masks literal"] = variant(src.replace("(offs_j < n_j)", f"(offs_j < {n_j})"))
+        single["n_j bound literal"] = variant(src.replace("tl.minimum(n_j,", f"tl.minimum({n_j},"))
     rows = {"dynamic": lambda: prog.run(inputs), "dynamic, strides constexpr": lambda: edited.run(inputs),
             "dynamic, strides + lengths constexpr": lambda: both.run(inputs), "static": lambda: static(*xs),
             **{_label(n): (lambda p=p: p.run(inputs)) for n, p in single.items()}}
@@ -102,6 +106,8 @@ def _label(n: str) -> str:
         return "dynamic, lengths specialised by the JIT"
     if n == "load clamped":
         return "dynamic, q rows clamped, not masked"
+    if n.startswith("n_j "):
+        return f"dynamic, n_j's {n.split()[1]} as a literal"
     return f"dynamic, n_i's {n.split()[0]} as a literal" if n.endswith("literal") else f"dynamic, {n} constexpr only"
 
 
