@@ -71,7 +71,7 @@ OPS: dict[str, Op] = {
         Op("mod", 2, _np_guard(np.mod), "({0} % {1})", infix="%"),
         Op("neg", 1, _np_guard(np.negative), "(-{0})"),
         Op("exp", 1, _np_guard(np.exp), "tl.exp({0})", unit="sfu", weight=1.0, integer_ok=False),
-        Op("exp2", 1, _np_guard(np.exp2), "tl.exp2({0})", unit="sfu", weight=1.0, integer_ok=False),
+        Op("exp2", 1, _np_guard(np.exp2), "_exp2({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("log", 1, _np_guard(np.log), "tl.log({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("log2", 1, _np_guard(np.log2), "tl.log2({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("tanh", 1, _np_guard(np.tanh), "_tanh({0})", unit="sfu", weight=2.0, integer_ok=False),

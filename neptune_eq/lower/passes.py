@@ -116,9 +116,14 @@ class _PassWriter:
             w.emit(f"hi_{j} = {hi}")
             w.emit(f"flo_{j} = {full_lo}")
             w.emit(f"fhi_{j} = {full_hi}")
+            # the masked tiles before the full ones (every component is a monoid or a rolling update,
+            # so the order of the tiles is free): with the full tiles' loop after a masked loop, ptxas
+            # (CUDA 12.8, Hopper) serialises every wgmma of the kernel (advisory C7515; causal
+            # attention's forward: 227 registers serialised, masked loops first 194 and pipelined).
+            # FlashAttention runs its diagonal blocks first too
             self.loop(f"lo_{j}", f"flo_{j}", masked=True)
-            self.loop(f"flo_{j}", f"fhi_{j}", masked=False)
             self.loop(f"fhi_{j}", f"hi_{j}", masked=True)
+            self.loop(f"flo_{j}", f"fhi_{j}", masked=False)
         for c in ps.comps:
             w.scopes[0].memo[c.ref(FINAL)] = _state(w, c, self.state_names(c))
         _ = n_j

@@ -217,6 +217,31 @@ def _tanh(x):
                                      pack=1)
 '''
 
+# exp2 of fp32 as PTX's ex2.approx.ftz.f32 in inline assembly: the instruction Triton 3.6's tl.exp2 ends in
+# (libdevice's exp2f under flush-to-zero), but opaque to LLVM, which otherwise moves the ex2s among the
+# warp-group MMAs of a masked loop; ptxas then serialises every wgmma of the kernel (its advisory C7515:
+# "non wgmma instructions defining accumulator registers ... between start and end of the pipeline
+# stage"), as it did in the causal forward and both backward kernels. H100, causal attention's dK/dV
+# kernel at L = 16384: 9.6-10.0 ms with tl.exp2, 8.2-8.5 with this (bench/probe_dq_edits.py --kernel dkdv)
+EXP2_CUDA = '''
+
+@triton.jit
+def _exp2(x):
+    if x.dtype == tl.float32:
+        y = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+    else:
+        y = tl.exp2(x)
+    return y
+'''
+
+EXP2_PORTABLE = '''
+
+@triton.jit
+def _exp2(x):
+    return tl.exp2(x)
+'''
+
 TANH_PORTABLE = '''
 
 @triton.jit
@@ -233,7 +258,8 @@ def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule
     if target == "cuda" and pdl_supported():
         kernels = _dependent_launches(kernels)
     fast = target == "cuda" and any(s.fast_math for s in schedules)
-    src = PRELUDE + (TANH_CUDA if fast else TANH_PORTABLE) + ("" if target == "cuda" else RNE_BF16_INTERPRETER)
+    src = PRELUDE + (TANH_CUDA if fast else TANH_PORTABLE) + (EXP2_CUDA if target == "cuda" else EXP2_PORTABLE)
+    src += "" if target == "cuda" else RNE_BF16_INTERPRETER
     for ks in kernels:
         src += "\n\n" + ks.source
     return src, kernels
