@@ -57,6 +57,27 @@ def test_packed_documents_match_float64_with_empty_and_length_one_documents_from
     assert (after["captures"], after["compiles"]) == (before["captures"], before["compiles"])
 
 
+def test_packed_documents_at_head_dim_128_step_128_keys_and_match_float64():
+    """The packed forward streams the key documents' ids beside K and V: with head dim 128 its 128-key
+    steps in three stages need 231424 bytes of shared memory under Triton 3.6 (227 KiB is Hopper's
+    limit; bench/ptxas_check.py), which the schedule's estimate (exact for the dot tiles, a row of ids
+    held before the loop in registers) now admits, as it does for causal attention's forward. Run in
+    fp16 at a total that is not a tile multiple, against float64."""
+    from neptune_eq.schedule import SHARED_BUDGET, shared_bytes
+
+    lengths = [70, 1, 0, 150, 79]
+    q, k, v, doc = packed(lengths, heads=1, dim=128, seed=3)
+    q, k, v = (x.half() for x in (q, k, v))
+    compiled = ne.compile(varlen_attention, q, k, v, doc)
+    prog = compiled.program
+    alt = prog.alternative
+    (sched,) = prog._schedules("cuda")
+    assert (sched.tiles["j"], sched.num_stages) == (128, 3), sched
+    assert shared_bytes(alt.plan.kernels[0], prog.program, alt.plan, sched) <= SHARED_BUDGET
+    ref = varlen_attention(q.double(), k.double(), v.double(), doc)
+    assert err(compiled(q, k, v, doc), ref) < 2e-3
+
+
 def _bounds(program, inputs):
     """The data bounds of a compiled program's kernels, evaluated for `inputs`."""
     _, kernels = compile_ir(program).lowered("interpreter")
