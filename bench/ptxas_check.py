@@ -2,7 +2,9 @@
 forward (or saved backward) is compiled for sm_90 by the installed Triton with the launch's
 specialisation (strides and lengths as the compile fixes them, pointers 16-byte aligned), and its PTX
 given to Triton's bundled ptxas with -v: registers, spills and the performance advisories (C7515:
-"wgmma.mma_async instructions are serialized due to ...").
+"wgmma.mma_async instructions are serialized due to ..."), with the shared memory the kernel asks for
+beside what the schedule rules estimate (schedule.shared_bytes). --tiles / --stages override the
+schedule of every kernel.
 
 With the GPU image's Triton (3.6, ptxas of CUDA 12.8) on PYTHONPATH it reproduces the device's verdict
 (causal_pf's forward at L 4096: 227 registers and C7515 here and on the H100; session 38); the newer
@@ -12,6 +14,7 @@ Triton of this repository's environment compiles differently (no C7515 where 3.6
     PYTHONPATH=/tmp/t36 TRITON_INTERPRET=0 python bench/ptxas_check.py causal_pf [--L 4096] [--backward] [--source F]
     PYTHONPATH=/tmp/t36 TRITON_INTERPRET=0 python bench/ptxas_check.py rmsnorm_matmul --beyond
     PYTHONPATH=/tmp/t36 TRITON_INTERPRET=0 python bench/ptxas_check.py window_pf --L 3000 --dynamic
+    PYTHONPATH=/tmp/t36 TRITON_INTERPRET=0 python bench/ptxas_check.py varlen --L 32768   # packed prefill
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cases import Case
@@ -94,10 +99,19 @@ def main():
     ap.add_argument("--backward", action="store_true", help="the saved backward's kernels")
     ap.add_argument("--source", help="a hand-edited module to compile in place of the generated one")
     ap.add_argument("--beyond", action="store_true", help="op names a bench/beyond program (its first size)")
+    ap.add_argument("--tiles", default="", help="schedule override of every kernel, e.g. j=128")
+    ap.add_argument("--stages", type=int, default=None, help="pipeline stages override")
     ap.add_argument("--dynamic", action="store_true",
                     help="the kernels a dynamic compile (at L - 7) runs at L: lengths and strides as arguments")
     a = ap.parse_args()
-    if a.beyond:
+    if a.op == "varlen":  # bench/varlen_paged.py's packed prefill: 16 documents in L tokens, 32 heads
+        from varlen_paged import random_lengths, varlen_attention
+
+        lengths = torch.tensor(random_lengths(16, a.L, 0))
+        fn = varlen_attention
+        xs = (*(torch.randn(32, a.L, 128, dtype=torch.float16) for _ in range(3)),
+              torch.repeat_interleave(torch.arange(16), lengths))
+    elif a.beyond:
         sys.path.insert(0, str(Path(__file__).resolve().parent / "beyond"))
         from programs import cases
 
@@ -116,6 +130,12 @@ def main():
         small = Case(a.op, a.L - 7).inputs("cpu")
         fam = neptune_eq.compile(fn, *small, dynamic=True).family
         comp = fam.program_for(fam.serves(xs))
+    if a.tiles or a.stages:
+        from dataclasses import replace
+
+        over = {k: int(v) for k, v in (t.split("=") for t in a.tiles.split(",") if t)}
+        comp.schedules["cuda"] = [replace(sc.with_tiles(**{k: v for k, v in over.items() if k in sc.tiles}),
+                                          num_stages=a.stages or sc.num_stages) for sc in comp._schedules("cuda")]
     src, kernels = comp.lowered("cuda")
     if a.source:
         src = Path(a.source).read_text()
@@ -128,9 +148,16 @@ def main():
 
     size = ("" if a.beyond else f" L={a.L}") + (" dynamic" if a.dynamic else "")
     print(f"{a.op}{size} {'backward' if a.backward else 'forward'}, Triton {triton.__version__}", flush=True)
-    for ks in kernels:
+    from neptune_eq.schedule import shared_bytes
+
+    plan = comp.plan
+    for ks, kp in zip(kernels, plan.kernels):
         ck = compile_kernel(module, ks, dict(prog.axes))
-        print(f"  {ks.name}: " + "; ".join(advisories(ck.asm["ptx"])), flush=True)
+        shared = getattr(ck.metadata, "shared", None)
+        model = shared_bytes(kp, comp.program, plan, ks.schedule)  # what the schedule rules price it at
+        tiles = {x: t for x, t in ks.schedule.tiles.items() if t > 1}
+        print(f"  {ks.name} {tiles} w{ks.schedule.num_warps} s{ks.schedule.num_stages}: {shared} bytes of shared "
+              f"memory (schedule.shared_bytes {model}); " + "; ".join(advisories(ck.asm["ptx"])), flush=True)
 
 
 if __name__ == "__main__":
