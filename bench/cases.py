@@ -147,3 +147,15 @@ def record(rows: list, row: dict, out: str | None, meta: dict) -> None:
     if out:
         with open(out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+def saved_backward(fn, *inputs):
+    """(backward program, its compiled plans) of `fn`'s saved backward (what the forward saves, read by
+    the backward: the log-sum-exp of attention), captured on `inputs` (CPU tensors)."""
+    from neptune_eq.frontend import capture
+    from neptune_eq.grad import backward_program
+    from neptune_eq.pipeline import Options
+    from neptune_eq.runtime import compile_ir
+
+    back = backward_program(capture(fn, *inputs).program, saved=True).program
+    return back, compile_ir(back, Options())

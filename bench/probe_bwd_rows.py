@@ -22,12 +22,7 @@ import torch
 import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cases import Case
-
-from neptune_eq.frontend import capture
-from neptune_eq.grad import backward_program
-from neptune_eq.pipeline import Options
-from neptune_eq.runtime import compile_ir
+from cases import Case, saved_backward
 
 
 def feed_for(back) -> dict:
@@ -80,9 +75,7 @@ def main():
     a = ap.parse_args()
     for op in a.ops:
         c = Case(op, a.L)
-        cap = capture(c.fn, *c.inputs("cpu"))
-        back = backward_program(cap.program, saved=True).program
-        comp = compile_ir(back, Options())
+        back, comp = saved_backward(c.fn, *c.inputs("cpu"))
         base = list(comp._schedules("cuda"))
         print(op, comp.alternative.structure, flush=True)
         for i, s in enumerate(base):

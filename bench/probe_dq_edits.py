@@ -30,6 +30,8 @@ SRC_DKDV = HERE / "results/h100_2026-11-27/session37/causal_bwd_k1_cuda.txt"
 sys.path.insert(0, str(HERE))
 
 from probe_atomic_dq import dq_kernel  # noqa: E402
+from probe_bwd_rows import as_exp  # noqa: E402
+from probe_bwd_rows import no_row_check as no_row_select  # noqa: E402  (dK/dV's form of the row test)
 
 LOG2E = 1.4426950408889634
 
@@ -89,12 +91,6 @@ EDITS = {"generated": [], "no_row_check": [no_row_check], "exp2": [exp2], "kv_ro
          "s_first": [s_first], "s_first_row_exp2": [s_first, no_row_check, exp2]}
 
 
-def as_exp(s):  # the dK/dV kernel's exp2(s·c·log₂e − lse·log₂e) back as exp(s·c − lse)
-    s = re.sub(r"(t\d+) = \((x\d+) \* 1\.4426950408889634\)", r"\1 = \2", s)
-    s = s.replace("0.12751743082459868", "0.08838834764831843")
-    return s.replace("tl.exp2(", "tl.exp(")
-
-
 def prescaled(s):  # the loop's lse·log2(e) read from a buffer that holds it (no multiply per step)
     out = re.sub(r"(t\d+) = \((x\d+) \* 1\.4426950408889634\)", r"\1 = \2", s)
     assert out != s
@@ -117,7 +113,7 @@ def dkdv(rounds: int, dump_dir: str | None) -> None:
     l1 = torch.rand(H, L, device="cuda", generator=g) + 1
     dd = torch.randn(H, L, device="cuda", generator=g) * 0.1
     base = SRC_DKDV.read_text()
-    no_row = base.replace("p42 = tl.where(m29[None, :], t41, 0.0)", "p42 = t41")
+    no_row = no_row_select(base)
     variants = {"generated_exp2": base, "exp": as_exp(base), "exp2_no_row_check": no_row,
                 "exp_no_row_check": as_exp(no_row), "exp2_lse2": prescaled(base), "exp2_no_row_lse2": prescaled(no_row),
                 "asm_ftz": asm_exp2(base), "asm_ftz_no_row": asm_exp2(no_row), "asm_no_row": asm_exp2(no_row, False)}

@@ -19,14 +19,10 @@ from pathlib import Path
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cases import Case
+from cases import Case, saved_backward
 from probe_bwd_rows import feed_for
 
 import neptune_eq
-from neptune_eq.frontend import capture
-from neptune_eq.grad import backward_program
-from neptune_eq.pipeline import Options
-from neptune_eq.runtime import compile_ir
 
 PTXAS = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
 
@@ -61,8 +57,7 @@ def main():
         compiled: list = []
         fwd.program.launcher("cuda")(fwd.captured.inputs(*xs), None, compiled)
         report(f"{op} forward", compiled)
-        back = backward_program(capture(c.fn, *c.inputs("cpu")).program, saved=True).program
-        comp = compile_ir(back, Options())
+        back, comp = saved_backward(c.fn, *c.inputs("cpu"))
         compiled = []
         comp.launcher("cuda")(feed_for(back), None, compiled)
         report(f"{op} backward", compiled)

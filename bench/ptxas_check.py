@@ -29,14 +29,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cases import Case
+from cases import Case, saved_backward
 from probe_wgmma_serial import advisories
 
 import neptune_eq
-from neptune_eq.frontend import capture
-from neptune_eq.grad import backward_program
-from neptune_eq.pipeline import Options
-from neptune_eq.runtime import compile_ir
 
 TRITON_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int64": "i64",
                 "int32": "i32", "bool": "i1"}
@@ -121,8 +117,7 @@ def main():
         c = Case(a.op, a.L)
         fn, xs = c.fn, c.inputs("cpu")
     if a.backward:
-        prog = backward_program(capture(fn, *xs).program, saved=True).program
-        comp = compile_ir(prog, Options())
+        prog, comp = saved_backward(fn, *xs)
     else:
         comp = neptune_eq.compile(fn, *xs).program
         prog = comp.program

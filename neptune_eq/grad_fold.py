@@ -93,6 +93,7 @@ class _Folder:
                  fresh: Callable[[str], str]):
         self.sums = sums
         self.held = held  # saved load → the forward reduction it holds
+        self.stat_tensors = {ld.tensor for ld in held}
         self.fresh = fresh
         self.shifts: dict[tuple[ir.Node, ir.Node], tuple[ir.Node, Load]] = {}  # (m, l) → (forward m + L, its load)
         self.weights: dict[ir.Node, ir.Node] = {}  # a folded weight → its guard l = 0 (where it is 0)
@@ -135,7 +136,7 @@ class _Folder:
         loaded gives a non-finite y. A saved statistic is no such load: a row max or log-sum-exp is ±∞
         on exactly the rows the guard selects."""
         if isinstance(y, Load):
-            return y.tensor not in {ld.tensor for ld in self.held}
+            return y.tensor not in self.stat_tensors
         if y in self.weights:
             return True
         if isinstance(y, Const):
