@@ -42,6 +42,30 @@ def constexpr_lengths(src: str, names: tuple[str, ...] | None = None) -> str:
                      for ln in src.splitlines()) + "\n"
 
 
+# facts about the program-id decomposition of a runtime length's tiles (T its tile count, r the
+# remainder, t the tile index), given to the compiler with tl.assume
+ASSUMES = {
+    "assume index": ("{T} > 0", "{r} >= 0", "{r} < {T}", "{t} >= 0"),
+    "assume bounded": ("{T} > 0", "{T} < 65536", "{r} >= 0", "{r} < {T}", "{t} >= 0", "{t} < 65536"),
+}
+
+
+def assume_tiles(src: str, facts: tuple[str, ...]) -> str:
+    """Each `t_X = ((n_X + T - 1) // T) - 1 - pid % ((n_X + T - 1) // T)` (and the `pid % ...` form)
+    split into named steps with `facts` about them as tl.assume statements."""
+    pat = re.compile(r"^( +)t_(\w+) = (\(\(n_\w+ \+ (\d+) - 1\) // \4\))( - 1 - | )?pid % \3\n\1pid = pid // \3$", re.M)
+
+    def split(m):
+        ind, ax, count, rev = m.group(1), m.group(2), m.group(3), m.group(5)
+        T, r, t = f"T_{ax}", f"r_{ax}", f"t_{ax}"
+        lines = [f"{T} = {count}", f"{r} = pid % {T}", f"{t} = {T} - 1 - {r}" if rev and rev.strip() else f"{t} = {r}"]
+        lines += [f"tl.assume({f.format(T=T, r=r, t=t)})" for f in facts] + [f"pid = pid // {T}"]
+        return "\n".join(ind + ln for ln in lines)
+    out, n = pat.subn(split, src)
+    assert n, "no runtime tile count in the program-id decomposition"
+    return out
+
+
 def main(op: str, L: int) -> None:
     c0 = Case(op, L - 7)
     dyn = neptune_eq.compile(c0.fn, *c0.inputs("cuda"), dynamic=True)
@@ -84,6 +108,9 @@ def main(op: str, L: int) -> None:
                                                   f"mask=(offs_i < {n_i})[:, None], other=0)", src))
         single["load clamped"] = variant(load.sub(lambda m: f"{m.group(1)}tl.minimum(offs_i, n_i - 1)[:, None]"
                                                   f"{m.group(2)})", src))
+        # n_i a runtime value, but what a literal tile count tells the compiler told by tl.assume
+        for name, facts in ASSUMES.items():
+            single[name] = variant(assume_tiles(src, facts))
     n_j = next((n for g, n in zip(fam.lengths.groups, ns) if "j" in g), None)
     if n_j is not None:  # the key length's uses: the key loads' masks, the loop's last tile
         single["n_j masks literal"] = variant(src.replace("(offs_j < n_j)", f"(offs_j < {n_j})"))
