@@ -170,9 +170,18 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
     inputs = dict(program.inputs)
     contribs: dict[ir.Node, list[ir.Node]] = {}
 
-    def add(node: ir.Node, c: ir.Node) -> None:
-        extra = c.axes - node.axes
-        contribs.setdefault(node, []).append(_sum_over(c, extra, order) if extra else c)
+    def add(node: ir.Node, c: ir.Node, over: frozenset[str] = frozenset()) -> None:
+        # c is node's share of the adjoint of a parent over axes `over`: every element of the parent
+        # reads node, so the axes node lacks are summed — by a reduction where c varies along them, by
+        # the extent where it does not (Σ_d (x[i, d] − lse[i]) under a uniform cotangent: n_d times)
+        summed = c.axes - node.axes
+        c = _sum_over(c, summed, order) if summed else c
+        for a in sorted(over - summed - node.axes, key=order.index):
+            if a in program.dynamic:
+                raise NoBackward(f"{program.name}: the gradient of {ir.show(node)} counts the length of the "
+                                 f"dynamic axis '{a}' (a constant along it is summed over it)")
+            c = _call("mul", c, _c(program.axes[a]))
+        contribs.setdefault(node, []).append(c)
 
     cotangents: dict[str, str] = {}
     for o in program.outputs:
@@ -207,7 +216,7 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
                 continue
             for arg, c in zip(n.args, _local(n, g)):
                 if c is not None and arg in reads:
-                    add(arg, c)
+                    add(arg, c, n.axes)
         elif isinstance(n, Reduce):
             if n.body not in reads:
                 continue

@@ -114,6 +114,16 @@ def test_arithmetic_broadcasting_and_scalars():
     check_capture(fn, randn(3, 1, 5), randn(4, 1, seed=1), randn(5, seed=2))
 
 
+def test_a_composite_writing_a_fresh_tensor_in_place():
+    """F.cosine_similarity clamps a clone of its norms in place (aten.clamp_min_.Tensor), which
+    functionalization leaves inside the composite: it is read as the functional op; clamp bounds may be
+    tensors."""
+    def fn(x, y, lo):
+        return F.cosine_similarity(x, y, dim=-1), torch.clamp_min(x, lo), torch.clamp_max(y, lo)
+
+    check_capture(fn, randn(4, 6), randn(4, 6, seed=1), randn(6, seed=2))
+
+
 def test_unary_math():
     def fn(x):
         p = x.abs() + 0.1

@@ -271,6 +271,8 @@ HANDLERS = {
     aten.clamp.default: Pointwise(1, _clamp),
     aten.clamp_min.default: Pointwise(2, lambda tx, c, x, lo: call("max2", x, lo)),
     aten.clamp_max.default: Pointwise(2, lambda tx, c, x, hi: call("min2", x, hi)),
+    aten.clamp_min.Tensor: binary("max2"),
+    aten.clamp_max.Tensor: binary("min2"),
     aten.where.self: Pointwise(3, _where, data=(1, 2)),
     aten.where.ScalarSelf: Pointwise(3, _where, data=(1, 2)),
     aten.where.ScalarOther: Pointwise(3, _where, data=(1, 2)),

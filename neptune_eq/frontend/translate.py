@@ -108,6 +108,25 @@ def op_name(target) -> str:
     return str(packet) if packet is not None else getattr(target, "__name__", str(target))
 
 
+def _functional_twin(node: fx.Node):
+    """The functional overload of an in-place op (aten.clamp_min_.Tensor → aten.clamp_min.Tensor) whose
+    written tensor is an intermediate nothing else reads — what a composite's kernel leaves behind
+    functionalization (F.cosine_similarity clamps a clone of its norms in place) — else None. The two
+    agree there: no one sees the value before the write, and the op's result is the written value."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.arguments or not node.args:
+        return None
+    first, written = node.args[0], schema.arguments[0].alias_info
+    if not (written is not None and written.is_write and isinstance(first, fx.Node)
+            and first.op == "call_function" and len(first.users) == 1):
+        return None
+    name = schema.name.split("::")[-1]
+    if not name.endswith("_") or name.startswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    return getattr(packet, node.target._overloadname, None) if packet is not None else None
+
+
 @dataclass
 class InputDecl:
     """A placeholder that becomes a program input."""
@@ -198,7 +217,7 @@ class Translator:
         self.infos[node] = self._wrap_info(node, result)
 
     def _handler(self, node: fx.Node):
-        h = self.handlers.get(node.target)
+        h = self.handlers.get(node.target) or self.handlers.get(_functional_twin(node))
         if h is None:
             raise CaptureError(f"unsupported operation {op_name(node.target)}")
         return h
