@@ -124,6 +124,19 @@ def test_a_composite_writing_a_fresh_tensor_in_place():
     check_capture(fn, randn(4, 6), randn(4, 6, seed=1), randn(6, seed=2))
 
 
+def test_elementwise_losses_are_traced_as_their_math():
+    def fn(x, y, p):
+        return (F.mse_loss(x, y), F.mse_loss(x, y, reduction="none"), F.huber_loss(x, y, delta=0.5),
+                F.smooth_l1_loss(x, y, beta=0.7, reduction="sum"), F.binary_cross_entropy_with_logits(x, p))
+
+    check_capture(fn, randn(4, 6), randn(4, 6, seed=1), torch.rand(4, 6, dtype=torch.float64))
+
+
+def test_reading_an_uninitialised_tensor_is_refused():
+    with pytest.raises(CaptureError, match="uninitialised tensor"):
+        capture(lambda x: torch.empty_like(x) + x, randn(3, 4))
+
+
 def test_unary_math():
     def fn(x):
         p = x.abs() + 0.1

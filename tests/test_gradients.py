@@ -55,6 +55,10 @@ def cosine_similarity(x, y):
     return F.cosine_similarity(x, y, dim=-1)
 
 
+def bce_with_logits(x, y):
+    return F.binary_cross_entropy_with_logits(x, y)
+
+
 def _randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
@@ -69,6 +73,7 @@ FAMILIES = [
     (causal, (_randn(1, 1, 4, 3), _randn(1, 1, 4, 3, seed=1), _randn(1, 1, 4, 3, seed=2))),
     (smoothed_cross_entropy, (_randn(4, 5), torch.tensor([0, 3, 4, 1]))),
     (cosine_similarity, (_randn(3, 5), _randn(3, 5, seed=1))),
+    (bce_with_logits, (_randn(3, 5), _randn(3, 5, seed=1).sigmoid())),
 ]
 
 

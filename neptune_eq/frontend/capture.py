@@ -54,11 +54,13 @@ from .translate import InputDecl, Translator, dtype_name
 
 HANDLERS = {**ops_shape.HANDLERS, **ops_math.HANDLERS, **ops_reduce.HANDLERS, **ops_index.HANDLERS}
 
-# fused kernels (SDPA on CPU, layer/RMS norm) and activations are traced as their math
+# fused kernels (SDPA on CPU, layer/RMS norm), activations and elementwise losses are traced as their math
 _aten = torch.ops.aten
 _DECOMPOSITIONS = get_decompositions([
     _aten._scaled_dot_product_flash_attention_for_cpu.default, _aten.native_layer_norm.default,
     _aten._fused_rms_norm.default, _aten.silu.default, _aten.gelu.default,
+    _aten.mse_loss.default, _aten.huber_loss.default, _aten.smooth_l1_loss.default,
+    _aten.binary_cross_entropy.default, _aten.soft_margin_loss.default,
 ])
 _DEVICE_TYPES = ("cpu", "cuda")
 

@@ -193,6 +193,23 @@ class Constant:
         return const(v)
 
 
+class Uninitialised:
+    """empty / empty_like: no values, so only an op that overwrites every element may read it (the
+    fill of F.binary_cross_entropy_with_logits' composite); any other reader is refused."""
+
+    OVERWRITES = (torch.ops.aten.fill.Scalar,)
+
+    def infer(self, tx, c):
+        return tx.axes.dims_for(tuple(c.out.shape))
+
+    def build(self, tx, c):
+        readers = [u for u in c.node.users if u.target not in self.OVERWRITES]
+        if readers:
+            raise CaptureError(f"the values of an uninitialised tensor ({c.op_name}) are read by "
+                               f"{readers[0].target}; torch leaves them undefined")
+        return const(0.0)  # (never read: every user overwrites it)
+
+
 class Arange:
     def __init__(self, form: str):
         self.form = form
@@ -300,6 +317,9 @@ HANDLERS = {
     aten.full_like.default: Constant(1),
     aten.new_full.default: Constant(2),
     aten.scalar_tensor.default: Constant(0, name="s"),
+    aten.fill.Scalar: Constant(1, name="value"),
+    aten.empty_like.default: Uninitialised(),
+    aten.empty.memory_format: Uninitialised(),
     aten.tril.default: Triangle(lower=True),
     aten.triu.default: Triangle(lower=False),
     aten.add_.Tensor: InPlace(Pointwise(2, _add)),
