@@ -171,6 +171,10 @@ def log(x) -> Expr:
     return _call("log", x)
 
 
+def log1p(x) -> Expr:
+    return _call("log1p", x)
+
+
 def tanh(x) -> Expr:
     return _call("tanh", x)
 
@@ -304,7 +308,7 @@ def program(name: str) -> ProgramBuilder:
 
 
 __all__ = [
-    "Axis", "Expr", "ProgramBuilder", "abs", "eq", "exp", "exp2", "inf", "log", "max", "maximum", "mean", "min",
-    "minimum", "ne", "program", "rsqrt", "sqrt", "sum", "tanh", "where",
+    "Axis", "Expr", "ProgramBuilder", "abs", "eq", "exp", "exp2", "inf", "log", "log1p", "max", "maximum", "mean",
+    "min", "minimum", "ne", "program", "rsqrt", "sqrt", "sum", "tanh", "where",
 ]
 _ = builtins  # the module shadows sum/max/min/abs on purpose

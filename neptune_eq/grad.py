@@ -121,6 +121,8 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
         return [_call("mul", g, _call("mul", n, _c(math.log(2.0))))]
     if op == "log":
         return [_call("div", g, a[0]) if _never_zero(a[0]) else _zero_keeps(g, _call("div", g, a[0]))]
+    if op == "log1p":
+        return [_zero_keeps(g, _call("div", g, _call("add", _c(1.0), a[0])))]
     if op == "log2":
         return [_zero_keeps(g, _call("div", g, _call("mul", a[0], _c(math.log(2.0)))))]
     if op == "tanh":

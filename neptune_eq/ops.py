@@ -74,6 +74,7 @@ OPS: dict[str, Op] = {
         Op("exp2", 1, _np_guard(np.exp2), "_exp2({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("log", 1, _np_guard(np.log), "tl.log({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("log2", 1, _np_guard(np.log2), "tl.log2({0})", unit="sfu", weight=1.0, integer_ok=False),
+        Op("log1p", 1, _np_guard(np.log1p), "_log1p({0})", unit="sfu", weight=2.0, integer_ok=False),
         Op("tanh", 1, _np_guard(np.tanh), "_tanh({0})", unit="sfu", weight=2.0, integer_ok=False),
         Op("sqrt", 1, _np_guard(np.sqrt), "tl.sqrt({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("rsqrt", 1, _np_rsqrt, "tl.rsqrt({0})", unit="sfu", weight=1.0, integer_ok=False),

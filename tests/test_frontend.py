@@ -132,6 +132,21 @@ def test_elementwise_losses_are_traced_as_their_math():
     check_capture(fn, randn(4, 6), randn(4, 6, seed=1), torch.rand(4, 6, dtype=torch.float64))
 
 
+def test_log1p_is_accurate_where_one_plus_x_rounds():
+    """log1p is an op of its own (BCE, soft margin, softplus-like losses): the kernel's helper keeps
+    log(1 + x) accurate where 1 + x rounds (x = 1e-10 in fp32), and exact at −1, ±inf and NaN."""
+    import neptune_eq
+
+    x = torch.tensor([[1e-10, -1e-7, 3e-4, -0.5, -1.0, 2.0, 1e30, float("inf"), float("nan"), -2.0]])
+    got = neptune_eq.compile(lambda x: torch.log1p(x), x)(x)
+    want = torch.log1p(x.double())
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and got[0, 4] == -math.inf and got[0, 7] == math.inf
+    assert ((got.double()[finite] - want[finite]).abs() <= 2e-7 * want[finite].abs()).all()
+    check_capture(lambda x, y, s: (F.binary_cross_entropy(torch.sigmoid(x), y), F.soft_margin_loss(x, s)),
+                  randn(4, 6), randn(4, 6, seed=1).sigmoid(), randn(4, 6, seed=2).sign())
+
+
 def test_reading_an_uninitialised_tensor_is_refused():
     with pytest.raises(CaptureError, match="uninitialised tensor"):
         capture(lambda x: torch.empty_like(x) + x, randn(3, 4))

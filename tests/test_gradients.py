@@ -59,6 +59,10 @@ def bce_with_logits(x, y):
     return F.binary_cross_entropy_with_logits(x, y)
 
 
+def bce_of_probabilities(x, y):
+    return F.binary_cross_entropy(torch.sigmoid(x), y)  # (its math reads log1p)
+
+
 def _randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
@@ -74,6 +78,7 @@ FAMILIES = [
     (smoothed_cross_entropy, (_randn(4, 5), torch.tensor([0, 3, 4, 1]))),
     (cosine_similarity, (_randn(3, 5), _randn(3, 5, seed=1))),
     (bce_with_logits, (_randn(3, 5), _randn(3, 5, seed=1).sigmoid())),
+    (bce_of_probabilities, (_randn(3, 5), _randn(3, 5, seed=1).sigmoid())),
 ]
 
 

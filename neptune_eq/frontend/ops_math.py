@@ -273,6 +273,7 @@ HANDLERS = {
     aten.exp2.default: unary("exp2"),
     aten.log.default: unary("log"),
     aten.log2.default: unary("log2"),
+    aten.log1p.default: unary("log1p"),
     aten.tanh.default: unary("tanh"),
     aten.sqrt.default: unary("sqrt"),
     aten.rsqrt.default: unary("rsqrt"),

@@ -209,6 +209,17 @@ def _rne_bf16(x):
     return tl.where(x != x, x, r)
 '''
 
+# log(1 + x) accurate for small x (Goldberg): u = 1 + x rounded; log(u)·x/(u − 1) corrects the rounding
+# of u, and x itself where u rounds to 1. Written in the kernel, not in the IR, so no rewrite folds
+# (u − 1) back to x. Exact at x = −1 (−inf), x = inf, and NaN in, NaN out.
+LOG1P = '''
+
+@triton.jit
+def _log1p(x):
+    u = 1.0 + x
+    return tl.where(u == 1.0, x, tl.where(u == POS_INF, u, tl.log(u) * (x / (u - 1.0))))
+'''
+
 TANH_CUDA = '''
 
 @triton.jit
@@ -259,6 +270,7 @@ def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule
         kernels = _dependent_launches(kernels)
     fast = target == "cuda" and any(s.fast_math for s in schedules)
     src = PRELUDE + (TANH_CUDA if fast else TANH_PORTABLE) + (EXP2_CUDA if target == "cuda" else EXP2_PORTABLE)
+    src += LOG1P
     src += "" if target == "cuda" else RNE_BF16_INTERPRETER
     for ks in kernels:
         src += "\n\n" + ks.source
