@@ -147,6 +147,15 @@ def test_log1p_is_accurate_where_one_plus_x_rounds():
                   randn(4, 6), randn(4, 6, seed=1).sigmoid(), randn(4, 6, seed=2).sign())
 
 
+def test_logsumexp_over_several_dims_and_a_size_one_dim():
+    x = randn(3, 4, 5)
+    x[0, :, :] = -math.inf  # a slice of -inf: -inf; one +inf: +inf; a NaN: NaN (as torch)
+    x[1, 2, 3] = math.inf
+    x[2, 0, 1] = math.nan
+    check_capture(lambda x: (torch.logsumexp(x, dim=(-2, -1)), torch.logsumexp(x, dim=(0, 2)),
+                             torch.logsumexp(x[:, :1], dim=1)), x)
+
+
 def test_reading_an_uninitialised_tensor_is_refused():
     with pytest.raises(CaptureError, match="uninitialised tensor"):
         capture(lambda x: torch.empty_like(x) + x, randn(3, 4))

@@ -75,9 +75,11 @@ class Reduction:
                 return out, mean
         elif kind == "norm":
             out = _norm(tx, c, e, vs)
-        elif kind == "logsumexp":
-            axis = _one_axis(tx, vs, "logsumexp")
-            out = library.logsumexp(tx.dsl(e), axis).node
+        elif kind == "logsumexp":  # over several dims, one at a time: log Σ_a Σ_b eˣ = lse_a(lse_b(x))
+            out = e  # (over a dimension of size 1, which is no axis: log eˣ = x, ±inf and NaN included)
+            for v in reversed(vs):
+                if v is not None:
+                    out = library.logsumexp(tx.dsl(out), tx.single_axis(v, "logsumexp")).node
         else:  # max.dim / min.dim: values and (untranslatable) indices
             return tx.reduce(kind.removesuffix("_dim"), e, vs), None
         return out
