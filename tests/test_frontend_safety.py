@@ -368,8 +368,26 @@ def test_nll_loss_reductions_and_edge_cases():
     c = capture(lambda x, t: F.cross_entropy(x, t), x, everything_ignored)
     assert torch.isnan(c.reference(x, everything_ignored))  # 0 / 0, as eager
     check_capture(lambda x, t: F.cross_entropy(x, t), randn(7), torch.tensor(4))  # one row, no batch
-    with pytest.raises(CaptureError, match=r"class weights is not supported at test_frontend_safety\.py"):
-        capture(lambda x, t: F.cross_entropy(x, t, weight=torch.ones(7, dtype=F64)), x, t)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"reduction": "sum"}, {"reduction": "none"}, {"label_smoothing": 0.2},
+                                    {"ignore_index": 2}])
+def test_cross_entropy_with_class_weights(kwargs):
+    """loss_n = -w[t_n]·logp[n, t_n]; 'mean' divides by the weight of the rows kept (torch's rule)."""
+    x, t = randn(5, 7), torch.tensor([3, -100, 6, 2, 0] if "ignore_index" not in kwargs else [3, 2, 6, 2, 0])
+    w, held = torch.rand(7, dtype=F64) + 0.5, torch.linspace(0.5, 2, 7, dtype=F64)  # an argument; a closure
+    check_capture(lambda x, t, w: F.cross_entropy(x, t, weight=w, **kwargs), x, t, w)
+    check_capture(lambda x, t: F.cross_entropy(x, t, weight=held, **kwargs), x, t)
+
+
+def test_cross_entropy_over_extra_dims():
+    """(N, C, d1[, d2]) logits: torch's nll_loss2d, traced as its math, weights and ignore_index included."""
+    w = torch.rand(5, dtype=F64) + 0.5
+    for shape in ((2, 5, 3), (2, 5, 3, 4)):
+        x, t = randn(*shape), torch.randint(0, 5, (shape[0], *shape[2:]), generator=torch.Generator().manual_seed(0))
+        t.view(-1)[1] = -100
+        for kwargs in ({}, {"weight": w}, {"weight": w, "reduction": "sum"}, {"reduction": "none"}):
+            check_capture(lambda x, t, kw=kwargs: F.cross_entropy(x, t, **kw), x, t)
 
 
 def test_cross_entropy_mean_end_to_end(tmp_path):

@@ -60,7 +60,7 @@ _DECOMPOSITIONS = get_decompositions([
     _aten._scaled_dot_product_flash_attention_for_cpu.default, _aten.native_layer_norm.default,
     _aten._fused_rms_norm.default, _aten.silu.default, _aten.gelu.default,
     _aten.mse_loss.default, _aten.huber_loss.default, _aten.smooth_l1_loss.default,
-    _aten.binary_cross_entropy.default, _aten.soft_margin_loss.default,
+    _aten.binary_cross_entropy.default, _aten.soft_margin_loss.default, _aten.nll_loss2d_forward.default,
 ])
 _DEVICE_TYPES = ("cpu", "cuda")
 

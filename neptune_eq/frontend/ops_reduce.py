@@ -179,23 +179,23 @@ class Contraction:
 
 class NllLoss:
     """nll_loss_forward(logp, target, weight=None, reduction, ignore_index): the loss of row n is
-    -logp[n, target[n]], 0 where target[n] == ignore_index; reduction 'none' (0) keeps the rows,
-    'sum' (2) adds them, 'mean' (1) divides the sum by the number of rows not ignored (0/0 = nan
-    when every row is, as in eager). A target outside [0, C) other than ignore_index is checked on
-    every call (checks.py)."""
+    -w[target[n]]·logp[n, target[n]] (w = 1 without class weights), 0 where target[n] ==
+    ignore_index; reduction 'none' (0) keeps the rows, 'sum' (2) adds them, 'mean' (1) divides the
+    sum by the weight of the rows not ignored (their number without weights; 0/0 = nan when every
+    row is, as in eager). A target outside [0, C) other than ignore_index is checked on every call
+    (checks.py)."""
 
     REDUCTIONS: ClassVar[dict[int, str]] = {0: "none", 1: "mean", 2: "sum"}
 
     def infer(self, tx, c):
-        x, t = c.args[0], c.args[1]
-        if c.arg(2, "weight") is not None:
-            raise CaptureError("cross entropy / nll_loss with class weights is not supported")
+        x, t, w = c.args[0], c.args[1], c.arg(2, "weight")
         reduction = c.arg(3, "reduction")
         if reduction not in self.REDUCTIONS:
             raise CaptureError(f"cross entropy / nll_loss with reduction code {reduction!r} is not supported")
         tx.axes.mark_indexed(x.dims[-1])
         rows = [0] if x.ndim == 2 else []
-        slots = tx.combine(c, 1, [(x, [*rows, None]), (t, [0] * t.ndim)])
+        weights = [(w, [1])] if w is not None else []  # the class axis of the weights is the logits'
+        slots = tx.combine(c, 2, [(x, [*rows, 1]), (t, [0] * t.ndim), *weights])
         if reduction != 0 and slots[0] is not None:
             tx.axes.prefer.add(slots[0])
         loss = [slots[0]] if x.ndim == 2 and reduction == 0 else []
@@ -215,9 +215,14 @@ class NllLoss:
             index = call("max2", index, const(0))
         elif ignore >= n:
             index = call("min2", index, const(n - 1))
-        picked = x.expr if cls is None else tx.substitute(x.expr, {tx.res.name(cls): index})
+        def at_target(e):
+            return e if cls is None else tx.substitute(e, {tx.res.name(cls): index})
+
+        w = c.arg(2, "weight")
+        weight = None if w is None else at_target(w.expr)
+        picked = at_target(x.expr)
         ignored = call("eq", t.expr, const(ignore))
-        loss = call("where", ignored, const(0), call("neg", picked))
+        loss = call("where", ignored, const(0), call("neg", picked if weight is None else call("mul", weight, picked)))
         reduction = self.REDUCTIONS[c.arg(3, "reduction")]
         if reduction == "none":
             return loss, None
@@ -225,7 +230,7 @@ class NllLoss:
         total = tx.reduce("sum", loss, rows)
         if reduction == "sum":
             return total, None
-        count = tx.reduce("sum", call("where", ignored, const(0), const(1)), rows)
+        count = tx.reduce("sum", call("where", ignored, const(0), const(1) if weight is None else weight), rows)
         return call("div", total, count), None
 
 
