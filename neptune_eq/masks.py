@@ -20,6 +20,30 @@ from .ops import MONOIDS
 _SAMPLES = 512
 
 
+_FREE = "_free_test"  # the tensor name of a comparison sampled as a free boolean (_free_equalities)
+
+
+def _free_equalities(node: ir.Node) -> ir.Node:
+    """`node` with each equality test that sampling cannot make true replaced by a free boolean leaf.
+    A reduction's state is sampled apart from the elements it reduces, so `p == max_d p` (an element
+    against its row's maximum, which some element always attains) was never true at the samples;
+    a where between two such tests then looked like the identity on one side and its branch was
+    dropped: the count of a max's adjoint lost its main case (softmax then amax: an infinite
+    gradient). A test of a reduction's state or of a computed value against a non-constant is sampled
+    true or false at random: more behaviours, never fewer. (Two loads or indices are sampled equal often
+    enough, some_equal; a state against ±inf too. A state against a finite constant, `l == 0`, is
+    sampled as before — never true — which keeps the guards' splits, and the derivations, as they were.)"""
+    subs: dict[ir.Node, ir.Node] = {}
+    for n in ir.walk(node):
+        if not (isinstance(n, ir.Call) and n.op in ("eq", "ne")) or any(isinstance(a, ir.Const) for a in n.args):
+            continue
+        state = any(isinstance(a, ir.StateRef) for a in n.args)
+        computed = any(not isinstance(a, ir.Load | ir.Index | ir.StateRef) for a in n.args)
+        if state or computed:
+            subs[n] = ir.Load(_FREE, (ir.Index(f"k{len(subs)}"),))
+    return ir.substitute(node, subs) if subs else node
+
+
 def _sample_env(nodes, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     env: dict[str, np.ndarray] = {}
@@ -27,7 +51,9 @@ def _sample_env(nodes, seed: int = 0) -> dict[str, np.ndarray]:
         key = ir.show(n)
         if key in env:
             continue
-        if isinstance(n, ir.Index):
+        if isinstance(n, ir.Load) and n.tensor == _FREE:
+            env[key] = rng.integers(0, 2, _SAMPLES).astype(float)
+        elif isinstance(n, ir.Index):
             env[key] = some_equal(rng, rng.integers(-64, 64, _SAMPLES).astype(float))
         elif isinstance(n, ir.StateRef):
             v = rng.normal(0, 4, _SAMPLES)
@@ -56,6 +82,7 @@ def _leaves(node: ir.Node):
 def is_identity_everywhere(node: ir.Node, identity: float) -> bool:
     from neptune_eq.rules.soundness import eval_ir_sampled
 
+    node = _free_equalities(node)
     env = _sample_env(_leaves(node))
     v = np.broadcast_to(eval_ir_sampled(node, env), (_SAMPLES,))
     defined = ~np.isnan(v)

@@ -59,6 +59,10 @@ def bce_with_logits(x, y):
     return F.binary_cross_entropy_with_logits(x, y)
 
 
+def softmax_then_max(x):
+    return torch.softmax(x, -1).amax(-1)  # a max over computed values: its adjoint counts x == max
+
+
 def bce_of_probabilities(x, y):
     return F.binary_cross_entropy(torch.sigmoid(x), y)  # (its math reads log1p)
 
@@ -79,6 +83,7 @@ FAMILIES = [
     (cosine_similarity, (_randn(3, 5), _randn(3, 5, seed=1))),
     (bce_with_logits, (_randn(3, 5), _randn(3, 5, seed=1).sigmoid())),
     (bce_of_probabilities, (_randn(3, 5), _randn(3, 5, seed=1).sigmoid())),
+    (softmax_then_max, (_randn(3, 5),)),
 ]
 
 
@@ -386,3 +391,19 @@ def test_counting_a_dynamic_axis_is_refused_by_name():
     d = next(a for a in c.program.axes if c.program.axes[a] == 7)
     with pytest.raises(NoBackward, match=f"dynamic axis '{d}'"):
         backward_program(c.program.with_dynamic({d}))
+
+
+def test_a_mask_split_keeps_an_element_against_its_rows_maximum():
+    """split_mask samples a reduction's state apart from the elements it reduces, so `p == max_d p`
+    was never true there and the branch holding it looked like the sum's identity: the count of a max's
+    adjoint kept only its guard's case (softmax then amax had an infinite gradient). Such a test is a
+    free boolean now: the split keeps the main case (guard false, p == max)."""
+    from neptune_eq.masks import split_mask
+
+    p = ir.Call("exp", (ir.Load("x", (ir.Index("i"), ir.Index("d"))),))
+    top = ir.StateRef(ir.RefKind.FINAL, "max_d", ("i",))
+    guard = ir.Call("eq", (ir.StateRef(ir.RefKind.FINAL, "sum_d", ("i",)), ir.Const(0.0)))
+    hit = ir.Call("where", (guard, ir.Call("eq", (ir.Const(0.0), top)), ir.Call("eq", (p, top))))
+    body = ir.Call("where", (hit, ir.Const(1.0), ir.Const(0.0)))
+    preds, _ = split_mask(body, "sum")
+    assert guard not in preds, preds  # (the split that dropped the main case: Σ_d [guard]·[0 == max])

@@ -270,7 +270,7 @@ def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule
         kernels = _dependent_launches(kernels)
     fast = target == "cuda" and any(s.fast_math for s in schedules)
     src = PRELUDE + (TANH_CUDA if fast else TANH_PORTABLE) + (EXP2_CUDA if target == "cuda" else EXP2_PORTABLE)
-    src += LOG1P
+    src += LOG1P if any("_log1p(" in ks.source for ks in kernels) else ""
     src += "" if target == "cuda" else RNE_BF16_INTERPRETER
     for ks in kernels:
         src += "\n\n" + ks.source
