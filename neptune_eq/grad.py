@@ -227,6 +227,7 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
             elif shift_invariant(program, n):  # a shift the outputs do not see: its adjoint is 0
                 continue
             else:  # max/min: shared by the elements that attain it
+                _attained_exactly(program, n)
                 hit = _call("eq", n.body, n)
                 count = Reduce("sum", n.axis, _call("where", hit, _c(1.0), _c(0.0)))
                 add(n.body, _call("where", hit, _call("div", g, count), _c(0.0)))
@@ -250,6 +251,19 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         inputs.update(more)
     back = ir.Program(f"{program.name}_backward", dict(program.axes), inputs, outputs).validate()
     return Backward(back, cotangents, names, kept)
+
+
+def _attained_exactly(program: ir.Program, r: Reduce) -> None:
+    """A max's adjoint goes to the elements equal to it, found by comparing each element, recomputed,
+    with the max: exact only where both are computed the same way. A value holding a reduction is
+    not: the backward's kernels recompute it in other tiles and orders (split-K, other tile sizes) and
+    it rounds differently, so no element matched and the gradient was silently dropped (the max over
+    the feature axis of attention's output, fp32). Refused, naming the max."""
+    inner = next((m for m in ir.walk(r.body) if isinstance(m, Reduce)), None)
+    if inner is not None:
+        raise NoBackward(f"{program.name}: no gradient through {r.op}_{r.axis} of a value that holds the "
+                         f"reduction {inner.op}_{inner.axis} ({ir.show(r)[:160]}): the elements attaining it would "
+                         "be found by comparing recomputed values, which round differently in other kernels")
 
 
 def _load_grad(program: ir.Program, n: Load, g: ir.Node) -> tuple[ir.Node, tuple[str, ...]]:
