@@ -415,3 +415,15 @@ def test_a_mask_split_keeps_an_element_against_its_rows_maximum():
     body = ir.Call("where", (hit, ir.Const(1.0), ir.Const(0.0)))
     preds, _ = split_mask(body, "sum")
     assert guard not in preds, preds  # (the split that dropped the main case: Σ_d [guard]·[0 == max])
+
+
+def test_shift_invariance_is_tested_where_head_groups_pin_many_axes():
+    """Causal GQA with batch 4 and 32/8 heads: the head group (h // 4) keeps both head axes at full
+    extent, so at 6 per other axis the test was too large and the attention max was not known to be
+    a shift — its gradient then refused as a max over a reduced value. The other axes go down to 3."""
+    def causal_gqa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    q, k, v = torch.randn(4, 32, 256, 64), torch.randn(4, 8, 256, 64), torch.randn(4, 8, 256, 64)
+    back = backward_program(capture(causal_gqa, q, k, v).program, saved=True)
+    assert set(back.grads) == {"q", "k", "v"}
