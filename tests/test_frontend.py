@@ -156,6 +156,14 @@ def test_logsumexp_over_several_dims_and_a_size_one_dim():
                              torch.logsumexp(x[:, :1], dim=1)), x)
 
 
+def test_activations_traced_as_their_math():
+    def fn(x):
+        return (F.softplus(x, beta=2.0, threshold=5.0), F.logsigmoid(x), F.glu(x, -1), F.mish(x),
+                F.leaky_relu(x, 0.1), F.hardtanh(x))
+
+    check_capture(fn, 4 * randn(4, 6))
+
+
 def test_reading_an_uninitialised_tensor_is_refused():
     with pytest.raises(CaptureError, match="uninitialised tensor"):
         capture(lambda x: torch.empty_like(x) + x, randn(3, 4))

@@ -61,6 +61,8 @@ _DECOMPOSITIONS = get_decompositions([
     _aten._fused_rms_norm.default, _aten.silu.default, _aten.gelu.default,
     _aten.mse_loss.default, _aten.huber_loss.default, _aten.smooth_l1_loss.default,
     _aten.binary_cross_entropy.default, _aten.soft_margin_loss.default, _aten.nll_loss2d_forward.default,
+    _aten.softplus.default, _aten.log_sigmoid_forward.default, _aten.glu.default, _aten.mish.default,
+    _aten.leaky_relu.default, _aten.hardtanh.default,
 ])
 _DEVICE_TYPES = ("cpu", "cuda")
 
