@@ -51,14 +51,14 @@ ASSUMES = {
 
 
 def assume_tiles(src: str, facts: tuple[str, ...]) -> str:
-    """Each `t_X = ((n_X + T - 1) // T) - 1 - pid % ((n_X + T - 1) // T)` (and the `pid % ...` form)
-    split into named steps with `facts` about them as tl.assume statements."""
-    pat = re.compile(r"^( +)t_(\w+) = (\(\(n_\w+ \+ (\d+) - 1\) // \4\))( - 1 - | )?pid % \3\n\1pid = pid // \3$", re.M)
+    """Each heavy-first tile index `t_X = ((n_X + T - 1) // T) - 1 - pid % ((n_X + T - 1) // T)` split
+    into named steps with `facts` about them as tl.assume statements."""
+    pat = re.compile(r"^( +)t_(\w+) = (\(\(n_\w+ \+ (\d+) - 1\) // \4\)) - 1 - pid % \3\n\1pid = pid // \3$", re.M)
 
     def split(m):
-        ind, ax, count, rev = m.group(1), m.group(2), m.group(3), m.group(5)
+        ind, ax, count = m.group(1), m.group(2), m.group(3)
         T, r, t = f"T_{ax}", f"r_{ax}", f"t_{ax}"
-        lines = [f"{T} = {count}", f"{r} = pid % {T}", f"{t} = {T} - 1 - {r}" if rev and rev.strip() else f"{t} = {r}"]
+        lines = [f"{T} = {count}", f"{r} = pid % {T}", f"{t} = {T} - 1 - {r}"]
         lines += [f"tl.assume({f.format(T=T, r=r, t=t)})" for f in facts] + [f"pid = pid // {T}"]
         return "\n".join(ind + ln for ln in lines)
     out, n = pat.subn(split, src)
