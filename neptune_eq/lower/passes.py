@@ -225,7 +225,7 @@ class _PassWriter:
         w.tail_masks[self.axis] = masked
         w.emit(f"offs_{j} = start_{j} + tl.arange(0, BLOCK_{j})")
         valid = Val(f"(offs_{j} < {w.extent(self.axis)})", (self.axis,), "b") if masked else None
-        self.tile_update(valid, masked)
+        self.tile_update(valid, masked, bounded=True)
         for st in self.ps.stores:
             w.store(st)
         w.scopes.pop()
@@ -264,12 +264,18 @@ class _PassWriter:
         sc.variant |= {c.ref(k) for c in self.ps.comps for k in ir.RUNNING}
         masked = w.tail_masks[self.axis]
         valid = Val(f"(offs_{j} < {w.extent(self.axis)})", (self.axis,), "b") if masked else None
-        self.tile_update(valid, masked)
+        self.tile_update(valid, masked, bounded=False)
         for st in self.ps.stores:
             w.store(st)
 
-    def tile_update(self, valid: Val | None, masked: bool) -> None:
+    def tile_update(self, valid: Val | None, masked: bool, *, bounded: bool) -> None:
+        """One tile's update of every component. `bounded`: the tile lies in the loop range that the
+        affine and data bounds worked out (bounds()), and an unmasked one where all of them hold, so
+        only the other conjuncts are evaluated; a resident row is one tile with no such range, so
+        each component evaluates its whole mask (it did not: the causal mask of a softmax of 64-wide
+        rows, held whole in one exact tile, was dropped)."""
         w = self.w
+        whole = masked or not bounded
         sc = w.scopes[-1]
         new: dict[str, Val] = {}
         olds = {c.name: _state(w, c, self.state_names(c)) for c in self.ps.comps}
@@ -279,8 +285,8 @@ class _PassWriter:
             old = olds[c.name]
             mask = valid
             if c.mask is not None and not _is_true(c.mask) and (
-                    masked or (affine(c.mask) is None and c.name not in self.data_bounded)):
-                m = w.as_bool(w.value(c.mask if masked else _unbounded(c.mask)))
+                    whole or (affine(c.mask) is None and c.name not in self.data_bounded)):
+                m = w.as_bool(w.value(c.mask if whole else _unbounded(c.mask)))
                 mask = m if mask is None else self._and(mask, m)
             combine = MONOIDS[c.op].combine
             if c.affine:
