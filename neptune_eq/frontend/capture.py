@@ -49,6 +49,7 @@ from . import ops_index, ops_math, ops_reduce, ops_shape
 from .checks import IndexCheck, run_checks
 from .guards import Guards, Held, TensorGuard, same_value, scan
 from .results import Mutation, OutputStructure, find_mutations
+from .sdpa import SdpaAsMath
 from .source import CaptureError, SourceLocator, describe, is_internal, location
 from .translate import InputDecl, Translator, dtype_name
 
@@ -63,6 +64,10 @@ _DECOMPOSITIONS = get_decompositions([
     _aten.binary_cross_entropy.default, _aten.soft_margin_loss.default, _aten.nll_loss2d_forward.default,
     _aten.softplus.default, _aten.log_sigmoid_forward.default, _aten.glu.default, _aten.mish.default,
     _aten.leaky_relu.default, _aten.hardtanh.default,
+    _aten.hardswish.default, _aten.hardsigmoid.default, _aten.elu.default, _aten.celu.default, _aten.selu.default,
+    _aten.hardshrink.default, _aten.softshrink.default, _aten.threshold.default,
+    _aten.xlogy.Tensor, _aten.logaddexp.default, _aten.lerp.Scalar, _aten.addcmul.default,
+    _aten.addcdiv.default, _aten.native_group_norm.default, _aten.norm.ScalarOpt_dim,
 ])
 _DEVICE_TYPES = ("cpu", "cuda")
 
@@ -298,7 +303,7 @@ def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
         args = list(example_inputs)
         for k, t in zip(tensor_pos, ts):
             args[k] = t
-        with SourceLocator():
+        with SourceLocator(), SdpaAsMath():
             out = fn(*args)
         leaves, spec = pytree.tree_flatten(out)
         returned[:] = [spec, leaves]
