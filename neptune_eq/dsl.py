@@ -175,6 +175,14 @@ def log1p(x) -> Expr:
     return _call("log1p", x)
 
 
+def expm1(x) -> Expr:
+    return _call("expm1", x)
+
+
+def erf(x) -> Expr:
+    return _call("erf", x)
+
+
 def tanh(x) -> Expr:
     return _call("tanh", x)
 
@@ -308,7 +316,7 @@ def program(name: str) -> ProgramBuilder:
 
 
 __all__ = [
-    "Axis", "Expr", "ProgramBuilder", "abs", "eq", "exp", "exp2", "inf", "log", "log1p", "max", "maximum", "mean",
-    "min", "minimum", "ne", "program", "rsqrt", "sqrt", "sum", "tanh", "where",
+    "Axis", "Expr", "ProgramBuilder", "abs", "eq", "erf", "exp", "exp2", "expm1", "inf", "log", "log1p", "max",
+    "maximum", "mean", "min", "minimum", "ne", "program", "rsqrt", "sqrt", "sum", "tanh", "where",
 ]
 _ = builtins  # the module shadows sum/max/min/abs on purpose

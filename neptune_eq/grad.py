@@ -123,6 +123,11 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
         return [_call("div", g, a[0]) if _never_zero(a[0]) else _zero_keeps(g, _call("div", g, a[0]))]
     if op == "log1p":
         return [_zero_keeps(g, _call("div", g, _call("add", _c(1.0), a[0])))]
+    if op == "expm1":  # d/dx (eˣ − 1) = eˣ
+        return [_call("mul", g, _call("exp", a[0]))]
+    if op == "erf":  # d/dx erf(x) = (2/√π)·e^(−x²)
+        return [_call("mul", g, _call("mul", _c(2.0 / math.sqrt(math.pi)),
+                                      _call("exp", _call("neg", _call("mul", a[0], a[0])))))]
     if op == "log2":
         return [_zero_keeps(g, _call("div", g, _call("mul", a[0], _c(math.log(2.0)))))]
     if op == "tanh":

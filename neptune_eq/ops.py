@@ -28,6 +28,9 @@ def _np_div(a, b):
         return np.divide(a, b)
 
 
+_np_erf = np.vectorize(math.erf, otypes=[float])  # (numpy has no erf)
+
+
 def _np_guard(fn):
     def run(*args):
         with np.errstate(all="ignore"):
@@ -75,6 +78,8 @@ OPS: dict[str, Op] = {
         Op("log", 1, _np_guard(np.log), "tl.log({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("log2", 1, _np_guard(np.log2), "tl.log2({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("log1p", 1, _np_guard(np.log1p), "_log1p({0})", unit="sfu", weight=2.0, integer_ok=False),
+        Op("expm1", 1, _np_guard(np.expm1), "_expm1({0})", unit="sfu", weight=2.0, integer_ok=False),
+        Op("erf", 1, _np_guard(_np_erf), "tl.math.erf({0})", unit="sfu", weight=4.0, integer_ok=False),
         Op("tanh", 1, _np_guard(np.tanh), "_tanh({0})", unit="sfu", weight=2.0, integer_ok=False),
         Op("sqrt", 1, _np_guard(np.sqrt), "tl.sqrt({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("rsqrt", 1, _np_rsqrt, "tl.rsqrt({0})", unit="sfu", weight=1.0, integer_ok=False),

@@ -13,7 +13,7 @@ _TORCH_OPS = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
     "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"), "mod": torch.remainder,
     "neg": torch.neg, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "log2": torch.log2,
-    "log1p": torch.log1p,
+    "log1p": torch.log1p, "expm1": torch.expm1, "erf": torch.erf,
     "tanh": torch.tanh, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "abs": torch.abs,
     "max2": torch.maximum, "min2": torch.minimum, "where": torch.where,
     "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,

@@ -89,6 +89,14 @@ def log1p(x: Term) -> Term: ...
 
 
 @function
+def expm1(x: Term) -> Term: ...
+
+
+@function
+def erf(x: Term) -> Term: ...
+
+
+@function
 def tanh(x: Term) -> Term: ...
 
 
@@ -215,8 +223,8 @@ split_factor = relation("split_factor", String, i64)  # (axis, n): n chunks allo
 BINARY = {"add": Term.__add__, "sub": Term.__sub__, "mul": Term.__mul__, "div": Term.__truediv__,
           "max2": max2, "min2": min2, "floordiv": floordiv, "mod": mod, "lt": lt, "le": le, "gt": gt,
           "ge": ge, "eq": eq_, "ne": ne_, "and": and_, "or": or_}
-UNARY = {"neg": Term.__neg__, "exp": exp, "exp2": exp2, "log": log, "log2": log2, "log1p": log1p, "tanh": tanh,
-         "sqrt": sqrt, "rsqrt": rsqrt, "abs": abs_, "not": not_, "float": to_float}
+UNARY = {"neg": Term.__neg__, "exp": exp, "exp2": exp2, "log": log, "log2": log2, "log1p": log1p, "expm1": expm1,
+         "erf": erf, "tanh": tanh, "sqrt": sqrt, "rsqrt": rsqrt, "abs": abs_, "not": not_, "float": to_float}
 CONSTRUCTORS = {**BINARY, **UNARY, "where": where}
 assert set(CONSTRUCTORS) == set(OPS), set(OPS) ^ set(CONSTRUCTORS)
 assert all(c in BINARY for c in COMPARISONS)
@@ -224,8 +232,9 @@ assert all(c in BINARY for c in COMPARISONS)
 # name of each Python-level callable, as the op-table name (used to read rules and e-graphs back)
 _METHOD_OPS = {"__add__": "add", "__sub__": "sub", "__mul__": "mul", "__truediv__": "div", "__neg__": "neg",
                "__radd__": "add", "__rsub__": "sub", "__rmul__": "mul", "__rtruediv__": "div"}
-_FUNCTION_OPS = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "log1p": "log1p", "tanh": "tanh",
-                 "sqrt": "sqrt", "rsqrt": "rsqrt", "abs_": "abs", "max2": "max2", "min2": "min2",
+_FUNCTION_OPS = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "log1p": "log1p", "expm1": "expm1",
+                 "erf": "erf", "tanh": "tanh", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs_": "abs", "max2": "max2",
+                 "min2": "min2",
                  "floordiv": "floordiv", "mod": "mod", "where": "where", "lt": "lt", "le": "le", "gt": "gt",
                  "ge": "ge", "eq_": "eq",
                  "ne_": "ne", "and_": "and", "or_": "or", "not_": "not", "to_float": "float", "red": "red",

@@ -164,6 +164,39 @@ def test_activations_traced_as_their_math():
     check_capture(fn, 4 * randn(4, 6))
 
 
+def test_expm1_and_erf_are_accurate_ops():
+    """expm1 (ELU, SELU, CELU read it) keeps eˣ − 1 accurate where eˣ rounds to 1; erf (exact GELU)."""
+    import neptune_eq
+
+    x = torch.tensor([[1e-10, -1e-7, 3e-4, -0.5, 2.0, 80.0, float("inf"), float("-inf"), float("nan"), -30.0]])
+    for fn in (torch.expm1, torch.erf):
+        got, want = neptune_eq.compile(fn, x)(x), fn(x.double())
+        finite = torch.isfinite(want)
+        assert torch.equal(got[~finite].nan_to_num(), want[~finite].float().nan_to_num()), fn
+        assert ((got.double()[finite] - want[finite]).abs() <= 4e-7 * want[finite].abs()).all(), fn
+    check_capture(lambda x: (F.gelu(x), F.elu(x), F.selu(x), F.celu(x, 0.5), F.hardswish(x), F.hardsigmoid(x),
+                             torch.sign(x), torch.log10(x.abs() + 1)), randn(4, 6))
+
+
+def test_split_chunk_unbind_cat_stack_are_index_maps():
+    """Pieces of a tensor (SwiGLU's x.chunk(2, -1)) and tensors put together along an axis: each a
+    substitution of indices (cat's pieces clamped into their own ranges and selected by masks)."""
+    check_capture(lambda x: (lambda a, b: F.silu(a) * b)(*x.chunk(2, -1)), randn(4, 6))
+    check_capture(lambda x: [t.sum(-1) for t in x.split([1, 3, 2], -1)], randn(4, 6))
+    check_capture(lambda x: sum(x.unbind(1)) * x.unbind(0)[2].sum(), randn(4, 3, 5))
+    check_capture(lambda x, y: torch.cat([x, y, x * 2], 0).softmax(0), randn(4, 6), randn(1, 6, seed=1))
+    check_capture(lambda x: torch.cat([-x[..., 3:], x[..., :3]], -1) * 0.5 + x, randn(2, 4, 6))  # rotate-half
+    check_capture(lambda x, y: torch.stack([x, y], -1).amax(-1), randn(4, 6), randn(4, 6, seed=1))
+
+
+def test_kl_div_and_logsumexp_of_a_constant_axis():
+    """F.kl_div on probabilities reads xlogy (isnan); a logsumexp over an axis its input does not vary
+    along (a linear layer with a constant weight) is x + log n (it raised a ProgramError)."""
+    check_capture(lambda a, b: F.kl_div(F.log_softmax(a, -1), F.softmax(b, -1), reduction="batchmean"),
+                  randn(4, 6), randn(4, 6, seed=1))
+    check_capture(lambda x: F.linear(x, torch.ones(3, 6, dtype=F64)).logsumexp(-1), randn(4, 6))
+
+
 def test_reading_an_uninitialised_tensor_is_refused():
     with pytest.raises(CaptureError, match="uninitialised tensor"):
         capture(lambda x: torch.empty_like(x) + x, randn(3, 4))

@@ -63,6 +63,15 @@ def bce_of_probabilities(x, y):
     return F.binary_cross_entropy(torch.sigmoid(x), y)  # (its math reads log1p)
 
 
+def gelu_swiglu(x):
+    a, b = x.chunk(2, -1)  # (erf, and a split)
+    return (F.gelu(a) * b).sum(-1)
+
+
+def stacked_max(x, y):
+    return torch.stack([x, 3 * y], -1).amax(-1).sum(-1)  # (two sums over one pass, complementary masks)
+
+
 def _randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
@@ -79,6 +88,8 @@ FAMILIES = [
     (cosine_similarity, (_randn(3, 5), _randn(3, 5, seed=1))),
     (bce_with_logits, (_randn(3, 5), _randn(3, 5, seed=1).sigmoid())),
     (bce_of_probabilities, (_randn(3, 5), _randn(3, 5, seed=1).sigmoid())),
+    (gelu_swiglu, (_randn(3, 6),)),
+    (stacked_max, (_randn(3, 5), _randn(3, 5, seed=1))),
     (lambda x: torch.relu(x - 0.5).amax(-1), (_randn(3, 5),)),  # a max over computed values (no reduction)
 ]
 

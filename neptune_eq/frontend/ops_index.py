@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import ir
-from .exprs import add, const, mul
+from .exprs import add, call, const, mul
 from .source import CaptureError
 from .translate import norm_dim
 
@@ -79,6 +79,98 @@ class Slice:
             return x.expr
         new = tx.dims(c)[d]
         return _substitute_axes(tx, x.expr, [(x.dims[d], add(mul(tx.index(new), const(step)), const(start)))])
+
+
+class Split:
+    """x.split(n, d) / x.split([n0, n1, …], d) / x.chunk(k, d) / x.unbind(d): each piece is a slice
+    of d (x.chunk(2, -1) is SwiGLU's gate and value), or with `unbind` a select of one index."""
+
+    def __init__(self, unbind: bool = False):
+        self.unbind = unbind
+
+    def _pieces(self, c):
+        x = c.args[0]
+        d = norm_dim(c.arg(1, "dim", 0) if self.unbind else c.arg(2, "dim", 0), x.ndim)
+        starts = [0]
+        for part in c.out[:-1]:
+            starts.append(starts[-1] + (1 if self.unbind else part.shape[d]))
+        return x, d, starts
+
+    def infer(self, tx, c):
+        x, d, _ = self._pieces(c)
+        if len(c.out) > 1:
+            tx.axes.mark_indexed(x.dims[d], by_tensor=False)
+        result = []
+        for part in c.out:
+            dims = list(x.dims)
+            if self.unbind:
+                del dims[d]
+            elif len(c.out) > 1:
+                dims[d] = tx.axes.new(part.shape[d]) if part.shape[d] > 1 else None
+            result.append(dims)
+        return result
+
+    def build(self, tx, c):
+        x, d, starts = self._pieces(c)
+        if len(c.out) == 1 and not self.unbind:
+            return [x.expr]
+        pieces = []
+        for k, start in enumerate(starts):
+            if self.unbind:
+                at = const(start)
+            else:
+                new = tx.infos[c.node][k].dims[d]
+                at = add(tx.index(new), const(start)) if new is not None else const(start)
+            pieces.append(_substitute_axes(tx, x.expr, [(x.dims[d], at)]))
+        return pieces
+
+
+class Cat:
+    """torch.cat(xs, d) / torch.stack(xs, d): a new axis along d whose index k reads piece p at
+    k − offsetₚ where offsetₚ ≤ k < offsetₚ + nₚ, selected by comparisons of k (masks). Each piece's
+    index is clamped into its own range, so the pieces not selected read in bounds too."""
+
+    def __init__(self, stack: bool = False):
+        self.stack = stack
+
+    def _parts(self, c):
+        xs = [x for x in c.args[0] if x.shape != (0,)]  # (torch.cat skips 1-D empties)
+        d = norm_dim(c.arg(1, "dim", 0), c.out.ndim)
+        return xs, d
+
+    def infer(self, tx, c):
+        xs, d = self._parts(c)
+        rank = c.out.ndim
+        placed = []
+        for x in xs:
+            slots = [k for k in range(rank) if k != d] if self.stack else [k if k != d else None for k in range(rank)]
+            if not self.stack and x.dims[d] is not None:
+                tx.axes.mark_indexed(x.dims[d], by_tensor=False)
+            placed.append((x, slots))
+        dims = tx.combine(c, rank, placed)
+        n = c.out.shape[d]
+        dims[d] = tx.axes.new(n) if n > 1 else None
+        return dims
+
+    def build(self, tx, c):
+        xs, d = self._parts(c)
+        new = tx.dims(c)[d]
+        k = tx.index(new) if new is not None else const(0)
+        pieces, offset = [], 0
+        for x in xs:
+            n = 1 if self.stack else x.shape[d]
+            at = add(k, const(-offset))
+            if offset > 0:
+                at = call("max2", at, const(0))
+            if offset + n < c.out.shape[d]:
+                at = call("min2", at, const(n - 1))
+            var = None if self.stack else x.dims[d]
+            pieces.append((offset + n, _substitute_axes(tx, x.expr, [(var, at)]) if var is not None else x.expr))
+            offset += n
+        out = pieces[-1][1]
+        for end, expr in reversed(pieces[:-1]):
+            out = tx.where(call("lt", k, const(end)), expr, out)
+        return out
 
 
 class Index:
@@ -205,6 +297,11 @@ class Diagonal:
 HANDLERS = {
     aten.select.int: Select(),
     aten.slice.Tensor: Slice(),
+    aten.split.Tensor: Split(),
+    aten.split_with_sizes.default: Split(),
+    aten.unbind.int: Split(unbind=True),
+    aten.cat.default: Cat(),
+    aten.stack.default: Cat(stack=True),
     aten.index.Tensor: Index(),
     aten.gather.default: Gather(),
     aten.index_select.default: IndexSelect(),

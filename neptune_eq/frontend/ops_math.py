@@ -274,6 +274,8 @@ HANDLERS = {
     aten.log.default: unary("log"),
     aten.log2.default: unary("log2"),
     aten.log1p.default: unary("log1p"),
+    aten.expm1.default: unary("expm1"),
+    aten.erf.default: unary("erf"),
     aten.tanh.default: unary("tanh"),
     aten.sqrt.default: unary("sqrt"),
     aten.rsqrt.default: unary("rsqrt"),
@@ -281,6 +283,11 @@ HANDLERS = {
     aten.reciprocal.default: Pointwise(1, lambda tx, c, x: call("div", const(1), x)),
     aten.square.default: Pointwise(1, lambda tx, c, x: call("mul", x, x)),
     aten.sigmoid.default: Pointwise(1, _sigmoid),
+    # sign: 1, -1, and 0 at ±0 and NaN (torch's)
+    aten.sign.default: Pointwise(1, lambda tx, c, x: call("where", call("gt", x, const(0)), const(1), call(
+        "where", call("lt", x, const(0)), const(-1), const(0)))),
+    aten.isnan.default: Pointwise(1, lambda tx, c, x: call("ne", x, x)),  # (xlogy's decomposition reads it)
+    aten.log10.default: Pointwise(1, lambda tx, c, x: call("mul", call("log", x), const(1 / math.log(10)))),
     aten.relu.default: Pointwise(1, lambda tx, c, x: call("max2", x, const(0))),
     aten.pow.Tensor_Scalar: Pointwise(2, _pow),
     aten.pow.Scalar: Pointwise(2, _pow_scalar),

@@ -78,8 +78,13 @@ class Reduction:
         elif kind == "logsumexp":  # over several dims, one at a time: log Σ_a Σ_b eˣ = lse_a(lse_b(x))
             out = e  # (over a dimension of size 1, which is no axis: log eˣ = x, ±inf and NaN included)
             for v in reversed(vs):
-                if v is not None:
-                    out = library.logsumexp(tx.dsl(out), tx.single_axis(v, "logsumexp")).node
+                if v is None:
+                    continue
+                a = tx.single_axis(v, "logsumexp")
+                if a in out.axes:
+                    out = library.logsumexp(tx.dsl(out), a).node
+                else:  # n equal terms (a matmul by a constant weight): log(n·eˣ) = x + log n, ±inf and NaN too
+                    out = call("add", out, const(math.log(tx.res.extents[a])))
         else:  # max.dim / min.dim: values and (untranslatable) indices
             return tx.reduce(kind.removesuffix("_dim"), e, vs), None
         return out

@@ -220,6 +220,17 @@ def _log1p(x):
     return tl.where(u == 1.0, x, tl.where(u == POS_INF, u, tl.log(u) * (x / (u - 1.0))))
 '''
 
+# exp(x) − 1 accurate for small x (Kahan): u = eˣ rounded; (u − 1)·x/log(u) corrects the rounding of u,
+# and x itself where u rounds to 1. Exact at x = −inf (−1), +inf, and NaN in, NaN out.
+EXPM1 = '''
+
+@triton.jit
+def _expm1(x):
+    u = tl.exp(x)
+    return tl.where(u == 1.0, x, tl.where(u - 1.0 == -1.0, -1.0,
+                                          tl.where(u == POS_INF, u, (u - 1.0) * (x / tl.log(u)))))
+'''
+
 TANH_CUDA = '''
 
 @triton.jit
@@ -271,6 +282,7 @@ def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule
     fast = target == "cuda" and any(s.fast_math for s in schedules)
     src = PRELUDE + (TANH_CUDA if fast else TANH_PORTABLE) + (EXP2_CUDA if target == "cuda" else EXP2_PORTABLE)
     src += LOG1P if any("_log1p(" in ks.source for ks in kernels) else ""
+    src += EXPM1 if any("_expm1(" in ks.source for ks in kernels) else ""
     src += "" if target == "cuda" else RNE_BF16_INTERPRETER
     for ks in kernels:
         src += "\n\n" + ks.source
