@@ -52,12 +52,15 @@ class KernelCost:
     latency: float
     time: float
     t_l2: float = 0.0  # L2 → SM delivery of every byte the programs load (_l2_time)
+    t_chain: float = 0.0  # the programs' loop steps one after another, a memory latency or more each
+    work: float = 0.0  # the time the units need, before the chain's bound (ranks plans it ties)
 
     def __str__(self) -> str:
         return (f"kernel {self.name}: {self.programs} programs, {self.iterations:.1f} loop tiles each, "
                 f"{self.hbm_bytes / 1e6:.3f} MB HBM, predicted {self.time * 1e6:.2f} µs "
                 f"(mem {self.t_mem * 1e6:.2f}, tensor {self.t_tc * 1e6:.2f}, alu {self.t_alu * 1e6:.2f}, "
-                f"sfu {self.t_sfu * 1e6:.2f}, L2 {self.t_l2 * 1e6:.2f} µs; fill {self.efficiency:.0%})")
+                f"sfu {self.t_sfu * 1e6:.2f}, L2 {self.t_l2 * 1e6:.2f}, steps {self.t_chain * 1e6:.2f} µs; "
+                f"fill {self.efficiency:.0%})")
 
 
 @dataclass
@@ -67,6 +70,11 @@ class Cost:
     @property
     def time(self) -> float:
         return sum(k.time for k in self.kernels)
+
+    @property
+    def rank(self) -> tuple[float, float]:
+        """Sort key: the time, then the units' work where the chain bounds plans alike."""
+        return self.time, sum(k.work for k in self.kernels)
 
     @property
     def hbm_bytes(self) -> float:
@@ -243,6 +251,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
         programs *= math.ceil(program.axes[a] / sched.step(a))
     c = _Counter(plan, k, program, sched)
     iters_total = 0.0
+    steps_chain = 0.0  # a program's loop tiles, each weighted by its dependent latencies (in memory latencies)
     shared: set = set()
     loop_iters: dict[str, float] = dict(c.ksteps)
     serial = False  # a dot operand is computed in registers each K step
@@ -261,11 +270,13 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
         loop_iters[ph.axis] = max(loop_iters.get(ph.axis, 1.0), iters)
         per_iter: list[ir.Node] = []
         hoisted: list[ir.Node] = []
+        across_warps = 0  # the tile's reductions of states that are not tensor-core accumulations
         for comp in ph.comps:
             core = comp.core
             el = c.size(core.axes | {ph.axis}, ph.axis) * iters
             dims = [a for a in core.axes | {ph.axis} if a in c.block_axes or a == ph.axis]
             dot = comp.op == "sum" and is_product(core) and len(dims) == 3
+            across_warps += not dot
             repaired = comp.corr is not None or bool(comp.affine)
             if dot:
                 c.tc += 2.0 * el  # a tile contraction: tl.dot
@@ -301,6 +312,9 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
                     continue
                 (per_iter if (ph.axis in e.axes or _has_state(e)) else hoisted).append(e)
         per_iter += [st.expr for st in ph.stores]
+        reduce = across_warps * dev.reduce_latency_s / dev.mem_latency_s
+        # (a resident row is loaded once: its passes wait on their reductions alone)
+        steps_chain += reduce if sched.resident else iters * max(1.0, reduce)
         seen = shared if sched.resident else set()  # a resident row's loads and values serve every pass
         c.count(hoisted, None, 1.0, seen)
         c.count(per_iter, ph.axis, iters, seen if sched.resident else set(seen))
@@ -361,10 +375,21 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     # its loads, its arithmetic and its stores follow one another
     overlap = 1.0 if sched.resident and occ == 1 else dev.overlap
     # L2 → SM delivery bounds the kernel when it takes longer than every unit (the others then overlap it)
-    time = max(dominant, t_l2) + overlap * (sum(terms) - dominant) + dev.launch_s
+    time = max(dominant, t_l2) + overlap * (sum(terms) - dominant)
+    # a program's loop is a chain: each tile's update waits on the state of the one before — on its
+    # loads (about one memory latency, whatever the tile's size) or on its reductions across warps
+    # (a shared-memory exchange between barriers each), whichever is longer; the programs resident
+    # together overlap their chains, a wave after another does not. It bounds kernels of small tiles
+    # and many steps (H100, bench/sweep_unseen.py: cross-entropy over 50257 words split 16 ways into
+    # 12 tiles of 256, 62 waves: 865 µs where its bytes take 275; 64 programs of 256 tiles down the
+    # rows of 65536 × 1024 columns: 300 µs) — not attention or a GEMM, whose tiles take longer than
+    # that on the tensor cores
+    work = time
+    t_chain = waves * (steps_chain + sched.resident) * dev.mem_latency_s
+    time = max(time, t_chain) + dev.launch_s
     latency = hbm / bw
     return KernelCost(k.name, programs, iters_total, hbm, requested + stored, c.tc * programs, c.alu * programs,
-                      c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time, t_l2)
+                      c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time, t_l2, t_chain, work)
 
 
 def _l2_time(requested: float, c: _Counter, sched: KernelSchedule, iters_total: float, active: int,

@@ -27,6 +27,10 @@ class DeviceSpec:
     overlap: float = 0.5  # fraction of non-dominant work that does not overlap the dominant unit
     # what one program's loads wait for: a program streams about (bytes in flight) / latency
     mem_latency_s: float = 1.0e-6
+    # a reduction of a loop state across a program's warps (shared memory between two barriers), as it
+    # bounds a loop's step (extract/cost.py's chain). Estimated, not micro-benchmarked: from the loops of
+    # bench/sweep_unseen.py on the H100 (2026-11-27; a step of two reductions ran ~1.1 µs, of five ~3.4)
+    reduce_latency_s: float = 0.5e-6
     # what L2 delivers to the SMs (every program re-reading one 16 MiB buffer: 8.3-8.8 TB/s on an H200,
     # the H100's GH100 die, bench/microbench.py l2, 2026-11-27): a K-loop tile of 64 rows re-reads the
     # weight of linear cross-entropy from L2 twice as often as one of 128 and ran 17.4 against 13.4 ms

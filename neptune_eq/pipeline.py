@@ -489,7 +489,7 @@ def _plans(c: Compilation) -> None:
                                              price=price):
             cost = Cost([priced(k, s) for k, s in zip(plan.kernels, schedules)])
             alts.append(Alternative(0, plan, cost, schedules, kind))
-    alts.sort(key=lambda a: a.cost.time)
+    alts.sort(key=lambda a: a.cost.rank)
     for a in alts:  # the plan's own cost: its best schedule's
         if a.plan.cost is None:
             a.plan.cost = a.cost

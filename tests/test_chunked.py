@@ -186,16 +186,16 @@ def _acc_sum():
 
 def test_attention_gradients_with_a_backward_in_chunks_match_float64():
     """Through neptune_eq.compile and autograd: the saved backward writes D = rowsum(dO∘O) per query row
-    (800 bytes here; at head dim 16 the model recomputes it per key tile instead); a limit of 200 cuts it
-    into chunks of query rows, dK and dV summed over them."""
+    (800 bytes here; at head dims 16 and 64 the model recomputes it per key tile instead); a limit of 200
+    cuts it into chunks of query rows, dK and dV summed over them."""
     def attention(q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
 
     g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(2, 100, 64, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(2, 100, 128, generator=g) for _ in range(3))
     f = neptune_eq.compile(attention, q, k, v, scratch_limit=200)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    dO = torch.randn(2, 100, 64, generator=g)
+    dO = torch.randn(2, 100, 128, generator=g)
     f(*leaves).backward(dO)
     assert "chunks of ≤ 25 along 'i'" in f.explain()
     ref = [x.double().requires_grad_() for x in (q, k, v)]

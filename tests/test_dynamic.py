@@ -203,9 +203,11 @@ def decode(q, k, v):  # one query row per head against a key length that changes
 
 
 def test_each_range_of_a_bucket_runs_the_plan_priced_best_at_its_middle():
-    """A decode bucketed at 4096 runs split-K 4 at 3000 (as a compile at 3000 does) and a wider
-    split near 4096: the alternative is chosen per call from the lengths' range, among the bucket's
-    compiled alternatives (no new search), each the cheapest the cost model finds at the middle."""
+    """The alternative is chosen per call from the lengths' range, among the bucket's compiled
+    alternatives (no new search), each the cheapest the cost model finds at the range's middle. (Until
+    the model priced a loop's chain of steps, this decode bucketed at 4096 ran split-K 4 at 3000 and a
+    wider split near 4096; it now prices split-K 8 cheapest across the bucket, as the tuned H100 runs
+    of gqa_dc at 4096 found.)"""
     from neptune_eq.extract.cost import plan_cost
 
     from neptune_eq.frontend.buckets import RANGED_ALTERNATIVES, RANGES, range_middle
@@ -222,7 +224,6 @@ def test_each_range_of_a_bucket_runs_the_plan_priced_best_at_its_middle():
         price = {a.id: plan_cost(a.plan, at, a.schedules, base.compilation.device).time
                  for a in base.alternatives[:RANGED_ALTERNATIVES]}
         assert price[p.choice] == min(price.values())
-    assert len({p.alternative.structure for p in chosen}) > 1, [p.alternative.structure for p in chosen]
     stats = prog.stats()
     assert stats["compiles"] + stats["cache_hits"] == 1  # one bucket compiled (or found in the cache) once
 
