@@ -95,6 +95,7 @@ def main():
     ap.add_argument("--backward", action="store_true", help="the saved backward's kernels")
     ap.add_argument("--source", help="a hand-edited module to compile in place of the generated one")
     ap.add_argument("--beyond", action="store_true", help="op names a bench/beyond program (its first size)")
+    ap.add_argument("--sweep", action="store_true", help="op starts the name of a bench/sweep_unseen.py row")
     ap.add_argument("--tiles", default="", help="schedule override of every kernel, e.g. j=128")
     ap.add_argument("--stages", type=int, default=None, help="pipeline stages override")
     ap.add_argument("--dynamic", action="store_true",
@@ -107,6 +108,11 @@ def main():
         fn = varlen_attention
         xs = (*(torch.randn(32, a.L, 128, dtype=torch.float16) for _ in range(3)),
               torch.repeat_interleave(torch.arange(16), lengths))
+    elif a.sweep:
+        import sweep_unseen
+
+        row = next(r for r in sweep_unseen.ROWS if r.name.startswith(a.op))
+        fn, xs = row.fn, row.make("cpu", torch.Generator().manual_seed(0), False)
     elif a.beyond:
         sys.path.insert(0, str(Path(__file__).resolve().parent / "beyond"))
         from programs import cases
@@ -141,7 +147,7 @@ def main():
     spec.loader.exec_module(module)
     import triton
 
-    size = ("" if a.beyond else f" L={a.L}") + (" dynamic" if a.dynamic else "")
+    size = ("" if a.beyond or a.sweep else f" L={a.L}") + (" dynamic" if a.dynamic else "")
     print(f"{a.op}{size} {'backward' if a.backward else 'forward'}, Triton {triton.__version__}", flush=True)
     from neptune_eq.schedule import shared_bytes
 

@@ -19,7 +19,9 @@ class MemoryOps:
         masked: a grid axis is never reduced inside its kernel, so what those lanes compute stays in
         them, and the stores of it are masked. A tile read under a runtime row bound (a dynamic query
         length) is then unmasked: softcap prefill's query tile masked by a runtime n_i ran 4.56 ms
-        against 3.68 clamped and 3.58 for the static compile (H200, bench/probe_dynamic_strides.py)."""
+        against 3.68 clamped and 3.58 for the static compile (H200, bench/probe_dynamic_strides.py). Not the
+        tensor's last dimension (contiguous, as a rule): clamped, its addresses are no longer consecutive
+        and the load is not vectorised (V's head dimension of 96 in a tile of 128)."""
         if tensor not in self.tensors:
             spec = self.program.inputs.get(tensor)
             if spec is not None:
@@ -42,7 +44,7 @@ class MemoryOps:
                 if valid is not None and self._in_padding(tensor, k, e.axis, load=clamp_rows):
                     valid = None  # the tile's tail lies in the buffer's row padding (plan.ROW_PAD)
                 if valid is not None and clamp_rows and e.axis in self.k.grid and e.axis not in self.row_masks \
-                        and axes[k] == e.axis:
+                        and axes[k] == e.axis and k < len(axes) - 1:
                     last = f"{self.extent(e.axis)} - 1"
                     entries.append((Val(f"tl.minimum({self.vector[e.axis]}, {last})", (e.axis,), "i"), stride))
                     continue
