@@ -96,3 +96,19 @@ def test_alibi_positions_promoted_to_float_still_roll():
         c = compile_program(capture(getattr(neptune_ops, op), q, k, v).program)
         three = [lp for lp in c.fusion.candidates if set(lp.names) == {"max_j", "sum_j", "sum_j2"}]
         assert three and three[0].valid, three[0].reason if three else c.fusion.candidates
+
+
+def test_a_correction_undefined_where_the_body_is_zero_is_refused():
+    """h comes from the e-class of the quotient body(n′) / body(n); for g / n that class held
+    g / (n′ · (g / n)), NaN wherever the cotangent g is 0, so the rolled state 0 · NaN was NaN where the
+    gradient is 0 (torch.stack then amax: NaN gradients for the rows of a one-hot cotangent). The
+    check finds it on sampled values; old / new is accepted."""
+    from neptune_eq import ir
+    from neptune_eq.fusion.correction import repair_failure
+
+    g = ir.Load("g", (ir.Index("i"),))
+    cur, old = (ir.StateRef(kind, "n", ("i",)) for kind in (ir.RefKind.CURRENT, ir.RefKind.OLD))
+    core, old_core = ir.Call("div", (g, cur)), ir.Call("div", (g, old))
+    nan_at_zero = ir.Call("div", (g, ir.Call("mul", (cur, old_core))))
+    assert "old mul h = np.float64(nan)" in repair_failure(core, old_core, nan_at_zero, "mul")
+    assert repair_failure(core, old_core, ir.Call("div", (old, cur)), "mul") is None

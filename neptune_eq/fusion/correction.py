@@ -81,9 +81,14 @@ class CorrectionSearcher:
             q = ir.Call(inverse, (core, old_core))
             h, sat = self.search(q, axis, cond == "nonneg")
             rep = sat.reports[-1]
-            if h is not None:
+            failure = None if h is None else repair_failure(core, old_core, h, dist)
+            if h is not None and failure is None:
                 return CorrectionResult(q, dist, inverse, cond, ann, h, rep.iterations, rep.nodes,
                                         time.perf_counter() - t0, matches=rep.matches)
+            if failure is not None:
+                reasons.append(f"the term {ir.show(h)} of the e-class of {ir.show(q)} does not repair the "
+                               f"state where the quotient is undefined: {failure}")
+                continue
             why = (f"no term free of {axis} in the e-class of {ir.show(q)} after {rep.iterations} iterations "
                    f"({rep.stop})")
             if cond == "nonneg":
@@ -110,6 +115,33 @@ def minimal_rules(result: CorrectionResult, axis: str, axis_order, extents, rule
         if h is not None:
             keep = trial
     return keep
+
+
+def repair_failure(core: ir.Node, old_core: ir.Node, h: ir.Node, dist: str, samples: int = 256,
+                   seed: int = 0) -> str | None:
+    """Does old ⊗' h give the body at the new running values wherever the body is a number? On random
+    float64 values, loads including zeros. h comes from the e-class of the quotient core / old, which
+    is undefined where the body is 0 for a reason the running values do not change: a cotangent
+    factor g = 0 made g / (n′ · (g / n)) — in the class of (g/n′) / (g/n) — NaN, and the rolled
+    state 0 · NaN, where any finite h keeps 0 (stack then amax: NaN gradients at rows of g = 0)."""
+    rng = np.random.default_rng(seed)
+    env: dict[str, np.ndarray] = {}
+    for n in (*ir.walk(core), *ir.walk(old_core), *ir.walk(h)):
+        key = ir.show(n)
+        if key in env:
+            continue
+        if isinstance(n, ir.StateRef):
+            env[key] = rng.normal(0, 3, samples)
+        elif isinstance(n, ir.Load | ir.Index):
+            env[key] = some_equal(rng, rng.normal(0, 3, samples))
+    new, old, hv = (np.broadcast_to(eval_ir_sampled(e, env), (samples,)) for e in (core, old_core, h))
+    with np.errstate(all="ignore"):
+        fixed = OPS[dist].numpy(old, hv)
+    bad = ~np.isnan(new) & ~np.isnan(old) & ~(np.isclose(fixed, new, rtol=1e-7, atol=1e-12) | (fixed == new))
+    if bad.any():
+        k = int(np.argmax(bad))
+        return f"at a sample where the body is {new[k]!r} (before: {old[k]!r}), old {dist} h = {fixed[k]!r}"
+    return None
 
 
 def numeric_correction_check(body: ir.Node, corr: ir.Node, dist: str, producers: list[Binding],
