@@ -80,16 +80,27 @@ def key_of(program: ir.Program, options, device: DeviceSpec) -> str:
 
 @functools.cache
 def compiler_fingerprint() -> str:
-    """A hash of this installation's compiler sources (neptune_eq, its rules and extract packages):
-    an entry written by other code (an upgrade, a checkout of another commit) is a miss, not a
-    plan that code would not have made."""
+    """A hash of this installation's compiler sources (every module of neptune_eq and of its rules and
+    extract packages, subpackages included): an entry written by other code (an upgrade, a checkout of
+    another commit) is a miss, not a plan that code would not have made. (Packages were once listed
+    one by one, and neptune_eq.fusion, where corrections are searched, was missing from the list.)"""
     h = hashlib.sha256()
-    for pkg in ("neptune_eq", "neptune_eq.rules", "neptune_eq.extract", "neptune_eq.lower", "neptune_eq.frontend"):
-        root = Path(importlib.import_module(pkg).__file__).parent
-        for f in sorted(root.glob("*.py")) + sorted(root.glob("*.rules")):
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
+    for name, f in fingerprinted_sources():
+        h.update(name.encode())
+        h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def fingerprinted_sources() -> list[tuple[str, Path]]:
+    """(name, path) of every source compiler_fingerprint hashes."""
+    out, seen = [], set()
+    for pkg in ("neptune_eq", "neptune_eq.rules", "neptune_eq.extract"):
+        root = Path(importlib.import_module(pkg).__file__).parent
+        for f in sorted(root.rglob("*.py")) + sorted(root.rglob("*.rules")):
+            if f.resolve() not in seen:
+                seen.add(f.resolve())
+                out.append((f"{pkg}/{f.relative_to(root)}", f))
+    return out
 
 
 def dumps(key: str, value: CachedCompilation) -> bytes:

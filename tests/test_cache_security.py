@@ -258,3 +258,15 @@ def test_kernel_module_written_where_it_cannot_be_runs_from_memory(tmp_path, mon
         mod = load_module(src, blocked)
     x = torch.randn(8, 256)
     check_softmax(run(prog, ks, mod, x), x)
+
+
+def test_the_compiler_fingerprint_covers_every_subpackage():
+    """A cached plan is keyed by a hash of the compiler's sources; the fusion package (where rolling
+    corrections are searched and checked) was left out of it, so a fix there kept serving the plans
+    the old code made from the disk cache."""
+    from neptune_eq.cache import fingerprinted_sources
+
+    names = {name.split("/", 1)[1] for name, _ in fingerprinted_sources()}
+    for module in ("fusion/correction.py", "fusion/search.py", "lower/launch.py", "frontend/capture.py",
+                   "explorer/__init__.py", "pipeline.py"):
+        assert module in names, module
