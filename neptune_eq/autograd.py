@@ -80,6 +80,37 @@ def _compiled(key: str, program: ir.Program, compile_fn):
     return run
 
 
+_BOUND: dict[tuple, tuple] = {}  # (program key, input layout) → (launcher, BoundCall, output names, shapes)
+
+
+def _run(key: str, run, inputs: dict[str, torch.Tensor], dtypes=None) -> dict[str, torch.Tensor]:
+    """`run.run(inputs, dtypes)`, the first time for a layout of the inputs (shapes, dtypes, strides,
+    16-byte alignment, device); later calls at that layout launch its kernels bound to the addresses
+    (lower/launch.BoundCall), as a compiled function's own calls do: a training step's forward and
+    backward had spent 300 and 800 µs of host time each in the checked path (H100, attention at
+    L 3000 and RMSNorm, bench/probe_step_host.py), more than their kernels."""
+    from .frontend.compiled import bind_after
+
+    order = list(run.program.inputs)
+    ts = [inputs[n] for n in order]
+    fast = run.chunking is None and all(t.is_cuda for t in ts)
+    if fast:
+        layout = (key, tuple((t.shape, t.dtype, t.device, t.stride(), t.data_ptr() % 16 == 0) for t in ts))
+        launcher = run.launcher("cuda")
+        hit = _BOUND.get(layout)
+        if hit is not None and hit[0] is launcher:
+            _, bound, names, shapes = hit
+            return dict(zip(names, bound([t.data_ptr() for t in ts], shapes)))
+    res = run.run(inputs, dtypes)
+    if fast:
+        names = [o.name for o in run.program.outputs]
+        bound = bind_after(launcher, {n: inputs[n] for n in order}, order, [t.data_ptr() for t in ts],
+                           dtypes or {})
+        if bound is not None:
+            _BOUND[layout] = (launcher, bound, names, [tuple(res[n].shape) for n in names])
+    return res
+
+
 def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
     """The backward the cost model predicts fastest with its forward (compiled here, on the thread of
     the forward call: autograd runs the backward of CUDA tensors on a thread of its own, and the
@@ -176,7 +207,8 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
 
     @torch.library.custom_op(qualname + "_train", mutates_args=())
     def top(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        res = _compiled(f"{qualname}:forward", forward, compile_fn).run(dict(zip(names, xs)), dtypes)
+        key = f"{qualname}:forward"
+        res = _run(key, _compiled(key, forward, compile_fn), dict(zip(names, xs)), dtypes)
         return [res[n] for n, _, _ in outs] + [res[s] for s in stats]
 
     @top.register_fake
@@ -232,7 +264,7 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
         for name, g in zip(cot_names, xs[len(names) + len(extra):]):
             want = getattr(torch, spec[name].dtype)
             inputs[name] = g.reshape(back.program.input_shape(name)).to(want).contiguous()
-        res = run.run(inputs)
+        res = _run(f"{qualname}:{mode}", run, inputs)
         return [res[back.grads[n]] for n in wrt]
 
     @bop.register_fake

@@ -82,3 +82,30 @@ def test_new_layouts_bind_again_and_wrong_shapes_still_fail():
     assert len(fn._bound) == 2
     with pytest.raises(CaptureError, match="shape"):
         fn(q, k[:, :, :128], v)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the launch fast path runs on CUDA")
+def test_training_steps_after_the_first_take_bound_launches_and_match_float64():
+    """The training op's forward and its backward bind their launches per input layout too (a step
+    had spent 300 + 800 µs of host time in the checked path, more than its kernels); each step, on
+    fresh values at one layout, matches float64 autograd."""
+    import neptune_eq
+    from neptune_eq import autograd
+
+    def layer(x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x0, w0 = torch.randn(64, 256, device="cuda", generator=g), torch.randn(256, device="cuda", generator=g)
+    prog = neptune_eq.compile(layer, x0, w0)
+    before = len(autograd._BOUND)
+    for step in range(3):
+        x = torch.randn(64, 256, device="cuda", generator=g).requires_grad_()
+        w = torch.randn(256, device="cuda", generator=g).requires_grad_()
+        gy = torch.randn(64, 256, device="cuda", generator=g)
+        prog(x, w).backward(gy)
+        x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+        layer(x64, w64).backward(gy.double())
+        assert rel_err(x.grad, x64.grad)[0] < 1e-5 and rel_err(w.grad, w64.grad)[0] < 1e-5, step
+    assert len(autograd._BOUND) >= before + 2  # the forward's layout and the backward's
