@@ -67,6 +67,9 @@ class BenchmarkReport:
         rho = self.rank_correlation()
         if rho is not None:
             out.append(f"rank correlation predicted vs measured (Spearman ρ): {rho:.2f}")
+        elif len(self.times_us()) >= 3:
+            out.append("rank correlation predicted vs measured (Spearman ρ): undefined, the predictions or the "
+                       "measurements all tie")
         return "\n".join(out)
 
     def _repr_html_(self) -> str:

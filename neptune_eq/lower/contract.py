@@ -234,6 +234,8 @@ class ContractOps:
 
     def operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
         if len(factors) == 1 and isinstance(factors[0], ir.Load):
+            if mask is not None and self._zero_filled(factors[0], mask):
+                mask = None
             v = self.load(factors[0], order=tuple(a for a in order if a in self.eff_dims(factors[0])))
             if v.dims != order:
                 v = Val(self.arrange(v, order), order, v.kind)
@@ -245,6 +247,20 @@ class ContractOps:
                 v = Val(self.arrange(w, order), order, v.kind)
             return v
         return self._computed_operand(factors, order, mask)
+
+    def _zero_filled(self, load: ir.Load, mask: Val) -> bool:
+        """Is `mask` the tail mask of an axis `load` indexes directly, whose lanes the load itself reads
+        as 0 (masked, not clamped, not in a buffer's row padding)? Then selecting on it again is a
+        no-op: it had been evaluated on the query tile every step of attention's loop at a head
+        dimension of 96 in a tile of 128."""
+        if len(mask.dims) != 1:
+            return False
+        (axis,) = mask.dims
+        valid = self.lanes_valid(axis)
+        return valid is not None and valid.code == mask.code and any(
+            isinstance(e, ir.Index) and e.axis == axis and not self._in_padding(load.tensor, k, axis, load=True)
+            and not (axis in self.k.grid and k < len(load.index) - 1)  # (clamped there: memory.pointer)
+            for k, e in enumerate(load.index))
 
     def _computed_operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
         # a divisor's factor 1/b last: the product before it is then divided (see _scale)
