@@ -248,55 +248,70 @@ def _error(got, want) -> float:
     return math.inf if nonfinite else err
 
 
-def run_row(row: Row, device: str, dry: bool, peers: set[str], bench: Callable) -> dict:
+@dataclass(frozen=True)
+class Reference:
+    """A row's inputs and its float64 result (and, for fwd+bwd rows, the cotangent and the gradients)."""
+
+    xs: tuple
+    out: torch.Tensor
+    gout: torch.Tensor | None = None
+    grads: tuple = ()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(x.dtype for x in self.xs if x.is_floating_point())
+
+
+def reference(row: Row, device: str, dry: bool) -> Reference:
     g = torch.Generator(device=device).manual_seed(0)
     xs = row.make(device, g, dry)
-    res = {"row": row.name, "backward": row.backward, "impl": {}}
     ref_xs = tuple(x.double() if x.is_floating_point() else x for x in xs)
-    dtype = next(x.dtype for x in xs if x.is_floating_point())
-    if row.backward:
-        leaves = _leaves(ref_xs, True)
-        ref_out = row.fn(*leaves)
-        gout = torch.randn(ref_out.shape, generator=g, device=device, dtype=torch.float64)
-        ref_out.backward(gout)
-        ref_grads = tuple(x.grad for x in leaves if x.is_floating_point())
-        ref_out = ref_out.detach()
-        del leaves
-    else:
+    if not row.backward:
         with torch.no_grad():
-            ref_out = row.fn(*ref_xs)
-    del ref_xs
+            return Reference(xs, row.fn(*ref_xs))
+    leaves = _leaves(ref_xs, True)
+    out = row.fn(*leaves)
+    gout = torch.randn(out.shape, generator=g, device=device, dtype=torch.float64)
+    out.backward(gout)
+    return Reference(xs, out.detach(), gout, tuple(x.grad for x in leaves if x.is_floating_point()))
 
-    for name, thunk_of in _implementations(row, xs, peers):
+
+def checked(name: str, built: Callable, ref: Reference) -> tuple[list[float], float, Callable]:
+    """(relative errors of the output and each gradient, the tolerance, the thunk to time) of one built
+    implementation: a forward, or a fwd+bwd step of sum(out · gout)."""
+    xs = ref.xs
+    if ref.gout is not None:
+        def timed():
+            leaves = _leaves(xs, True)
+            out = built(*leaves)
+            out.backward(ref.gout.to(out.dtype))
+            return out, tuple(x.grad for x in leaves if x.is_floating_point())
+        out, grads = timed()
+        errs = [_error(out, ref.out)] + [_error(a, b) for a, b in zip(grads, ref.grads)]
+    else:
+        def timed():
+            with torch.no_grad():
+                return built(*xs)
+        errs = [_error(timed(), ref.out)]
+    dt = ref.dtype
+    tol = default_tolerance(dt, (dt,)) if name == "neptune_eq" else max(default_tolerance(dt, (dt,)), PEER_TOLERANCE)
+    return errs, tol, timed
+
+
+def run_row(row: Row, device: str, dry: bool, peers: set[str], bench: Callable) -> dict:
+    ref = reference(row, device, dry)
+    res = {"row": row.name, "backward": row.backward, "impl": {}}
+    for name, thunk_of in _implementations(row, ref.xs, peers):
         entry: dict = {}
         t0 = time.perf_counter()
         try:
             built = thunk_of()  # compile (neptune_eq, torch.compile), or build the peer
             entry["build_s"] = round(time.perf_counter() - t0, 2)
-            if row.backward:
-                def call(built=built):
-                    leaves = _leaves(xs, True)
-                    out = built(*leaves)
-                    out.backward(gout.to(out.dtype))
-                    return out, tuple(x.grad for x in leaves if x.is_floating_point())
-                out, grads = call()
-                errs = [_error(out, ref_out)] + [_error(a, b) for a, b in zip(grads, ref_grads)]
-                timed = lambda call=call: call()  # noqa: E731
-            else:
-                with torch.no_grad():
-                    out = built(*xs)
-                errs = [_error(out, ref_out)]
-
-                def timed(built=built):
-                    with torch.no_grad():
-                        return built(*xs)
-            tol = default_tolerance(dtype, (dtype,)) if name == "neptune_eq" else max(
-                default_tolerance(dtype, (dtype,)), PEER_TOLERANCE)
+            errs, tol, timed = checked(name, built, ref)
             entry["rel_err"] = [float(f"{e:.3g}") for e in errs]
             if max(errs) > tol:
                 entry["error"] = f"failed the float64 check: {max(errs):.2e} > {tol:g}"
             else:
-                del out
                 entry["ms"] = bench(timed)
         except Exception as e:
             entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:240] if str(e) else ''}"
