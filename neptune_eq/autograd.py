@@ -205,11 +205,14 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
     stat_specs = [(forward.output_shape(o), getattr(torch, o.dtype)) for o in forward.outputs if o.name in stats]
     dtypes = {n: dt for n, _, dt in outs} | {s: dt for s, (_, dt) in zip(stats, stat_specs)}
 
-    @torch.library.custom_op(qualname + "_train", mutates_args=())
-    def top(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def impl(xs: list[torch.Tensor]) -> list[torch.Tensor]:
         key = f"{qualname}:forward"
         res = _run(key, _compiled(key, forward, compile_fn), dict(zip(names, xs)), dtypes)
         return [res[n] for n, _, _ in outs] + [res[s] for s in stats]
+
+    @torch.library.custom_op(qualname + "_train", mutates_args=())
+    def top(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return impl(xs)
 
     @top.register_fake
     def _(xs):
@@ -234,7 +237,8 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
         xs = list(ctx.saved_tensors)
         cots = [g if g is not None else torch.zeros(shape, dtype=dt, device=xs[0].device)
                 for g, (name, shape, dt) in zip(grads, outs) if name in back.cotangents]
-        res = _backward_op(qualname, back, names, outs, compile_fn)(xs + cots)
+        op, direct = _backward_op(qualname, back, names, outs, compile_fn)
+        res = (direct if getattr(ctx, "eager", False) else op)(xs + cots)
         diff = [k for k, n in enumerate(names) if n in back.grads]
         out: list = [None] * len(names)
         for k, r in zip(diff, res):
@@ -242,8 +246,34 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
         return out
 
     top.register_autograd(backward, setup_context=setup)
-    _BACKWARD_OPS[qualname + "_train"] = top
-    return top
+
+    def train(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        # the custom op is what dynamo and AOTAutograd trace; an eager call skips its dispatch, whose
+        # Python ran 250 µs beside the forward's kernels and 580 beside the backward's (H100, attention
+        # at L 3000; bench/probe_step_host.py): an autograd.Function of the same functions
+        if torch.compiler.is_compiling():
+            return top(xs)
+        return list(_Eager.apply((impl, setup, backward), *xs))
+
+    _BACKWARD_OPS[qualname + "_train"] = train
+    return train
+
+
+class _Eager(torch.autograd.Function):
+    """An eager training call: the training op's forward, setup_context and backward, run directly."""
+
+    @staticmethod
+    def forward(ctx, fns, *xs):
+        impl, setup, _ = fns
+        out = impl(list(xs))
+        ctx.eager, ctx.fns = True, fns
+        ctx.set_materialize_grads(False)  # (an output nothing reads gets None, as the op's backward expects)
+        setup(ctx, (list(xs),), out)
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, *ctx.fns[2](ctx, list(grads)))
 
 
 def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tuple], compile_fn):
@@ -251,14 +281,13 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
     key = f"{qualname}_{mode}_backward"
     got = _BACKWARD_OPS.get(key)
     if got is not None:
-        return got
+        return got, _BACKWARD_OPS[key + ":direct"]
     extra = [*back.saved.outputs, *back.saved.stats] if back.saved is not None else []
     cot_names = [back.cotangents[n] for n, _, _ in outs if n in back.cotangents]
     wrt = [n for n in names if n in back.grads]
     spec = back.program.inputs
 
-    @torch.library.custom_op(key, mutates_args=())
-    def bop(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def direct(xs: list[torch.Tensor]) -> list[torch.Tensor]:
         run = _compiled(f"{qualname}:{mode}", back.program, compile_fn)
         inputs = dict(zip(names + extra, xs))
         for name, g in zip(cot_names, xs[len(names) + len(extra):]):
@@ -267,13 +296,17 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
         res = _run(f"{qualname}:{mode}", run, inputs)
         return [res[back.grads[n]] for n in wrt]
 
+    @torch.library.custom_op(key, mutates_args=())
+    def bop(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return direct(xs)
+
     @bop.register_fake
     def _(xs):
         by = dict(zip(names, xs))
         return [torch.empty_like(by[n]) for n in wrt]
 
-    _BACKWARD_OPS[key] = bop
-    return bop
+    _BACKWARD_OPS[key], _BACKWARD_OPS[key + ":direct"] = bop, direct
+    return bop, direct
 
 
 __all__ = ["attach", "training_report", "tune_training"]
