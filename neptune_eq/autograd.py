@@ -8,9 +8,10 @@ Two backwards are derived and ranked by the cost model at the first call that ne
                 reads those and the outputs (neptune_eq.grad_saved: D = rowsum(dO∘O) for attention)
 
 The training op always writes the statistics (a few vectors); the chosen backward decides what is kept.
-`training_report(qualname)` says which was chosen and why (Compiled.explain shows it). All ops are
-torch.library ops with fake kernels, so eager autograd and torch.compile (AOTAutograd traces the
-backward op as one node) take the same path. What cannot be differentiated (floor division of a float,
+`training_report(qualname)` says which was chosen and why (Compiled.explain shows it). The ops are
+torch.library ops with fake kernels, which torch.compile traces (AOTAutograd takes the backward op as
+one node); an eager call runs the same forward, setup and backward as an autograd.Function, without
+the ops' dispatch (hundreds of µs of host time a step). What cannot be differentiated (floor division of a float,
 an axis read twice, a second derivative) raises NoBackward at the call that needs it, naming the cause
 — never a detached result.
 """
