@@ -8,31 +8,24 @@ back with the GPU idle between timings (perf_counter around issue, synchronised 
 
 from __future__ import annotations
 
+import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sweep_unseen as S
+from host_profile import one_call_us
 
 import neptune_eq
 
 
 def host_us(fn, n: int = 30) -> float:
+    """Median host µs of one call issued on an idle GPU (host_profile.one_call_us), after 3 warm-up calls."""
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
-    best = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        best.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    best.sort()
-    return 1e6 * best[len(best) // 2]
+    return statistics.median(one_call_us(fn) for _ in range(n))
 
 
 @torch.library.custom_op("probe_host::nothing", mutates_args=())

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -18,26 +17,11 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sweep_unseen as S
+from host_profile import kernel_times
 
 import neptune_eq
 from neptune_eq.frontend.compiled import CompiledFunction
 from neptune_eq.verify import rel_err
-
-
-def kernel_times(step, reps: int = 10) -> list[tuple[str, float, int]]:
-    step()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            step()
-        torch.cuda.synchronize()
-    total: dict[str, float] = defaultdict(float)
-    count: dict[str, int] = defaultdict(int)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            total[e.name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-            count[e.name] += 1
-    return sorted(((n[:90], t / reps, count[n] // reps) for n, t in total.items()), key=lambda r: -r[1])
 
 
 def main() -> None:
