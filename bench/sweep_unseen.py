@@ -98,6 +98,18 @@ def softmax_of_matmul(x, w):
     return torch.softmax(x @ w, dim=-1)
 
 
+def _rotate_half(x):
+    a, b = x.chunk(2, -1)
+    return torch.cat([-b, a], -1)
+
+
+def rope_causal(q, k, v, cos, sin):
+    """Rotary embeddings (cos, sin: [L, D] buffers) applied inside causal attention."""
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def lse_middle(x):
     return torch.logsumexp(x.float(), dim=1)
 
@@ -117,6 +129,7 @@ class Row:
     backward: bool = False  # fwd+bwd: sum(out * g) backward, every floating input's gradient checked
     liger: Callable | None = None  # (inputs) -> thunk for Liger-Kernel's version
     notes: dict = field(default_factory=dict)
+    buffers: tuple[int, ...] = ()  # floating inputs that need no gradient (RoPE's cos and sin)
 
 
 def _shape(dry, big, tiny):
@@ -143,6 +156,17 @@ def _attn_make(b, h, hkv, lq, lk, d, dtype, tiny):
         return (_randn(bb, hh, ll, dd, dtype=dtype, device=device, g=g),
                 _randn(bb, hk, lkk, dd, dtype=dtype, device=device, g=g),
                 _randn(bb, hk, lkk, dd, dtype=dtype, device=device, g=g))
+    return make
+
+
+def _rope_make(b, h, l, d, dtype, tiny):
+    def make(device, g, dry):
+        bb, hh, ll, dd = tiny if dry else (b, h, l, d)
+        q, k, v = (_randn(bb, hh, ll, dd, dtype=dtype, device=device, g=g) for _ in range(3))
+        inv = 10000.0 ** (-torch.arange(dd // 2, device=device, dtype=torch.float32) / (dd // 2))
+        ang = torch.arange(ll, device=device, dtype=torch.float32)[:, None] * inv[None]
+        ang = torch.cat([ang, ang], -1)
+        return q, k, v, ang.cos().to(dtype), ang.sin().to(dtype)
     return make
 
 
@@ -210,6 +234,8 @@ ROWS = [
     Row("mqa_decode 16x32/1 S8192 d128 fp16", mqa_decode,
         _attn_make(16, 32, 1, 1, 8192, 128, torch.float16, (2, 4, 1, 1, 77, 16)), peers=("eager", "sdpa")),
     Row("padded_attention 4x16 L2048 d64 fp16", padded_attention, _padded_make, peers=("eager", "compile", "sdpa")),
+    Row("rope_causal 4x16 L2048 d128 bf16", rope_causal, _rope_make(4, 16, 2048, 128, torch.bfloat16, (1, 2, 45, 16)),
+        peers=("eager", "compile")),
     # training steps
     Row("layer_norm fwd+bwd 16384x4096 bf16", layer_norm, rows_make((16384, 4096), (37, 50), torch.bfloat16,
                                                                   extra=(1, 1)),
@@ -220,6 +246,9 @@ ROWS = [
         liger=_liger("cross_entropy")),
     Row("log_softmax fwd+bwd 16384x32000 bf16", vocab_log_softmax,
         rows_make((16384, 32000), (37, 101), torch.bfloat16), backward=True),
+    Row("rope_causal fwd+bwd 4x16 L2048 d128 bf16", rope_causal,
+        _rope_make(4, 16, 2048, 128, torch.bfloat16, (1, 2, 45, 16)), backward=True, peers=("eager", "compile"),
+        buffers=(3, 4)),
     Row("attention fwd+bwd L3000 2x16 d64 fp16", attention,
         _attn_make(2, 16, 16, 3000, 3000, 64, torch.float16, (1, 2, 2, 45, 45, 16)), backward=True,
         peers=("eager", "compile", "sdpa")),
@@ -239,8 +268,9 @@ def _sdpa_of(row: Row, xs):
     return lambda: row.fn(*xs)  # the row is SDPA already (causal_sdpa, mqa_decode): "eager" is SDPA's math
 
 
-def _leaves(xs, grad):
-    return tuple(x.detach().clone().requires_grad_(grad and x.is_floating_point()) for x in xs)
+def _leaves(xs, grad, buffers=()):
+    return tuple(x.detach().clone().requires_grad_(grad and x.is_floating_point() and k not in buffers)
+                 for k, x in enumerate(xs))
 
 
 def _error(got, want) -> float:
@@ -256,6 +286,7 @@ class Reference:
     out: torch.Tensor
     gout: torch.Tensor | None = None
     grads: tuple = ()
+    buffers: tuple[int, ...] = ()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -269,11 +300,11 @@ def reference(row: Row, device: str, dry: bool) -> Reference:
     if not row.backward:
         with torch.no_grad():
             return Reference(xs, row.fn(*ref_xs))
-    leaves = _leaves(ref_xs, True)
+    leaves = _leaves(ref_xs, True, row.buffers)
     out = row.fn(*leaves)
     gout = torch.randn(out.shape, generator=g, device=device, dtype=torch.float64)
     out.backward(gout)
-    return Reference(xs, out.detach(), gout, tuple(x.grad for x in leaves if x.is_floating_point()))
+    return Reference(xs, out.detach(), gout, tuple(x.grad for x in leaves if x.requires_grad), row.buffers)
 
 
 def checked(name: str, built: Callable, ref: Reference) -> tuple[list[float], float, Callable]:
@@ -282,10 +313,10 @@ def checked(name: str, built: Callable, ref: Reference) -> tuple[list[float], fl
     xs = ref.xs
     if ref.gout is not None:
         def timed():
-            leaves = _leaves(xs, True)
+            leaves = _leaves(xs, True, ref.buffers)
             out = built(*leaves)
             out.backward(ref.gout.to(out.dtype))
-            return out, tuple(x.grad for x in leaves if x.is_floating_point())
+            return out, tuple(x.grad for x in leaves if x.requires_grad)
         out, grads = timed()
         errs = [_error(out, ref.out)] + [_error(a, b) for a, b in zip(grads, ref.grads)]
     else:

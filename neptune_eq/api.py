@@ -246,11 +246,15 @@ class Compiled:
         """The torch.library ops the example signature's calls run (for torch.library.opcheck; each
         takes the program's input tensors as one list): 'inference', and 'training' where a backward
         was derived (it returns the outputs, then the statistics its backward may read)."""
-        ns, name = self._first().op.qualname.split("::")
+        from .autograd import training_op_name
+
+        qualname = self._first().op.qualname
+        ns, name = qualname.split("::")
         lib = getattr(torch.ops, ns)
         ops = {"inference": getattr(lib, name).default}
-        if hasattr(lib, name + "_train"):
-            ops["training"] = getattr(lib, name + "_train").default
+        train = training_op_name(qualname)
+        if train is not None:
+            ops["training"] = getattr(lib, train.split("::")[1]).default
         return ops
 
     def tune(self, *args, candidates: int = 3, progress: bool = True) -> Compiled:
@@ -287,9 +291,10 @@ class Compiled:
         autotune(best, inputs, progress=progress, cache_file=cache_path(self.cache.directory))
         tuned = self.variants[_signature(args)] = _Variant.of(variant.captured, best, self.options, self.cache,
                                                               self.counts)
-        if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        wrt = {n for n, x in variant.captured.inputs(*args).items() if x.requires_grad}
+        if wrt:
             tune_training(tuned.op.qualname, inputs, lambda compiled, feed: autotune(
-                compiled, feed, progress=progress, cache_file=cache_path(self.cache.directory)))
+                compiled, feed, progress=progress, cache_file=cache_path(self.cache.directory)), wrt)
         return self
 
     # ---- calling

@@ -28,7 +28,9 @@ from .grad import Backward, NoBackward, backward_program
 
 _BACKWARD_OPS: dict[str, object] = {}  # backward op qualname → the op
 _RUNNERS: dict[str, object] = {}  # program key → its compiled program (on first use)
-_TRAINING: dict[str, _Training] = {}  # forward op qualname → what its training calls run
+_TRAINING: dict[str, _Training] = {}  # training key (_variant) → what its training calls run
+_ATTACHED: dict[str, tuple] = {}  # forward op qualname → (program, input names, outputs, compile_fn)
+_LAST: dict[str, str] = {}  # forward op qualname → the training key its last training call ran
 
 
 @dataclass
@@ -53,12 +55,12 @@ class _Training:
         return list(self.saved.saved.stats) if self.saved is not None else []
 
 
-def _derive(program: ir.Program) -> _Training:
+def _derive(program: ir.Program, wrt: list[str]) -> _Training:
     found: dict[str, Backward | None] = {}
     errors = []
     for mode in ("recompute", "saved"):
         try:
-            found[mode] = backward_program(program, saved=mode == "saved")
+            found[mode] = backward_program(program, wrt, saved=mode == "saved")
         except Exception as e:  # a forward runs whatever the derivation hits; a call needing gradients refuses
             found[mode] = None
             errors.append(str(e) if isinstance(e, NoBackward) else
@@ -145,17 +147,21 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
 def training_report(qualname: str) -> str:
     """Which backward the training calls of op `qualname` run, with the alternatives' predictions
     ('' before the first call that needed gradients)."""
-    t = _TRAINING.get(qualname)
+    t = _TRAINING.get(_LAST.get(qualname, qualname))
     return "\n".join(t.report) if t is not None else ""
 
 
-def tune_training(qualname: str, inputs: dict[str, torch.Tensor], tune: Callable[[object, dict], object]) -> str:
+def tune_training(qualname: str, inputs: dict[str, torch.Tensor], tune: Callable[[object, dict], object],
+                  wrt=None) -> str:
     """Tune the kernels a training call of op `qualname` runs at `inputs` (program input name → CUDA
-    tensor): `tune(compiled, inputs)` on the training forward, then on the chosen backward, fed the
-    statistics that forward writes and random cotangents. Returns the backward's mode."""
-    t = _TRAINING.get(qualname)
-    if t is None or (t.recompute is None and t.saved is None):
-        raise NoBackward(t.why if t is not None else f"{qualname}: no training op")
+    tensor) with gradients of `wrt` (None: every floating input): `tune(compiled, inputs)` on the
+    training forward, then on the chosen backward, fed the statistics that forward writes and random
+    cotangents. Returns the backward's mode."""
+    if qualname not in _ATTACHED:
+        raise NoBackward(f"{qualname}: no training op")
+    qualname, t = _variant(qualname, wrt)
+    if t.recompute is None and t.saved is None:
+        raise NoBackward(t.why)
     back = _choose(qualname, t, t.compile_fn)
     fwd = _compiled(f"{qualname}:forward", t.forward, t.compile_fn)
     inputs = {n: x.detach() for n, x in inputs.items()}
@@ -175,27 +181,67 @@ def tune_training(qualname: str, inputs: dict[str, torch.Tensor], tune: Callable
     return mode
 
 
+def _variant(qualname: str, wrt) -> tuple[str, _Training]:
+    """The training of op `qualname` for the floating inputs `wrt` (None: all of them): its own backward,
+    derived on first use, computes those gradients alone — a buffer that needs none (RoPE's cos and sin,
+    an additive mask) costs no reduction and cannot make the derivation fail. Keyed `qualname` for all
+    floating inputs, `qualname_g<mask>` for a subset."""
+    program, names, outs, compile_fn = _ATTACHED[qualname]
+    floats = [n for n in names if program.inputs[n].dtype in ir.FLOAT_DTYPES]
+    wrt = floats if wrt is None else [n for n in floats if n in wrt]
+    key = qualname if len(wrt) == len(floats) else f"{qualname}_g{sum(1 << floats.index(n) for n in wrt):x}"
+    t = _TRAINING.get(key)
+    if t is None:
+        t = _TRAINING[key] = _derive(program, wrt)
+        t.compile_fn, t.outs = compile_fn, outs
+    _LAST[qualname] = key
+    return key, t
+
+
+def training_op_name(qualname: str) -> str | None:
+    """The torch.library training op of `qualname` for all its floating inputs, registered here if it
+    was not yet ('<qualname>_train'); None where no backward is derived."""
+    if qualname not in _ATTACHED:
+        return None
+    key, t = _variant(qualname, None)
+    if t.recompute is None and t.saved is None:
+        return None
+    _, names, outs, compile_fn = _ATTACHED[qualname]
+    _training_op(key, t, names, outs, compile_fn)
+    return key + "_train"
+
+
 def attach(op, qualname: str, program: ir.Program, names: list[str], outs: list[tuple],
            compile_fn: Callable[[ir.Program], object]) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
-    """Give `op` (the inference op) a training twin and return the call running it: xs → outputs
+    """Give `op` (the inference op) training twins and return the call running them: xs → outputs
     (`names`: the program inputs in op order; `outs`: (output name, shape, dtype) in op order;
-    `compile_fn(program)` compiles a program, cached)."""
-    t = _TRAINING.get(qualname)
-    if t is None:
-        t = _TRAINING[qualname] = _derive(program)
-    t.compile_fn, t.outs = compile_fn, outs
+    `compile_fn(program)` compiles a program, cached). A call runs the twin of the inputs that
+    require grad."""
+    _ATTACHED[qualname] = (program, names, outs, compile_fn)
 
     def refuse(ctx, inputs, output):  # the inference op is never called with gradients
         raise NoBackward(f"{program.name}: the inference op was called where gradients are needed")
 
     op.register_autograd(lambda ctx, grads: None, setup_context=refuse)
-    if t.recompute is None and t.saved is None:
-        def refused(xs):
-            raise NoBackward(f"{t.why} (so no gradient can flow through {program.name})")
-        return refused
-    train = _training_op(qualname, t, names, outs, compile_fn)
     n_out = len(outs)
-    return lambda xs: train(xs)[:n_out]
+
+    def call(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        key = _training_key(qualname, tuple(x.requires_grad for x in xs))
+        return _BACKWARD_OPS[key + "_train"](xs)[:n_out]
+
+    return call
+
+
+@torch.compiler.assume_constant_result  # (dynamo runs it at trace time and keeps the name: no derivation traced)
+def _training_key(qualname: str, requires: tuple[bool, ...]) -> str:
+    """The training key of op `qualname` called with inputs requiring grad as `requires` (op order),
+    its training op registered as '<key>_train'; NoBackward where no backward is derived."""
+    program, names, outs, compile_fn = _ATTACHED[qualname]
+    key, t = _variant(qualname, {n for n, r in zip(names, requires) if r})
+    if t.recompute is None and t.saved is None:
+        raise NoBackward(f"{t.why} (so no gradient can flow through {program.name})")
+    _training_op(key, t, names, outs, compile_fn)
+    return key
 
 
 def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple], compile_fn):
@@ -310,4 +356,4 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
     return bop, direct
 
 
-__all__ = ["attach", "training_report", "tune_training"]
+__all__ = ["attach", "training_op_name", "training_report", "tune_training"]

@@ -187,6 +187,14 @@ def tanh(x) -> Expr:
     return _call("tanh", x)
 
 
+def sin(x) -> Expr:
+    return _call("sin", x)
+
+
+def cos(x) -> Expr:
+    return _call("cos", x)
+
+
 def sqrt(x) -> Expr:
     return _call("sqrt", x)
 
@@ -316,7 +324,7 @@ def program(name: str) -> ProgramBuilder:
 
 
 __all__ = [
-    "Axis", "Expr", "ProgramBuilder", "abs", "eq", "erf", "exp", "exp2", "expm1", "inf", "log", "log1p", "max",
-    "maximum", "mean", "min", "minimum", "ne", "program", "rsqrt", "sqrt", "sum", "tanh", "where",
+    "Axis", "Expr", "ProgramBuilder", "abs", "cos", "eq", "erf", "exp", "exp2", "expm1", "inf", "log", "log1p", "max",
+    "maximum", "mean", "min", "minimum", "ne", "program", "rsqrt", "sin", "sqrt", "sum", "tanh", "where",
 ]
 _ = builtins  # the module shadows sum/max/min/abs on purpose

@@ -14,6 +14,7 @@ extra axes. Local derivatives, one per operator:
     a·b               ḡ·b, ḡ·a              where(c, a, b) where(c, ḡ, 0), where(c, 0, ḡ); c none
     a / b             ḡ/b, −ḡ·(a/b)/b       exp, exp2       ḡ·eᵃ, ḡ·2ᵃ·ln 2
     log, log2         ḡ/a, ḡ/(a·ln 2)       tanh            ḡ·(1 − tanh²a)
+    sin, cos          ḡ·cos a, −ḡ·sin a
     sqrt, rsqrt       ḡ/(2√a), −ḡ·a^{-3/2}/2  abs           ḡ·sign(a)
     Σ_d body          ḡ to every element    max_d / min_d  ḡ shared by the elements equal to it (torch's amax)
 
@@ -22,9 +23,10 @@ has adjoint 0: it is dropped rather than computed as a sum that cancels (and its
 Invariance is tested, not assumed: the program is evaluated in float64 at small extents with the
 reduction moved by random per-row amounts (shift_invariant); `x − max x` is not invariant and gets
 its adjoint. Comparisons, predicates and integer casts carry no gradient. A gathered input's
-gradient is a one-hot sum over the gather (x[i, t[i]] → [v == t[i]]·ḡ[i]: cross-entropy). An input
-read with one axis twice (a diagonal) and floor division or modulo of a value that depends on a
-floating input are refused with NoBackward naming them.
+gradient is a shift back where the gather is a clamped shift (a slice, torch.cat, rotate-half), else a
+one-hot sum over the gather (x[i, t[i]] → [v == t[i]]·ḡ[i]: cross-entropy); neptune_eq.grad_gather.
+An input read with one axis twice (a diagonal) and floor division or modulo of a value that depends on
+a floating input are refused with NoBackward naming them.
 """
 
 from __future__ import annotations
@@ -33,15 +35,12 @@ import math
 from dataclasses import dataclass, replace
 
 from . import ir
+from .grad_gather import NoBackward, load_grad, substitute_free, sum_over
 from .grad_saved import Saved, hoist, save
 from .ir import Call, Const, Index, Load, NeptuneError, Reduce
 from .numeric import shifted_exp_sum
 
 _NO_GRAD = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "float"})
-
-
-class NoBackward(NeptuneError):
-    """A call that would need gradients the compiler does not derive; the message names the cause."""
 
 
 def _c(v: float) -> Const:
@@ -59,12 +58,6 @@ def grad_name(name: str, taken) -> str:
         k += 1
         out = f"grad_{name}{k}"
     return out
-
-
-def _sum_over(expr: ir.Node, axes, order) -> ir.Node:
-    for a in sorted(axes, key=order.index, reverse=True):
-        expr = Reduce("sum", a, expr)
-    return expr
 
 
 def _zero_keeps(g: ir.Node, c: ir.Node) -> ir.Node:
@@ -130,6 +123,10 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
                                       _call("exp", _call("neg", _call("mul", a[0], a[0])))))]
     if op == "log2":
         return [_zero_keeps(g, _call("div", g, _call("mul", a[0], _c(math.log(2.0)))))]
+    if op == "sin":
+        return [_call("mul", g, _call("cos", a[0]))]
+    if op == "cos":
+        return [_call("neg", _call("mul", g, _call("sin", a[0])))]
     if op == "tanh":
         return [_call("mul", g, _call("sub", _c(1.0), _call("mul", n, n)))]
     if op == "sqrt":
@@ -182,7 +179,7 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         # reads node, so the axes node lacks are summed — by a reduction where c varies along them, by
         # the extent where it does not (Σ_d (x[i, d] − lse[i]) under a uniform cotangent: n_d times)
         summed = c.axes - node.axes
-        c = _sum_over(c, summed, order) if summed else c
+        c = sum_over(c, summed, order) if summed else c
         for a in sorted(over - summed - node.axes, key=order.index):
             if a in program.dynamic:
                 raise NoBackward(f"{program.name}: the gradient of {ir.show(node)} counts the length of the "
@@ -215,7 +212,7 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
             g = _call("add", g, p)
         if isinstance(n, Load):
             if n.tensor in wanted:
-                grads.setdefault(n.tensor, []).append(_load_grad(program, n, g))
+                grads.setdefault(n.tensor, []).append(load_grad(program, n, g))
         elif isinstance(n, Call):
             if n.op in ("floordiv", "mod"):
                 if n in reads:
@@ -236,7 +233,7 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
                 hit = _call("eq", n.body, n)
                 count = Reduce("sum", n.axis, _call("where", hit, _c(1.0), _c(0.0)))
                 add(n.body, _call("where", hit, _call("div", g, count), _c(0.0)))
-    outputs, names = [], {}
+    outputs, names, fresh = [], {}, {}
     for name in wrt:
         spec = program.inputs[name]
         parts = grads.get(name)
@@ -245,7 +242,7 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         if parts:
             expr, axes = parts[0]
             for p, frm in parts[1:]:
-                expr = _call("add", expr, _rename(program, name, p, frm, axes))
+                expr = _call("add", expr, _rename(program, name, p, frm, axes, fresh))
         out = names[name] = grad_name(name, taken)
         taken.add(out)
         outputs.append(ir.Output(out, axes, expr, spec.dtype))
@@ -254,7 +251,7 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         exprs, more, kept = save(program, [o.expr for o in outputs], taken)
         outputs = [replace(o, expr=e) for o, e in zip(outputs, exprs)]
         inputs.update(more)
-    back = ir.Program(f"{program.name}_backward", dict(program.axes), inputs, outputs).validate()
+    back = ir.Program(f"{program.name}_backward", {**program.axes, **fresh}, inputs, outputs).validate()
     return Backward(back, cotangents, names, kept)
 
 
@@ -271,40 +268,35 @@ def _attained_exactly(program: ir.Program, r: Reduce) -> None:
                          "be found by comparing recomputed values, which round differently in other kernels")
 
 
-def _load_grad(program: ir.Program, n: Load, g: ir.Node) -> tuple[ir.Node, tuple[str, ...]]:
-    """The adjoint g of the element n = x[idx] as a value over axes naming x's positions: the load's
-    own axis where a position is indexed by one (no renaming: the forward's subterms stay shared), x's
-    axis where it is gathered. A gathered position p (an integer expression eₚ) becomes a one-hot test
-    eₚ == sₚ, summed over the axes the gather varies over but x is not indexed by: the gradient of an
-    embedding lookup x[ids[t], d] is Σ_t [ids[t] == v]·ḡ[t, d], of a cross-entropy's x[i, t[i]] the
-    one-hot ḡ[i]·[v == t[i]]."""
-    spec = program.inputs[n.tensor]
-    plain = [i.axis for i in n.index if isinstance(i, Index)]
-    gathered = [(e, s) for e, s in zip(n.index, spec.axes) if not isinstance(e, Index)]
-    if len(set(plain)) != len(plain):
-        raise NoBackward(f"{program.name}: the gradient of {ir.show(n)} (an axis read twice) is not derived yet")
-    axes = tuple(i.axis if isinstance(i, Index) else s for i, s in zip(n.index, spec.axes))
-    if not gathered:
-        return g, axes
-    free = set(g.axes).union(*(e.axes for e, _ in gathered))
-    if len(set(axes)) != len(axes) or free & {s for _, s in gathered}:
-        raise NoBackward(f"{program.name}: the gradient of the gathered {ir.show(n)} would reuse an axis of "
-                         "its expression for the gathered position")
-    cond = None
-    for e, s in gathered:
-        test = _call("eq", e, Index(s))
-        cond = test if cond is None else _call("and", cond, test)
-    val = _call("where", cond, g, _c(0.0))
-    return _sum_over(val, free - set(plain), list(program.axes)), axes
-
-
-def _rename(program: ir.Program, name: str, expr: ir.Node, frm: tuple[str, ...], to: tuple[str, ...]) -> ir.Node:
-    """`expr` over axes `frm` read as over `to` (one input loaded with different axes)."""
+def _rename(program: ir.Program, name: str, expr: ir.Node, frm: tuple[str, ...], to: tuple[str, ...],
+            fresh: dict[str, int]) -> ir.Node:
+    """`expr` over axes `frm` read as over `to` (one input loaded with different axes: RoPE's cos[i, d]
+    beside q and cos[j, d] beside k). A reduction over an axis the renaming touches is first renamed to
+    a fresh axis of the same extent (added to `fresh`): Σ_i … inside the contribution over j, d."""
     renames = {a: b for a, b in zip(frm, to) if a != b}
-    bound = {m.axis for m in ir.walk(expr) if isinstance(m, Reduce)}
-    if bound & (set(renames) | set(renames.values())) or (expr.axes - set(renames)) & set(renames.values()):
+    clash = set(renames) | set(renames.values())
+    if (expr.axes - set(renames)) & set(renames.values()):
         raise NoBackward(f"{program.name}: the gradients of the loads of '{name}' over {frm} and {to} cannot "
                          "be summed without renaming an axis their expressions use")
+    if program.dynamic & clash:
+        bound = {m.axis for m in ir.walk(expr) if isinstance(m, Reduce)}
+        if bound & clash:
+            raise NoBackward(f"{program.name}: the gradients of the loads of '{name}' over {frm} and {to} would "
+                             "rename a dynamic axis a reduction binds")
+
+    def alpha(old, new):
+        # one fresh name per axis: a reduction nested in another over the same axis binds its own
+        # occurrences, so renaming inner first and outer after captures nothing
+        if isinstance(new, Reduce) and new.axis in clash:
+            k = 2
+            while f"{new.axis}{k}" in program.axes:
+                k += 1
+            ax = f"{new.axis}{k}"
+            fresh[ax] = program.axes[new.axis]
+            return Reduce(new.op, ax, substitute_free(new.body, new.axis, Index(ax)))
+        return new
+
+    expr = ir.rebuild(expr, alpha)
     return ir.substitute(expr, {Index(a): Index(b) for a, b in renames.items()})
 
 

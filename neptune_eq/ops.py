@@ -81,6 +81,9 @@ OPS: dict[str, Op] = {
         Op("expm1", 1, _np_guard(np.expm1), "_expm1({0})", unit="sfu", weight=2.0, integer_ok=False),
         Op("erf", 1, _np_guard(_np_erf), "tl.math.erf({0})", unit="sfu", weight=4.0, integer_ok=False),
         Op("tanh", 1, _np_guard(np.tanh), "_tanh({0})", unit="sfu", weight=2.0, integer_ok=False),
+        # (libdevice's sinf / cosf: full-range argument reduction, RoPE's angles of 10⁴ radians stay exact)
+        Op("sin", 1, _np_guard(np.sin), "tl.sin({0})", unit="sfu", weight=2.0, integer_ok=False),
+        Op("cos", 1, _np_guard(np.cos), "tl.cos({0})", unit="sfu", weight=2.0, integer_ok=False),
         Op("sqrt", 1, _np_guard(np.sqrt), "tl.sqrt({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("rsqrt", 1, _np_rsqrt, "tl.rsqrt({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("abs", 1, _np_guard(np.abs), "tl.abs({0})"),

@@ -14,7 +14,7 @@ _TORCH_OPS = {
     "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"), "mod": torch.remainder,
     "neg": torch.neg, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "log2": torch.log2,
     "log1p": torch.log1p, "expm1": torch.expm1, "erf": torch.erf,
-    "tanh": torch.tanh, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "abs": torch.abs,
+    "tanh": torch.tanh, "sin": torch.sin, "cos": torch.cos, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "abs": torch.abs,
     "max2": torch.maximum, "min2": torch.minimum, "where": torch.where,
     "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
     "and": torch.logical_and, "or": torch.logical_or, "not": torch.logical_not,

@@ -101,6 +101,14 @@ def tanh(x: Term) -> Term: ...
 
 
 @function
+def sin(x: Term) -> Term: ...
+
+
+@function
+def cos(x: Term) -> Term: ...
+
+
+@function
 def sqrt(x: Term) -> Term: ...
 
 
@@ -224,7 +232,8 @@ BINARY = {"add": Term.__add__, "sub": Term.__sub__, "mul": Term.__mul__, "div": 
           "max2": max2, "min2": min2, "floordiv": floordiv, "mod": mod, "lt": lt, "le": le, "gt": gt,
           "ge": ge, "eq": eq_, "ne": ne_, "and": and_, "or": or_}
 UNARY = {"neg": Term.__neg__, "exp": exp, "exp2": exp2, "log": log, "log2": log2, "log1p": log1p, "expm1": expm1,
-         "erf": erf, "tanh": tanh, "sqrt": sqrt, "rsqrt": rsqrt, "abs": abs_, "not": not_, "float": to_float}
+         "erf": erf, "tanh": tanh, "sin": sin, "cos": cos, "sqrt": sqrt, "rsqrt": rsqrt, "abs": abs_, "not": not_,
+         "float": to_float}
 CONSTRUCTORS = {**BINARY, **UNARY, "where": where}
 assert set(CONSTRUCTORS) == set(OPS), set(OPS) ^ set(CONSTRUCTORS)
 assert all(c in BINARY for c in COMPARISONS)
@@ -233,7 +242,8 @@ assert all(c in BINARY for c in COMPARISONS)
 _METHOD_OPS = {"__add__": "add", "__sub__": "sub", "__mul__": "mul", "__truediv__": "div", "__neg__": "neg",
                "__radd__": "add", "__rsub__": "sub", "__rmul__": "mul", "__rtruediv__": "div"}
 _FUNCTION_OPS = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "log1p": "log1p", "expm1": "expm1",
-                 "erf": "erf", "tanh": "tanh", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs_": "abs", "max2": "max2",
+                 "erf": "erf", "tanh": "tanh", "sin": "sin", "cos": "cos", "sqrt": "sqrt", "rsqrt": "rsqrt",
+                 "abs_": "abs", "max2": "max2",
                  "min2": "min2",
                  "floordiv": "floordiv", "mod": "mod", "where": "where", "lt": "lt", "le": "le", "gt": "gt",
                  "ge": "ge", "eq_": "eq",

@@ -52,8 +52,8 @@ MAX_LINE_CHARS = 2_000
 MAX_NODES = 200  # per side: keeps every later recursive walk shallow
 I64_MAX = 2**63 - 1
 
-FUNCTIONS = {name: OPS[name].arity for name in ("exp", "exp2", "expm1", "log", "log2", "log1p", "erf", "tanh", "sqrt",
-                                                 "rsqrt", "abs", "max2", "min2", "where")}
+FUNCTIONS = {name: OPS[name].arity for name in ("exp", "exp2", "expm1", "log", "log2", "log1p", "erf", "tanh", "sin",
+                                                 "cos", "sqrt", "rsqrt", "abs", "max2", "min2", "where")}
 _REDUCTION = re.compile(r"^(sum|max|min)_([a-z][a-z0-9]*)$")
 _VARIABLE = re.compile(r"^[a-z][a-z0-9_]*$")
 _RULE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")

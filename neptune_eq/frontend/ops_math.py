@@ -277,6 +277,8 @@ HANDLERS = {
     aten.expm1.default: unary("expm1"),
     aten.erf.default: unary("erf"),
     aten.tanh.default: unary("tanh"),
+    aten.sin.default: unary("sin"),
+    aten.cos.default: unary("cos"),
     aten.sqrt.default: unary("sqrt"),
     aten.rsqrt.default: unary("rsqrt"),
     aten.abs.default: unary("abs"),

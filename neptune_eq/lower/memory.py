@@ -55,7 +55,10 @@ class MemoryOps:
                 entries.append((Val("pid_chunk", (), "i"), stride))
             else:
                 v = self.value(e)
-                if v.kind not in ("i", "b"):  # an integer-valued index the algebra wrote with float ops
+                lit = _literal(v.code)
+                if v.kind not in ("i", "b") and lit is not None and float(lit).is_integer():
+                    v = Val(str(int(lit)), v.dims, "i")  # a constant position (x[:, -1:]) folded to 6.0
+                elif v.kind not in ("i", "b"):  # an integer-valued index the algebra wrote with float ops
                     v = self.bind(f"({v.code}).to(tl.int64)", v.dims, "i")
                 entries.append((v, stride))
                 n = self.size(axes[k])

@@ -1,0 +1,215 @@
+"""The adjoint of a gathered load: the gradient of x[e(idx)] with respect to x, as a value over x's positions.
+
+A load x[e] spreads its cotangent g back onto the positions it read: ∂x[s] = Σ_{points p} [e(p) == s]·g(p).
+Two forms are derived:
+
+    shifted   e(a) = clamp(a + c, lo, hi) of one axis a (a slice, torch.cat / rotate-half, a shifted
+              window): the map is a shift on the points it does not clamp, so the sum has at most one
+              term there, g(s − c); the points clamped onto lo or hi add Σ over them at s = lo, s = hi,
+              dropped where g is 0 on all of them (the unselected branch of a cat). Work: one read of g
+              per position, not a one-hot over the axis.
+    one-hot   any other integer expression (x[i, t[i]], an embedding lookup ids[t]): the one-hot test
+              [e(p) == s]·g(p), summed over the axes the gather varies over and x is not indexed by.
+
+A form that would need an axis twice (x[i, i], a shift whose target axis its cotangent also varies
+along) raises NoBackward naming the load.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import ir
+from .ir import Call, Const, Index, Load, NeptuneError, Reduce
+
+
+class NoBackward(NeptuneError):
+    """A call that would need gradients the compiler does not derive; the message names the cause."""
+
+
+def _c(v: float) -> Const:
+    return Const(float(v))
+
+
+def _call(op: str, *args: ir.Node) -> Call:
+    return Call(op, tuple(args))
+
+
+def sum_over(expr: ir.Node, axes, order) -> ir.Node:
+    for a in sorted(axes, key=order.index, reverse=True):
+        expr = Reduce("sum", a, expr)
+    return expr
+
+
+@dataclass(frozen=True)
+class Shift:
+    """e(a) = min(max(a + c, lo), hi) for every index a of `axis` (lo, hi may be ∓inf)."""
+
+    axis: str
+    c: int
+    lo: float
+    hi: float
+
+
+def _integer(n: ir.Node) -> int | None:
+    if isinstance(n, Const) and math.isfinite(n.value) and float(n.value).is_integer():
+        return int(n.value)
+    return None
+
+
+def clamped_shift(e: ir.Node) -> Shift | None:
+    """e as a clamped shift of one axis, or None. Clamps compose: min(clamp(v, lo, hi), k) is
+    clamp(v, min(lo, k), min(hi, k)), and a constant added moves the shift and both bounds."""
+    if isinstance(e, Index):
+        return Shift(e.axis, 0, -math.inf, math.inf)
+    if not isinstance(e, Call) or e.op not in ("add", "sub", "min2", "max2") or len(e.args) != 2:
+        return None
+    x, k = e.args
+    if _integer(k) is None and e.op != "sub":
+        x, k = k, x
+    kv = _integer(k)
+    inner = clamped_shift(x) if kv is not None else None
+    if inner is None:
+        return None
+    a, c, lo, hi = inner.axis, inner.c, inner.lo, inner.hi
+    if e.op in ("add", "sub"):
+        kv = kv if e.op == "add" else -kv
+        return Shift(a, c + kv, lo + kv, hi + kv)
+    if e.op == "min2":
+        return Shift(a, c, min(lo, kv), min(hi, kv))
+    return Shift(a, c, max(lo, kv), max(hi, kv))
+
+
+def substitute_free(expr: ir.Node, axis: str, value: ir.Node) -> ir.Node:
+    """expr with its free occurrences of `axis` read at `value` (a reduction over `axis` binds its own)."""
+    key = Index(axis)
+
+    def fn(old, new):
+        if isinstance(old, Reduce) and old.axis == axis:
+            return old
+        return value if old == key else new
+
+    return ir.rebuild(expr, fn)
+
+
+_INDEX_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+              "neg": lambda a: -a, "min2": min, "max2": max, "lt": lambda a, b: a < b,
+              "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
+              "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "and": lambda a, b: a and b,
+              "or": lambda a, b: a or b, "not": lambda a: not a}
+
+
+def _value_at(n: ir.Node, axis: str, p: int):
+    """The index-only expression n at `axis` = p, or None where it reads anything else."""
+    if isinstance(n, Const):
+        return n.value
+    if isinstance(n, Index):
+        return p if n.axis == axis else None
+    if isinstance(n, Call) and n.op in _INDEX_OPS:
+        args = [_value_at(a, axis, p) for a in n.args]
+        return None if any(v is None for v in args) else _INDEX_OPS[n.op](*args)
+    return None
+
+
+def zero_on(g: ir.Node, axis: str, points: list[int]) -> bool:
+    """g is 0 at every index of `axis` in `points` (whatever the other axes): proved from its
+    structure — a where whose predicate of `axis` alone selects a zero branch there, products with a
+    zero factor, sums and negations of zeros. False where it cannot tell."""
+    if not points:
+        return True
+    if isinstance(g, Const):
+        return g.value == 0.0
+    if not isinstance(g, Call):
+        return False
+    if g.op == "neg":
+        return zero_on(g.args[0], axis, points)
+    if g.op in ("add", "sub"):
+        return all(zero_on(a, axis, points) for a in g.args)
+    if g.op == "mul":
+        return any(zero_on(a, axis, points) for a in g.args)
+    if g.op == "where":
+        cond, yes, no = g.args
+        picks = [_value_at(cond, axis, p) for p in points]
+        if any(v is None for v in picks):
+            return zero_on(yes, axis, points) and zero_on(no, axis, points)
+        return (zero_on(yes, axis, [p for p, v in zip(points, picks) if v])
+                and zero_on(no, axis, [p for p, v in zip(points, picks) if not v]))
+    return False
+
+
+def _shift_adjoint(program: ir.Program, g: ir.Node, sh: Shift, s: str) -> ir.Node | None:
+    """Σ_a [clamp(a + c, lo, hi) == s]·g(a) over x's axis s, or None where the form does not apply."""
+    a, c = sh.axis, sh.c
+    if a in program.dynamic or s in program.dynamic:
+        return None
+    bound = {m.axis for m in ir.walk(g) if isinstance(m, Reduce)}
+    if s != a and (s in g.axes or s in bound):
+        return None
+    n_a, n_x = program.axes[a], program.axes[s]
+    terms: list[ir.Node] = []
+    lo2, hi2 = max(sh.lo, c, 0), min(sh.hi, n_a - 1 + c, n_x - 1)  # the positions a shift reaches unclamped
+    if lo2 <= hi2:
+        at: ir.Node = _call("add", Index(s), _c(-c)) if (c or s != a) else Index(a)
+        if c > 0:
+            at = _call("max2", at, _c(0))
+        if n_x - 1 - c > n_a - 1:
+            at = _call("min2", at, _c(n_a - 1))
+        body = substitute_free(g, a, at) if at != Index(a) else g
+        conds = ([_call("ge", Index(s), _c(lo2))] if lo2 > 0 else []) + (
+            [_call("le", Index(s), _c(hi2))] if hi2 < n_x - 1 else [])
+        for cond in conds:
+            body = _call("where", cond, body, _c(0.0))
+        terms.append(body)
+    for edge, beyond in ((sh.hi, "gt"), (sh.lo, "lt")):
+        if not math.isfinite(edge):
+            continue
+        points = [p for p in range(n_a) if (p + c > edge if beyond == "gt" else p + c < edge)]
+        if zero_on(g, a, points):
+            continue
+        if not 0 <= edge <= n_x - 1:
+            return None
+        clamped = Reduce("sum", a, _call("where", _call(beyond, Index(a), _c(edge - c)), g, _c(0.0)))
+        terms.append(_call("where", _call("eq", Index(s), _c(edge)), clamped, _c(0.0)))
+    if not terms:
+        return _c(0.0)
+    out = terms[0]
+    for t in terms[1:]:
+        out = _call("add", out, t)
+    return out
+
+
+def load_grad(program: ir.Program, n: Load, g: ir.Node) -> tuple[ir.Node, tuple[str, ...]]:
+    """The adjoint g of the element n = x[idx] as a value over axes naming x's positions: the load's
+    own axis where a position is indexed by one (no renaming: the forward's subterms stay shared), x's
+    axis where it is gathered (see the module docstring for the two forms)."""
+    spec = program.inputs[n.tensor]
+    plain = [i.axis for i in n.index if isinstance(i, Index)]
+    gathered = [(e, s) for e, s in zip(n.index, spec.axes) if not isinstance(e, Index)]
+    if len(set(plain)) != len(plain):
+        raise NoBackward(f"{program.name}: the gradient of {ir.show(n)} (an axis read twice) is not derived yet")
+    axes = tuple(i.axis if isinstance(i, Index) else s for i, s in zip(n.index, spec.axes))
+    if not gathered:
+        return g, axes
+    order = list(program.axes)
+    if len(set(axes)) == len(axes):
+        shifts = [(clamped_shift(e), s) for e, s in gathered]
+        if all(sh is not None and sh.axis not in plain for sh, _ in shifts) and (
+                len({sh.axis for sh, _ in shifts}) == len(shifts)):
+            val: ir.Node | None = g
+            for sh, s in shifts:
+                val = _shift_adjoint(program, val, sh, s)
+                if val is None:
+                    break
+            if val is not None:
+                return sum_over(val, val.axes - set(axes), order), axes
+    free = set(g.axes).union(*(e.axes for e, _ in gathered))
+    if len(set(axes)) != len(axes) or free & {s for _, s in gathered}:
+        raise NoBackward(f"{program.name}: the gradient of the gathered {ir.show(n)} would reuse an axis of "
+                         "its expression for the gathered position")
+    cond = None
+    for e, s in gathered:
+        test = _call("eq", e, Index(s))
+        cond = test if cond is None else _call("and", cond, test)
+    val = _call("where", cond, g, _c(0.0))
+    return sum_over(val, free - set(plain), order), axes

@@ -1,0 +1,150 @@
+"""Gradients through shifted gathers (slices, torch.cat, rotate-half: neptune_eq/grad_gather.py),
+sin/cos, and a backward derived for the inputs that require grad alone (neptune_eq/autograd.py).
+Every check runs the generated kernels (Triton's interpreter) against float64 autograd."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import neptune_eq
+from neptune_eq import autograd, ir
+from neptune_eq.frontend import capture
+from neptune_eq.grad import NoBackward, backward_program
+from neptune_eq.grad_gather import Shift, clamped_shift, zero_on
+from neptune_eq.ir import Call, Const, Index
+
+
+def _rot(x):
+    a, b = x.chunk(2, -1)
+    return torch.cat([-b, a], -1)
+
+
+def rope(x, cos, sin):
+    return x * cos + _rot(x) * sin
+
+
+def rope_attention(q, k, v, cos, sin):
+    q, k = rope(q, cos, sin), rope(k, cos, sin)
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1) @ v
+
+
+def _angles(n, d):
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(d // 2) / (d // 2))[None]
+    ang = torch.cat([ang, ang], -1)
+    return ang.cos(), ang.sin()
+
+
+def _grads(fn, args, wants, prog=None):
+    """(compiled gradients, float64 autograd's) of Σ out·ḡ for a random cotangent ḡ."""
+    ours = [a.clone().float().requires_grad_(w) for a, w in zip(args, wants)]
+    ref = [a.clone().double().requires_grad_(w) for a, w in zip(args, wants)]
+    prog = prog or neptune_eq.compile(fn, *[a.float() for a in args])
+    out, want = prog(*ours), fn(*ref)
+    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    (out.double() * cot).sum().backward()
+    (want * cot).sum().backward()
+    assert (out.double() - want).abs().max() < 1e-5
+    return [a.grad for a in ours if a.requires_grad], [a.grad for a in ref if a.requires_grad]
+
+
+def test_clamped_shifts_are_read_from_slices_and_cat():
+    d = Index("d")
+    assert clamped_shift(d) == Shift("d", 0, -math.inf, math.inf)
+    e = Call("add", (Call("min2", (d, Const(7.0))), Const(8.0)))  # cat's second piece: min(d, 7) + 8
+    assert clamped_shift(e) == Shift("d", 8, -math.inf, 15)
+    e = Call("add", (Call("max2", (Call("add", (d, Const(-8.0))), Const(0.0))), Const(0.0)))
+    assert clamped_shift(e) == Shift("d", -8, 0, math.inf)
+    assert clamped_shift(Call("mul", (d, Const(2.0)))) is None  # a stride is not a shift
+    assert clamped_shift(Call("add", (d, Index("i")))) is None
+
+
+def test_zero_on_reads_a_where_of_the_axis():
+    d = Index("d")
+    g = Call("neg", (Call("where", (Call("lt", (d, Const(8.0))), Call("exp", (Index("i"),)), Const(0.0))),))
+    assert zero_on(g, "d", list(range(8, 16)))
+    assert not zero_on(g, "d", [7, 8])
+    assert not zero_on(Call("exp", (d,)), "d", [3])
+
+
+def test_rotate_half_gradient_is_a_shift_back_not_a_one_hot_sum():
+    x, (cos, sin) = torch.randn(5, 8, dtype=torch.float64), _angles(5, 8)
+    back = backward_program(capture(rope, x, cos, sin).program, ["x"]).program
+    (out,) = back.outputs
+    # every clamped edge of the cat's pieces reads the other piece's zero branch: no sum over d
+    assert not any(isinstance(n, ir.Reduce) for n in ir.walk(out.expr)), ir.show(out.expr)
+    leaves = [t.clone().requires_grad_() for t in (x, cos, sin)]
+    prog = neptune_eq.compile(rope, x, cos, sin)
+    assert torch.autograd.gradcheck(lambda *a: prog(*a), leaves, eps=1e-6, atol=1e-6, fast_mode=True)
+
+
+def test_a_shifted_window_keeps_its_clamped_edges():
+    """x[..., 1:] − x[..., :-1] padded by cat to the full width: the edge terms are real (not pruned)."""
+    def diff(x):
+        return torch.cat([x[:, 1:] - x[:, :-1], x[:, -1:]], -1).pow(2).sum(-1)
+
+    x = torch.randn(4, 7, dtype=torch.float64)
+    got, want = _grads(diff, (x,), (True,))
+    assert torch.allclose(got[0].double(), want[0], atol=1e-5)
+
+
+def test_sin_and_cos_are_ops_with_gradients():
+    def f(x, pos, w):
+        ang = pos[:, None] * w[None, :]
+        return (x * torch.cos(ang) + torch.sin(ang) * x * x).sum(-1)
+
+    x, w = torch.randn(6, 5, dtype=torch.float64), torch.rand(5, dtype=torch.float64)
+    pos = torch.arange(6, dtype=torch.float64) * 3000.0  # angles of 10⁴ radians: full argument reduction
+    prog = neptune_eq.compile(f, x, pos, w)
+    assert torch.allclose(prog(x, pos, w), f(x, pos, w), atol=1e-9)
+    leaves = [t.clone().requires_grad_() for t in (x, pos, w)]
+    assert torch.autograd.gradcheck(lambda *a: prog(*a), leaves, eps=1e-6, atol=1e-5, fast_mode=True)
+
+
+def test_rope_attention_gradients():
+    """q, k, v get their gradients through the rotations; cos and sin, buffers, none (not computed)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 7, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    cos, sin = _angles(7, 8)
+    got, want = _grads(rope_attention, (q, k, v, cos, sin), (True, True, True, False, False))
+    assert len(got) == 3
+    for a, b in zip(got, want):
+        assert torch.allclose(a.double(), b, atol=2e-5), (a - b).abs().max()
+
+
+def test_an_input_read_over_two_axes_sums_both_gradients():
+    """w is read beside the queries (w[i, d]) and beside the keys (w[j, d]): the key side's
+    contribution holds Σ over queries, renamed to a fresh axis before j is read as i (RoPE's cos and
+    sin when they require grad)."""
+    def f(q, k, w):
+        return torch.softmax((q * w) @ (k * w).transpose(-1, -2), -1)
+
+    g = torch.Generator().manual_seed(2)
+    q, k, w = (torch.randn(6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    back = backward_program(capture(f, q, k, w).program, ["w"]).program
+    assert len(back.axes) == 4  # i, j, d and the renamed queries
+    got, want = _grads(f, (q, k, w), (True, True, True))
+    for a, b in zip(got, want):
+        assert torch.allclose(a.double(), b, atol=2e-5), (a - b).abs().max()
+
+
+def test_the_backward_computes_the_gradients_required_alone():
+    """A buffer that needs no gradient costs no reduction, and one whose gradient is not derived (a
+    diagonal) does not stop the inputs that need theirs; requiring it names the cause."""
+    def f(x, w):
+        return torch.softmax(x * torch.diagonal(w), -1)
+
+    x, w = torch.randn(3, 4), torch.randn(4, 4)
+    prog = neptune_eq.compile(f, x, w)
+    xg = x.clone().requires_grad_()
+    prog(xg, w).pow(2).sum().backward()
+    ref = x.double().requires_grad_()
+    f(ref, w.double()).pow(2).sum().backward()
+    assert torch.allclose(xg.grad.double(), ref.grad, atol=1e-5)
+    qualname = prog._first().op.qualname
+    back = autograd._TRAINING[autograd._LAST[qualname]].recompute.program
+    assert [o.name for o in back.outputs] == ["grad_x"]
+    with pytest.raises(NoBackward, match="axis read twice"):
+        prog(x, w.clone().requires_grad_())
