@@ -8,6 +8,8 @@ Two backwards are derived and ranked by the cost model at the first call that ne
                 reads those and the outputs (neptune_eq.grad_saved: D = rowsum(dO∘O) for attention)
 
 The training op always writes the statistics (a few vectors); the chosen backward decides what is kept.
+Each set of inputs that require grad has a training op of its own (`_variant`), derived at its first call:
+its backward computes those gradients alone.
 `training_report(qualname)` says which was chosen and why (Compiled.explain shows it). The ops are
 torch.library ops with fake kernels, which torch.compile traces (AOTAutograd takes the backward op as
 one node); an eager call runs the same forward, setup and backward as an autograd.Function, without

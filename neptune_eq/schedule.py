@@ -172,10 +172,16 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     # a further row axis (e.g. the value dimension of attention) is held whole when it is small
     # (not a batch axis only some small tensor lacks: a bias shared by the batch; a vector along the
     # loop axis alone, LayerNorm's γ and β, is broadcast to every row and does not count)
+    # — in a tensor-core kernel by count and by size: RoPE's cos and sin [keys, d] beside K and V [batch,
+    # heads, keys, d] are half the streamed tensors but a sliver of their bytes; holding the batch and
+    # heads whole for them made the scores a 5-D block on the ALUs, not a dot (1.86 s against 0.2 ms on
+    # the H100). (Without a dot a row held whole shares a small row's loads: decode's scores beside V.)
     loop_axes = {p.axis for p in k.passes()}
     wide = [ld for ld in tensors if ld.axes - loop_axes]
+    size = {ld: math.prod(program.axes[a] for a in ld.axes) for ld in wide}
     for a in rows:
-        if a not in primary and tiles[a] == 1 and 2 * sum(a not in ld.axes for ld in wide) >= len(wide) > 0:
+        if a not in primary and tiles[a] == 1 and 2 * sum(a not in ld.axes for ld in wide) >= len(wide) > 0 \
+                and (not has_dot or 2 * sum(size[ld] for ld in wide if a not in ld.axes) >= sum(size.values())):
             n = program.axes[a]
             tiles[a] = next_pow2(n) if n <= 256 else 64
     for p in k.passes():
