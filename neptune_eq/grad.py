@@ -288,11 +288,11 @@ def _rename(program: ir.Program, name: str, expr: ir.Node, frm: tuple[str, ...],
         # one fresh name per axis: a reduction nested in another over the same axis binds its own
         # occurrences, so renaming inner first and outer after captures nothing
         if isinstance(new, Reduce) and new.axis in clash:
-            k = 2
-            while f"{new.axis}{k}" in program.axes:
+            k, n = 2, program.axes[new.axis]
+            while f"{new.axis}{k}" in program.axes or fresh.get(f"{new.axis}{k}", n) != n:  # ("e1"+"2" = "e"+"12")
                 k += 1
             ax = f"{new.axis}{k}"
-            fresh[ax] = program.axes[new.axis]
+            fresh[ax] = n
             return Reduce(new.op, ax, substitute_free(new.body, new.axis, Index(ax)))
         return new
 
