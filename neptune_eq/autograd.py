@@ -205,12 +205,10 @@ def training_op_name(qualname: str) -> str | None:
     was not yet ('<qualname>_train'); None where no backward is derived."""
     if qualname not in _ATTACHED:
         return None
-    key, t = _variant(qualname, None)
-    if t.recompute is None and t.saved is None:
+    try:
+        return _training_key(qualname, (True,) * len(_ATTACHED[qualname][1])) + "_train"
+    except NoBackward:
         return None
-    _, names, outs, compile_fn = _ATTACHED[qualname]
-    _training_op(key, t, names, outs, compile_fn)
-    return key + "_train"
 
 
 def attach(op, qualname: str, program: ir.Program, names: list[str], outs: list[tuple],

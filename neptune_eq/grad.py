@@ -35,20 +35,12 @@ import math
 from dataclasses import dataclass, replace
 
 from . import ir
-from .grad_gather import NoBackward, load_grad, substitute_free, sum_over
+from .grad_gather import NoBackward, _c, _call, load_grad, substitute_free, sum_over
 from .grad_saved import Saved, hoist, save
 from .ir import Call, Const, Index, Load, NeptuneError, Reduce
 from .numeric import shifted_exp_sum
 
 _NO_GRAD = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "float"})
-
-
-def _c(v: float) -> Const:
-    return Const(float(v))
-
-
-def _call(op: str, *args: ir.Node) -> Call:
-    return Call(op, tuple(args))
 
 
 def grad_name(name: str, taken) -> str:

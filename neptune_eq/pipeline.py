@@ -437,12 +437,9 @@ def _plans(c: Compilation) -> None:
         return {k: b.ref(kind_of(b)) for k, b in binding_leaves.items()}
 
     def inline_term(b: Binding) -> ir.Node:
-        # (one per binding, not per plan: every plan asks again, and each is a pass over the e-graph —
-        # at tiny extents, where every reduction is inlinable, that was minutes per backward)
-        key = ("inline", b.name)
-        if key not in cache:
+        key = ("inline", b.name)  # (once per binding, not per plan: each is a pass over the e-graph)
+        if key not in cache:  # the binding's own reduction node is allowed; nested bindings are leaves
             leaves = {k: v for k, v in leaves_for(lambda _b: ir.RefKind.INLINE).items() if binding_leaves[k] is not b}
-            # the binding's own reduction node is allowed; nested bindings are leaves
             cache[key] = tx.best_term(cid(c.encoder.encode(b.node)), leaves=leaves)
         return cache[key]
 
