@@ -13,7 +13,8 @@ import neptune_eq
 from neptune_eq import autograd, ir
 from neptune_eq.frontend import capture
 from neptune_eq.grad import NoBackward, backward_program
-from neptune_eq.grad_gather import Shift, clamped_shift, zero_on
+from neptune_eq.grad_gather import zero_on
+from neptune_eq.index_shift import Shift, clamped_shift
 from neptune_eq.ir import Call, Const, Index
 
 

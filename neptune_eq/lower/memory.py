@@ -4,6 +4,7 @@ indices that may fall outside a tensor, loads (pointer or tensor-descriptor), st
 from __future__ import annotations
 
 from .. import ir
+from ..index_shift import clamped_shift
 from ..numeric import index_within
 from ..plan import ROW_PAD, StorePlan
 from .values import _TL_DTYPE, Val, _ident, _literal, block_shape
@@ -13,7 +14,7 @@ class MemoryOps:
     """KernelWriter's loads and stores (a mixin: it uses the writer's scopes and values)."""
 
     def pointer(self, tensor: str, index: tuple[ir.Node, ...], order: tuple[str, ...] | None,
-                uniform_rows: bool = False, clamp_rows: bool = False):
+                uniform_rows: bool = False, clamp_rows: bool = False, shifts: dict[int, tuple] | None = None):
         """(pointer code, mask code or None, dims) for a block of `tensor` at `index`. With `clamp_rows`
         (a load), the tail lanes of a grid axis' tile read the axis' last element instead of being
         masked: a grid axis is never reduced inside its kernel, so what those lanes compute stays in
@@ -21,7 +22,8 @@ class MemoryOps:
         length) is then unmasked: softcap prefill's query tile masked by a runtime n_i ran 4.56 ms
         against 3.68 clamped and 3.58 for the static compile (H200, bench/probe_dynamic_strides.py). Not the
         tensor's last dimension (contiguous, as a rule): clamped, its addresses are no longer consecutive
-        and the load is not vectorised (V's head dimension of 96 in a tile of 128)."""
+        and the load is not vectorised (V's head dimension of 96 in a tile of 128). `shifts`: index
+        positions read unclamped, position → (index Val, mask Val) (see `_unit_shifts`)."""
         if tensor not in self.tensors:
             spec = self.program.inputs.get(tensor)
             if spec is not None:
@@ -53,6 +55,9 @@ class MemoryOps:
                     masks.append(valid)
             elif isinstance(e, ir.Index) and e.axis is ir.CHUNK:
                 entries.append((Val("pid_chunk", (), "i"), stride))
+            elif shifts and k in shifts:
+                entries.append((shifts[k][0], stride))
+                masks.append(shifts[k][1])
             else:
                 v = self.value(e)
                 lit = _literal(v.code)
@@ -105,11 +110,14 @@ class MemoryOps:
         if n.tensor in self.plan.buffers:
             self.buffers_read.add(n.tensor)
         tma = self.descriptor_load(n) if self.sched.tma else None
+        edges: list[tuple[Val, ir.Load]] = []
         if tma is not None:
             code, dims = tma
         else:
-            ptr, mask, dims, valid = self.pointer(n.tensor, n.index, order, uniform_rows=self._uniform_here(n),
-                                                  clamp_rows=True)
+            uniform = self._uniform_here(n)
+            shifts, edges = self._unit_shifts(n, uniform)
+            ptr, mask, dims, valid = self.pointer(n.tensor, n.index, order, uniform_rows=uniform,
+                                                  clamp_rows=True, shifts=shifts)
             code = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
             if valid is not None and dtype.startswith("float"):
                 code = f"tl.where({valid}, {code}, _nan().to({_TL_DTYPE[dtype]}))"  # keeps the load's dtype
@@ -118,11 +126,50 @@ class MemoryOps:
         v = self.bind(code, dims, kind, "x")
         if kind == "f" and dtype != self.floats:
             v = self.bind(f"{v.code}.to({self.fdt})", dims, "f", "x")
+        for cond, at in edges:  # the clamped lanes read the edge element (here, as the tile is read:
+            # hoisted, a kv head h // G uniform in the loop would be a vector of the program's heads)
+            eptr, emask, edims, _ = self.pointer(at.tensor, at.index, None, uniform_rows=uniform, clamp_rows=True)
+            edge = self.bind(f"tl.load({eptr}, mask={emask}, other=0)" if emask else f"tl.load({eptr})", edims,
+                             kind, "x")
+            if kind == "f" and dtype != self.floats:
+                edge = self.bind(f"{edge.code}.to({self.fdt})", edims, "f", "x")
+            v = self.bind(f"tl.where({self.arrange(cond, dims)}, {self.arrange(edge, dims)}, {v.code})", dims,
+                          v.kind, "x")
         self.scopes[-1].memo[key] = v
         # a later load of n in another axis order is a transposed view of this tile (Triton reads
         # the shared-memory copy a dot operand came from transposed, rather than loading it twice)
         self.scopes[-1].memo[("load any order", n)] = v
         return v
+
+    def _unit_shifts(self, n: ir.Load, uniform: bool) -> tuple[dict[int, tuple[Val, Val]], list[tuple[Val, ir.Load]]]:
+        """The index positions of `n` read at a clamped shift clamp(a + c, lo, hi) of a tile axis a (a
+        slice, torch.cat, rotate-half), each as the unclamped index a + c under the mask lo ≤ a + c ≤ hi:
+        consecutive addresses, one vectorised load, where min/max of the index had made every lane a
+        load of its own (RoPE's rotated key tile ran 10× the plain kernel on the H100). The lanes the
+        clamp moves read the edge element x[lo] or x[hi] instead: (condition, edge load) pairs. Exact
+        for every index the clamp gives; only where the clamped index stays inside the tensor (static
+        extents), else the general gathered path with its range mask."""
+        shifts: dict[int, tuple[Val, Val]] = {}
+        edges: list[tuple[Val, ir.Load]] = []
+        axes = self.tensors[n.tensor].axes if n.tensor in self.tensors else (
+            self.program.inputs[n.tensor].axes if n.tensor in self.program.inputs else self.plan.buffers[n.tensor].axes)
+        for k, e in enumerate(n.index):
+            sh = None if isinstance(e, ir.Index) or (uniform and self.uniform_index(e)) else clamped_shift(e)
+            if sh is None or sh.axis not in self.vector or sh.lo > sh.hi or len(shifts) \
+                    or self.program.dynamic & {sh.axis, axes[k]} or not isinstance(axes[k], str) \
+                    or not index_within(e, self.program.axes, self.program.axes[axes[k]]):
+                continue
+            size, span = self.program.axes[axes[k]], self.program.axes[sh.axis]
+            lo = int(sh.lo) if sh.lo > -float("inf") else 0
+            hi = int(sh.hi) if sh.hi < float("inf") else size - 1
+            t = self.bind(f"({self.vector[sh.axis]} + {sh.c})", (sh.axis,), "i")
+            shifts[k] = (t, self.bind(f"({t.code} >= {lo}) & ({t.code} < {hi + 1})", (sh.axis,), "b", "m"))
+            for bound, clamped, cmp in ((lo, sh.c < sh.lo, "<"), (hi, span - 1 + sh.c > sh.hi, ">")):
+                if clamped:
+                    at = ir.Load(n.tensor, tuple(ir.Const(float(bound)) if j == k else x
+                                                 for j, x in enumerate(n.index)))
+                    edges.append((self.bind(f"({t.code} {cmp} {bound})", (sh.axis,), "b", "m"), at))
+        return shifts, edges
 
     def _in_padding(self, tensor: str, k: int, axis: str, load: bool) -> bool:
         """Whether dimension k of `tensor` is a plan buffer's last (padded) axis, tiled along `axis` by a

@@ -1,0 +1,52 @@
+"""A clamped shift of one axis, clamp(a + c, lo, hi): the index a slice, torch.cat, rotate-half or a
+shifted window reads at. The gradient of such a read is a shift back (grad_gather.py); its load is a
+contiguous tile under a range mask plus the clamped edges (lower/memory.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import ir
+from .ir import Call, Const, Index
+
+
+@dataclass(frozen=True)
+class Shift:
+    """e(a) = min(max(a + c, lo), hi) for every index a of `axis` (lo, hi may be ∓inf)."""
+
+    axis: str
+    c: int
+    lo: float
+    hi: float
+
+
+def _integer(n: ir.Node) -> int | None:
+    if isinstance(n, Const) and math.isfinite(n.value) and float(n.value).is_integer():
+        return int(n.value)
+    return None
+
+
+def clamped_shift(e: ir.Node) -> Shift | None:
+    """e as a clamped shift of one axis, or None. Clamps compose: min(clamp(v, lo, hi), k) is
+    clamp(v, min(lo, k), min(hi, k)), and a constant added moves the shift and both bounds."""
+    if isinstance(e, Index):
+        return Shift(e.axis, 0, -math.inf, math.inf)
+    if not isinstance(e, Call) or e.op not in ("add", "sub", "min2", "max2") or len(e.args) != 2:
+        return None
+    x, k = e.args
+    if _integer(k) is None and e.op != "sub":
+        x, k = k, x
+    kv = _integer(k)
+    inner = clamped_shift(x) if kv is not None else None
+    if inner is None:
+        return None
+    a, c, lo, hi = inner.axis, inner.c, inner.lo, inner.hi
+    if e.op in ("add", "sub"):
+        kv = kv if e.op == "add" else -kv
+        return Shift(a, c + kv, lo + kv, hi + kv)
+    if e.op == "min2":
+        return Shift(a, c, min(lo, kv), min(hi, kv))
+    return Shift(a, c, max(lo, kv), max(hi, kv))
+
+
