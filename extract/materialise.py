@@ -106,7 +106,76 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                     c.mask = conjunction([*(m for m in (conjuncts(c.mask) if c.mask is not None else ())
                                             if affine(m) is not None and m not in kept), *kept])
         ki += 1
-    return added or None
+    return added
+
+
+def materialise_inline(kernels: list[KernelPlan], inline: dict[str, ir.Node], program: ir.Program,
+                       owner: dict[str, int]) -> dict[str, BufferSpec]:
+    """Rewrite `inline` (name → term computed per tile where used) so that a contraction's computed
+    operand that the programs of a kernel each recompute is stored once, by a map pass before them,
+    and loaded as data; the buffers added. An operand that reads a reduction's value stays.
+
+    Σ_d A[i, d]·B[j, d] computed per tile inside a loop over j of a kernel with a program per tile of
+    i reads B once per program: a computed B (RoPE's k·cos + rotate_half(k)·sin, gathered at shifted
+    columns) is recomputed n_i / BLOCK_i times — 15× the kernel's time on the H100 at L 2048. Its
+    own row axis must be one the kernel loops over or tiles, the other row a grid axis: the side whose
+    rows are the program's own (the query tile) is computed once per program and stays."""
+    added: dict[str, BufferSpec] = {}
+    for name, term in list(inline.items()):
+        if not (isinstance(term, ir.Reduce) and term.op == "sum"):
+            continue
+        users = [ki for ki, k in enumerate(kernels) if _reads_inline(k, name, inline)]
+        if not users:
+            continue
+        k = kernels[users[0]]
+        axes = (*k.grid, *(p.axis for p in k.passes()))
+        sides = gemm_sides(term.body, term.axis, axes, program.axes, conditions=True)
+        if sides is None:
+            continue
+        new = {True: (list(sides.left), list(sides.left_conds)), False: (list(sides.right), list(sides.right_conds))}
+        for factors, conds, other, row, far, is_left in (
+                (sides.left, sides.left_conds, sides.right, sides.m, sides.n, True),
+                (sides.right, sides.right_conds, sides.left, sides.n, sides.m, False)):
+            value = _product(list(factors), conds)
+            loaded = len(factors) == 1 and not conds and plain_input(factors[0], program.inputs)
+            recomputed = any(far in kernels[ki].grid for ki in users)
+            dtype = _operand_dtype(other, program) or _elementwise_dtype([*sides.left, *sides.right], program)
+            if loaded or not recomputed or dtype is None or _reads_state(value):
+                continue
+            spec = _place(kernels, users[0], term.axis, row, True, value, program, owner, dtype,
+                          f"mat_{name}_{row}", added)
+            users = [ki for ki, k in enumerate(kernels) if _reads_inline(k, name, inline)]
+            added[spec.name] = spec
+            new[is_left] = ([ir.Load(spec.name, tuple(ir.Index(a) for a in spec.axes))], [])
+        if new[True][0] != list(sides.left) or new[False][0] != list(sides.right):
+            inline[name] = ir.Reduce("sum", term.axis, _product(
+                [*new[True][0], *new[False][0], *sides.post], [*new[True][1], *new[False][1], *sides.post_conds]))
+    return added
+
+
+def _reads_inline(k: KernelPlan, name: str, inline: dict[str, ir.Node]) -> bool:
+    """Does kernel `k` compute the inline term `name` (directly, or inside another inline term)?"""
+    def reads(e: ir.Node, seen: frozenset) -> bool:
+        for n in ir.walk(e):
+            if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and (
+                    n.name == name or (n.name in inline and n.name not in seen
+                                       and reads(inline[n.name], seen | {n.name}))):
+                return True
+        return False
+    return any(reads(e, frozenset()) for e in k.exprs())
+
+
+def _elementwise_dtype(factors, program: ir.Program) -> str | None:
+    """The one 16-bit dtype of every floating input the factors load, where they read no reduction:
+    the dtype lower/contract.py rounds two such computed operands to before the tensor cores."""
+    dtypes = set()
+    for f in factors:
+        for n in ir.walk(f):
+            if isinstance(n, ir.StateRef | ir.Reduce) or (isinstance(n, ir.Load) and n.tensor not in program.inputs):
+                return None
+            if isinstance(n, ir.Load) and program.inputs[n.tensor].dtype in ir.FLOAT_DTYPES:
+                dtypes.add(program.inputs[n.tensor].dtype)
+    return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
 
 
 def _place(kernels: list[KernelPlan], ki: int, kk: str, row: str, is_left: bool, expr: ir.Node,

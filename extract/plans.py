@@ -22,7 +22,7 @@ from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 
 from .hoist import hoist_row_conditions
-from .materialise import materialise_operands
+from .materialise import materialise_inline, materialise_operands
 from .merge import merge_shared_sums
 
 
@@ -311,6 +311,14 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
             kernels.append(KernelPlan("k0", _program_order(program, out.axes), []))
         ki = max(ks) if ks else len(kernels) - 1
         k = kernels[ki]
+        loops = {p.axis for p in k.passes()}
+        mapped = set(k.grid) <= set(out.axes) <= set(k.grid) | loops and (k.phases or set(k.grid) == set(out.axes))
+        if not ks and not mapped:
+            # an output that reads no reduction, over other axes than the kernel's grid and loops, gets a
+            # kernel of its own (RoPE's rotated q over i, k over j; its gradient's beside Σ_b,h dcos): a
+            # grid over both would replicate one output, or a reduction, over the other's axes
+            k = KernelPlan(f"k{len(kernels)}", _program_order(program, out.axes), [])
+            kernels.append(k)
         loop_axes = {p.axis for p in k.passes()}
         extra = [a for a in out.axes if a not in k.grid]
         map_axes = [a for a in extra if a in loop_axes]
@@ -327,9 +335,13 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
     floats = compute_dtype(program)
     buffers: dict[str, BufferSpec] = {}
     derivation += merge_shared_sums(kernels, owner_kernel)
+    inline_terms = {name: space.terms.inline_term(by_name[name]) for name in inline}
     if materialise:
         mats = materialise_operands(kernels, program, owner_kernel, epilogues)
         if mats is None:
+            return None
+        mats.update(materialise_inline(kernels, inline_terms, program, owner_kernel))
+        if not mats:
             return None
         buffers.update(mats)
         derivation += [f"materialise: {b.name}[{', '.join(map(str, b.axes))}] ({b.dtype}) is written once and read "
@@ -361,7 +373,6 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
                 kernels[src].epilogue.append(StorePlan(buf, axes, b.ref(ir.RefKind.FINAL)))
             _replace_syms(k, name, ir.Load(buf, tuple(ir.Index(a) for a in buffers[buf].axes)))
     derivation += hoist_row_conditions(kernels)
-    inline_terms = {name: space.terms.inline_term(by_name[name]) for name in inline}
     for term in inline_terms.values():  # an inline term computed per tile cannot wait for a loop's result
         if any(isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name not in inline
                for n in ir.walk(term)):

@@ -135,6 +135,8 @@ def row_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> list[str]:
 
 
 def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSchedule:
+    if not k.phases and k.epilogue and not inner_axes(k, plan):
+        return _map_schedule(k, program)
     tiles: dict[str, int] = {a: 1 for a in k.grid}
     steps: dict[str, int] = {}
     rows = row_axes(k, program, plan)
@@ -216,6 +218,23 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     return replace(sched, num_warps=8) if has_dot and big >= 128 else sched
 
 
+MAP_BLOCK = 4096  # elements a program of a map kernel writes: 32 a thread of 4 warps, in vectors of 8
+
+
+def _map_schedule(k: KernelPlan, program: ir.Program) -> KernelSchedule:
+    """A kernel of elementwise outputs alone (RoPE's rotated q and k written for the training core): tiles
+    of its stored tensor's last axes, innermost first, up to MAP_BLOCK elements, rather than one element
+    a program (16.8 M programs for a [4, 16, 2048, 128] map)."""
+    tiles = {a: 1 for a in k.grid}
+    room = MAP_BLOCK
+    for a in reversed(k.epilogue[0].axes):
+        if a not in tiles or room < 2:
+            break
+        tiles[a] = min(next_pow2(program.axes[a]), room)
+        room //= tiles[a]
+    return KernelSchedule(tiles, num_warps=4, num_stages=1)
+
+
 # Hopper's 227 KiB (232448 bytes) of shared memory per block. shared_bytes below is what Triton 3.6
 # reports a kernel requires, exactly for the dot tiles, over for 1-D streams, on attention's forward and
 # backward kernels over a grid of tiles and 1-4 stages (bench/results/h100_2026-11-25/shared_memory.json,
@@ -239,13 +258,24 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
 
     held: dict[tuple, int] = {}  # loaded before the loops: a 1-D row of values is held in registers
     streamed = [0]
+    loops = {p.axis for p in k.passes()}
     for ph in k.phases:
         axis = ph.axis if isinstance(ph, Pass) else None
         # a pass whose axis fits one tile runs once: nothing to pipeline
         stages = 1 if axis is not None and program.axes[axis] <= sched.tiles.get(axis, 1) else sched.num_stages
         seen = set()
         total = 0
-        for ld in (n for e in kernel_exprs(k, plan, [ph]) for n in ir.walk(e) if isinstance(n, ir.Load)):
+        exprs = kernel_exprs(k, plan, [ph])
+        # a computed dot operand built before the loops (RoPE's rotated query tile) is held as its one
+        # 16-bit tile; the tiles it was computed from are not (they counted 3× and halved the key step)
+        built = {f: _operand_bytes(f, program, plan) * math.prod(sched.tiles.get(a, 1) for a in f.axes)
+                 for f in _dot_operands(exprs)
+                 if not isinstance(f, ir.Load) and not f.axes & loops and not _reads_state(f)
+                 and sum(sched.tiles.get(a, 1) > 1 for a in f.axes) == 2}
+        held.update({("operand", f): b for f, b in built.items()})
+        if built:
+            exprs = [ir.substitute(e, dict.fromkeys(built, ir.Const(0.0))) for e in exprs]
+        for ld in (n for e in exprs for n in ir.walk(e) if isinstance(n, ir.Load)):
             key = (ld.tensor, tuple(sorted(ld.axes)))
             if axis is not None and axis in ld.axes:
                 if key not in seen:
@@ -263,6 +293,23 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
         if key not in held:
             after[key] = size(ld)
     return sum(held.values()) + max(max(streamed), sum(after.values()))
+
+
+def _dot_operands(exprs: list[ir.Node]) -> set[ir.Node]:
+    """The factors of the product bodies of the sums in `exprs` (the operands of their tile dots)."""
+    return {f for e in exprs for n in ir.walk(e) if isinstance(n, ir.Reduce) and n.op == "sum"
+            and is_product(n.body) for f in opened(n.body).factors}
+
+
+def _operand_bytes(f: ir.Node, program: ir.Program, plan: Plan) -> int:
+    """Bytes an element of computed operand f takes for the dot: 2 where every float it loads is 16-bit
+    (lower/contract.py rounds it to that dtype), else 4."""
+    dts = {plan.loaded_dtype(program, n.tensor) for n in ir.walk(f) if isinstance(n, ir.Load)}
+    return 2 if dts & set(ir.FLOAT_DTYPES) and dts & set(ir.FLOAT_DTYPES) <= {"float16", "bfloat16"} else 4
+
+
+def _reads_state(n: ir.Node) -> bool:
+    return any(isinstance(m, ir.StateRef) for m in ir.walk(n))
 
 
 def fit_shared(sched: KernelSchedule, k: KernelPlan, program: ir.Program, plan: Plan,

@@ -186,20 +186,20 @@ class ContractOps:
                 return None
             a_mask = self.both(a_mask, p) if to_a else a_mask
             b_mask = self.both(b_mask, p) if to_b else b_mask
-        a = self.operand(left, (m, k), a_mask)
-        b = self.operand(right, (k, n), b_mask)
+        a_at, b_at = self._invariant_at(left, a_mask, valid_k), self._invariant_at(right, b_mask, valid_k)
+        a = self._at(a_at, lambda: self.operand(left, (m, k), a_mask))
+        b = self._at(b_at, lambda: self.operand(right, (k, n), b_mask))
         if a.native and not b.native:
-            b = Val(f"{self.rounded(b.code, a.kind)}.to({_TL_DTYPE[a.kind]})", b.dims, a.kind)
+            b = self._cast(b, a.kind, b_at)
         elif b.native and not a.native:
-            a = Val(f"{self.rounded(a.code, b.kind)}.to({_TL_DTYPE[b.kind]})", a.dims, b.kind)
+            a = self._cast(a, b.kind, a_at)
         elif a.native and b.native and a.kind != b.kind:
             a, b = self.f32(a), self.f32(b)
         elif not a.native and not b.native and (kind := self._data_dtype(left + right)) is not None:
             # both computed, each an elementwise function of one 16-bit dtype's data (RoPE's q·cos +
             # rotate_half(q)·sin beside k's): rounded to it once, as torch holds such values, rather
             # than an fp32 IEEE dot off the tensor cores (1.86 s against SDPA's 0.6 ms, H100)
-            a = Val(f"{self.rounded(a.code, kind)}.to({_TL_DTYPE[kind]})", a.dims, kind)
-            b = Val(f"{self.rounded(b.code, kind)}.to({_TL_DTYPE[kind]})", b.dims, kind)
+            a, b = self._cast(a, kind, a_at), self._cast(b, kind, b_at)
         if self.target != "cuda" and "bfloat16" in (a.kind, b.kind):
             a, b = self.f32(a), self.f32(b)  # Triton's interpreter multiplies bf16 as raw integers
         if self.floats == "float64":  # float64 programs multiply in float64 (no tensor-core rounding)
@@ -214,6 +214,38 @@ class ContractOps:
         for f in post:
             r = self._scale(r, f)
         return r
+
+    def _invariant_at(self, factors: list[ir.Node], mask: Val | None, valid_k: Val | None) -> int | None:
+        """The outer scope a computed operand may be built in once, where none of its factors varies in
+        the innermost loop and its mask is at most the contraction axis' own tail (attention's rotated
+        query tile, cast to 16 bits once per program rather than every key step); None otherwise."""
+        if len(self.scopes) == 1 or (mask is not None and mask is not valid_k) or _data(factors):
+            return None
+        at = max(self.home(f) for f in factors)
+        return at if at < len(self.scopes) - 1 and (mask is None or not self._along_loops(mask.dims)) else None
+
+    def _along_loops(self, dims) -> bool:
+        """Does an index over `dims` change along an enclosing loop?"""
+        return any(sc.axis in dims for sc in self.scopes[1:])
+
+    def _at(self, at: int | None, make) -> Val:
+        if at is None:
+            return make()
+        with self.at_scope(at):
+            return make()
+
+    def _cast(self, v: Val, kind: str, at: int | None) -> Val:
+        """v converted to the 16-bit `kind` for the tensor cores: in place, or bound once in scope `at`
+        where v was built there (memoised: the three key loops of a causal kernel share it)."""
+        code = f"{self.rounded(v.code, kind)}.to({_TL_DTYPE[kind]})"
+        if at is None:
+            return Val(code, v.dims, kind)
+        key = ("cast", v.code, kind)
+        hit = self.scopes[at].memo.get(key)
+        if hit is None:
+            with self.at_scope(at):
+                hit = self.scopes[at].memo[key] = self.bind(code, v.dims, kind, "c")
+        return hit
 
     def masked_factors(self, body: ir.Node) -> tuple[list[ir.Node], list[Val]]:
         """The factors of `body` (contraction.opened: a divisor b is the factor 1/b, a zero-branch where
