@@ -27,6 +27,7 @@ import torch
 
 from . import ir
 from .grad import Backward, NoBackward, backward_program
+from .grad_prologue import Prologue, split_prologue
 
 _BACKWARD_OPS: dict[str, object] = {}  # backward op qualname → the op
 _RUNNERS: dict[str, object] = {}  # program key → its compiled program (on first use)
@@ -47,6 +48,9 @@ class _Training:
     report: list[str] = field(default_factory=list)
     compile_fn: Callable[[ir.Program], object] | None = None
     outs: list[tuple] = field(default_factory=list)  # (output name, shape, dtype) in op order
+    # a program split at its gathered dot operands (neptune_eq.grad_prologue): `program` is the core,
+    # which reads them as inputs; the maps program writes them and its backward carries their gradients on
+    prologue: tuple[Prologue, Backward] | None = None
 
     @property
     def forward(self) -> ir.Program:  # the training forward: the outputs, then the statistics
@@ -58,6 +62,26 @@ class _Training:
 
 
 def _derive(program: ir.Program, wrt: list[str]) -> _Training:
+    """The training of `program` for the inputs `wrt`: split at its gathered dot operands where it has
+    such (neptune_eq.grad_prologue) and both halves have a backward, else whole."""
+    try:
+        pro = split_prologue(program, wrt)
+    except ir.ProgramError:  # (a split that does not validate: the program trains whole)
+        pro = None
+    if pro is not None:
+        try:
+            maps = backward_program(pro.maps, [n for n in wrt if n in pro.maps.inputs])
+        except NoBackward:
+            maps = None
+        if maps is not None:
+            t = _derive_whole(pro.core, [n for n in wrt if n in pro.core.inputs] + list(pro.operands))
+            if t.recompute is not None or t.saved is not None:
+                t.prologue = (pro, maps)
+                return t
+    return _derive_whole(program, wrt)
+
+
+def _derive_whole(program: ir.Program, wrt: list[str]) -> _Training:
     found: dict[str, Backward | None] = {}
     errors = []
     for mode in ("recompute", "saved"):
@@ -142,6 +166,10 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
     if chosen.chunking is not None:  # its chunk program is compiled here too, not at its first run
         chosen.chunk_compiled  # noqa: B018
     t.report = [f"backward: chose {options[0][1]} (the cost model's fastest forward + backward)"]
+    if t.prologue is not None:
+        t.report.append("  split at the gathered dot operands " + ", ".join(
+            f"{n} = {ir.show(f)}" for n, f in t.prologue[0].operands.items())
+            + ": the core's backward gives their gradients, the map's backward carries them to the inputs")
     t.report += ["  " + o[3] for o in options]
     return t.chosen
 
@@ -166,7 +194,8 @@ def tune_training(qualname: str, inputs: dict[str, torch.Tensor], tune: Callable
         raise NoBackward(t.why)
     back = _choose(qualname, t, t.compile_fn)
     fwd = _compiled(f"{qualname}:forward", t.forward, t.compile_fn)
-    inputs = {n: x.detach() for n, x in inputs.items()}
+    inputs, _ = _Split(qualname, t, list(inputs), t.compile_fn).operands({n: x.detach() for n, x in inputs.items()})
+    inputs = {n: x for n, x in inputs.items() if n in t.forward.inputs}  # (a split training's core reads the operands)
     tune(fwd, inputs)
     written = fwd.run(inputs, {n: dt for n, _, dt in t.outs} | {s: getattr(torch, o.dtype) for o in t.forward.outputs
                                                                   if (s := o.name) in t.stats})
@@ -251,11 +280,13 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
     forward, stats = t.forward, t.stats
     stat_specs = [(forward.output_shape(o), getattr(torch, o.dtype)) for o in forward.outputs if o.name in stats]
     dtypes = {n: dt for n, _, dt in outs} | {s: dt for s, (_, dt) in zip(stats, stat_specs)}
+    split = _Split(qualname, t, names, compile_fn)
 
     def impl(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        by, made = split.operands(dict(zip(names, xs)))
         key = f"{qualname}:forward"
-        res = _run(key, _compiled(key, forward, compile_fn), dict(zip(names, xs)), dtypes)
-        return [res[n] for n, _, _ in outs] + [res[s] for s in stats]
+        res = _run(key, _compiled(key, forward, compile_fn), {n: by[n] for n in split.core_names}, dtypes)
+        return [res[n] for n, _, _ in outs] + [res[s] for s in stats] + made
 
     @torch.library.custom_op(qualname + "_train", mutates_args=())
     def top(xs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -264,7 +295,8 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
     @top.register_fake
     def _(xs):
         return ([xs[0].new_empty(shape, dtype=dt) for _, shape, dt in outs]
-                + [xs[0].new_empty(shape, dtype=dt) for shape, dt in stat_specs])
+                + [xs[0].new_empty(shape, dtype=dt) for shape, dt in stat_specs]
+                + [xs[0].new_empty(shape, dtype=dt) for _, shape, dt in split.specs])
 
     out_names = [n for n, _, _ in outs]
 
@@ -274,23 +306,23 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
         if back.saved is not None:
             by = dict(zip(out_names + stats, output))
             kept = [by[n] for n in (*back.saved.outputs, *back.saved.stats)]
-        ctx.back = back
-        ctx.save_for_backward(*inputs[0], *kept)
+        ctx.back, ctx.kept = back, len(kept)
+        ctx.save_for_backward(*inputs[0], *kept, *output[len(out_names) + len(stats):])
 
     def backward(ctx, grads):
         if torch.is_grad_enabled():
             raise NoBackward(f"{t.program.name}: a second derivative (create_graph=True) is not derived")
-        back = ctx.back
+        back, eager = ctx.back, getattr(ctx, "eager", False)
         xs = list(ctx.saved_tensors)
+        n = len(names)
+        by = dict(zip(names, xs[:n])) | dict(zip(split.made, xs[n + ctx.kept:]))
         cots = [g if g is not None else torch.zeros(shape, dtype=dt, device=xs[0].device)
                 for g, (name, shape, dt) in zip(grads, outs) if name in back.cotangents]
-        op, direct = _backward_op(qualname, back, names, outs, compile_fn)
-        res = (direct if getattr(ctx, "eager", False) else op)(xs + cots)
-        diff = [k for k, n in enumerate(names) if n in back.grads]
-        out: list = [None] * len(names)
-        for k, r in zip(diff, res):
-            out[k] = r
-        return out
+        op, direct = _backward_op(qualname, back, split.core_names, outs, compile_fn)
+        res = (direct if eager else op)([by[c] for c in split.core_names] + xs[n:n + ctx.kept] + cots)
+        got = dict(zip([c for c in split.core_names if c in back.grads], res))
+        got = split.carried(got, by, eager)
+        return [got.get(name) for name in names]
 
     top.register_autograd(backward, setup_context=setup)
 
@@ -304,6 +336,46 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
 
     _BACKWARD_OPS[qualname + "_train"] = train
     return train
+
+
+class _Split:
+    """The operands a split training (t.prologue) computes before its core: `made` their names, `specs`
+    (name, shape, dtype); `core_names` the core's inputs in op order, then the operands. Unsplit, no
+    operands and the core is the program."""
+
+    def __init__(self, qualname: str, t: _Training, names: list[str], compile_fn):
+        self.qualname, self.compile_fn, self.pro = qualname, compile_fn, t.prologue
+        if self.pro is None:
+            self.made, self.specs, self.core_names = [], [], list(names)
+            return
+        pro, _ = self.pro
+        self.made = list(pro.operands)
+        self.specs = [(o.name, pro.maps.output_shape(o), getattr(torch, o.dtype)) for o in pro.maps.outputs]
+        self.core_names = [n for n in names if n in pro.core.inputs] + self.made
+        self.maps_names = [n for n in names if n in pro.maps.inputs]
+
+    def operands(self, by: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+        """The inputs by name with the operands added, and the operands."""
+        if self.pro is None:
+            return by, []
+        key = f"{self.qualname}:operands"
+        res = _run(key, _compiled(key, self.pro[0].maps, self.compile_fn), {n: by[n] for n in self.maps_names},
+                   {n: dt for n, _, dt in self.specs})
+        made = [res[n] for n in self.made]
+        return by | dict(zip(self.made, made)), made
+
+    def carried(self, got: dict[str, torch.Tensor], by: dict[str, torch.Tensor], eager: bool) -> dict:
+        """The core's gradients `got` with those of the operands carried to the inputs they are computed
+        from by the maps' backward (summed with the core's own where an input is read by both)."""
+        if self.pro is None:
+            return got
+        maps = self.pro[1]
+        cots = [got.pop(n) for n, _, _ in self.specs if n in maps.cotangents]
+        op, direct = _backward_op(f"{self.qualname}_operands", maps, self.maps_names, self.specs, self.compile_fn)
+        res = (direct if eager else op)([by[n] for n in self.maps_names] + cots)
+        for n, g in zip([n for n in self.maps_names if n in maps.grads], res):
+            got[n] = got[n] + g if n in got else g
+        return got
 
 
 class _Eager(torch.autograd.Function):
