@@ -36,8 +36,10 @@ def main() -> None:
         prog = neptune_eq.compile(row.fn, *xs)
         print(f"== {row.name}: {prog.alternatives[0].structure}", flush=True)
         if row.backward:
-            def step(prog=prog, xs=xs):
-                leaves = tuple(x.detach().requires_grad_(x.is_floating_point()) for x in xs)
+            def step(prog=prog, xs=xs, buffers=row.buffers):
+                # (no copies: S._leaves clones; buffers such as RoPE's cos and sin need no gradient)
+                leaves = tuple(x.detach().requires_grad_(x.is_floating_point() and k not in buffers)
+                               for k, x in enumerate(xs))
                 out = prog(*leaves)
                 out.backward(torch.ones_like(out))
         else:

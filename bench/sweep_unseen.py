@@ -110,6 +110,20 @@ def rope_causal(q, k, v, cos, sin):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def rope_gqa(q, k, v, cos, sin):
+    """RoPE, then causal grouped-query attention (k and v have fewer heads), as Llama writes it."""
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def qk_norm_causal(q, k, v, wq, wk):
+    """RMSNorm of q and k over the head dimension with learnable weights (Qwen3, OLMo2), then causal attention."""
+    q = q * torch.rsqrt((q * q).mean(-1, keepdim=True) + 1e-6) * wq
+    k = k * torch.rsqrt((k * k).mean(-1, keepdim=True) + 1e-6) * wk
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def lse_middle(x):
     return torch.logsumexp(x.float(), dim=1)
 
@@ -167,6 +181,25 @@ def _rope_make(b, h, l, d, dtype, tiny):
         ang = torch.arange(ll, device=device, dtype=torch.float32)[:, None] * inv[None]
         ang = torch.cat([ang, ang], -1)
         return q, k, v, ang.cos().to(dtype), ang.sin().to(dtype)
+    return make
+
+
+def _rope_gqa_make(b, h, hkv, l, d, dtype, tiny):
+    def make(device, g, dry):
+        bb, hh, hk, ll, dd = tiny if dry else (b, h, hkv, l, d)
+        q = _randn(bb, hh, ll, dd, dtype=dtype, device=device, g=g)
+        k, v = (_randn(bb, hk, ll, dd, dtype=dtype, device=device, g=g) for _ in range(2))
+        cos, sin = _rope_make(1, 1, ll, dd, dtype, None)(device, g, False)[3:]
+        return q, k, v, cos, sin
+    return make
+
+
+def _qk_norm_make(b, h, l, d, dtype, tiny):
+    def make(device, g, dry):
+        bb, hh, ll, dd = tiny if dry else (b, h, l, d)
+        q, k, v = (_randn(bb, hh, ll, dd, dtype=dtype, device=device, g=g) for _ in range(3))
+        wq, wk = (1 + 0.1 * _randn(dd, dtype=dtype, device=device, g=g) for _ in range(2))
+        return q, k, v, wq.to(dtype), wk.to(dtype)
     return make
 
 
@@ -236,6 +269,10 @@ ROWS = [
     Row("padded_attention 4x16 L2048 d64 fp16", padded_attention, _padded_make, peers=("eager", "compile", "sdpa")),
     Row("rope_causal 4x16 L2048 d128 bf16", rope_causal, _rope_make(4, 16, 2048, 128, torch.bfloat16, (1, 2, 45, 16)),
         peers=("eager", "compile")),
+    Row("rope_gqa 2x32/8 L2048 d128 bf16", rope_gqa,
+        _rope_gqa_make(2, 32, 8, 2048, 128, torch.bfloat16, (1, 4, 2, 45, 16)), peers=("eager", "compile")),
+    Row("qk_norm_causal 4x16 L2048 d128 bf16", qk_norm_causal,
+        _qk_norm_make(4, 16, 2048, 128, torch.bfloat16, (1, 2, 45, 16)), peers=("eager", "compile")),
     # training steps
     Row("layer_norm fwd+bwd 16384x4096 bf16", layer_norm, rows_make((16384, 4096), (37, 50), torch.bfloat16,
                                                                   extra=(1, 1)),
@@ -249,6 +286,11 @@ ROWS = [
     Row("rope_causal fwd+bwd 4x16 L2048 d128 bf16", rope_causal,
         _rope_make(4, 16, 2048, 128, torch.bfloat16, (1, 2, 45, 16)), backward=True, peers=("eager", "compile"),
         buffers=(3, 4)),
+    Row("rope_gqa fwd+bwd 2x32/8 L2048 d128 bf16", rope_gqa,
+        _rope_gqa_make(2, 32, 8, 2048, 128, torch.bfloat16, (1, 4, 2, 45, 16)), backward=True,
+        peers=("eager", "compile"), buffers=(3, 4)),
+    Row("qk_norm_causal fwd+bwd 4x16 L2048 d128 bf16", qk_norm_causal,
+        _qk_norm_make(4, 16, 2048, 128, torch.bfloat16, (1, 2, 45, 16)), backward=True, peers=("eager", "compile")),
     Row("attention fwd+bwd L3000 2x16 d64 fp16", attention,
         _attn_make(2, 16, 16, 3000, 3000, 64, torch.float16, (1, 2, 2, 45, 45, 16)), backward=True,
         peers=("eager", "compile", "sdpa")),
