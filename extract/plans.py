@@ -87,10 +87,18 @@ class PlanSpace:
         used_by_outputs: set[str] = set()
         for expr in self.representative.values():
             used_by_outputs |= direct_bindings(expr, by_node) | ({by_node[expr].name} if expr in by_node else set())
-        return {b.name for b in self.bindings
-                if (self.program.axes[b.axis] <= self.inline_max or (long and _tile_contraction(b)))
-                and b.name in used_inside
-                and b.name not in used_by_outputs and b.name not in same_axis_use}
+        out = {b.name for b in self.bindings
+               if (self.program.axes[b.axis] <= self.inline_max or (long and _tile_contraction(b)))
+               and b.name in used_inside and b.name not in used_by_outputs}
+        # a reduction used inside another over its own axis is inline only with that one, the axis then
+        # held whole in the tile (QK-norm's Σ_d k² inside the scores Σ_d q̂·k̂ of a key tile); inside a
+        # loop over the axis it would need the whole axis at each step
+        while drop := {u for u in out & same_axis_use
+                       if any(u in direct_bindings(b.node.body, by_node) and b.axis == self.by_name[u].axis
+                              and (b.name not in out or self.program.axes[b.axis] > self.inline_max)
+                              for b in self.bindings)}:
+            out -= drop
+        return out
 
 
 def _tile_contraction(b: Binding) -> bool:

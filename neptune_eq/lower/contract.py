@@ -271,12 +271,17 @@ class ContractOps:
         return self._mul(prod, self.f32(self.value(f)))
 
     def _data_dtype(self, factors: list[ir.Node]) -> str | None:
-        """The one 16-bit dtype of every floating tensor the factors load, where they read no
-        reduction's value: the dtype torch computes such an elementwise function in. None otherwise."""
+        """The one 16-bit dtype of every floating tensor the factors load, where they read no loop
+        state: the dtype torch holds such a function of the data in (QK-norm's q·rsqrt(mean_d q²)·w,
+        its row reduction computed in the tile, is a bf16 tensor to torch; an fp32 IEEE dot of it ran
+        off the tensor cores). None otherwise."""
         dtypes = set()
+        factors = list(factors)
         for f in factors:
             for n in ir.walk(f):
-                if isinstance(n, ir.StateRef | ir.Reduce):
+                if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in self.plan.inline:
+                    factors.append(self.plan.inline[n.name])  # (a reduction computed in the tile)
+                elif isinstance(n, ir.StateRef):
                     return None
                 if isinstance(n, ir.Load):
                     dt = self.plan.loaded_dtype(self.program, n.tensor)
