@@ -167,7 +167,7 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
         chosen.chunk_compiled  # noqa: B018
     t.report = [f"backward: chose {options[0][1]} (the cost model's fastest forward + backward)"]
     if t.prologue is not None:
-        t.report.append("  split at the gathered dot operands " + ", ".join(
+        t.report.append("  split at the computed dot operands " + ", ".join(
             f"{n} = {ir.show(f)}" for n, f in t.prologue[0].operands.items())
             + ": the core's backward gives their gradients, the map's backward carries them to the inputs")
     t.report += ["  " + o[3] for o in options]

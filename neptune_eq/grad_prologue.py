@@ -1,26 +1,28 @@
-"""Training split at a dot's gathered operand: attention on rotated q and k (RoPE) trains as torch does.
+"""Training split at a dot's computed operand: attention on rotated (RoPE) or normalised (QK-norm) q and k
+trains as torch does.
 
-A contraction Σ_d A[i, d]·B[j, d] whose operand B is an elementwise function of inputs that reads one
-of them at clamped, shifted positions (B = k·cos + rotate_half(k)·sin) has the gradient
-∂k[s] = cos[s]·Ḡ[s] + the shift back of sin·Ḡ, where Ḡ[j, d] = Σ_i dS[i, j]·A[i, d] is a reduction.
-Derived in one program, Ḡ read at d ± 64 is a reduction of its own per shift (the IR reads a
-reduction's value at its own indices only): three accumulators per gradient, 115 ms on the H100
-where torch.compile took 1.3. Split at the operand, the program is
+A contraction Σ_d A[i, d]·B[j, d] whose operand B is computed from inputs — reading one at clamped,
+shifted positions (B = k·cos + rotate_half(k)·sin) or through a reduction (B = k·rsqrt(mean_d k²)·w) —
+has a gradient that, derived in one program, reads Ḡ[j, d] = Σ_i dS[i, j]·A[i, d] at d ± 64 (the IR reads
+a reduction's value at its own indices only, so each shift is a reduction of its own: three accumulators
+per gradient, 115 ms on the H100 where torch.compile took 1.3) or recomputes the row statistic in every
+gradient kernel (73 ms against 1.5). Split at the operand, the program is
 
-    maps   r = B(k, cos, sin)               an elementwise map with its own (shift-back) gradient
+    maps   r = B(k, cos, sin)               a map (or a row norm) with its own backward
     core   the forward with B read as an input r: plain attention, with FlashAttention's backward
 
 and the chain rule runs core's backward (→ ∂r) then maps' (∂r → ∂k), gradients of an input that both
-read summed. r is stored in the dtype the tensor cores read B in (the one 16-bit dtype of the data it
-is computed from, rounded as the forward's dot rounds it), so the core computes what the forward did.
+read summed. r is stored in the one floating dtype of the data it is computed from: as torch holds it,
+and as the forward's dot rounds it, so the core computes what the forward did.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from . import ir
-from .contraction import is_product, opened
+from .contraction import gemm_sides, is_product
 from .index_shift import clamped_shift
 
 
@@ -83,24 +85,60 @@ def _coarsened(f: ir.Node, program: ir.Program, axes: dict[str, int]) -> tuple[i
     return f, groups
 
 
+def _product(factors, conditions=()) -> ir.Node:
+    out = factors[0] if factors else ir.Const(1.0)
+    for f in factors[1:]:
+        out = ir.Call("mul", (out, f))
+    for c in conditions:
+        out = ir.Call("where", (c, out, ir.Const(0.0)))
+    return out
+
+
+def _worth_splitting(f: ir.Node, program: ir.Program, want: set[str]) -> bool:
+    """Is operand `f` computed (not one load), free of loop state, of one floating dtype, and either a
+    gather of a differentiated input at clamped shifts or a normalisation of one (a reduction inside:
+    QK-norm's k·rsqrt(mean_d k²)·w, whose gradient inline recomputes the row statistic in every
+    gradient kernel, 73 ms against torch.compile's 1.5 on the H100)?"""
+    if isinstance(f, ir.Load) or not f.axes or _dtype(f, program) is None:
+        return False
+    nodes = list(ir.walk(f))
+    if any(isinstance(m, ir.StateRef) for m in nodes):
+        return False
+    reads = any(isinstance(m, ir.Load) and m.tensor in want for m in nodes)
+    # no larger than a tensor it reads: attention's P = softmax(q·kᵀ) is an operand of P·V computed
+    # through reductions too, and written out it would be the [i, j] matrix fusion exists to avoid
+    size = math.prod(program.axes[a] for a in f.axes)
+    if size > max(math.prod(program.axes[a] for a in program.inputs[m.tensor].axes)
+                  for m in nodes if isinstance(m, ir.Load)):
+        return False
+    return _gathers(f, want) or (reads and any(isinstance(m, ir.Reduce) for m in nodes))
+
+
 def split_prologue(program: ir.Program, wrt: list[str]) -> Prologue | None:
-    """The program split at its gathered dot operands (see the module docstring), None if it has none.
-    An operand qualifies when it is a factor of a sum's product body, reads no reduction, and gathers
-    an input whose gradient is required at clamped shifts."""
+    """The program split at its gathered or normalised dot operands (see the module docstring), None if
+    it has none. An operand is one side of a sum's product body split as a tile GEMM's (every factor
+    over the contraction and one free axis, with those over the contraction alone), unconditioned."""
     want = set(wrt)
     found: dict[ir.Node, str] = {}
+    sums: dict[ir.Reduce, tuple] = {}
     taken = set(program.inputs) | {o.name for o in program.outputs}
+    big = dict.fromkeys(program.axes, 1 << 30)  # (the split is algebra: any extent may be a tile's)
     for out in program.outputs:
         for n in ir.walk(out.expr):
-            if not (isinstance(n, ir.Reduce) and n.op == "sum" and is_product(n.body)):
+            if not (isinstance(n, ir.Reduce) and n.op == "sum" and is_product(n.body)) or n in sums:
                 continue
-            for f in opened(n.body).factors:
-                if (f in found or isinstance(f, ir.Load) or not f.axes or _dtype(f, program) is None
-                        or any(isinstance(m, ir.Reduce | ir.StateRef) for m in ir.walk(f)) or not _gathers(f, want)):
-                    continue
-                name = next(f"rot{k}" for k in range(len(taken) + 1) if f"rot{k}" not in taken)
-                taken.add(name)
-                found[f] = name
+            sides = gemm_sides(n.body, n.axis, tuple(a for a in program.axes if a in n.body.axes and a != n.axis),
+                               big, conditions=True)
+            if sides is None or sides.left_conds or sides.right_conds:
+                continue
+            ops = [_product(list(fs)) for fs in (sides.left, sides.right)]
+            if not any(_worth_splitting(f, program, want) for f in ops):
+                continue
+            for f in ops:
+                if _worth_splitting(f, program, want) and f not in found:
+                    found[f] = next(f"operand{k}" for k in range(len(taken) + 1) if f"operand{k}" not in taken)
+                    taken.add(found[f])
+            sums[n] = (sides, ops)
     if not found:
         return None
     axes = dict(program.axes)
@@ -111,7 +149,11 @@ def split_prologue(program: ir.Program, wrt: list[str]) -> Prologue | None:
         axes_of[name] = _layout(stored, axes)
         back = {ir.Index(a): g for g, a in groups.items()}  # (the core reads the group's row at a // G)
         loads[f] = ir.Load(name, tuple(back.get(ir.Index(a), ir.Index(a)) for a in axes_of[name]))
-    outputs = [replace(o, expr=ir.substitute(o.expr, loads)) for o in program.outputs]
+    rebuilt = {}
+    for n, (sides, ops) in sums.items():
+        left, right = ([loads[f]] if f in loads else list(fs) for f, fs in zip(ops, (sides.left, sides.right)))
+        rebuilt[n] = ir.Reduce(n.op, n.axis, _product([*left, *right, *sides.post], sides.post_conds))
+    outputs = [replace(o, expr=ir.substitute(o.expr, rebuilt)) for o in program.outputs]
     read = {n.tensor for o in outputs for n in ir.walk(o.expr) if isinstance(n, ir.Load)}
     inputs = {n: s for n, s in program.inputs.items() if n in read}
     inputs |= {name: ir.TensorSpec(name, axes_of[name], _dtype(f, program)) for name, f in operands.items()}
