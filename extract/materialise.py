@@ -18,19 +18,9 @@ body. A comp's mask counts as conditions; its affine conjuncts (loop bounds) als
 from __future__ import annotations
 
 from neptune_eq import ir
-from neptune_eq.contraction import gemm_sides, masked_body, plain_input
+from neptune_eq.contraction import gemm_sides, masked_body, plain_input, product_of
 from neptune_eq.masks import affine, conjunction, conjuncts
 from neptune_eq.plan import BufferSpec, Combine, KernelPlan, Pass, StorePlan
-
-
-def _product(factors: list[ir.Node], conditions=()) -> ir.Node:
-    """Π factors (1 if none), selected under every condition (0 elsewhere)."""
-    out = factors[0] if factors else ir.Const(1.0)
-    for f in factors[1:]:
-        out = ir.Call("mul", (out, f))
-    for c in conditions:
-        out = ir.Call("where", (c, out, ir.Const(0.0)))
-    return out
 
 
 def _operand_dtype(other, program: ir.Program) -> str | None:
@@ -90,7 +80,7 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                     fold_c = [q for q in post_conds if q.axes <= own and not _reads_state(q)]
                     post = [f for f in post if not any(f is g for g in fold)]
                     post_conds = [q for q in post_conds if not any(q is g for g in fold_c)]
-                    spec = _place(kernels, ki, ps.axis, row, is_left, _product([*factors, *fold], [*conds, *fold_c]),
+                    spec = _place(kernels, ki, ps.axis, row, is_left, product_of([*factors, *fold], [*conds, *fold_c]),
                                   program, owner, dtype, f"mat_{c.name}_{row}", added, epilogues)
                     if spec is None:
                         return None
@@ -102,7 +92,7 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                 if changed:
                     # what was not written stays a condition of the sum; the affine conjuncts of its
                     # mask stay too, also where written: they bound the tiles the loop visits
-                    c.core = _product([*operands, *post])
+                    c.core = product_of([*operands, *post])
                     c.mask = conjunction([*(m for m in (conjuncts(c.mask) if c.mask is not None else ())
                                             if affine(m) is not None and m not in kept), *kept])
         ki += 1
@@ -136,7 +126,7 @@ def materialise_inline(kernels: list[KernelPlan], inline: dict[str, ir.Node], pr
         for factors, conds, other, row, far, is_left in (
                 (sides.left, sides.left_conds, sides.right, sides.m, sides.n, True),
                 (sides.right, sides.right_conds, sides.left, sides.n, sides.m, False)):
-            value = _product(list(factors), conds)
+            value = product_of(list(factors), conds)
             loaded = len(factors) == 1 and not conds and plain_input(factors[0], program.inputs)
             recomputed = any(far in kernels[ki].grid for ki in users)
             dtype = _operand_dtype(other, program) or _elementwise_dtype([*sides.left, *sides.right], program)
@@ -148,7 +138,7 @@ def materialise_inline(kernels: list[KernelPlan], inline: dict[str, ir.Node], pr
             added[spec.name] = spec
             new[is_left] = ([ir.Load(spec.name, tuple(ir.Index(a) for a in spec.axes))], [])
         if new[True][0] != list(sides.left) or new[False][0] != list(sides.right):
-            inline[name] = ir.Reduce("sum", term.axis, _product(
+            inline[name] = ir.Reduce("sum", term.axis, product_of(
                 [*new[True][0], *new[False][0], *sides.post], [*new[True][1], *new[False][1], *sides.post_conds]))
     return added
 

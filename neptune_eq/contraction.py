@@ -167,6 +167,17 @@ def _split(parts: Opened, k: str, m: str, n: str) -> GemmSides | None:
                      tuple(conds[0]), tuple(conds[1]), tuple(conds[2]))
 
 
+def product_of(factors, conditions=()) -> Node:
+    """Π factors (1 if none), selected under every condition (0 elsewhere): a body gemm_sides splits
+    back into the same sides."""
+    out = factors[0] if factors else _ONE
+    for f in factors[1:]:
+        out = Call("mul", (out, f))
+    for c in conditions:
+        out = Call("where", (c, out, _ZERO))
+    return out
+
+
 def masked_body(core: Node, mask: Node | None) -> Node:
     """A comp's body with its mask's conjuncts as zero-branch selections (Σ over the mask of x is
     Σ of where(mask, x, 0)), so that `opened` sees them as conditions."""

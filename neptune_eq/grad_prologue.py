@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from . import ir
-from .contraction import gemm_sides, is_product
+from .contraction import gemm_sides, is_product, product_of
 from .index_shift import clamped_shift
 
 
@@ -71,7 +71,7 @@ def _coarsened(f: ir.Node, program: ir.Program, axes: dict[str, int]) -> tuple[i
     groups: dict[ir.Node, str] = {}
     for n in ir.walk(f):
         got = ir.grouped_index(n) if isinstance(n, ir.Call) else None
-        if got is None or got[1] == 1 or n in groups or program.axes[got[0]] % got[1]:
+        if got is None or got[1] == 1 or n in groups or program.axes[got[0]] % got[1] or got[0] in program.dynamic:
             continue
         a, g = got
         rest = ir.substitute(f, {n: ir.Const(0.0)})
@@ -85,15 +85,6 @@ def _coarsened(f: ir.Node, program: ir.Program, axes: dict[str, int]) -> tuple[i
     return f, groups
 
 
-def _product(factors, conditions=()) -> ir.Node:
-    out = factors[0] if factors else ir.Const(1.0)
-    for f in factors[1:]:
-        out = ir.Call("mul", (out, f))
-    for c in conditions:
-        out = ir.Call("where", (c, out, ir.Const(0.0)))
-    return out
-
-
 def _worth_splitting(f: ir.Node, program: ir.Program, want: set[str]) -> bool:
     """Is operand `f` computed (not one load), free of loop state, of one floating dtype, and either a
     gather of a differentiated input at clamped shifts or a normalisation of one (a reduction inside:
@@ -105,9 +96,11 @@ def _worth_splitting(f: ir.Node, program: ir.Program, want: set[str]) -> bool:
     if any(isinstance(m, ir.StateRef) for m in nodes):
         return False
     reads = any(isinstance(m, ir.Load) and m.tensor in want for m in nodes)
-    # no larger than a tensor it reads: attention's P = softmax(q·kᵀ) is an operand of P·V computed
-    # through reductions too, and written out it would be the [i, j] matrix fusion exists to avoid
-    size = math.prod(program.axes[a] for a in f.axes)
+    # no larger than a tensor it reads (stored per kv head where it reads one): attention's P =
+    # softmax(q·kᵀ) is an operand of P·V computed through reductions too, and written out it would be
+    # the [i, j] matrix fusion exists to avoid
+    axes = dict(program.axes)
+    size = math.prod(axes[a] for a in _coarsened(f, program, axes)[0].axes)
     if size > max(math.prod(program.axes[a] for a in program.inputs[m.tensor].axes)
                   for m in nodes if isinstance(m, ir.Load)):
         return False
@@ -131,7 +124,7 @@ def split_prologue(program: ir.Program, wrt: list[str]) -> Prologue | None:
                                big, conditions=True)
             if sides is None or sides.left_conds or sides.right_conds:
                 continue
-            ops = [_product(list(fs)) for fs in (sides.left, sides.right)]
+            ops = [product_of(list(fs)) for fs in (sides.left, sides.right)]
             if not any(_worth_splitting(f, program, want) for f in ops):
                 continue
             for f in ops:
@@ -152,7 +145,7 @@ def split_prologue(program: ir.Program, wrt: list[str]) -> Prologue | None:
     rebuilt = {}
     for n, (sides, ops) in sums.items():
         left, right = ([loads[f]] if f in loads else list(fs) for f, fs in zip(ops, (sides.left, sides.right)))
-        rebuilt[n] = ir.Reduce(n.op, n.axis, _product([*left, *right, *sides.post], sides.post_conds))
+        rebuilt[n] = ir.Reduce(n.op, n.axis, product_of([*left, *right, *sides.post], sides.post_conds))
     outputs = [replace(o, expr=ir.substitute(o.expr, rebuilt)) for o in program.outputs]
     read = {n.tensor for o in outputs for n in ir.walk(o.expr) if isinstance(n, ir.Load)}
     inputs = {n: s for n, s in program.inputs.items() if n in read}
