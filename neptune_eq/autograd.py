@@ -8,6 +8,9 @@ Two backwards are derived and ranked by the cost model at the first call that ne
                 reads those and the outputs (neptune_eq.grad_saved: D = rowsum(dO∘O) for attention)
 
 The training op always writes the statistics (a few vectors); the chosen backward decides what is kept.
+A program whose dot operand is computed through a gather or a row norm trains split at it
+(neptune_eq.grad_prologue, `_Split`): the op first writes the operands by a map program, runs the rest
+on them, and its backward carries their gradients through the map's own backward.
 Each set of inputs that require grad has a training op of its own (`_variant`), derived at its first call:
 its backward computes those gradients alone.
 `training_report(qualname)` says which was chosen and why (Compiled.explain shows it). The ops are

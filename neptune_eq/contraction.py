@@ -67,15 +67,7 @@ def _common_factor(body: Node) -> Opened | None:
     for f in common:
         rest_x.remove(f)
 
-    def term(factors: list[Node], conditions: tuple[Node, ...]) -> Node:
-        out = factors[0] if factors else _ONE
-        for f in factors[1:]:
-            out = Call("mul", (out, f))
-        for c in conditions:
-            out = Call("where", (c, out, _ZERO))
-        return out
-
-    rest = Call(body.op, (term(rest_x, x.conditions), term(rest_y, y.conditions)))
+    rest = Call(body.op, (product_of(rest_x, x.conditions), product_of(rest_y, y.conditions)))
     return Opened((rest, *common), (), (body, *x.structure, *y.structure))
 
 
