@@ -76,8 +76,8 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                     # tensor cores' own accumulator): dH = P·W of linear CE scaled each step's
                     # 128×256 tile by g/n and ran at 250 TF/s (H200)
                     own = set().union(*(f.axes for f in factors), *(q.axes for q in conds))
-                    fold = [f for f in post if f.axes <= own and not _reads_state(f)]
-                    fold_c = [q for q in post_conds if q.axes <= own and not _reads_state(q)]
+                    fold = [f for f in post if f.axes <= own and not ir.reads_state(f)]
+                    fold_c = [q for q in post_conds if q.axes <= own and not ir.reads_state(q)]
                     post = [f for f in post if not any(f is g for g in fold)]
                     post_conds = [q for q in post_conds if not any(q is g for g in fold_c)]
                     spec = _place(kernels, ki, ps.axis, row, is_left, product_of([*factors, *fold], [*conds, *fold_c]),
@@ -123,6 +123,7 @@ def materialise_inline(kernels: list[KernelPlan], inline: dict[str, ir.Node], pr
         if sides is None:
             continue
         new = {True: (list(sides.left), list(sides.left_conds)), False: (list(sides.right), list(sides.right_conds))}
+        changed = False
         for factors, conds, other, row, far, is_left in (
                 (sides.left, sides.left_conds, sides.right, sides.m, sides.n, True),
                 (sides.right, sides.right_conds, sides.left, sides.n, sides.m, False)):
@@ -130,14 +131,15 @@ def materialise_inline(kernels: list[KernelPlan], inline: dict[str, ir.Node], pr
             loaded = len(factors) == 1 and not conds and plain_input(factors[0], program.inputs)
             recomputed = any(far in kernels[ki].grid for ki in users)
             dtype = _operand_dtype(other, program) or _elementwise_dtype([*sides.left, *sides.right], program)
-            if loaded or not recomputed or dtype is None or _reads_state(value):
+            if loaded or not recomputed or dtype is None or ir.reads_state(value):
                 continue
             spec = _place(kernels, users[0], term.axis, row, True, value, program, owner, dtype,
                           f"mat_{name}_{row}", added)
             users = [ki for ki, k in enumerate(kernels) if _reads_inline(k, name, inline)]
             added[spec.name] = spec
             new[is_left] = ([ir.Load(spec.name, tuple(ir.Index(a) for a in spec.axes))], [])
-        if new[True][0] != list(sides.left) or new[False][0] != list(sides.right):
+            changed = True
+        if changed:
             inline[name] = ir.Reduce("sum", term.axis, product_of(
                 [*new[True][0], *new[False][0], *sides.post], [*new[True][1], *new[False][1], *sides.post_conds]))
     return added
@@ -158,13 +160,10 @@ def _reads_inline(k: KernelPlan, name: str, inline: dict[str, ir.Node]) -> bool:
 def _elementwise_dtype(factors, program: ir.Program) -> str | None:
     """The one 16-bit dtype of every floating input the factors load, where they read no reduction:
     the dtype lower/contract.py rounds two such computed operands to before the tensor cores."""
-    dtypes = set()
-    for f in factors:
-        for n in ir.walk(f):
-            if isinstance(n, ir.StateRef | ir.Reduce) or (isinstance(n, ir.Load) and n.tensor not in program.inputs):
-                return None
-            if isinstance(n, ir.Load) and program.inputs[n.tensor].dtype in ir.FLOAT_DTYPES:
-                dtypes.add(program.inputs[n.tensor].dtype)
+    if any(isinstance(n, ir.StateRef | ir.Reduce) or (isinstance(n, ir.Load) and n.tensor not in program.inputs)
+           for f in factors for n in ir.walk(f)):
+        return None
+    dtypes = set().union(*(ir.float_loads(f, lambda t: program.inputs[t].dtype) for f in factors))
     return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
 
 
@@ -213,11 +212,6 @@ def _place(kernels: list[KernelPlan], ki: int, kk: str, row: str, is_left: bool,
         if at >= ki:
             owner[r] = at + 1
     return spec
-
-
-def _reads_state(n: ir.Node) -> bool:
-    """Does `n` read a reduction's value (which the operand's writer may not have yet)?"""
-    return any(isinstance(m, ir.StateRef) for m in ir.walk(n))
 
 
 def _stored(kernels: list[KernelPlan], name: str) -> ir.Node | None:

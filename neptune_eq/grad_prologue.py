@@ -48,8 +48,7 @@ def _gathers(f: ir.Node, wrt: set[str]) -> bool:
 
 def _dtype(f: ir.Node, program: ir.Program) -> str | None:
     """The one floating dtype of the inputs `f` loads (what the dot rounds it to), None if mixed."""
-    dts = {program.inputs[n.tensor].dtype for n in ir.walk(f) if isinstance(n, ir.Load)}
-    dts &= set(ir.FLOAT_DTYPES)
+    dts = ir.float_loads(f, lambda t: program.inputs[t].dtype)
     return dts.pop() if len(dts) == 1 else None
 
 
@@ -92,9 +91,9 @@ def _worth_splitting(f: ir.Node, program: ir.Program, want: set[str]) -> bool:
     gradient kernel, 73 ms against torch.compile's 1.5 on the H100)?"""
     if isinstance(f, ir.Load) or not f.axes or _dtype(f, program) is None:
         return False
-    nodes = list(ir.walk(f))
-    if any(isinstance(m, ir.StateRef) for m in nodes):
+    if ir.reads_state(f):
         return False
+    nodes = list(ir.walk(f))
     reads = any(isinstance(m, ir.Load) and m.tensor in want for m in nodes)
     # no larger than a tensor it reads (stored per kv head where it reads one): attention's P =
     # softmax(q·kᵀ) is an operand of P·V computed through reductions too, and written out it would be

@@ -270,7 +270,7 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
         # 16-bit tile; the tiles it was computed from are not (they counted 3× and halved the key step)
         built = {f: _operand_bytes(f, program, plan) * math.prod(sched.tiles.get(a, 1) for a in f.axes)
                  for f in _dot_operands(exprs)
-                 if not isinstance(f, ir.Load) and not f.axes & loops and not _reads_state(f)
+                 if not isinstance(f, ir.Load) and not f.axes & loops and not ir.reads_state(f)
                  and sum(sched.tiles.get(a, 1) > 1 for a in f.axes) == 2}
         held.update({("operand", f): b for f, b in built.items()})
         if built:
@@ -304,12 +304,8 @@ def _dot_operands(exprs: list[ir.Node]) -> set[ir.Node]:
 def _operand_bytes(f: ir.Node, program: ir.Program, plan: Plan) -> int:
     """Bytes an element of computed operand f takes for the dot: 2 where every float it loads is 16-bit
     (lower/contract.py rounds it to that dtype), else 4."""
-    dts = {plan.loaded_dtype(program, n.tensor) for n in ir.walk(f) if isinstance(n, ir.Load)}
-    return 2 if dts & set(ir.FLOAT_DTYPES) and dts & set(ir.FLOAT_DTYPES) <= {"float16", "bfloat16"} else 4
-
-
-def _reads_state(n: ir.Node) -> bool:
-    return any(isinstance(m, ir.StateRef) for m in ir.walk(n))
+    dts = ir.float_loads(f, lambda t: plan.loaded_dtype(program, t))
+    return 2 if dts and dts <= {"float16", "bfloat16"} else 4
 
 
 def fit_shared(sched: KernelSchedule, k: KernelPlan, program: ir.Program, plan: Plan,

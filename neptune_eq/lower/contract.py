@@ -283,10 +283,7 @@ class ContractOps:
                     factors.append(self.plan.inline[n.name])  # (a reduction computed in the tile)
                 elif isinstance(n, ir.StateRef):
                     return None
-                if isinstance(n, ir.Load):
-                    dt = self.plan.loaded_dtype(self.program, n.tensor)
-                    if dt in ir.FLOAT_DTYPES:
-                        dtypes.add(dt)
+            dtypes |= ir.float_loads(f, lambda t: self.plan.loaded_dtype(self.program, t))
         return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
 
     def operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:

@@ -24,13 +24,7 @@ class MemoryOps:
         tensor's last dimension (contiguous, as a rule): clamped, its addresses are no longer consecutive
         and the load is not vectorised (V's head dimension of 96 in a tile of 128). `shifts`: index
         positions read unclamped, position → (index Val, mask Val) (see `_unit_shifts`)."""
-        if tensor not in self.tensors:
-            spec = self.program.inputs.get(tensor)
-            if spec is not None:
-                self.tensor(tensor, spec.axes, spec.dtype, "input")
-            else:
-                buf = self.plan.buffers[tensor]
-                self.tensor(tensor, buf.axes, buf.dtype, "buffer")
+        self._argument(tensor)
         entries = []
         masks = []
         in_range = []  # validity of computed (gathered) indices that may fall outside the tensor
@@ -141,6 +135,17 @@ class MemoryOps:
         self.scopes[-1].memo[("load any order", n)] = v
         return v
 
+    def _argument(self, tensor: str):
+        """The kernel argument of input or plan buffer `tensor`, registered at its first use."""
+        if tensor not in self.tensors:
+            spec = self.program.inputs.get(tensor)
+            if spec is not None:
+                self.tensor(tensor, spec.axes, spec.dtype, "input")
+            else:
+                buf = self.plan.buffers[tensor]
+                self.tensor(tensor, buf.axes, buf.dtype, "buffer")
+        return self.tensors[tensor]
+
     def _unit_shifts(self, n: ir.Load, uniform: bool) -> tuple[dict[int, tuple[Val, Val]], list[tuple[Val, ir.Load]]]:
         """The index positions of `n` read at a clamped shift clamp(a + c, lo, hi) of a tile axis a (a
         slice, torch.cat, rotate-half), each as the unclamped index a + c under the mask lo ≤ a + c ≤ hi:
@@ -151,8 +156,7 @@ class MemoryOps:
         extents), else the general gathered path with its range mask."""
         shifts: dict[int, tuple[Val, Val]] = {}
         edges: list[tuple[Val, ir.Load]] = []
-        axes = self.tensors[n.tensor].axes if n.tensor in self.tensors else (
-            self.program.inputs[n.tensor].axes if n.tensor in self.program.inputs else self.plan.buffers[n.tensor].axes)
+        axes = self._argument(n.tensor).axes
         for k, e in enumerate(n.index):
             sh = None if isinstance(e, ir.Index) or (uniform and self.uniform_index(e)) else clamped_shift(e)
             if sh is None or sh.axis not in self.vector or sh.lo > sh.hi or len(shifts) \
