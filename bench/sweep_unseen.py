@@ -79,6 +79,10 @@ def causal_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def gqa_causal(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
 def mqa_decode(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
@@ -291,6 +295,12 @@ ROWS = [
         peers=("eager", "compile"), buffers=(3, 4)),
     Row("qk_norm_causal fwd+bwd 4x16 L2048 d128 bf16", qk_norm_causal,
         _qk_norm_make(4, 16, 2048, 128, torch.bfloat16, (1, 2, 45, 16)), backward=True, peers=("eager", "compile")),
+    Row("causal fwd+bwd 4x16 L2048 d128 bf16", causal_sdpa,
+        _attn_make(4, 16, 16, 2048, 2048, 128, torch.bfloat16, (1, 2, 2, 45, 45, 16)), backward=True,
+        peers=("eager", "sdpa")),
+    Row("gqa_causal fwd+bwd 2x32/8 L2048 d128 bf16", gqa_causal,
+        _attn_make(2, 32, 8, 2048, 2048, 128, torch.bfloat16, (1, 4, 2, 45, 45, 16)), backward=True,
+        peers=("eager", "sdpa")),
     Row("attention fwd+bwd L3000 2x16 d64 fp16", attention,
         _attn_make(2, 16, 16, 3000, 3000, 64, torch.float16, (1, 2, 2, 45, 45, 16)), backward=True,
         peers=("eager", "compile", "sdpa")),

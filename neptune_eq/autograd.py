@@ -10,7 +10,9 @@ Two backwards are derived and ranked by the cost model at the first call that ne
 The training op always writes the statistics (a few vectors); the chosen backward decides what is kept.
 A program whose dot operand is computed through a gather or a row norm trains split at it
 (neptune_eq.grad_prologue, `_Split`): the op first writes the operands by a map program, runs the rest
-on them, and its backward carries their gradients through the map's own backward.
+on them, and its backward carries their gradients through the map's own backward. A program with
+grouped-query heads (k[h // G]) trains over (kv head, member) axes (neptune_eq.regroup): its tensors are
+viewed so at the op's boundary, and the kv gradients are sums over the member axis, not one-hot sums.
 Each set of inputs that require grad has a training op of its own (`_variant`), derived at its first call:
 its backward computes those gradients alone.
 `training_report(qualname)` says which was chosen and why (Compiled.explain shows it). The ops are
@@ -31,6 +33,7 @@ import torch
 from . import ir
 from .grad import Backward, NoBackward, backward_program
 from .grad_prologue import Prologue, split_prologue
+from .regroup import Regroup, regroup
 
 _BACKWARD_OPS: dict[str, object] = {}  # backward op qualname → the op
 _RUNNERS: dict[str, object] = {}  # program key → its compiled program (on first use)
@@ -54,6 +57,15 @@ class _Training:
     # a program split at its gathered dot operands (neptune_eq.grad_prologue): `program` is the core,
     # which reads them as inputs; the maps program writes them and its backward carries their gradients on
     prologue: tuple[Prologue, Backward] | None = None
+    regroup: Regroup | None = None  # the programs are over a grouped axis split in two (neptune_eq.regroup)
+
+    def split(self, name: str, x: torch.Tensor | None) -> torch.Tensor | None:
+        """Tensor `name` (an input or output of the user's program) as the programs read it."""
+        return x if self.regroup is None or x is None else self.regroup.split(name, x)
+
+    def merged(self, name: str, y: torch.Tensor | None) -> torch.Tensor | None:
+        """Tensor `name` as a program wrote it, shaped as the user's program has it."""
+        return y if self.regroup is None or y is None else self.regroup.merge(name, y)
 
     @property
     def forward(self) -> ir.Program:  # the training forward: the outputs, then the statistics
@@ -65,6 +77,18 @@ class _Training:
 
 
 def _derive(program: ir.Program, wrt: list[str]) -> _Training:
+    """The training of `program` for the inputs `wrt`: over its grouped axis split in two where it has
+    one (neptune_eq.regroup) and that trains, else as it is (_derive_at)."""
+    got = regroup(program)
+    if got is not None:
+        t = _derive_at(got[0], wrt)
+        if t.recompute is not None or t.saved is not None:
+            t.regroup = got[1]
+            return t
+    return _derive_at(program, wrt)
+
+
+def _derive_at(program: ir.Program, wrt: list[str]) -> _Training:
     """The training of `program` for the inputs `wrt`: split at its gathered dot operands where it has
     such (neptune_eq.grad_prologue) and both halves have a backward, else whole."""
     try:
@@ -197,7 +221,8 @@ def tune_training(qualname: str, inputs: dict[str, torch.Tensor], tune: Callable
         raise NoBackward(t.why)
     back = _choose(qualname, t, t.compile_fn)
     fwd = _compiled(f"{qualname}:forward", t.forward, t.compile_fn)
-    inputs, _ = _Split(qualname, t, list(inputs), t.compile_fn).operands({n: x.detach() for n, x in inputs.items()})
+    inputs, _ = _Split(qualname, t, list(inputs), t.compile_fn).operands(
+        {n: t.split(n, x.detach()) for n, x in inputs.items()})
     inputs = {n: x for n, x in inputs.items() if n in t.forward.inputs}  # (a split training's core reads the operands)
     tune(fwd, inputs)
     written = fwd.run(inputs, {n: dt for n, _, dt in t.outs} | {s: getattr(torch, o.dtype) for o in t.forward.outputs
@@ -286,10 +311,10 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
     split = _Split(qualname, t, names, compile_fn)
 
     def impl(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        by, made = split.operands(dict(zip(names, xs)))
+        by, made = split.operands({n: t.split(n, x) for n, x in zip(names, xs)})
         key = f"{qualname}:forward"
         res = _run(key, _compiled(key, forward, compile_fn), {n: by[n] for n in split.core_names}, dtypes)
-        return [res[n] for n, _, _ in outs] + [res[s] for s in stats] + made
+        return [t.merged(n, res[n]) for n, _, _ in outs] + [res[s] for s in stats] + made
 
     @torch.library.custom_op(qualname + "_train", mutates_args=())
     def top(xs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -318,14 +343,16 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
         back, eager = ctx.back, getattr(ctx, "eager", False)
         xs = list(ctx.saved_tensors)
         n = len(names)
-        by = dict(zip(names, xs[:n])) | dict(zip(split.made, xs[n + ctx.kept:]))
-        cots = [g if g is not None else torch.zeros(shape, dtype=dt, device=xs[0].device)
+        by = {c: t.split(c, x) for c, x in zip(names, xs[:n])} | dict(zip(split.made, xs[n + ctx.kept:]))
+        kept = [*back.saved.outputs, *back.saved.stats] if back.saved is not None else []
+        cots = [t.split(name, g if g is not None else torch.zeros(shape, dtype=dt, device=xs[0].device))
                 for g, (name, shape, dt) in zip(grads, outs) if name in back.cotangents]
         op, direct = _backward_op(qualname, back, split.core_names, outs, compile_fn)
-        res = (direct if eager else op)([by[c] for c in split.core_names] + xs[n:n + ctx.kept] + cots)
+        res = (direct if eager else op)([by[c] for c in split.core_names]
+                                        + [t.split(k, x) for k, x in zip(kept, xs[n:n + ctx.kept])] + cots)
         got = dict(zip([c for c in split.core_names if c in back.grads], res))
         got = split.carried(got, by, eager)
-        return [got.get(name) for name in names]
+        return [t.merged(name, got.get(name)) for name in names]
 
     top.register_autograd(backward, setup_context=setup)
 

@@ -125,11 +125,14 @@ def grouped_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> dict[str, in
 
 
 def row_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> list[str]:
-    """Grid axes worth a vector tile, the query-like ones first: axes that no tensor read in a loop
-    has (queries share every key tile), then axes some such tensor lacks (the value dimension)."""
+    """Grid axes worth a vector tile, the query-like ones first, longest first: axes that no tensor read
+    in a loop has (queries share every key tile; the query heads of a kv group, regrouped for training,
+    share them too but are few: the queries are the tile), then axes some such tensor lacks (the value
+    dimension)."""
     loads = loop_loads(k, plan, program)
     axes = [a for a in k.grid if program.axes[a] > 1]
-    primary = [a for a in axes if loads and all(a not in ld.axes for ld in loads)]
+    primary = sorted((a for a in axes if loads and all(a not in ld.axes for ld in loads)),
+                     key=lambda a: -program.axes[a])
     secondary = [a for a in axes if a not in primary and any(a not in ld.axes for ld in loads)]
     return primary + secondary
 
@@ -186,10 +189,10 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
                 and (not has_dot or 2 * sum(size[ld] for ld in wide if a not in ld.axes) >= sum(size.values())):
             n = program.axes[a]
             tiles[a] = next_pow2(n) if n <= 256 else 64
-    for p in k.passes():
-        n = program.axes[p.axis]
+    for p in k.passes():  # (16 at least for a tl.dot; without one, a short axis is not padded: the 4
+        n = program.axes[p.axis]  # query heads of a kv group summed in 16-wide masked tiles)
         if p.axis not in tiles:
-            tiles[p.axis] = min(64 if has_dot else 256, max(16, next_pow2(n)))
+            tiles[p.axis] = min(64 if has_dot else 256, max(16 if has_dot else 1, next_pow2(n)))
     for a in inner_axes(k, plan):
         tiles[a] = max(16, next_pow2(program.axes[a]))
     if not has_dot:
