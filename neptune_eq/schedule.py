@@ -198,6 +198,7 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     if not has_dot:
         _one_group_per_program(tiles, k)
         _bound_blocks(tiles, k)
+        _short_pass_rows(tiles, k, program)
     stages = 3 if has_dot else 2
     if has_dot and primary and tiles[primary[0]] > 64 and not steps:
         # the fp32 accumulator tiles a row carries (a row's scalars, softmax's max and sum, aside): past
@@ -358,6 +359,30 @@ def _one_group_per_program(tiles: dict[str, int], k: KernelPlan) -> None:
     for b, (a, g) in _group_selections(k).items():
         tiles[b] = 1
         tiles[a] = min(tiles.get(a, 1), g & -g)  # the largest power of two dividing G
+
+
+SHORT_PASS = 16  # a pass over at most this many elements, in one tile, is short
+SHORT_PASS_BLOCK = 2048  # values a program of short passes reads per block
+
+
+def _short_pass_rows(tiles: dict[str, int], k: KernelPlan, program: ir.Program) -> None:
+    """A kernel whose passes are each one short tile (the member axis of regrouped grouped-query heads:
+    dK summed over the 4 query heads of a group) reads a few hundred values per program: it takes rows
+    of its last one-per-program grid axis until a block holds SHORT_PASS_BLOCK values. GQA's group sum
+    of dK and dV (32/8 heads, L 2048, d 128: [4, 128] fp32 blocks in 32768 programs) ran 172 µs, with 4
+    key rows per program 52 (16 or 64 rows: the same; H100, bench/probe_group_sum.py)."""
+    passes = list(k.passes())
+    if not passes or any(program.axes[p.axis] > SHORT_PASS or tiles.get(p.axis, 1) < program.axes[p.axis]
+                         for p in passes):
+        return
+    rows = [a for a in k.grid if tiles.get(a, 1) == 1 and program.axes[a] > 1]
+    if not rows:
+        return
+    width = max(math.prod(tiles.get(a, 1) for a in c.core.axes | {p.axis}) for p in passes for c in p.comps)
+    r = 1
+    while r * 2 * width <= SHORT_PASS_BLOCK and r * 2 <= next_pow2(program.axes[rows[-1]]):
+        r *= 2
+    tiles[rows[-1]] = r
 
 
 def _bound_blocks(tiles: dict[str, int], k: KernelPlan) -> None:

@@ -14,6 +14,8 @@ from neptune_eq import ir
 from neptune_eq.frontend import capture
 from neptune_eq.grad import backward_program
 from neptune_eq.regroup import regroup
+from neptune_eq.runtime import compile_ir
+from neptune_eq.schedule import inner_axes
 
 
 def _gqa(q, k, v):
@@ -43,8 +45,8 @@ def _grads(fn, xs, seed):
 
 def test_grouped_query_heads_split_into_group_and_member_axes():
     """q[b, h, i, d] becomes q[b, h0, h1, i, d] (a view), k[b, h // 4, j, d] becomes k[b, h0, j, d] (no
-    gather left), and dK = Σ_h1 Σ_i …: its group sum reads each query head once (a pass over h1), where the
-    one-hot Σ_h [h // 4 = h0]·dK_h read all 16 per kv head."""
+    gather left), and dK = Σ_h1 Σ_i …: its group sum reads each query head once (a pass over h1, several
+    keys per program), where the one-hot Σ_h [h // 4 = h0]·dK_h read all 16 per kv head."""
     xs = [torch.randn(2, h, 64, 16) for h in (16, 4, 4)]
     program = capture(_gqa, *xs).program
     got = regroup(program)
@@ -58,13 +60,19 @@ def test_grouped_query_heads_split_into_group_and_member_axes():
     grad_k = next(o for o in back.outputs if o.name == "grad_k").expr
     assert isinstance(grad_k, ir.Reduce) and grad_k.axis == rg.member
     assert "//" not in "".join(ir.show(o.expr) for o in back.outputs)
+    # the group sum's program takes several key rows: one row, [4, 16] fp32 blocks (at d 128, 172 against
+    # 52 µs for 4 rows on the H100: bench/probe_group_sum.py)
+    alt = compile_ir(back).alternative
+    (ks,) = [s for kp, s in zip(alt.plan.kernels, alt.schedules)
+             if not inner_axes(kp, alt.plan) and [p.axis for p in kp.passes()] == [rg.member]]
+    assert ks.tiles["j"] > 1, ks
     q = torch.randn(2, 3, 5, 7)
     assert torch.equal(rg.merge("q", rg.split("q", q.repeat(1, 4, 1, 1))), q.repeat(1, 4, 1, 1))
 
 
 def test_grouped_query_attention_gradients_match_float64():
     g = torch.Generator().manual_seed(1)
-    xs = [torch.randn(2, h, 37, 16, generator=g) for h in (4, 2, 2)]
+    xs = [torch.randn(2, h, 19, 16, generator=g) for h in (4, 2, 2)]
     prog, grads = _grads(_gqa, xs, 2)
     assert "h1 (sum_h1" in prog.explain()  # (the backward trained regrouped)
     for a, b in grads:
@@ -90,3 +98,23 @@ def test_an_axis_reduced_over_is_not_regrouped():
 
     xs = [torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8)]
     assert regroup(capture(summed, *xs).program) is None
+
+
+def test_torch_compile_traces_the_regrouped_training():
+    """Under torch.compile (AOTAutograd) the training op's outputs are views of what the regrouped
+    program wrote, laid back out as the user's: the gradients match float64 autograd."""
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(2, h, 11, 8, generator=g) for h in (4, 2, 2)]
+    prog = neptune_eq.compile(_gqa, *xs)
+    ours = [x.clone().requires_grad_() for x in xs]
+    torch.compile(lambda q, k, v: prog(q, k, v).pow(2).sum(), backend="aot_eager")(*ours).backward()
+    ref = [x.double().requires_grad_() for x in xs]
+    _gqa(*ref).pow(2).sum().backward()
+    for a, b in zip(ours, ref):
+        assert ((a.grad.double() - b.grad).norm() / b.grad.norm()).item() < 1e-5
+
+
+def test_opcheck_of_a_regrouped_training_op():
+    xs = [torch.randn(2, h, 5, 4, dtype=torch.float64) for h in (4, 2, 2)]
+    ops = neptune_eq.compile(_gqa, *xs).library_ops()
+    torch.library.opcheck(ops["training"], ([x.clone().requires_grad_() for x in xs],))
