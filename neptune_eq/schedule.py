@@ -378,7 +378,8 @@ def _short_pass_rows(tiles: dict[str, int], k: KernelPlan, program: ir.Program) 
     rows = [a for a in k.grid if tiles.get(a, 1) == 1 and program.axes[a] > 1]
     if not rows:
         return
-    width = max(math.prod(tiles.get(a, 1) for a in c.core.axes | {p.axis}) for p in passes for c in p.comps)
+    width = max((math.prod(tiles.get(a, 1) for a in c.core.axes | {p.axis}) for p in passes for c in p.comps),
+                default=1)
     r = 1
     while r * 2 * width <= SHORT_PASS_BLOCK and r * 2 <= next_pow2(program.axes[rows[-1]]):
         r *= 2
