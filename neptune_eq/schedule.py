@@ -375,7 +375,8 @@ def _short_pass_rows(tiles: dict[str, int], k: KernelPlan, program: ir.Program) 
     if not passes or any(program.axes[p.axis] > SHORT_PASS or tiles.get(p.axis, 1) < program.axes[p.axis]
                          for p in passes):
         return
-    rows = [a for a in k.grid if tiles.get(a, 1) == 1 and program.axes[a] > 1]
+    pinned = _group_selections(k)  # (a program takes one group: _one_group_per_program)
+    rows = [a for a in k.grid if tiles.get(a, 1) == 1 and program.axes[a] > 1 and a not in pinned]
     if not rows:
         return
     width = max((math.prod(tiles.get(a, 1) for a in c.core.axes | {p.axis}) for p in passes for c in p.comps),
