@@ -55,7 +55,6 @@ class ContractOps:
         else:
             v, kind = self.f32(v), "f"
         # (a count's body is the constant 1: its mask gives the other axes it varies over)
-        # (a count's body is the constant 1: its mask gives the other axes it varies over)
         dims = tuple(a for a in self.canon if a in set(v.dims) | {axis} | set(mask.dims if mask is not None else ()))
         code = self.arrange(v, dims)
         if axis not in v.dims:
@@ -65,7 +64,10 @@ class ContractOps:
             mcode = self.arrange(mask, dims)
             code = f"tl.where({mcode}, {code}, {_fmt_num(ident)})"
         out_dims = tuple(d for d in dims if d != axis)
-        return self.bind(MONOIDS[op].triton_reduce.format(code, dims.index(axis)), out_dims, kind, "r")
+        fmt = MONOIDS[op].triton_reduce
+        if self.target != "cuda" and op in ("max", "min") and kind == "f":  # (lower/triton.py: _nan_amax)
+            fmt = f"_nan_a{op}({{0}}, {{1}})"
+        return self.bind(fmt.format(code, dims.index(axis)), out_dims, kind, "r")
 
     def contract_loop(self, op: str, axis: str, body: ir.Node, mask: Val | None) -> Val:
         """op-reduce `body` over `axis` in a loop of tiles (a K-loop): an inline contraction over an
