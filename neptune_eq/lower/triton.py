@@ -198,7 +198,7 @@ def _nan_min(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 '''
 
-RNE_BF16_INTERPRETER = '''
+INTERPRETER_HELPERS = '''
 
 @triton.jit
 def _rne_bf16(x):
@@ -295,7 +295,7 @@ def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule
     src = PRELUDE + (TANH_CUDA if fast else TANH_PORTABLE) + (EXP2_CUDA if target == "cuda" else EXP2_PORTABLE)
     src += LOG1P if any("_log1p(" in ks.source for ks in kernels) else ""
     src += EXPM1 if any("_expm1(" in ks.source for ks in kernels) else ""
-    src += "" if target == "cuda" else RNE_BF16_INTERPRETER
+    src += "" if target == "cuda" else INTERPRETER_HELPERS
     for ks in kernels:
         src += "\n\n" + ks.source
     return src, kernels
