@@ -62,7 +62,8 @@ def _candidates(program: ir.Program) -> dict[tuple[str, int], set[str]]:
 def regroup(program: ir.Program) -> tuple[ir.Program, Regroup] | None:
     """`program` over (group, member) axes in place of its grouped axis (module docstring), or None where
     it has none, or where the axis is dynamic, reduced over, or read in another way than whole (a load's
-    index entry a over an input axis a) or as a // G over group axes used nowhere else."""
+    index entry a over an input axis a) or as a // G over group axes used nowhere else (no output's or
+    reduction's axis)."""
     found = _candidates(program)
     if len(found) != 1:
         return None
@@ -70,15 +71,12 @@ def regroup(program: ir.Program) -> tuple[ir.Program, Regroup] | None:
     if a in program.dynamic or groups & program.dynamic:
         return None
     s = min(groups, key=list(program.axes).index)
-    exprs = [o.expr for o in program.outputs]
-    nodes = {n for e in exprs for n in ir.walk(e)}
-    if any(isinstance(n, Reduce) and n.axis in ({a} | groups) for n in nodes):
+    nodes = {n for o in program.outputs for n in ir.walk(o.expr)}
+    # a group axis used on its own (an output's axis, a reduction's) would be conflated with the group s
+    if any(isinstance(n, Reduce) and n.axis in ({a} | groups) for n in nodes) or any(
+            g in o.axes for o in program.outputs for g in groups):
         return None
     loads = [n for n in nodes if isinstance(n, Load)]
-    entries = {id(e) for ld in loads for e in ld.index}
-    # every other group axis is only an input's declared axis, renamed to s; s itself may be read whole
-    if any(isinstance(n, Index) and n.axis in groups - {s} and id(n) not in entries for n in nodes):
-        return None
     for ld in loads:
         for e, ax in zip(ld.index, program.inputs[ld.tensor].axes):
             whole, grouped = e == Index(a), ir.grouped_index(e) == (a, G)
