@@ -438,7 +438,7 @@ def _implementations(row: Row, xs, peers: set[str]):
         yield "liger", lig
 
 
-def main(argv=None) -> int:
+def main(argv=None, rows: list[Row] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="substrings of row names")
     ap.add_argument("--dry", action="store_true", help="CPU, tiny sizes, Triton's interpreter")
@@ -458,7 +458,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             fn()
             return round((time.perf_counter() - t0) * 1e3, 3)
-    rows = [r for r in ROWS if not a.only or any(s in r.name for s in a.only)]
+    rows = [r for r in (ROWS if rows is None else rows) if not a.only or any(s in r.name for s in a.only)]
     results = []
     for row in rows:
         print(f"[{len(results) + 1}/{len(rows)}] {row.name}", file=sys.stderr, flush=True)

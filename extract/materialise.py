@@ -111,10 +111,11 @@ def materialise_inline(kernels: list[KernelPlan], inline: dict[str, ir.Node], pr
     own row axis must be one the kernel loops over or tiles, the other row a grid axis: the side whose
     rows are the program's own (the query tile) is computed once per program and stays."""
     added: dict[str, BufferSpec] = {}
+    readers = _inline_readers(kernels, inline)
     for name, term in list(inline.items()):
         if not (isinstance(term, ir.Reduce) and term.op == "sum"):
             continue
-        users = [ki for ki, k in enumerate(kernels) if _reads_inline(k, name, inline)]
+        users = [ki for ki, names in enumerate(readers) if name in names]
         if not users:
             continue
         k = kernels[users[0]]
@@ -135,26 +136,40 @@ def materialise_inline(kernels: list[KernelPlan], inline: dict[str, ir.Node], pr
                 continue
             spec = _place(kernels, users[0], term.axis, row, True, value, program, owner, dtype,
                           f"mat_{name}_{row}", added)
-            users = [ki for ki, k in enumerate(kernels) if _reads_inline(k, name, inline)]
+            users = [ki for ki, names in enumerate(_inline_readers(kernels, inline)) if name in names]
             added[spec.name] = spec
             new[is_left] = ([ir.Load(spec.name, tuple(ir.Index(a) for a in spec.axes))], [])
             changed = True
         if changed:
             inline[name] = ir.Reduce("sum", term.axis, product_of(
                 [*new[True][0], *new[False][0], *sides.post], [*new[True][1], *new[False][1], *sides.post_conds]))
+            readers = _inline_readers(kernels, inline)
     return added
 
 
-def _reads_inline(k: KernelPlan, name: str, inline: dict[str, ir.Node]) -> bool:
-    """Does kernel `k` compute the inline term `name` (directly, or inside another inline term)?"""
-    def reads(e: ir.Node, seen: frozenset) -> bool:
-        for n in ir.walk(e):
-            if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and (
-                    n.name == name or (n.name in inline and n.name not in seen
-                                       and reads(inline[n.name], seen | {n.name}))):
-                return True
-        return False
-    return any(reads(e, frozenset()) for e in k.exprs())
+def _inline_readers(kernels: list[KernelPlan], inline: dict[str, ir.Node]) -> list[set[str]]:
+    """For each kernel, the inline terms it computes: those its expressions name, and theirs in turn."""
+    def named(e: ir.Node) -> set[str]:
+        return {n.name for n in ir.walk(e) if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE}
+
+    direct = {name: named(term) for name, term in inline.items()}
+    closed: dict[str, set[str]] = {}
+
+    def closure(name: str) -> set[str]:
+        if name not in closed:
+            closed[name] = {name}  # (a cycle stops here)
+            for m in direct.get(name, ()):
+                closed[name] |= closure(m)
+        return closed[name]
+
+    out = []
+    for k in kernels:
+        names: set[str] = set()
+        for e in k.exprs():
+            for m in named(e):
+                names |= closure(m)
+        out.append(names)
+    return out
 
 
 def _elementwise_dtype(factors, program: ir.Program) -> str | None:

@@ -143,6 +143,8 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
             policies.append(inline)
     explored = 0
     for inline in policies:
+        if _waits_for_a_loop(space, inline):
+            continue  # (every cover of this policy would be refused at its end)
         scheduled = [b.name for b in space.bindings if b.name not in inline]
         loops = [(k, lp) for k, lp in enumerate(space.loops) if lp.valid and not set(lp.names) & inline]
         # the covers of many overlapping groups grow exponentially: at most 50·max_plans are looked at,
@@ -163,12 +165,16 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
                     continue  # at most one split pass per plan keeps the space small
                 # (operands not written; written, by map passes where they read no reduction; written,
                 # by an earlier kernel's epilogue where they can)
+                nothing: set[bool] = set()  # `fused` choices with no operand to write (with or without epilogues)
                 for fused, (materialise, epilogues) in itertools.product(
                         (True, False), ((False, False), (True, False), (True, True))):
-                    if any(idx in space.bad_loops for idx, _ in cover):
+                    if any(idx in space.bad_loops for idx, _ in cover) or (materialise and fused in nothing):
                         continue
                     try:
                         plan = build_plan(space, inline, cover, splits, fused, materialise, epilogues)
+                    except NoOperands:
+                        nothing.add(fused)
+                        continue
                     except LoopTermError as e:  # a correction the (budget-cut) e-graph cannot give
                         space.bad_loops.add(e.loop)
                         space.dropped.append(e.why)
@@ -188,6 +194,22 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
                         space.truncated = True
                         return plans
     return plans
+
+
+class NoOperands(Exception):
+    """build_plan with `materialise`: the plan has no computed GEMM operand to write (nor would it with
+    `epilogues`, which only places them elsewhere)."""
+
+
+def _waits_for_a_loop(space: PlanSpace, inline: set[str]) -> bool:
+    """An inline term computed per tile cannot wait for a loop's result: a policy inlining a term that
+    reads a reduction it does not inline gives no plan."""
+    try:
+        terms = [space.terms.inline_term(space.by_name[name]) for name in inline]
+    except LookupError:  # (a term cut by the budget: build_plan reports it)
+        return False
+    return any(isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name not in inline
+               for t in terms for n in ir.walk(t))
 
 
 def _signature(plan: Plan) -> tuple:
@@ -350,7 +372,7 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
             return None
         mats.update(materialise_inline(kernels, inline_terms, program, owner_kernel))
         if not mats:
-            return None
+            raise NoOperands
         buffers.update(mats)
         derivation += [f"materialise: {b.name}[{', '.join(map(str, b.axes))}] ({b.dtype}) is written once and read "
                        f"by the contraction as data, not recomputed per output tile" for b in mats.values()]
@@ -363,7 +385,8 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
     computed = {ki: {c.name for ph in k.phases for c in (ph.source.comps if isinstance(ph, Combine) else ph.comps)}
                 for ki, k in enumerate(kernels)}
     for ki, k in enumerate(kernels):
-        needed = _syms_needed(k)
+        refs = _syms_needed(k)
+        needed, pending, loads = set(refs), {}, []
         for name in needed:
             if name in inline or name in computed[ki] or name not in by_name:
                 continue
@@ -375,16 +398,16 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
             if buf not in buffers:
                 streamed = [set(by_name[n].free) for n in needed if n in by_name and n not in inline
                             and n not in computed[ki]] + [set(ld.axes) for e in k.exprs() for ld in ir.walk(e)
-                                                          if isinstance(ld, ir.Load)]
+                                                          if isinstance(ld, ir.Load)] + [set(ld.axes) for ld in loads]
                 axes = _buffer_layout(b.free, k, streamed)
                 buffers[buf] = BufferSpec(buf, axes, "int64" if name in ints else floats)
                 kernels[src].epilogue.append(StorePlan(buf, axes, b.ref(ir.RefKind.FINAL)))
-            _replace_syms(k, name, ir.Load(buf, tuple(ir.Index(a) for a in buffers[buf].axes)))
+            load = ir.Load(buf, tuple(ir.Index(a) for a in buffers[buf].axes))
+            loads.append(load)
+            pending.update(dict.fromkeys(refs[name], load))
+        if pending:  # (one rebuild of the kernel's expressions for all its buffers)
+            k.substitute(pending)
     derivation += hoist_row_conditions(kernels)
-    for term in inline_terms.values():  # an inline term computed per tile cannot wait for a loop's result
-        if any(isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name not in inline
-               for n in ir.walk(term)):
-            return None
     groups = [(lp.axis, lp.names, ps.split) for ps, lp, _ in passes]
     return Plan(kernels, buffers, inline_terms, groups, fused, derivation)
 
@@ -409,17 +432,12 @@ def _compatible(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 _VALUES = (ir.RefKind.FINAL, ir.RefKind.INLINE)  # references a kernel needs computed, loaded or inline
 
 
-def _syms_needed(k: KernelPlan) -> set[str]:
-    out = set()
+def _syms_needed(k: KernelPlan) -> dict[str, set[ir.Node]]:
+    """The values the kernel reads by reference (a loop's final value, an inline term): name → its
+    reference nodes."""
+    out: dict[str, set[ir.Node]] = {}
     for e in k.exprs():
         for n in ir.walk(e):
             if isinstance(n, ir.StateRef) and n.kind in _VALUES:
-                out.add(n.name)
+                out.setdefault(n.name, set()).add(n)
     return out
-
-
-def _replace_syms(k: KernelPlan, name: str, load: ir.Load) -> None:
-    mapping = {n: load for e in k.exprs() for n in ir.walk(e)
-               if isinstance(n, ir.StateRef) and n.kind in _VALUES and n.name == name}
-    if mapping:
-        k.substitute(mapping)

@@ -20,7 +20,8 @@ extra axes. Local derivatives, one per operator:
 
 A max or min the outputs are invariant to — the shift of a softmax, a log-sum-exp, attention —
 has adjoint 0: it is dropped rather than computed as a sum that cancels (and its ties counted).
-Invariance is tested, not assumed: the program is evaluated in float64 at small extents with the
+Invariance is proved or tested, not assumed: proved by how each node moves with the shift
+(grad_shift), else the program is evaluated in float64 at small extents with the
 reduction moved by random per-row amounts (shift_invariant); `x − max x` is not invariant and gets
 its adjoint. Comparisons, predicates and integer casts carry no gradient. A gathered input's
 gradient is a shift back where the gather is a clamped shift (a slice, torch.cat, rotate-half), else a
@@ -37,6 +38,7 @@ from dataclasses import dataclass, replace
 from . import ir
 from .grad_gather import NoBackward, _c, _call, load_grad, substitute_free, sum_over
 from .grad_saved import Saved, hoist, save
+from .grad_shift import proves_shift_invariant
 from .ir import Call, Const, Index, Load, NeptuneError, Reduce
 from .numeric import shifted_exp_sum
 
@@ -297,7 +299,8 @@ _WHOLE = 2**20  # a program of at most this many points is tested at its own ext
 
 def shift_invariant(program: ir.Program, r: Reduce, seed: int = 0, extent: int = 6) -> bool:
     """The outputs do not change when `r` moves by any amount per element of its free axes: ∂out/∂r = 0
-    everywhere, so r's adjoint can be dropped. Tested on random float64 values (two draws, large
+    everywhere, so r's adjoint can be dropped. Proved by classing the outputs' nodes
+    (grad_shift.proves_shift_invariant), or else tested on random float64 values (two draws, large
     shifts ~ N(0, 9)) of the program at its own extents when it is small, else at extents ≤ `extent`
     with its masks of indices drawn at random (`j < 10` would never be false at 6, hiding a branch that
     does read r; a random mask shows every branch) — but only where no other index is combined with a
@@ -308,6 +311,8 @@ def shift_invariant(program: ir.Program, r: Reduce, seed: int = 0, extent: int =
 
     from .reference import evaluate, random_inputs
 
+    if proves_shift_invariant([o.expr for o in program.outputs], r):
+        return True
     if math.prod(program.axes.values()) <= _WHOLE:
         p = program
     else:
