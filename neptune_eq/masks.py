@@ -44,7 +44,25 @@ def _free_equalities(node: ir.Node) -> ir.Node:
     return ir.substitute(node, subs) if subs else node
 
 
-def _sample_env(nodes, seed: int = 0) -> dict[str, np.ndarray]:
+def _thresholds(node: ir.Node) -> list[float]:
+    """The integer constants of `node` (a mask's `f < 300`, a clamp's `min2(f, 299)`)."""
+    return sorted({n.value for n in ir.walk(node)
+                   if isinstance(n, ir.Const) and math.isfinite(n.value) and n.value == int(n.value)})
+
+
+def _index_samples(rng, thresholds: list[float]) -> np.ndarray:
+    """Index values: half in [−64, 64), half within 2 of one of the node's integer constants. Indices
+    drawn only near 0 never reach `f >= 300`: a where(f < 300, masked, sink) then looked like a mask
+    on every sample, and the sink column of a concatenation was masked away (silently wrong on the
+    GPU at 2048 keys)."""
+    v = rng.integers(-64, 64, _SAMPLES).astype(float)
+    if thresholds:
+        near = rng.choice(np.asarray(thresholds), _SAMPLES) + rng.integers(-2, 3, _SAMPLES)
+        v = np.where(rng.integers(0, 2, _SAMPLES) == 0, v, near)
+    return v
+
+
+def _sample_env(nodes, seed: int = 0, thresholds: list[float] = ()) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     env: dict[str, np.ndarray] = {}
     for n in nodes:
@@ -54,7 +72,7 @@ def _sample_env(nodes, seed: int = 0) -> dict[str, np.ndarray]:
         if isinstance(n, ir.Load) and n.tensor == _FREE:
             env[key] = rng.integers(0, 2, _SAMPLES).astype(float)
         elif isinstance(n, ir.Index):
-            env[key] = some_equal(rng, rng.integers(-64, 64, _SAMPLES).astype(float))
+            env[key] = some_equal(rng, _index_samples(rng, list(thresholds)))
         elif isinstance(n, ir.StateRef):
             v = rng.normal(0, 4, _SAMPLES)
             kind = rng.integers(0, 10, _SAMPLES)
@@ -83,7 +101,7 @@ def is_identity_everywhere(node: ir.Node, identity: float) -> bool:
     from neptune_eq.rules.soundness import eval_ir_sampled
 
     node = _free_equalities(node)
-    env = _sample_env(_leaves(node))
+    env = _sample_env(_leaves(node), thresholds=_thresholds(node))
     v = np.broadcast_to(eval_ir_sampled(node, env), (_SAMPLES,))
     defined = ~np.isnan(v)
     # NaN refines to anything, but a body that is NaN at most samples (rsqrt of a sampled negative

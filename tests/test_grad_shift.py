@@ -78,3 +78,13 @@ def test_relative_bias_and_sink_attention_train():
         fn(*ref).backward(gout.double())
         for a, b in zip(leaves, ref):
             assert torch.allclose(a.grad.double(), b.grad, atol=2e-5, rtol=1e-4), fn.__name__
+
+
+def test_a_sink_column_past_the_sampled_indices_is_not_masked():
+    """where(f < 100, causal-masked score, sink): the mask sampler drew indices in [−64, 64) only, so
+    the sink branch never showed and the causal predicate was taken for the mask of the whole body —
+    the sink masked away for every row but the last (silently wrong on the GPU at 2048 keys)."""
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(1, 100, 8, generator=g) for _ in range(3)] + [torch.randn(1, generator=g)]
+    got = neptune_eq.compile(sink, *xs)(*xs)
+    assert torch.allclose(got.double(), sink(*[x.double() for x in xs]), atol=1e-5)
