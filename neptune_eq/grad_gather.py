@@ -7,7 +7,8 @@ Two forms are derived:
               window): the map is a shift on the points it does not clamp, so the sum has at most one
               term there, g(s − c); the points clamped onto lo or hi add Σ over them at s = lo, s = hi,
               dropped where g is 0 on all of them (the unselected branch of a cat). Work: one read of g
-              per position, not a one-hot over the axis.
+              per position, not a one-hot over the axis. Also with an offset o of other axes,
+              clamp(a + c + o, lo, hi) (a relative position j − i): g(s − c − o), summed over o's axes.
     one-hot   any other integer expression (x[i, t[i]], an embedding lookup ids[t]): the one-hot test
               [e(p) == s]·g(p), summed over the axes the gather varies over and x is not indexed by.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import math
 
 from . import ir
-from .index_shift import Shift, clamped_shift
+from .index_shift import Shift, clamped_shift, offset_shift
 from .ir import Call, Const, Index, Load, NeptuneError, Reduce
 
 
@@ -140,6 +141,38 @@ def _shift_adjoint(program: ir.Program, g: ir.Node, sh: Shift, s: str) -> ir.Nod
     return out
 
 
+def _offset_adjoint(program: ir.Program, g: ir.Node, sh: Shift, o: ir.Node, s: str) -> ir.Node | None:
+    """Σ_a [clamp(a + c + o, lo, hi) == s]·g(a), o an index expression of other axes (a relative
+    position j − i): g read at a = s − c − o where that is an index of a and s is reached unclamped,
+    plus the sums over the points clamped onto lo and hi at s = lo, s = hi. The one-hot form would sum
+    g over every a for every s (a T5 bias table of 129 entries: 129 times attention's backward)."""
+    a, c = sh.axis, sh.c
+    if {a, s, *o.axes} & set(program.dynamic):
+        return None
+    bound = {m.axis for m in ir.walk(g) if isinstance(m, Reduce)}
+    if s == a or s in g.axes or s in bound or s in o.axes:
+        return None
+    n_a, n_x = program.axes[a], program.axes[s]
+    raw = _call("sub", _call("add", Index(s), _c(-c)), o)  # s − c − o
+    at = _call("min2", _call("max2", raw, _c(0)), _c(n_a - 1))
+    conds = [_call("ge", raw, _c(0)), _call("le", raw, _c(n_a - 1))]
+    conds += ([_call("ge", Index(s), _c(sh.lo))] if sh.lo > 0 else []) + (
+        [_call("le", Index(s), _c(sh.hi))] if sh.hi < n_x - 1 else [])
+    body = substitute_free(g, a, at)
+    for cond in conds:
+        body = _call("where", cond, body, _c(0.0))
+    out = body
+    shifted = _call("add", _call("add", Index(a), _c(c)), o)  # a + c + o
+    for edge, beyond in ((sh.hi, "gt"), (sh.lo, "lt")):
+        if not math.isfinite(edge):
+            continue
+        if not 0 <= edge <= n_x - 1:
+            return None
+        clamped = Reduce("sum", a, _call("where", _call(beyond, shifted, _c(edge)), g, _c(0.0)))
+        out = _call("add", out, _call("where", _call("eq", Index(s), _c(edge)), clamped, _c(0.0)))
+    return out
+
+
 def load_grad(program: ir.Program, n: Load, g: ir.Node) -> tuple[ir.Node, tuple[str, ...]]:
     """The adjoint g of the element n = x[idx] as a value over axes naming x's positions: the load's
     own axis where a position is indexed by one (no renaming: the forward's subterms stay shared), x's
@@ -162,6 +195,11 @@ def load_grad(program: ir.Program, n: Load, g: ir.Node) -> tuple[ir.Node, tuple[
                 val = _shift_adjoint(program, val, sh, s)
                 if val is None:
                     break
+            if val is not None:
+                return sum_over(val, val.axes - set(axes), order), axes
+        if len(gathered) == 1 and shifts[0][0] is None and (found := offset_shift(gathered[0][0])) is not None:
+            sh, o = found
+            val = _offset_adjoint(program, g, sh, o, gathered[0][1]) if sh.axis not in plain else None
             if val is not None:
                 return sum_over(val, val.axes - set(axes), order), axes
     free = set(g.axes).union(*(e.axes for e, _ in gathered))

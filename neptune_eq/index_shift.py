@@ -50,3 +50,33 @@ def clamped_shift(e: ir.Node) -> Shift | None:
     return Shift(a, c, max(lo, kv), max(hi, kv))
 
 
+
+
+def _index_only(n: ir.Node) -> bool:
+    return all(isinstance(m, Index | Const) or (isinstance(m, Call) and m.op in ("add", "sub", "neg", "mul"))
+               for m in ir.walk(n))
+
+
+def offset_shift(e: ir.Node) -> tuple[Shift, ir.Node] | None:
+    """e as clamp(a + c + o, lo, hi) with o an index expression of other axes (a relative position
+    clamp(j − i, −64, 64) + 64: a shift of j by c − i), as (Shift(a, c, lo, hi), o); None where e is
+    no such form or a plain clamped shift (o = 0: clamped_shift)."""
+    if not isinstance(e, Call) or e.op not in ("add", "sub", "min2", "max2") or len(e.args) != 2:
+        return None
+    x, k = e.args
+    if e.op in ("add", "sub") and isinstance(x, Index) and _integer(k) is None and _index_only(k) and (
+            x.axis not in k.axes):
+        return Shift(x.axis, 0, -math.inf, math.inf), (k if e.op == "add" else Call("neg", (k,)))
+    if _integer(k) is None and e.op != "sub":
+        x, k = k, x
+    kv = _integer(k)
+    inner = offset_shift(x) if kv is not None else None
+    if inner is None:
+        return None
+    (a, c, lo, hi), o = (inner[0].axis, inner[0].c, inner[0].lo, inner[0].hi), inner[1]
+    if e.op in ("add", "sub"):
+        kv = kv if e.op == "add" else -kv
+        return Shift(a, c + kv, lo + kv, hi + kv), o
+    if e.op == "min2":
+        return Shift(a, c, min(lo, kv), min(hi, kv)), o
+    return Shift(a, c, max(lo, kv), max(hi, kv)), o
