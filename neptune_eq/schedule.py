@@ -216,6 +216,7 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     if has_dot:
         sched = fit_shared(sched, k, program, plan, primary)
         sched = _wide_rolling_steps(sched, k, program, plan, primary)
+    sched = _cap_gathered_blocks(sched, k, plan, has_dot)
     # 8 warps for 128 rows of tensor-core tiles, 4 for fewer (8 warps over 64 rows measured 2.6× slower
     # on attention's dQ pass, bench/results/h100_2026-11-24/issue13/bwd_variants*.json)
     big = max((sched.tiles.get(a, 1) for a in primary), default=1)
@@ -402,6 +403,26 @@ def _bound_blocks(tiles: dict[str, int], k: KernelPlan) -> None:
             axes = [a for a in c.core.axes | mask | {p.axis} if tiles.get(a, 1) > 1]
             while len(axes) >= 3 and math.prod(tiles[a] for a in axes) > BLOCK_VALUES and tiles[p.axis] > 16:
                 tiles[p.axis] //= 2
+
+
+def _cap_gathered_blocks(sched: KernelSchedule, k: KernelPlan, plan: Plan, has_dot: bool) -> KernelSchedule:
+    """Halve the largest grid or loop tile of a load whose block spans three or more tiled axes (a row
+    gathered at a computed index: k[b, f + i − 64, d] of a relative-position table's gradient, a
+    [f, i, heads, d] block) until it holds at most BLOCK_VALUES values. Such a block is no tensor-core
+    operand; the relative table's was 8.4 M values, past Triton's limit of 2^20 (a compile error on the
+    GPU, where the interpreter has no limit). Axes contracted inside a tile (inner_axes) stay whole."""
+    inner, floor = inner_axes(k, plan), 16 if has_dot else 1
+    tiles = dict(sched.tiles)
+    for e in kernel_exprs(k, plan):
+        for ld in (n for n in ir.walk(e) if isinstance(n, ir.Load)):
+            axes = [a for a in ld.axes if tiles.get(a, 1) > 1]
+            while len(axes) >= 3 and math.prod(tiles[a] for a in axes) > BLOCK_VALUES:
+                free = [a for a in axes if a not in inner and a not in sched.steps and tiles[a] > floor]
+                if not free:
+                    break
+                a = max(free, key=lambda x: tiles[x])
+                tiles[a] //= 2
+    return sched if tiles == sched.tiles else replace(sched, tiles=tiles)
 
 
 def _wide_rolling_steps(sched: KernelSchedule, k: KernelPlan, program: ir.Program, plan: Plan,
