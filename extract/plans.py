@@ -143,8 +143,6 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
             policies.append(inline)
     explored = 0
     for inline in policies:
-        if _waits_for_a_loop(space, inline):
-            continue  # (every cover of this policy would be refused at its end)
         scheduled = [b.name for b in space.bindings if b.name not in inline]
         loops = [(k, lp) for k, lp in enumerate(space.loops) if lp.valid and not set(lp.names) & inline]
         # the covers of many overlapping groups grow exponentially: at most 50·max_plans are looked at,
@@ -158,6 +156,10 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
             space.truncated = True
             covers.pop()
         explored += len(covers)
+        if _waits_for_a_loop(space, inline):
+            # every cover of this policy would be refused at its end; its covers still count against
+            # the room, as when they were built (a policy after it sees the space it always saw)
+            continue
         for cover in sorted(covers, key=len):
             split_choices = [[1, *space.splits.get(idx, [])] for idx, _ in cover]
             for splits in itertools.product(*split_choices):

@@ -216,7 +216,7 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     if has_dot:
         sched = fit_shared(sched, k, program, plan, primary)
         sched = _wide_rolling_steps(sched, k, program, plan, primary)
-    sched = _cap_gathered_blocks(sched, k, plan, has_dot)
+    sched = _cap_blocks(sched, k, plan, has_dot)
     # 8 warps for 128 rows of tensor-core tiles, 4 for fewer (8 warps over 64 rows measured 2.6× slower
     # on attention's dQ pass, bench/results/h100_2026-11-24/issue13/bwd_variants*.json)
     big = max((sched.tiles.get(a, 1) for a in primary), default=1)
@@ -405,23 +405,43 @@ def _bound_blocks(tiles: dict[str, int], k: KernelPlan) -> None:
                 tiles[p.axis] //= 2
 
 
-def _cap_gathered_blocks(sched: KernelSchedule, k: KernelPlan, plan: Plan, has_dot: bool) -> KernelSchedule:
-    """Halve the largest grid or loop tile of a load whose block spans three or more tiled axes (a row
-    gathered at a computed index: k[b, f + i − 64, d] of a relative-position table's gradient, a
-    [f, i, heads, d] block) until it holds at most BLOCK_VALUES values. Such a block is no tensor-core
-    operand; the relative table's was 8.4 M values, past Triton's limit of 2^20 (a compile error on the
-    GPU, where the interpreter has no limit). Axes contracted inside a tile (inner_axes) stay whole."""
+# the most values one elementwise block spanning three or more tiled axes may hold: Triton refuses a
+# tensor past 2^20 values (the interpreter does not), and the block's neighbours need registers too.
+# Only blocks past it change (decode's split-K step reads [16 heads, 64 keys, 32] = 32768 values, measured
+# at 1.01-1.03x SDPA; its tiles stay)
+MAX_BLOCK_VALUES = 2**18
+
+
+def _cap_blocks(sched: KernelSchedule, k: KernelPlan, plan: Plan, has_dot: bool) -> KernelSchedule:
+    """Halve the largest grid or loop tile under any load or operation of the kernel whose block spans
+    three or more tiled axes until it holds at most MAX_BLOCK_VALUES values. A relative-position table's
+    gradient gathers k rows per (f, i) pair ([f, i, heads, d]: 8.4 M values) and multiplies dO and V rows
+    of several heads ([i, j, heads, e]: 4.2 M), a compile error on the GPU. The product of a tile
+    contraction whose factors are 2-D tiles is a tl.dot, never held, and is not counted; axes contracted
+    inside a tile (inner_axes) stay whole."""
     inner, floor = inner_axes(k, plan), 16 if has_dot else 1
     tiles = dict(sched.tiles)
-    for e in kernel_exprs(k, plan):
-        for ld in (n for n in ir.walk(e) if isinstance(n, ir.Load)):
-            axes = [a for a in ld.axes if tiles.get(a, 1) > 1]
-            while len(axes) >= 3 and math.prod(tiles[a] for a in axes) > BLOCK_VALUES:
-                free = [a for a in axes if a not in inner and a not in sched.steps and tiles[a] > floor]
-                if not free:
-                    break
-                a = max(free, key=lambda x: tiles[x])
-                tiles[a] //= 2
+
+    def tiled(n: ir.Node) -> list[str]:
+        return [a for a in n.axes if tiles.get(a, 1) > 1]
+
+    nodes = {n for e in kernel_exprs(k, plan) for n in ir.walk(e)}
+    dots: set[ir.Node] = set()
+    for r in nodes:
+        if isinstance(r, ir.Reduce) and r.op == "sum" and is_product(r.body):
+            op = opened(r.body)
+            if all(len(tiled(f)) <= 2 for f in op.factors):
+                dots |= {r.body, *op.structure}
+    for n in nodes:
+        if n in dots or not isinstance(n, ir.Load | ir.Call):
+            continue
+        axes = tiled(n)
+        while len(axes) >= 3 and math.prod(tiles[a] for a in axes) > MAX_BLOCK_VALUES:
+            free = [a for a in axes if a not in inner and a not in sched.steps and tiles[a] > floor]
+            if not free:
+                break
+            tiles[max(free, key=lambda x: tiles[x])] //= 2
+            axes = tiled(n)
     return sched if tiles == sched.tiles else replace(sched, tiles=tiles)
 
 
