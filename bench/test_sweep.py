@@ -1,4 +1,5 @@
-"""pytest-benchmark view of bench/sweep_unseen.py (GPU only; on a CPU every test is skipped).
+"""pytest-benchmark view of bench/sweep_unseen.py and bench/sweep_fresh.py (GPU only; on a CPU every test
+is skipped).
 
     pytest bench/test_sweep.py                                   # grouped by row
     pytest bench/test_sweep.py -k "cross_entropy and liger"
@@ -18,9 +19,10 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("benchmarks need a CUDA GPU", allow_module_level=True)
 
+import sweep_fresh as F
 import sweep_unseen as S
 
-ROWS = {r.name: r for r in S.ROWS}
+ROWS = {r.name: r for r in (*S.ROWS, *F.ROWS)}
 IMPLS = ["neptune_eq", "eager", "compile", "sdpa", "liger"]
 
 

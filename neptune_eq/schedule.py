@@ -426,12 +426,14 @@ def _cap_blocks(sched: KernelSchedule, k: KernelPlan, plan: Plan, has_dot: bool)
         return [a for a in n.axes if tiles.get(a, 1) > 1]
 
     nodes = {n for e in kernel_exprs(k, plan) for n in ir.walk(e)}
+    sums = [r.body for r in nodes if isinstance(r, ir.Reduce) and r.op == "sum"]
+    sums += [c.core for p in k.passes() for c in p.comps if c.op == "sum"]  # (a pass's sums: over its axis)
     dots: set[ir.Node] = set()
-    for r in nodes:
-        if isinstance(r, ir.Reduce) and r.op == "sum" and is_product(r.body):
-            op = opened(r.body)
+    for body in sums:
+        if is_product(body):
+            op = opened(body)
             if all(len(tiled(f)) <= 2 for f in op.factors):
-                dots |= {r.body, *op.structure}
+                dots |= {body, *op.structure}
     for n in nodes:
         if n in dots or not isinstance(n, ir.Load | ir.Call):
             continue
