@@ -406,17 +406,18 @@ def _bound_blocks(tiles: dict[str, int], k: KernelPlan) -> None:
 
 
 # the most values one elementwise block spanning three or more tiled axes may hold: Triton refuses a
-# tensor past 2^20 values (the interpreter does not), and the block's neighbours need registers too.
-# Only blocks past it change (decode's split-K step reads [16 heads, 64 keys, 32] = 32768 values, measured
-# at 1.01-1.03x SDPA; its tiles stay)
-MAX_BLOCK_VALUES = 2**18
+# tensor past 2^20 values (the interpreter does not). Only blocks past it change: a tighter cap (2^14,
+# 2^18) moved plans the cost model had chosen and the GPU had measured (decode's 64-key split-K step, the
+# regrouped GQA backward's group sum), since a capped block prices lower than the spilling one it was
+MAX_BLOCK_VALUES = 2**20
 
 
 def _cap_blocks(sched: KernelSchedule, k: KernelPlan, plan: Plan, has_dot: bool) -> KernelSchedule:
     """Halve the largest grid or loop tile under any load or operation of the kernel whose block spans
-    three or more tiled axes until it holds at most MAX_BLOCK_VALUES values. A relative-position table's
-    gradient gathers k rows per (f, i) pair ([f, i, heads, d]: 8.4 M values) and multiplies dO and V rows
-    of several heads ([i, j, heads, e]: 4.2 M), a compile error on the GPU. The product of a tile
+    three or more tiled axes until it holds at most MAX_BLOCK_VALUES values (Triton's limit). A
+    relative-position table's gradient gathers k rows per (f, i) pair ([f, i, heads, d]: 8.4 M values)
+    and multiplies dO and V rows of several heads ([i, j, heads, e]: 4.2 M), a compile error on the GPU
+    (the interpreter has no limit). The product of a tile
     contraction whose factors are 2-D tiles is a tl.dot, never held, and is not counted; axes contracted
     inside a tile (inner_axes) stay whole."""
     inner, floor = inner_axes(k, plan), 16 if has_dot else 1
