@@ -50,8 +50,6 @@ def clamped_shift(e: ir.Node) -> Shift | None:
     return Shift(a, c, max(lo, kv), max(hi, kv))
 
 
-
-
 def _index_only(n: ir.Node) -> bool:
     return all(isinstance(m, Index | Const) or (isinstance(m, Call) and m.op in ("add", "sub", "neg", "mul"))
                for m in ir.walk(n))

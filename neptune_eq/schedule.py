@@ -417,9 +417,8 @@ def _cap_blocks(sched: KernelSchedule, k: KernelPlan, plan: Plan, has_dot: bool)
     three or more tiled axes until it holds at most MAX_BLOCK_VALUES values (Triton's limit). A
     relative-position table's gradient gathers k rows per (f, i) pair ([f, i, heads, d]: 8.4 M values)
     and multiplies dO and V rows of several heads ([i, j, heads, e]: 4.2 M), a compile error on the GPU
-    (the interpreter has no limit). The product of a tile
-    contraction whose factors are 2-D tiles is a tl.dot, never held, and is not counted; axes contracted
-    inside a tile (inner_axes) stay whole."""
+    (the interpreter has no limit). The product of a tile contraction whose factors are 2-D tiles is a
+    tl.dot, never held, and is not counted; axes contracted inside a tile (inner_axes) stay whole."""
     inner, floor = inner_axes(k, plan), 16 if has_dot else 1
     tiles = dict(sched.tiles)
 
