@@ -155,6 +155,10 @@ def _liger_ce_z(xs):
 
 
 ATTN = ("eager", "compile")
+_GEMMA = _heads((2, 16, 4096, 128), (2, 8, 4096, 128), (2, 8, 4096, 128), dtype=torch.bfloat16,
+                tiny=((1, 4, 45, 16), (1, 2, 45, 16), (1, 2, 45, 16)))
+_MLA = _heads((1, 32, 4096, 192), (1, 32, 4096, 192), (1, 32, 4096, 128), dtype=torch.bfloat16,
+              tiny=((1, 2, 45, 24), (1, 2, 45, 24), (1, 2, 45, 16)))
 ROWS = [
     Row("clip_loss fwd+bwd 8192x512 bf16", clip_loss, _clip_make, backward=True),
     Row("z_loss_ce fwd+bwd 8192x32000 bf16", z_loss_cross_entropy, _ce_make((8192, 32000), (37, 101)), backward=True,
@@ -165,19 +169,15 @@ ROWS = [
     Row("softmax_entropy fwd+bwd 16384x32000 bf16", softmax_entropy,
         rows_make((16384, 32000), (37, 101), torch.bfloat16), backward=True),
     Row("gemma_attention 2x16/8 L4096 d128 bf16", gemma_attention,
-        _heads((2, 16, 4096, 128), (2, 8, 4096, 128), (2, 8, 4096, 128), dtype=torch.bfloat16,
-               tiny=((1, 4, 45, 16), (1, 2, 45, 16), (1, 2, 45, 16))), peers=ATTN),
+        _GEMMA, peers=ATTN),
     Row("gemma_attention fwd+bwd 2x16/8 L4096 d128 bf16", gemma_attention,
-        _heads((2, 16, 4096, 128), (2, 8, 4096, 128), (2, 8, 4096, 128), dtype=torch.bfloat16,
-               tiny=((1, 4, 45, 16), (1, 2, 45, 16), (1, 2, 45, 16))), peers=ATTN, backward=True),
+        _GEMMA, peers=ATTN, backward=True),
     Row("sink_attention 2x32 L2048 d64 bf16", sink_attention, _sink_make, peers=ATTN),
     Row("sink_attention fwd+bwd 2x32 L2048 d64 bf16", sink_attention, _sink_make, peers=ATTN, backward=True),
     Row("mla_causal 1x32 L4096 d192/128 bf16", mla_causal,
-        _heads((1, 32, 4096, 192), (1, 32, 4096, 192), (1, 32, 4096, 128), dtype=torch.bfloat16,
-               tiny=((1, 2, 45, 24), (1, 2, 45, 24), (1, 2, 45, 16))), peers=ATTN),
+        _MLA, peers=ATTN),
     Row("mla_causal fwd+bwd 1x32 L4096 d192/128 bf16", mla_causal,
-        _heads((1, 32, 4096, 192), (1, 32, 4096, 192), (1, 32, 4096, 128), dtype=torch.bfloat16,
-               tiny=((1, 2, 45, 24), (1, 2, 45, 24), (1, 2, 45, 16))), peers=ATTN, backward=True),
+        _MLA, peers=ATTN, backward=True),
     Row("t5_bias_attention fwd+bwd 2x16 L2048 d64 fp16", t5_bias_attention, _t5_make, peers=ATTN, backward=True),
     Row("sigmoid_attention fwd+bwd 2x16 L4096 d64 bf16", sigmoid_attention,
         _heads(*[(2, 16, 4096, 64)] * 3, dtype=torch.bfloat16, tiny=[(1, 2, 45, 16)] * 3), peers=ATTN, backward=True),

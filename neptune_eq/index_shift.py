@@ -41,11 +41,17 @@ def clamped_shift(e: ir.Node) -> Shift | None:
     inner = clamped_shift(x) if kv is not None else None
     if inner is None:
         return None
-    a, c, lo, hi = inner.axis, inner.c, inner.lo, inner.hi
-    if e.op in ("add", "sub"):
-        kv = kv if e.op == "add" else -kv
+    return _composed(inner, e.op, kv)
+
+
+def _composed(sh: Shift, op: str, kv: int) -> Shift:
+    """The shift `op(sh, kv)` of a clamped shift and an integer: a constant added moves the shift and
+    both bounds; a min or max moves the bounds."""
+    a, c, lo, hi = sh.axis, sh.c, sh.lo, sh.hi
+    if op in ("add", "sub"):
+        kv = kv if op == "add" else -kv
         return Shift(a, c + kv, lo + kv, hi + kv)
-    if e.op == "min2":
+    if op == "min2":
         return Shift(a, c, min(lo, kv), min(hi, kv))
     return Shift(a, c, max(lo, kv), max(hi, kv))
 
@@ -71,10 +77,4 @@ def offset_shift(e: ir.Node) -> tuple[Shift, ir.Node] | None:
     inner = offset_shift(x) if kv is not None else None
     if inner is None:
         return None
-    (a, c, lo, hi), o = (inner[0].axis, inner[0].c, inner[0].lo, inner[0].hi), inner[1]
-    if e.op in ("add", "sub"):
-        kv = kv if e.op == "add" else -kv
-        return Shift(a, c + kv, lo + kv, hi + kv), o
-    if e.op == "min2":
-        return Shift(a, c, min(lo, kv), min(hi, kv)), o
-    return Shift(a, c, max(lo, kv), max(hi, kv)), o
+    return _composed(inner[0], e.op, kv), inner[1]
