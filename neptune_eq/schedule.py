@@ -15,16 +15,9 @@ import math
 from dataclasses import dataclass, field, replace
 
 from . import ir
+from .block_bounds import bound_blocks, cap_blocks, next_pow2, one_group_per_program, short_pass_rows
 from .contraction import is_product, opened
-from .masks import conjuncts
 from .plan import Combine, KernelPlan, Pass, Plan
-
-
-def next_pow2(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
 
 
 @dataclass(frozen=True)
@@ -196,9 +189,9 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     for a in inner_axes(k, plan):
         tiles[a] = max(16, next_pow2(program.axes[a]))
     if not has_dot:
-        _one_group_per_program(tiles, k)
-        _bound_blocks(tiles, k)
-        _short_pass_rows(tiles, k, program)
+        one_group_per_program(tiles, k)
+        bound_blocks(tiles, k)
+        short_pass_rows(tiles, k, program)
     stages = 3 if has_dot else 2
     if has_dot and primary and tiles[primary[0]] > 64 and not steps:
         # the fp32 accumulator tiles a row carries (a row's scalars, softmax's max and sum, aside): past
@@ -216,7 +209,9 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     if has_dot:
         sched = fit_shared(sched, k, program, plan, primary)
         sched = _wide_rolling_steps(sched, k, program, plan, primary)
-    sched = _cap_blocks(sched, k, plan, has_dot)
+    capped = cap_blocks(sched.tiles, kernel_exprs(k, plan), k, inner_axes(k, plan) | set(sched.steps),
+                        16 if has_dot else 1)
+    sched = sched if capped == sched.tiles else replace(sched, tiles=capped)
     # 8 warps for 128 rows of tensor-core tiles, 4 for fewer (8 warps over 64 rows measured 2.6× slower
     # on attention's dQ pass, bench/results/h100_2026-11-24/issue13/bwd_variants*.json)
     big = max((sched.tiles.get(a, 1) for a in primary), default=1)
@@ -331,120 +326,6 @@ def fit_shared(sched: KernelSchedule, k: KernelPlan, program: ir.Program, plan: 
             break
         sched = sched.with_tiles(**{a: sched.tiles[a] // 2 for a in long})
     return sched
-
-
-# values of one elementwise block a program of 4 warps holds without spilling (128 a thread)
-BLOCK_VALUES = 16384
-
-
-def _group_selections(k: KernelPlan) -> dict[str, tuple[str, int]]:
-    """Grid axis b → (pass axis a, G) where a pass's mask selects a // G = b: each b sums its own
-    group of G elements of a (grouped-query attention's Σ_h [h // G = h0]·dK_h for kv head h0)."""
-    found: dict[str, tuple[str, int]] = {}
-    for p in k.passes():
-        for c in p.comps:
-            for cj in conjuncts(c.mask) if c.mask is not None else []:
-                if isinstance(cj, ir.Call) and cj.op == "eq":
-                    for x, y in (cj.args, cj.args[::-1]):
-                        g = ir.grouped_index(x)
-                        if g and g[0] == p.axis and g[1] > 1 and isinstance(y, ir.Index) and y.axis in k.grid:
-                            found[y.axis] = (p.axis, g[1])
-    return found
-
-
-def _one_group_per_program(tiles: dict[str, int], k: KernelPlan) -> None:
-    """Rows that select disjoint groups of the loop (a // G = b) share no loaded tile: a program takes one
-    b, and loop tiles that divide G, so its data bounds (lower/databounds.py) leave whole tiles, summed
-    unmasked. A tile of 8 kv heads summed [8, 16, 128] masked blocks: 1.9 ms for 0.55 GB on the H100
-    (session 36, gqa_pf's backward at L = 16384)."""
-    for b, (a, g) in _group_selections(k).items():
-        tiles[b] = 1
-        tiles[a] = min(tiles.get(a, 1), g & -g)  # the largest power of two dividing G
-
-
-SHORT_PASS = 16  # a pass over at most this many elements, in one tile, is short
-SHORT_PASS_BLOCK = 2048  # values a program of short passes reads per block
-
-
-def _short_pass_rows(tiles: dict[str, int], k: KernelPlan, program: ir.Program) -> None:
-    """A kernel whose passes are each one short tile (the member axis of regrouped grouped-query heads:
-    dK summed over the 4 query heads of a group) reads a few hundred values per program: it takes rows
-    of its last one-per-program grid axis until a block holds SHORT_PASS_BLOCK values. GQA's group sum
-    of dK and dV (32/8 heads, L 2048, d 128: [4, 128] fp32 blocks in 32768 programs) ran 172 µs, with 4
-    key rows per program 52 (16 or 64 rows: the same; H100, bench/probe_group_sum.py)."""
-    passes = list(k.passes())
-    if not passes or any(program.axes[p.axis] > SHORT_PASS or tiles.get(p.axis, 1) < program.axes[p.axis]
-                         for p in passes):
-        return
-    pinned = _group_selections(k)  # (a program takes one group: _one_group_per_program)
-    rows = [a for a in k.grid if tiles.get(a, 1) == 1 and program.axes[a] > 1 and a not in pinned]
-    if not rows:
-        return
-    width = max((math.prod(tiles.get(a, 1) for a in c.core.axes | {p.axis}) for p in passes for c in p.comps),
-                default=1)
-    r = 1
-    while r * 2 * width <= SHORT_PASS_BLOCK and r * 2 <= next_pow2(program.axes[rows[-1]]):
-        r *= 2
-    tiles[rows[-1]] = r
-
-
-def _bound_blocks(tiles: dict[str, int], k: KernelPlan) -> None:
-    """Halve the loop tile of a pass whose elementwise block (its values and their mask) spans three
-    or more tiled axes until the block holds at most BLOCK_VALUES values (down to 16). A grouped-query
-    gradient's group sum Σ_h [h // 8 = h0]·dK_h over an [8 groups, 64 heads, 128] block spilled: 57 ms
-    for 1.1 GB of reads on the H100; over [8, 16, 128] blocks 3.2 ms
-    (bench/results/h100_2026-11-25/gqa_kernels.txt), 1.9 ms once its partials were laid out with
-    the key axis first (extract/plans._buffer_layout; kernels_s30_gqa.txt)."""
-    for p in k.passes():
-        for c in p.comps:
-            if c.op == "sum" and is_product(c.core) and sum(tiles.get(a, 1) > 1 for a in c.core.axes | {p.axis}) == 3:
-                continue  # a tile contraction over the pass axis: a tl.dot, its product never held
-            mask = c.mask.axes if c.mask is not None else set()
-            axes = [a for a in c.core.axes | mask | {p.axis} if tiles.get(a, 1) > 1]
-            while len(axes) >= 3 and math.prod(tiles[a] for a in axes) > BLOCK_VALUES and tiles[p.axis] > 16:
-                tiles[p.axis] //= 2
-
-
-# the most values one elementwise block spanning three or more tiled axes may hold: Triton refuses a
-# tensor past 2^20 values (the interpreter does not). Only blocks past it change: a tighter cap (2^14,
-# 2^18) moved plans the cost model had chosen and the GPU had measured (decode's 64-key split-K step, the
-# regrouped GQA backward's group sum), since a capped block prices lower than the spilling one it was
-MAX_BLOCK_VALUES = 2**20
-
-
-def _cap_blocks(sched: KernelSchedule, k: KernelPlan, plan: Plan, has_dot: bool) -> KernelSchedule:
-    """Halve the largest grid or loop tile under any load or operation of the kernel whose block spans
-    three or more tiled axes until it holds at most MAX_BLOCK_VALUES values (Triton's limit). A
-    relative-position table's gradient gathers k rows per (f, i) pair ([f, i, heads, d]: 8.4 M values)
-    and multiplies dO and V rows of several heads ([i, j, heads, e]: 4.2 M), a compile error on the GPU
-    (the interpreter has no limit). The product of a tile contraction whose factors are 2-D tiles is a
-    tl.dot, never held, and is not counted; axes contracted inside a tile (inner_axes) stay whole."""
-    inner, floor = inner_axes(k, plan), 16 if has_dot else 1
-    tiles = dict(sched.tiles)
-
-    def tiled(n: ir.Node) -> list[str]:
-        return [a for a in n.axes if tiles.get(a, 1) > 1]
-
-    nodes = {n for e in kernel_exprs(k, plan) for n in ir.walk(e)}
-    sums = [r.body for r in nodes if isinstance(r, ir.Reduce) and r.op == "sum"]
-    sums += [c.core for p in k.passes() for c in p.comps if c.op == "sum"]  # (a pass's sums: over its axis)
-    dots: set[ir.Node] = set()
-    for body in sums:
-        if is_product(body):
-            op = opened(body)
-            if all(len(tiled(f)) <= 2 for f in op.factors):
-                dots |= {body, *op.structure}
-    for n in nodes:
-        if n in dots or not isinstance(n, ir.Load | ir.Call):
-            continue
-        axes = tiled(n)
-        while len(axes) >= 3 and math.prod(tiles[a] for a in axes) > MAX_BLOCK_VALUES:
-            free = [a for a in axes if a not in inner and a not in sched.steps and tiles[a] > floor]
-            if not free:
-                break
-            tiles[max(free, key=lambda x: tiles[x])] //= 2
-            axes = tiled(n)
-    return sched if tiles == sched.tiles else replace(sched, tiles=tiles)
 
 
 def _wide_rolling_steps(sched: KernelSchedule, k: KernelPlan, program: ir.Program, plan: Plan,

@@ -23,8 +23,9 @@ import itertools
 from dataclasses import dataclass, replace
 
 from . import ir
+from .block_bounds import next_pow2
 from .plan import Combine, KernelPlan, Plan
-from .schedule import SHARED_BUDGET, KernelSchedule, inner_axes, loop_loads, next_pow2, shared_bytes
+from .schedule import SHARED_BUDGET, KernelSchedule, inner_axes, loop_loads, shared_bytes
 
 # the most elements of one loop tile a program keeps on chip: 64K 16-bit values are half the
 # registers of an SM (32 warps); whether a row of a given kernel fits is the cost model's

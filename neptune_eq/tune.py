@@ -19,9 +19,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import ir
+from .block_bounds import next_pow2
 from .cachedir import cache_dir as cache_dir_at
 from .cachedir import default_cache_dir
-from .schedule import KernelSchedule, inner_axes, kernel_exprs, loop_loads, next_pow2, row_axes
+from .schedule import KernelSchedule, inner_axes, kernel_exprs, loop_loads, row_axes
 from .space import GEMM_TILES, RESIDENT_MAX, gemm_axes, gemm_tiles
 
 

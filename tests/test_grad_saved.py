@@ -321,7 +321,8 @@ def test_a_group_sum_over_many_heads_steps_a_bounded_block_and_matches_float64()
     match float64 (interpreter, L = 5). At L = 5 the key tile (8) is too small for a dot, so dK's state,
     laid out [j, d] for the tensor cores, is updated by an elementwise sum laid out [d, j]: it is laid
     back out as the state (that update failed to broadcast before)."""
-    from neptune_eq.schedule import BLOCK_VALUES, inner_axes
+    from neptune_eq.block_bounds import BLOCK_VALUES
+    from neptune_eq.schedule import inner_axes
 
     def gqa(q, k, v):
         k, v = k.repeat_interleave(8, dim=1), v.repeat_interleave(8, dim=1)
