@@ -326,8 +326,30 @@ def _leaves(xs, grad, buffers=()):
 
 
 def _error(got, want) -> float:
+    """The relative error of an output (the worst of its parts, for a program returning several)."""
+    if isinstance(want, tuple | list):
+        return max(_error(a, b) for a, b in zip(got, want, strict=True))
     err, nonfinite = rel_err(got, want)
     return math.inf if nonfinite else err
+
+
+_NARROW = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class _Float64(torch.overrides.TorchFunctionMode):
+    """Keeps a float64 reference in float64 where the program casts (`x.float()`, `x.to(torch.float32)`:
+    a loss that upcasts its bf16 logits would otherwise be its own float32 reference)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+            if func in (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16):
+                return x
+            if func is torch.Tensor.to:
+                args = tuple(torch.float64 if a in _NARROW else a for a in args)
+                kwargs = {k: torch.float64 if v in _NARROW else v for k, v in kwargs.items()}
+        return func(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -350,10 +372,11 @@ def reference(row: Row, device: str, dry: bool) -> Reference:
     xs = row.make(device, g, dry)
     ref_xs = tuple(x.double() if x.is_floating_point() else x for x in xs)
     if not row.backward:
-        with torch.no_grad():
+        with torch.no_grad(), _Float64():
             return Reference(xs, row.fn(*ref_xs))
     leaves = _leaves(ref_xs, True, row.buffers)
-    out = row.fn(*leaves)
+    with _Float64():
+        out = row.fn(*leaves)
     gout = torch.randn(out.shape, generator=g, device=device, dtype=torch.float64)
     out.backward(gout)
     return Reference(xs, out.detach(), gout, tuple(x.grad for x in leaves if x.requires_grad), row.buffers)

@@ -98,14 +98,18 @@ def bound_blocks(tiles: dict[str, int], k: KernelPlan) -> None:
 MAX_BLOCK_VALUES = 2**20
 
 
-def cap_blocks(tiles: dict[str, int], exprs: list[ir.Node], k: KernelPlan, fixed: set[str],
+def cap_blocks(tiles: dict[str, int], exprs: list[ir.Node], k: KernelPlan, inner: set[str], stepped: set[str],
                floor: int) -> dict[str, int]:
     """Halve the largest grid or loop tile under any load or operation of the kernel whose block spans
     three or more tiled axes until it holds at most MAX_BLOCK_VALUES values (Triton's limit). A
     relative-position table's gradient gathers k rows per (f, i) pair ([f, i, heads, d]: 8.4 M values)
     and multiplies dO and V rows of several heads ([i, j, heads, e]: 4.2 M), a compile error on the GPU
     (the interpreter has no limit). The product of a tile contraction whose factors are 2-D tiles is a
-    tl.dot, never held, and is not counted. Axes in `fixed` (contracted inside a tile, or stepped) stay
+    tl.dot, never held, and is not counted; a contraction's product held on the ALUs (a factor of three
+    tiled axes: the table's gradient along diagonals, k gathered per (f, i)) is held to BLOCK_VALUES,
+    what a program keeps without spilling ([f 128, i 64, d 64]: 0.5 M values a program). A factor is
+    2-D across a stepped axis (its tile holds rows of one head, or of one group of heads sharing a kv
+    head: decode's padded query row). Axes contracted inside a tile (`inner`) and stepped axes stay
     whole; no tile goes below `floor`."""
     tiles = dict(tiles)
 
@@ -116,17 +120,21 @@ def cap_blocks(tiles: dict[str, int], exprs: list[ir.Node], k: KernelPlan, fixed
     sums = [r.body for r in nodes if isinstance(r, ir.Reduce) and r.op == "sum"]
     sums += [c.core for p in k.passes() for c in p.comps if c.op == "sum"]  # (a pass's sums: over its axis)
     dots: set[ir.Node] = set()
+    alu: set[ir.Node] = set()  # the products of contractions held as blocks on the ALUs
     for body in sums:
         if is_product(body):
             op = opened(body)
-            if all(len(tiled(f)) <= 2 for f in op.factors):
+            if all(len(set(tiled(f)) - stepped) <= 2 for f in op.factors):
                 dots |= {body, *op.structure}
+            else:
+                alu |= {body, *op.structure}
     for n in nodes:
         if n in dots or not isinstance(n, ir.Load | ir.Call):
             continue
         axes = tiled(n)
-        while len(axes) >= 3 and math.prod(tiles[a] for a in axes) > MAX_BLOCK_VALUES:
-            free = [a for a in axes if a not in fixed and tiles[a] > floor]
+        limit = BLOCK_VALUES if n in alu else MAX_BLOCK_VALUES
+        while len(axes) >= 3 and math.prod(tiles[a] for a in axes) > limit:
+            free = [a for a in axes if a not in inner and a not in stepped and tiles[a] > floor]
             if not free:
                 break
             tiles[max(free, key=lambda x: tiles[x])] //= 2

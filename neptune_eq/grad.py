@@ -167,13 +167,18 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
     taken = set(program.inputs) | {o.name for o in program.outputs}
     inputs = dict(program.inputs)
     contribs: dict[ir.Node, list[ir.Node]] = {}
+    wanted = set(wrt)
 
     def add(node: ir.Node, c: ir.Node, over: frozenset[str] = frozenset()) -> None:
         # c is node's share of the adjoint of a parent over axes `over`: every element of the parent
         # reads node, so the axes node lacks are summed — by a reduction where c varies along them, by
         # the extent where it does not (Σ_d (x[i, d] − lse[i]) under a uniform cotangent: n_d times)
+        # (a gathered input's element keeps them: load_grad sums them outside its adjoint, so a
+        # relative-position table's gradient reads dS of every batch in its diagonal's tiles, not
+        # Σ_b dS recomputed per (i, j) element with the batch held as a padded ALU axis)
         summed = c.axes - node.axes
-        c = sum_over(c, summed, order) if summed else c
+        if summed and not _gathered(node, wanted):
+            c = sum_over(c, summed, order)
         for a in sorted(over - summed - node.axes, key=order.index):
             if a in program.dynamic:
                 raise NoBackward(f"{program.name}: the gradient of {ir.show(node)} counts the length of the "
@@ -191,7 +196,6 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         add(o.expr, Load(name, tuple(Index(a) for a in o.axes)))
 
     topo = list(dict.fromkeys(n for o in program.outputs for n in ir.walk(o.expr)))  # children first
-    wanted = set(wrt)
     reads: set[ir.Node] = set()  # the nodes whose value depends on an input differentiated
     for n in topo:
         if (isinstance(n, Load) and n.tensor in wanted) or any(c in reads for c in n.children()):
@@ -200,6 +204,9 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
     for n in reversed(topo):
         parts = contribs.pop(n, None)
         if not parts:
+            continue
+        if _gathered(n, wanted):  # (parts over different axes: each summed by load_grad on its own)
+            grads.setdefault(n.tensor, []).extend(load_grad(program, n, p) for p in parts)
             continue
         g = parts[0]
         for p in parts[1:]:
@@ -247,6 +254,11 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         inputs.update(more)
     back = ir.Program(f"{program.name}_backward", {**program.axes, **fresh}, inputs, outputs).validate()
     return Backward(back, cotangents, names, kept)
+
+
+def _gathered(n: ir.Node, wanted: set[str]) -> bool:
+    """Is n an element of a differentiated input read at an index expression (a gather)?"""
+    return isinstance(n, Load) and n.tensor in wanted and any(not isinstance(e, Index) for e in n.index)
 
 
 def _attained_exactly(program: ir.Program, r: Reduce) -> None:

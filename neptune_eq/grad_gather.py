@@ -141,11 +141,14 @@ def _shift_adjoint(program: ir.Program, g: ir.Node, sh: Shift, s: str) -> ir.Nod
     return out
 
 
-def _offset_adjoint(program: ir.Program, g: ir.Node, sh: Shift, o: ir.Node, s: str) -> ir.Node | None:
+def _offset_adjoint(program: ir.Program, g: ir.Node, sh: Shift, o: ir.Node,
+                    s: str) -> tuple[ir.Node, list[tuple[int, ir.Node]]] | None:
     """Σ_a [clamp(a + c + o, lo, hi) == s]·g(a), o an index expression of other axes (a relative
-    position j − i): g read at a = s − c − o where that is an index of a and s is reached unclamped,
-    plus the sums over the points clamped onto lo and hi at s = lo, s = hi. The one-hot form would sum
-    g over every a for every s (a T5 bias table of 129 entries: 129 times attention's backward)."""
+    position j − i), as (g read at a = s − c − o where that is an index of a and s is reached
+    unclamped, [(edge, the sum over the points clamped onto it)] for edge = lo, hi). The one-hot form
+    would sum g over every a for every s (a T5 bias table of 129 entries: 129 times attention's
+    backward). The caller sums each part over the other axes on its own: a clamped sum does not
+    depend on s, and summed inside the diagonal's sum it would be recomputed for every s."""
     a, c = sh.axis, sh.c
     if {a, s, *o.axes} & set(program.dynamic):
         return None
@@ -161,16 +164,15 @@ def _offset_adjoint(program: ir.Program, g: ir.Node, sh: Shift, o: ir.Node, s: s
     body = substitute_free(g, a, at)
     for cond in conds:
         body = _call("where", cond, body, _c(0.0))
-    out = body
+    edges: list[tuple[int, ir.Node]] = []
     shifted = _call("add", _call("add", Index(a), _c(c)), o)  # a + c + o
     for edge, beyond in ((sh.hi, "gt"), (sh.lo, "lt")):
         if not math.isfinite(edge):
             continue
         if not 0 <= edge <= n_x - 1:
             return None
-        clamped = Reduce("sum", a, _call("where", _call(beyond, shifted, _c(edge)), g, _c(0.0)))
-        out = _call("add", out, _call("where", _call("eq", Index(s), _c(edge)), clamped, _c(0.0)))
-    return out
+        edges.append((int(edge), Reduce("sum", a, _call("where", _call(beyond, shifted, _c(edge)), g, _c(0.0)))))
+    return body, edges
 
 
 def load_grad(program: ir.Program, n: Load, g: ir.Node) -> tuple[ir.Node, tuple[str, ...]]:
@@ -199,9 +201,15 @@ def load_grad(program: ir.Program, n: Load, g: ir.Node) -> tuple[ir.Node, tuple[
                 return sum_over(val, val.axes - set(axes), order), axes
         if len(gathered) == 1 and shifts[0][0] is None and (found := offset_shift(gathered[0][0])) is not None:
             sh, o = found
-            val = _offset_adjoint(program, g, sh, o, gathered[0][1]) if sh.axis not in plain else None
-            if val is not None:
-                return sum_over(val, val.axes - set(axes), order), axes
+            parts = _offset_adjoint(program, g, sh, o, gathered[0][1]) if sh.axis not in plain else None
+            if parts is not None:
+                body, edges = parts
+                out = sum_over(body, body.axes - set(axes), order)
+                for edge, clamped in edges:
+                    total = sum_over(clamped, clamped.axes - set(axes), order)
+                    at_edge = _call("eq", Index(gathered[0][1]), _c(edge))
+                    out = _call("add", out, _call("where", at_edge, total, _c(0.0)))
+                return out, axes
     free = set(g.axes).union(*(e.axes for e, _ in gathered))
     if len(set(axes)) != len(axes) or free & {s for _, s in gathered}:
         raise NoBackward(f"{program.name}: the gradient of the gathered {ir.show(n)} would reuse an axis of "

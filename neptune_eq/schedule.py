@@ -209,7 +209,7 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
     if has_dot:
         sched = fit_shared(sched, k, program, plan, primary)
         sched = _wide_rolling_steps(sched, k, program, plan, primary)
-    capped = cap_blocks(sched.tiles, kernel_exprs(k, plan), k, inner_axes(k, plan) | set(sched.steps),
+    capped = cap_blocks(sched.tiles, kernel_exprs(k, plan), k, inner_axes(k, plan), set(sched.steps),
                         16 if has_dot else 1)
     sched = sched if capped == sched.tiles else replace(sched, tiles=capped)
     # 8 warps for 128 rows of tensor-core tiles, 4 for fewer (8 warps over 64 rows measured 2.6× slower

@@ -91,6 +91,26 @@ def test_reshape_that_regroups_axes_raises():
         capture(lambda x: x.view(2, 3, 4).reshape(3, 2, 4) * 2, randn(6, 4))
 
 
+def test_repeat_of_size_one_dims_is_an_expand_and_tiling_is_refused():
+    """Multi-query attention's one kv head repeated over the query heads: the values of an expand
+    (it was refused as tiling). Tiling a dimension longer than 1 repeats a sequence: refused,
+    naming the dimension."""
+    q, k = randn(2, 4, 5, 3), randn(2, 1, 6, 3, seed=1)
+    check_capture(lambda q, k: torch.softmax(q @ k.repeat(1, 4, 1, 1).transpose(-1, -2), -1), q, k)
+    check_capture(lambda k: k.repeat(3, 1, 1, 1, 1) * 2, k)  # a new leading dimension
+    with pytest.raises(CaptureError, match=r"tiling dimension 2 of size 6 2 times"):
+        capture(lambda k: k.repeat(1, 1, 2, 1), k)
+
+
+def test_group_norm_with_weights_captures_its_cpu_decomposition():
+    """torch's CPU decomposition of group_norm views its weights through as_strided with the
+    contiguous strides of an [N, C] size: a reshape. A stride pattern that is not one is refused."""
+    x, w, b = randn(2, 12, 5, 7), randn(12, seed=1), randn(12, seed=2)
+    check_capture(lambda x, w, b: F.group_norm(x, 4, w, b, eps=1e-5), x, w, b)
+    with pytest.raises(CaptureError, match=r"as_strided .*not a reshape"):
+        capture(lambda x: torch.as_strided(x, (4, 4), (1, 4)) * 2, randn(16))
+
+
 def test_multi_head_projection_split_and_merge():
     def mha(x, w):
         B, L, E = x.shape

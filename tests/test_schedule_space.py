@@ -2,6 +2,7 @@
 sizes that are not tile multiples and matches float64; the cost model's choice between kinds at
 H100 sizes (compile only, nothing runs)."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -447,3 +448,37 @@ def test_a_group_sum_takes_one_group_per_program_and_sums_it_unmasked():
     xs = torch.randn(12, 5, 24, generator=torch.Generator().manual_seed(3))
     for p in (prog, prog.pin(streamed)):
         torch.testing.assert_close(p.run({"x": xs})["o"], xs.view(3, 4, 5, 24).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_contraction_held_on_the_alus_keeps_a_block_that_does_not_spill():
+    """A relative-position table's gradient along its diagonals gathers k and v rows per (entry f,
+    query i) and contracts them over d on the ALUs ([f, i, d] factors: no tl.dot). Such a product is
+    held to BLOCK_VALUES a program; at [f 128, i 64, d 64] (0.5 M values, Triton's limit is 2 M) it
+    spilled in every program. Compile only, at the sweep's sizes (L 2048, d 64, 129 entries)."""
+    from neptune_eq import ir
+    from neptune_eq.block_bounds import BLOCK_VALUES
+    from neptune_eq.contraction import is_product, opened
+    from neptune_eq.frontend import capture
+    from neptune_eq.grad import backward_program
+    from neptune_eq.schedule import kernel_exprs
+
+    def rel_bias(q, k, v, table):
+        i = torch.arange(q.shape[2])
+        rel = (i[None, :] - i[:, None]).clamp(-64, 64) + 64
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.125 + table[:, rel], -1) @ v
+
+    xs = [torch.randn(2, 4, 2048, 64) for _ in range(3)] + [torch.randn(4, 129)]
+    back = backward_program(capture(rel_bias, *xs).program, saved=True).program
+    comp = compile_ir(back, Options(max_plans=20))
+    seen = 0
+    for alt in comp.alternatives[:5]:
+        for k, s in zip(alt.plan.kernels, alt.schedules):
+            bodies = [r.body for e in kernel_exprs(k, alt.plan) for r in ir.walk(e)
+                      if isinstance(r, ir.Reduce) and r.op == "sum" and is_product(r.body)]
+            bodies += [c.core for p in k.passes() for c in p.comps if c.op == "sum" and is_product(c.core)]
+            for body in bodies:
+                tiled = [a for a in body.axes if s.tiles.get(a, 1) > 1]
+                if any(sum(s.tiles.get(a, 1) > 1 for a in f.axes) >= 3 for f in opened(body).factors):
+                    seen += 1
+                    assert len(tiled) < 3 or math.prod(s.tiles[a] for a in tiled) <= BLOCK_VALUES, (k.name, s)
+    assert seen, "no contraction on the ALUs: the diagonal's gradient changed form"

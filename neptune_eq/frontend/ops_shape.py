@@ -83,6 +83,43 @@ class Squeeze(ViewOp):
         return [v for k, v in enumerate(x.dims) if k not in drop]
 
 
+class Repeat(Expand):
+    """x.repeat(r) where every repeated dimension has size 1 (or is new): the same values as an
+    expand (multi-query attention's one kv head repeated over the query heads). Tiling a longer
+    dimension repeats a sequence, which no axis variable expresses: refused."""
+
+    def infer(self, tx, c):
+        x, reps = c.args[0], list(c.arg(1, "repeats"))
+        offset = len(reps) - x.ndim
+        tiled = [j for j, r in enumerate(reps) if r != 1 and j >= offset and x.shape[j - offset] != 1]
+        if tiled:
+            raise CaptureError(f"unsupported operation {c.op_name} (tiling dimension {tiled[0]} of size "
+                               f"{x.shape[tiled[0] - offset]} {reps[tiled[0]]} times; use expand or repeat_interleave)")
+        return super().infer(tx, c)
+
+
+class AsStrided(Reshape):
+    """as_strided over a contiguous input with the contiguous strides of a size of as many elements:
+    a reshape (torch's CPU decomposition of group_norm writes its [N, C] weights view so). Any other
+    stride pattern reads memory the value's axes do not describe: refused."""
+
+    def infer(self, tx, c):
+        inp = c.node.args[0].meta.get("val")
+        size, stride = list(c.arg(1, "size")), list(c.arg(2, "stride"))
+        offset = c.arg(3, "storage_offset", None)
+        want, step = [], 1
+        for n in reversed(size):
+            want.append(step)
+            step *= n
+        ok = (isinstance(inp, torch.Tensor) and inp.is_contiguous() and inp.numel() == step
+              and all(s == w or n == 1 for s, w, n in zip(stride, want[::-1], size))
+              and offset in (None, inp.storage_offset()))
+        if not ok:
+            raise CaptureError(f"unsupported operation {c.op_name} (size {size}, stride {stride}: not a "
+                               "reshape of a contiguous tensor)")
+        return super().infer(tx, c)
+
+
 class Unsupported:
     def __init__(self, why: str):
         self.why = why
@@ -110,5 +147,6 @@ HANDLERS = {
     aten.detach.default: Identity(),
     aten.lift_fresh_copy.default: Identity(),
     aten.contiguous.default: Identity(),
-    aten.repeat.default: Unsupported("tiling a tensor; use expand or repeat_interleave"),
+    aten.repeat.default: Repeat(),
+    aten.as_strided.default: AsStrided(),
 }
