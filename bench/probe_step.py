@@ -1,0 +1,62 @@
+"""Where the time of one sweep row's step goes on the GPU: do_bench's median beside the host time of a
+step (50 steps queued without a sync) and the CUDA kernels a step launches (torch.profiler), for
+neptune_eq and the eager peer. A step whose do_bench median is near its host time is bound by the host.
+
+    python bench/probe_step.py "torch_layer_norm fwd+bwd" ["kl_distill fwd+bwd" ...]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sweep_fresh
+import sweep_third
+import sweep_unseen as S
+
+
+def thunk(row: S.Row, built, ref: S.Reference):
+    if ref.gout is None:
+        return lambda: built(*ref.xs)
+
+    def step():
+        leaves = S._leaves(ref.xs, True, ref.buffers)
+        out = built(*leaves)
+        out.backward(ref.gout.to(out.dtype))
+    return step
+
+
+def probe(name: str) -> None:
+    row = next(r for r in (*S.ROWS, *sweep_fresh.ROWS, *sweep_third.ROWS) if r.name.startswith(name))
+    ref = S.reference(row, "cuda", dry=False)
+    for impl, build in S._implementations(row, ref.xs, {"eager"}):
+        fn = thunk(row, build(), ref)
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        med = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+        t0 = time.perf_counter()
+        for _ in range(50):
+            fn()
+        host = (time.perf_counter() - t0) / 50 * 1e3
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
+        kernels.sort(key=lambda e: -e.device_time_total)
+        gpu = sum(e.device_time_total for e in kernels) / 10 / 1e3
+        print(f"{row.name} | {impl}: do_bench {med:.4f} ms, host {host:.4f} ms a step, kernels {gpu:.4f} ms a step")
+        for e in kernels[:12]:
+            print(f"    {e.count // 10:3d}× {e.device_time_total / e.count:9.1f} µs  {e.key[:110]}")
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        probe(name)
