@@ -2,11 +2,15 @@
 step (50 steps queued without a sync) and the CUDA kernels a step launches (torch.profiler), for
 neptune_eq and the eager peer. A step whose do_bench median is near its host time is bound by the host.
 
-    python bench/probe_step.py "torch_layer_norm fwd+bwd" ["kl_distill fwd+bwd" ...]
+    python bench/probe_step.py "torch_layer_norm fwd+bwd" ["kl_distill fwd+bwd" ...] [--profile]
+
+--profile adds Python's profile of neptune_eq's step (100 steps, functions by own time and by total).
 """
 
 from __future__ import annotations
 
+import cProfile
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -31,7 +35,7 @@ def thunk(row: S.Row, built, ref: S.Reference):
     return step
 
 
-def probe(name: str) -> None:
+def probe(name: str, profile: bool) -> None:
     row = next(r for r in (*S.ROWS, *sweep_fresh.ROWS, *sweep_third.ROWS) if r.name.startswith(name))
     ref = S.reference(row, "cuda", dry=False)
     for impl, build in S._implementations(row, ref.xs, {"eager"}):
@@ -55,8 +59,18 @@ def probe(name: str) -> None:
         print(f"{row.name} | {impl}: do_bench {med:.4f} ms, host {host:.4f} ms a step, kernels {gpu:.4f} ms a step")
         for e in kernels[:12]:
             print(f"    {e.count // 10:3d}× {e.device_time_total / e.count:9.1f} µs  {e.key[:110]}")
+        if profile and impl == "neptune_eq":
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(100):
+                fn()
+            prof.disable()
+            torch.cuda.synchronize()
+            for order in ("tottime", "cumulative"):
+                pstats.Stats(prof, stream=sys.stdout).sort_stats(order).print_stats(30)
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:]:
-        probe(name)
+    names = [a for a in sys.argv[1:] if a != "--profile"]
+    for name in names:
+        probe(name, "--profile" in sys.argv)
