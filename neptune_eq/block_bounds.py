@@ -99,7 +99,7 @@ MAX_BLOCK_VALUES = 2**20
 
 
 def cap_blocks(tiles: dict[str, int], exprs: list[ir.Node], k: KernelPlan, inner: set[str], stepped: set[str],
-               floor: int) -> dict[str, int]:
+               floor: int, limit: int = MAX_BLOCK_VALUES) -> dict[str, int]:
     """Halve the largest grid or loop tile under any load or operation of the kernel whose block spans
     three or more tiled axes until it holds at most MAX_BLOCK_VALUES values (Triton's limit). A
     relative-position table's gradient gathers k rows per (f, i) pair ([f, i, heads, d]: 8.4 M values)
@@ -109,8 +109,10 @@ def cap_blocks(tiles: dict[str, int], exprs: list[ir.Node], k: KernelPlan, inner
     tiled axes: the table's gradient along diagonals, k gathered per (f, i)) is held to BLOCK_VALUES,
     what a program keeps without spilling ([f 128, i 64, d 64]: 0.5 M values a program). A factor is
     2-D across a stepped axis (its tile holds rows of one head, or of one group of heads sharing a kv
-    head: decode's padded query row). Axes contracted inside a tile (`inner`) and stepped axes stay
-    whole; no tile goes below `floor`."""
+    head: decode's padded query row). Other blocks are held to `limit` (a kernel without tensor-core
+    products passes BLOCK_VALUES: group norm's last pass held three row axes whole, [c 16, h 16, j 8,
+    i 16, d 32], 1 M values in each of 16 programs). Axes contracted inside a tile (`inner`) and
+    stepped axes stay whole; no tile goes below `floor`."""
     tiles = dict(tiles)
 
     def tiled(n: ir.Node) -> list[str]:
@@ -128,15 +130,18 @@ def cap_blocks(tiles: dict[str, int], exprs: list[ir.Node], k: KernelPlan, inner
                 dots |= {body, *op.structure}
             else:
                 alu |= {body, *op.structure}
+    # the axes a load reads contiguously (its last index) shrink last: a block keeps whole sectors
+    contiguous = {ld.index[-1].axis for ld in nodes if isinstance(ld, ir.Load) and ld.index
+                  and isinstance(ld.index[-1], ir.Index)}
     for n in nodes:
         if n in dots or not isinstance(n, ir.Load | ir.Call):
             continue
         axes = tiled(n)
-        limit = BLOCK_VALUES if n in alu else MAX_BLOCK_VALUES
-        while len(axes) >= 3 and math.prod(tiles[a] for a in axes) > limit:
+        cap = BLOCK_VALUES if n in alu else limit
+        while len(axes) >= 3 and math.prod(tiles[a] for a in axes) > cap:
             free = [a for a in axes if a not in inner and a not in stepped and tiles[a] > floor]
             if not free:
                 break
-            tiles[max(free, key=lambda x: tiles[x])] //= 2
+            tiles[max(free, key=lambda x: (x not in contiguous, tiles[x]))] //= 2
             axes = tiled(n)
     return tiles

@@ -15,7 +15,15 @@ import math
 from dataclasses import dataclass, field, replace
 
 from . import ir
-from .block_bounds import bound_blocks, cap_blocks, next_pow2, one_group_per_program, short_pass_rows
+from .block_bounds import (
+    BLOCK_VALUES,
+    MAX_BLOCK_VALUES,
+    bound_blocks,
+    cap_blocks,
+    next_pow2,
+    one_group_per_program,
+    short_pass_rows,
+)
 from .contraction import is_product, opened
 from .plan import Combine, KernelPlan, Pass, Plan
 
@@ -210,7 +218,7 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
         sched = fit_shared(sched, k, program, plan, primary)
         sched = _wide_rolling_steps(sched, k, program, plan, primary)
     capped = cap_blocks(sched.tiles, kernel_exprs(k, plan), k, inner_axes(k, plan), set(sched.steps),
-                        16 if has_dot else 1)
+                        16 if has_dot else 1, MAX_BLOCK_VALUES if has_dot else BLOCK_VALUES)
     sched = sched if capped == sched.tiles else replace(sched, tiles=capped)
     # 8 warps for 128 rows of tensor-core tiles, 4 for fewer (8 warps over 64 rows measured 2.6× slower
     # on attention's dQ pass, bench/results/h100_2026-11-24/issue13/bwd_variants*.json)
