@@ -1,7 +1,9 @@
-"""cProfile of a bench/sweep_unseen.py row's fwd+bwd step (50 steps, each synchronised): where the host
-time of a training step goes. GPU only.
+"""Where the time of a sweep row's step goes (bench/sweep_unseen.py, sweep_fresh.py, sweep_third.py):
+for neptune_eq and the eager peer, do_bench's median beside the host time of a step (50 steps queued
+without a sync) and the CUDA kernels a step launches (torch.profiler); a step whose median is near
+its host time is bound by the host. With --profile, cProfile of neptune_eq's step (100 steps). GPU only.
 
-    python bench/probe_host_cprofile.py "rope_gqa fwd+bwd" "gqa_causal fwd+bwd"
+    python bench/probe_host_cprofile.py "torch_layer_norm fwd+bwd" "rope_gqa fwd+bwd" [--profile]
 """
 
 from __future__ import annotations
@@ -9,41 +11,64 @@ from __future__ import annotations
 import cProfile
 import pstats
 import sys
+import time
 from pathlib import Path
 
 import torch
+import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sweep_fresh
+import sweep_third
 import sweep_unseen as S
 
-import neptune_eq
+
+def _step(built, ref: S.Reference):
+    if ref.gout is None:
+        return lambda: built(*ref.xs)
+
+    def step():
+        leaves = S._leaves(ref.xs, True, ref.buffers)
+        out = built(*leaves)
+        out.backward(ref.gout.to(out.dtype))
+    return step
 
 
-def main() -> None:
-    for want in sys.argv[1:]:
-        row = next(r for r in S.ROWS if r.name.startswith(want))
-        g = torch.Generator(device="cuda").manual_seed(0)
-        xs = row.make("cuda", g, False)
-        prog = neptune_eq.compile(row.fn, *xs)
-
-        def step(prog=prog, xs=xs, buffers=row.buffers):
-            leaves = tuple(x.detach().requires_grad_(x.is_floating_point() and k not in buffers)
-                           for k, x in enumerate(xs))
-            out = prog(*leaves)
-            out.backward(torch.ones_like(out))
-
-        for _ in range(5):
-            step()
+def probe(name: str, profile: bool) -> None:
+    row = next(r for r in (*S.ROWS, *sweep_fresh.ROWS, *sweep_third.ROWS) if r.name.startswith(name))
+    ref = S.reference(row, "cuda", dry=False)
+    for impl, build in S._implementations(row, ref.xs, {"eager"}):
+        fn = _step(build(), ref)
+        for _ in range(3):
+            fn()
         torch.cuda.synchronize()
-        pr = cProfile.Profile()
-        pr.enable()
+        med = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+        t0 = time.perf_counter()
         for _ in range(50):
-            step()
+            fn()
+        host = (time.perf_counter() - t0) / 50 * 1e3
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                fn()
             torch.cuda.synchronize()
-        pr.disable()
-        print("==", row.name, flush=True)
-        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+        kernels = sorted((e for e in prof.key_averages() if e.device_time_total > 0),
+                         key=lambda e: -e.device_time_total)
+        gpu = sum(e.device_time_total for e in kernels) / 10 / 1e3
+        print(f"{row.name} | {impl}: do_bench {med:.4f} ms, host {host:.4f} ms a step, kernels {gpu:.4f} ms a step")
+        for e in kernels[:12]:
+            print(f"    {e.count // 10:3d}× {e.device_time_total / e.count:9.1f} µs  {e.key[:110]}")
+        if profile and impl == "neptune_eq":
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(100):
+                fn()
+            pr.disable()
+            torch.cuda.synchronize()
+            for order in ("tottime", "cumulative"):
+                pstats.Stats(pr, stream=sys.stdout).sort_stats(order).print_stats(30)
 
 
 if __name__ == "__main__":
-    main()
+    for name in (a for a in sys.argv[1:] if a != "--profile"):
+        probe(name, "--profile" in sys.argv)

@@ -190,7 +190,7 @@ class Compiled:
             return None
         if self.family is None:
             try:
-                captured = capture(self.fn, *args)
+                captured = capture(self.fn, *args, merge=False)
             except ZeroSizeCapture:
                 return None
             finally:

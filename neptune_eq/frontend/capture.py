@@ -33,7 +33,7 @@ import inspect
 import re
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch._decomp import get_decompositions
@@ -48,6 +48,7 @@ from ..reference import evaluate
 from . import ops_index, ops_math, ops_reduce, ops_shape
 from .checks import IndexCheck, run_checks
 from .guards import Guards, Held, TensorGuard, same_value, scan
+from .merge_axes import merge_reduced_axes
 from .results import Mutation, OutputStructure, find_mutations
 from .sdpa import SdpaAsMath
 from .source import CaptureError, SourceLocator, describe, is_internal, location
@@ -267,13 +268,14 @@ def _same_device(first, name: str, t: torch.Tensor):
 # ---------------------------------------------------------------- capture
 
 
-def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
+def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool = True) -> Captured:
     """Trace `fn(*example_inputs)` once and translate it to an ir.Program.
 
     Program inputs are named after fn's parameters (positional ones; *args get `name0`, `name1`);
     outputs are out0, out1, ... for the tensors fn returns (in pytree order), then the new values of
     the arguments fn writes in place. Raises CaptureError (a NeptuneError) naming the unsupported
-    operation and the user's `file.py:line: code`.
+    operation and the user's `file.py:line: code`. With `merge`, neighbouring dimensions reduced
+    together are one axis of the program (merge_axes; a dynamic capture keeps every dimension).
     """
     params = _parameter_names(fn, len(example_inputs))
     static = {k: a for k, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)}
@@ -317,6 +319,8 @@ def capture(fn: Callable, *example_inputs, name: str | None = None) -> Captured:
     decls = [InputDecl(params[k], t.dtype) for k, t in zip(tensor_pos, tensors)]
     tx = Translator(gm.graph, decls, constants, HANDLERS, name=name or _function_name(fn))
     tr = tx.run()
+    if merge:
+        tr = replace(tr, program=merge_reduced_axes(tr.program))
     used = set(tr.program.inputs)
     bindings = tuple(
         ArgBinding(k, params[k], None, static=example_inputs[k]) if k in static

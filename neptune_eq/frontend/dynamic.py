@@ -194,7 +194,7 @@ def _probe(c0: Captured, example, groups, maps, only: int | None = None) -> str 
     moved = _moved(c0, groups, only)
     try:
         with _quiet():
-            c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name)
+            c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name, merge=False)
     except NeptuneError as e:
         return f"the function does not trace at other lengths of it ({str(e).splitlines()[0]})"
     return _difference(c0, c1, moved, maps)
@@ -244,7 +244,7 @@ def _output_dims(c0: Captured, example, groups, maps) -> tuple[tuple[int, int, i
     """(output, dimension, group) of the output dimensions on a dynamic axis, from one more capture
     with every group moved (checked to be the same program by resolve)."""
     moved = _moved(c0, groups)
-    c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name)
+    c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name, merge=False)
     length = {moved[g[0]]: k for k, g in enumerate(groups)}
     out = []
     for k, (s0, s1) in enumerate(zip(c0.output_shapes, c1.output_shapes)):
