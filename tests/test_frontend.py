@@ -467,6 +467,11 @@ def test_unsupported_op_names_op_and_line():
     assert "test_frontend.py:" in msg and "scores.sort(-1)" in msg
 
 
+def test_dropout_is_refused_as_random_numbers_at_its_line():
+    with pytest.raises(CaptureError, match=r"aten\.bernoulli \(random numbers: dropout .* at test_frontend\.py:\d+"):
+        capture(lambda x: F.dropout(x, 0.1, True) * 2, randn(3, 4))
+
+
 def test_boolean_mask_indexing_raises_with_line():
     with pytest.raises(CaptureError, match=r"boolean mask .* at test_frontend\.py:\d+"):
         capture(lambda x, m: x[m], randn(3, 4), torch.rand(3, 4) > 0.5)

@@ -32,6 +32,11 @@ from .source import CaptureError, located, location
 TEMPLATES = {1: "i", 2: "id", 3: "bid", 4: "bhid", 5: "bhgid"}
 
 
+# operations drawing random numbers (F.dropout traces to bernoulli): named as such when refused
+_RANDOM = frozenset({"bernoulli", "native_dropout", "rand", "rand_like", "randn", "randn_like", "randint",
+                     "randint_like", "randperm", "uniform", "normal", "multinomial", "exponential",
+                     "geometric", "cauchy", "log_normal", "poisson"})
+
 def dtype_name(dt: torch.dtype) -> str:
     return str(dt).removeprefix("torch.")
 
@@ -219,7 +224,10 @@ class Translator:
     def _handler(self, node: fx.Node):
         h = self.handlers.get(node.target) or self.handlers.get(_functional_twin(node))
         if h is None:
-            raise CaptureError(f"unsupported operation {op_name(node.target)}")
+            name = op_name(node.target)
+            why = " (random numbers: dropout and sampling run outside the compiled function)" \
+                if name.split(".")[-1].lstrip("_") in _RANDOM else ""
+            raise CaptureError(f"unsupported operation {name}{why}")
         return h
 
     def _wrap_info(self, node: fx.Node, result):
