@@ -67,6 +67,28 @@ def _never_zero(b: ir.Node) -> bool:
     return shifted_exp_sum(b) == "plain"
 
 
+def _shifted_by_row_max(x: ir.Node) -> bool:
+    """x is a − m with m a's row max (plain, or torch's guard against a row of −∞), or that max plus
+    the log of a sum of shifted exponentials (≥ 0): eˣ ≤ 1 (or NaN), never ∞, so its derivative needs
+    no zero-keeping guard (softmax's and attention's exponentials: no select in their backward loops)."""
+    if not (isinstance(x, Call) and x.op == "sub"):
+        return False
+    a, shift = x.args
+    terms = shift.args if isinstance(shift, Call) and shift.op == "add" else (shift,)
+
+    def row_max(t: ir.Node) -> bool:
+        if isinstance(t, Call) and t.op == "where" and len(t.args) == 3:  # (m = −∞ ? c : m)
+            t = t.args[2]
+        return isinstance(t, Reduce) and t.op == "max" and t.body == a
+
+    def log_of_shifted_sum(t: ir.Node) -> bool:
+        if isinstance(t, Call) and t.op == "where" and len(t.args) == 3:  # (S = 0 ? ∞ : log S)
+            t = t.args[2]
+        return isinstance(t, Call) and t.op == "log" and shifted_exp_sum(t.args[0]) is not None
+
+    return row_max(terms[0]) and all(log_of_shifted_sum(t) for t in terms[1:]) and len(terms) <= 2
+
+
 def _zero_guard(g: ir.Node, b: ir.Node) -> tuple[ir.Node, ir.Node] | None:
     """(b == 0, g′) when g is where(b == 0, 0, g′): the forward's guard of x/b against an empty row."""
     if isinstance(g, Call) and g.op == "where" and g.args[1] == _c(0.0):
@@ -102,10 +124,9 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
                     _call("where", c, _c(0.0), _call("neg", _call("div", _call("mul", g, n), a[1])))]
         return [_zero_keeps(g, _call("div", g, a[1])),
                 _zero_keeps(g, _call("neg", _call("div", _call("mul", g, n), a[1])))]
-    if op == "exp":
-        return [_call("mul", g, n)]
-    if op == "exp2":
-        return [_call("mul", g, _call("mul", n, _c(math.log(2.0))))]
+    if op in ("exp", "exp2"):  # (a zero cotangent stays 0 where eˣ overflows: σ(x) = 1/(1 + e⁻ˣ) at x = −100)
+        c = _call("mul", g, n if op == "exp" else _call("mul", n, _c(math.log(2.0))))
+        return [c if _shifted_by_row_max(a[0]) else _zero_keeps(g, c)]
     if op == "log":
         return [_call("div", g, a[0]) if _never_zero(a[0]) else _zero_keeps(g, _call("div", g, a[0]))]
     if op == "log1p":
@@ -123,8 +144,8 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
         return [_call("neg", _call("mul", g, _call("sin", a[0])))]
     if op == "tanh":
         return [_call("mul", g, _call("sub", _c(1.0), _call("mul", n, n)))]
-    if op == "sqrt":
-        return [_call("div", _call("mul", g, _c(0.5)), n)]
+    if op == "sqrt":  # (a zero cotangent stays 0 at √0: a norm's guarded zero row)
+        return [_zero_keeps(g, _call("div", _call("mul", g, _c(0.5)), n))]
     if op == "rsqrt":
         return [_call("mul", _call("mul", g, _c(-0.5)), _call("mul", n, _call("mul", n, n)))]
     if op == "abs":

@@ -43,6 +43,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from .. import ir
+from ..grad_gather import NoBackward
 from ..ir import NeptuneWarning
 from ..reference import evaluate
 from . import ops_index, ops_math, ops_reduce, ops_shape
@@ -191,8 +192,12 @@ class Captured:
         self.guards.accept()
 
     def check_aliases(self, args) -> None:
-        """A written argument must not share memory with another argument: eager would see the write."""
+        """A written argument must not share memory with another argument: eager would see the write.
+        Nor may it require grad: the backward reads the value the call overwrites (refused, naming it)."""
         for m in self.mutations:
+            if torch.is_grad_enabled() and args[m.position].requires_grad:
+                raise NoBackward(f"argument '{m.parameter}' is written in place by {self.program.name} and "
+                                 "requires grad: no gradient flows through an in-place write (write a new tensor)")
             mem = args[m.position].untyped_storage().data_ptr()
             for b, a in zip(self.args, args):
                 if b.position != m.position and b.is_tensor and a.untyped_storage().data_ptr() == mem:

@@ -69,8 +69,11 @@ class Reduction:
             corr = 1 if corr is None else corr
             mean = call("div", tx.reduce("sum", e, vs), const(n))
             d = call("sub", e, mean)
-            var = call("div", tx.reduce("sum", call("mul", d, d), vs), const(n - corr))
-            out = call("sqrt", var) if kind == "std" else var
+            # torch divides by max(0, n − correction): with no degree of freedom S/0, NaN where S = 0 (a
+            # single element), ∞ where S > 0, written S·∞ (a division by the constant 0 folds away)
+            ss = tx.reduce("sum", call("mul", d, d), vs)
+            var = call("div", ss, const(n - corr)) if n > corr else call("mul", ss, const(math.inf))
+            out = _root(var) if kind == "std" else var
             if kind == "var_mean":
                 return out, mean
         elif kind == "norm":
@@ -90,10 +93,16 @@ class Reduction:
         return out
 
 
+def _root(s):
+    """√s with torch's gradient of a norm or a standard deviation: 0 where s = 0 (a zero row, a
+    constant row), where the chain rule through √ would give ∞·0 = NaN."""
+    return call("where", call("eq", s, const(0.0)), const(0.0), call("sqrt", s))
+
+
 def _norm(tx, c, e, vs):
     p = c.arg(1, "ord", 2)
     if p == 2:
-        return call("sqrt", tx.reduce("sum", call("mul", e, e), vs))
+        return _root(tx.reduce("sum", call("mul", e, e), vs))
     if p == 1:
         return tx.reduce("sum", call("abs", e), vs)
     if p == math.inf:
