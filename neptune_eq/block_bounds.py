@@ -62,7 +62,7 @@ def short_pass_rows(tiles: dict[str, int], k: KernelPlan, program: ir.Program) -
     if not passes or any(program.axes[p.axis] > SHORT_PASS or tiles.get(p.axis, 1) < program.axes[p.axis]
                          for p in passes):
         return
-    pinned = group_selections(k)  # (a program takes one group: _one_group_per_program)
+    pinned = group_selections(k)  # (a program takes one group: one_group_per_program)
     rows = [a for a in k.grid if tiles.get(a, 1) == 1 and program.axes[a] > 1 and a not in pinned]
     if not rows:
         return
@@ -92,16 +92,18 @@ def bound_blocks(tiles: dict[str, int], k: KernelPlan) -> None:
 
 
 # the most values one elementwise block spanning three or more tiled axes may hold: Triton refuses a
-# tensor past 2^20 values (the interpreter does not). Only blocks past it change: a tighter cap (2^14,
-# 2^18) moved plans the cost model had chosen and the GPU had measured (decode's 64-key split-K step, the
-# regrouped GQA backward's group sum), since a capped block prices lower than the spilling one it was
+# tensor past 2^20 values (the interpreter does not). In a kernel with tensor-core products only blocks
+# past it change: a tighter cap there (2^14, 2^18) moved plans the cost model had chosen and the GPU had
+# measured (decode's 64-key split-K step, the regrouped GQA backward's group sum), since a capped block
+# prices lower than the spilling one it was
 MAX_BLOCK_VALUES = 2**20
 
 
 def cap_blocks(tiles: dict[str, int], exprs: list[ir.Node], k: KernelPlan, inner: set[str], stepped: set[str],
                floor: int, limit: int = MAX_BLOCK_VALUES) -> dict[str, int]:
     """Halve the largest grid or loop tile under any load or operation of the kernel whose block spans
-    three or more tiled axes until it holds at most MAX_BLOCK_VALUES values (Triton's limit). A
+    three or more tiled axes until it holds at most `limit` values (by default MAX_BLOCK_VALUES,
+    Triton's limit). A
     relative-position table's gradient gathers k rows per (f, i) pair ([f, i, heads, d]: 8.4 M values)
     and multiplies dO and V rows of several heads ([i, j, heads, e]: 4.2 M), a compile error on the GPU
     (the interpreter has no limit). The product of a tile contraction whose factors are 2-D tiles is a
