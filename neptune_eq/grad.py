@@ -153,7 +153,11 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
                       _call("where", _call("lt", a[0], _c(0.0)), _call("neg", g), _c(0.0)))]
     if op in ("max2", "min2"):
         win = "gt" if op == "max2" else "lt"
-        half = _call("mul", g, _c(0.5))
+        if isinstance(a[0], Const) or isinstance(a[1], Const):  # a clamp: x at its bound passes g (torch's)
+            x = 1 if isinstance(a[0], Const) else 0
+            keep = _call("ge" if op == "max2" else "le", a[x], a[1 - x])
+            return [_call("where", keep, g, _c(0.0)) if k == x else None for k in (0, 1)]
+        half = _call("mul", g, _c(0.5))  # (torch.maximum of two tensors: a tie shares g evenly)
 
         def share(x, y):
             return _call("where", _call(win, x, y), g, _call("where", _call("eq", x, y), half, _c(0.0)))

@@ -71,3 +71,17 @@ def test_an_argument_written_in_place_that_requires_grad_is_refused():
     prog = neptune_eq.compile(scale, x.clone())
     with pytest.raises(NoBackward, match=r"argument 'x' is written in place .* requires grad"):
         prog(torch.randn(4, 5, requires_grad=True) * 1)
+
+
+@pytest.mark.parametrize("fn", [F.relu, F.relu6, F.hardtanh, lambda x: x.clamp(0.0, 1.0), lambda x: x.clamp_min(0.0)],
+                         ids=["relu", "relu6", "hardtanh", "clamp", "clamp_min"])
+def test_kinks_take_torchs_side(fn):
+    """At a kink the gradient is torch's: 0 for ReLU at 0 and hardtanh at its bounds, 1 for clamp at its
+    bounds (a tie of max2 had split it in halves); NaN and ±inf pass through the forward as torch's."""
+    x = torch.tensor([[0.0, 1.0, 0.5, -1.0, 6.0, 7.0, float("nan"), float("inf"), -float("inf")]])
+    got = neptune_eq.compile(lambda t: fn(t) * 1.0, x)(x)
+    want = fn(x.double())
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()].double(), want[~want.isnan()])
+    finite = x[:, :6]
+    ours, ref = _grad(lambda t: fn(t).sum(-1), finite)
+    assert torch.equal(ours, ref), (ours, ref)

@@ -65,7 +65,7 @@ _DECOMPOSITIONS = get_decompositions([
     _aten.mse_loss.default, _aten.huber_loss.default, _aten.smooth_l1_loss.default,
     _aten.binary_cross_entropy.default, _aten.soft_margin_loss.default, _aten.nll_loss2d_forward.default,
     _aten.softplus.default, _aten.log_sigmoid_forward.default, _aten.glu.default, _aten.mish.default,
-    _aten.leaky_relu.default, _aten.hardtanh.default,
+    _aten.leaky_relu.default,
     _aten.hardswish.default, _aten.hardsigmoid.default, _aten.elu.default, _aten.celu.default, _aten.selu.default,
     _aten.hardshrink.default, _aten.softshrink.default, _aten.threshold.default,
     _aten.xlogy.Tensor, _aten.logaddexp.default, _aten.lerp.Scalar, _aten.addcmul.default,

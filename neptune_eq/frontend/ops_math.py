@@ -109,6 +109,11 @@ def _pow_scalar(tx, c, base, x):
     raise CaptureError(f"pow({b:g}, x) with a non-positive base is not supported")
 
 
+def _hardtanh(tx, c, x):
+    lo, hi = c.arg(1, "min_val", -1.0), c.arg(2, "max_val", 1.0)
+    return call("where", call("le", x, const(lo)), const(lo), call("where", call("ge", x, const(hi)), const(hi), x))
+
+
 def _clamp(tx, c, x):
     lo, hi = c.arg(1, "min"), c.arg(2, "max")
     if isinstance(lo, Operand) or isinstance(hi, Operand):
@@ -290,7 +295,9 @@ HANDLERS = {
         "where", call("lt", x, const(0)), const(-1), const(0)))),
     aten.isnan.default: Pointwise(1, lambda tx, c, x: call("ne", x, x)),  # (xlogy's decomposition reads it)
     aten.log10.default: Pointwise(1, lambda tx, c, x: call("mul", call("log", x), const(1 / math.log(10)))),
-    aten.relu.default: Pointwise(1, lambda tx, c, x: call("max2", x, const(0))),
+    # (relu and hardtanh as selects: torch's gradient is 0 at their kinks, where clamp passes it)
+    aten.relu.default: Pointwise(1, lambda tx, c, x: call("where", call("le", x, const(0)), const(0), x)),
+    aten.hardtanh.default: Pointwise(1, _hardtanh),
     aten.pow.Tensor_Scalar: Pointwise(2, _pow),
     aten.pow.Scalar: Pointwise(2, _pow_scalar),
     aten.maximum.default: binary("max2"),
