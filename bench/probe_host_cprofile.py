@@ -18,9 +18,8 @@ import torch
 import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sweep_fresh
-import sweep_third
 import sweep_unseen as S
+from sweeps import row_named
 
 
 def _step(built, ref: S.Reference):
@@ -35,7 +34,7 @@ def _step(built, ref: S.Reference):
 
 
 def probe(name: str, profile: bool) -> None:
-    row = next(r for r in (*S.ROWS, *sweep_fresh.ROWS, *sweep_third.ROWS) if r.name.startswith(name))
+    row = row_named(name)
     ref = S.reference(row, "cuda", dry=False)
     for impl, build in S._implementations(row, ref.xs, {"eager"}):
         fn = _step(build(), ref)

@@ -95,7 +95,7 @@ def main():
     ap.add_argument("--backward", action="store_true", help="the saved backward's kernels")
     ap.add_argument("--source", help="a hand-edited module to compile in place of the generated one")
     ap.add_argument("--beyond", action="store_true", help="op names a bench/beyond program (its first size)")
-    ap.add_argument("--sweep", action="store_true", help="op starts a sweep_unseen.py or sweep_fresh.py row name")
+    ap.add_argument("--sweep", action="store_true", help="op starts the name of a sweep row (bench/sweeps.py)")
     ap.add_argument("--tiles", default="", help="schedule override of every kernel, e.g. j=128")
     ap.add_argument("--stages", type=int, default=None, help="pipeline stages override")
     ap.add_argument("--dynamic", action="store_true",
@@ -109,10 +109,9 @@ def main():
         xs = (*(torch.randn(32, a.L, 128, dtype=torch.float16) for _ in range(3)),
               torch.repeat_interleave(torch.arange(16), lengths))
     elif a.sweep:
-        import sweep_fresh
-        import sweep_unseen
+        from sweeps import row_named
 
-        row = next(r for r in (*sweep_unseen.ROWS, *sweep_fresh.ROWS) if r.name.startswith(a.op))
+        row = row_named(a.op)
         fn, xs = row.fn, row.make("cpu", torch.Generator().manual_seed(0), False)
     elif a.beyond:
         sys.path.insert(0, str(Path(__file__).resolve().parent / "beyond"))

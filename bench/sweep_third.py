@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweep_fresh import _ce_make
 from sweep_unseen import Row, _randn, _shape, _two_rows, main, rows_make
 
 # ---------------------------------------------------------------- the programs, as a user writes them
@@ -192,14 +193,6 @@ def _key_padding_make(device, g, dry):
     valid = torch.rand(b, l, generator=g, device=device) < 0.8
     valid[:, 0] = True  # every batch keeps one key
     return q, k, v, valid
-
-
-def _ce_make(shape_big, shape_tiny):
-    def make(device, g, dry):
-        n, v = _shape(dry, shape_big, shape_tiny)
-        return (_randn(n, v, dtype=torch.bfloat16, device=device, g=g, scale=2.0),
-                torch.randint(0, v, (n,), generator=g, device=device))
-    return make
 
 
 def _softcap_make(device, g, dry):

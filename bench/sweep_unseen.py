@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from float64_mode import KeepFloat64
+
 import neptune_eq
 from neptune_eq.verify import default_tolerance, rel_err
 
@@ -333,25 +335,6 @@ def _error(got, want) -> float:
     return math.inf if nonfinite else err
 
 
-_NARROW = (torch.float32, torch.float16, torch.bfloat16)
-
-
-class _Float64(torch.overrides.TorchFunctionMode):
-    """Keeps a float64 reference in float64 where the program casts (`x.float()`, `x.to(torch.float32)`:
-    a loss that upcasts its bf16 logits would otherwise be its own float32 reference)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        x = args[0] if args else None
-        if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
-            if func in (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16):
-                return x
-            if func is torch.Tensor.to:
-                args = tuple(torch.float64 if a in _NARROW else a for a in args)
-                kwargs = {k: torch.float64 if v in _NARROW else v for k, v in kwargs.items()}
-        return func(*args, **kwargs)
-
-
 @dataclass(frozen=True)
 class Reference:
     """A row's inputs and its float64 result (and, for fwd+bwd rows, the cotangent and the gradients)."""
@@ -372,10 +355,10 @@ def reference(row: Row, device: str, dry: bool) -> Reference:
     xs = row.make(device, g, dry)
     ref_xs = tuple(x.double() if x.is_floating_point() else x for x in xs)
     if not row.backward:
-        with torch.no_grad(), _Float64():
+        with torch.no_grad(), KeepFloat64():
             return Reference(xs, row.fn(*ref_xs))
     leaves = _leaves(ref_xs, True, row.buffers)
-    with _Float64():
+    with KeepFloat64():
         out = row.fn(*leaves)
     gout = torch.randn(out.shape, generator=g, device=device, dtype=torch.float64)
     out.backward(gout)

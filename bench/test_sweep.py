@@ -1,5 +1,5 @@
-"""pytest-benchmark view of bench/sweep_unseen.py and bench/sweep_fresh.py (GPU only; on a CPU every test
-is skipped).
+"""pytest-benchmark view of the out-of-sample sweeps (bench/sweeps.py: sweep_unseen, sweep_fresh,
+sweep_third; GPU only, on a CPU every test is skipped).
 
     pytest bench/test_sweep.py                                   # grouped by row
     pytest bench/test_sweep.py -k "cross_entropy and liger"
@@ -19,10 +19,12 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("benchmarks need a CUDA GPU", allow_module_level=True)
 
-import sweep_fresh as F
 import sweep_unseen as S
+from sweeps import all_rows
 
-ROWS = {r.name: r for r in (*S.ROWS, *F.ROWS)}
+from neptune_eq import NeptuneError
+
+ROWS = {r.name: r for r in all_rows()}
 IMPLS = ["neptune_eq", "eager", "compile", "sdpa", "liger"]
 
 
@@ -39,6 +41,10 @@ def test_row(benchmark, name: str, impl: str):
     builders = dict(S._implementations(row, ref.xs, set(IMPLS)))
     if impl not in builders:
         pytest.skip(f"{impl} has no such operation")
+    if impl == "neptune_eq" and row.notes.get("expect", "").startswith("refusal"):
+        with pytest.raises(NeptuneError, match=row.notes["expect"].removeprefix("refusal: ")):
+            builders[impl]()
+        return
     errs, tol, timed = S.checked(impl, builders[impl](), ref)
     assert max(errs) <= tol, f"{impl} fails the float64 check on {name}: {errs}"
 

@@ -34,12 +34,8 @@ def merge_reduced_axes(program: ir.Program) -> ir.Program:
         program = _merge(program, *pair)
 
 
-def _exprs(program: ir.Program) -> list[ir.Node]:
-    return [o.expr for o in program.outputs]
-
-
 def _mergeable_pair(program: ir.Program) -> tuple[str, str] | None:
-    nodes = {n for e in _exprs(program) for n in ir.walk(e)}
+    nodes = {n for o in program.outputs for n in ir.walk(o.expr)}
     loads = [n for n in nodes if isinstance(n, ir.Load)]
     reduced = {(n.axis, n.body.axis) for n in nodes if isinstance(n, ir.Reduce) and isinstance(n.body, ir.Reduce)
                and n.op == n.body.op}

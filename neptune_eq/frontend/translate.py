@@ -37,6 +37,7 @@ _RANDOM = frozenset({"bernoulli", "native_dropout", "rand", "rand_like", "randn"
                      "randint_like", "randperm", "uniform", "normal", "multinomial", "exponential",
                      "geometric", "cauchy", "log_normal", "poisson"})
 
+
 def dtype_name(dt: torch.dtype) -> str:
     return str(dt).removeprefix("torch.")
 

@@ -1,0 +1,17 @@
+"""Every out-of-sample sweep's rows: bench/sweep_unseen.py (session 40), sweep_fresh.py (44),
+sweep_third.py (45)."""
+
+from __future__ import annotations
+
+import sweep_fresh
+import sweep_third
+import sweep_unseen
+
+
+def all_rows() -> list[sweep_unseen.Row]:
+    return [*sweep_unseen.ROWS, *sweep_fresh.ROWS, *sweep_third.ROWS]
+
+
+def row_named(prefix: str) -> sweep_unseen.Row:
+    """The first row whose name starts with `prefix`."""
+    return next(r for r in all_rows() if r.name.startswith(prefix))
