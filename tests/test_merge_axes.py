@@ -85,13 +85,13 @@ def test_group_norm_compiles_over_merged_pixels_and_matches_float64():
     assert torch.allclose(got.double(), gn(*(a.double() for a in args)), atol=1e-5)
 
 
-def test_a_dynamic_compile_keeps_every_dimension():
+def test_a_dynamic_compile_keeps_every_dimension(tmp_path):
     """A length marked dynamic maps each argument dimension to an axis: such a capture is not merged,
     and one compile serves both lengths."""
     def pool(x):
         return x.sum((1, 2))
 
-    prog = neptune_eq.compile(pool, _randn(3, 6, 5), dynamic={0: [1]})
+    prog = neptune_eq.compile(pool, _randn(3, 6, 5), dynamic={0: [1]}, cache_dir=tmp_path)  # (a fresh cache)
     for n in (6, 9):
         x = _randn(3, n, 5, seed=n)
         assert torch.allclose(prog(x).double(), pool(x.double()), atol=1e-5)
