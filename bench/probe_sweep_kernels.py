@@ -1,8 +1,9 @@
-"""Where the time of a bench/sweep_unseen.py row goes: the chosen plan's kernels by device time (torch
+"""Where the time of a sweep row (bench/sweeps.py) goes: the chosen plan's kernels by device time (torch
 profiler, fwd or fwd+bwd as the row says), and for forward rows every alternative of the cost model
-(untuned) timed beside its prediction, each checked against float64 first.
+(untuned) timed beside its prediction, each checked against float64 first; with --variants, every
+schedule of the space (neptune_eq/space.py) for each kernel of the chosen plan, the others kept.
 
-    python bench/probe_sweep_kernels.py "cross_entropy 8192" "kl_log_target" [--alternatives 12]
+    python bench/probe_sweep_kernels.py "cross_entropy 8192" "kl_log_target" [--alternatives 12] [--variants]
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ import torch
 import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sweep_unseen as S
 from host_profile import kernel_times
+from sweeps import row_named
 
 import neptune_eq
+from extract.cost import kernel_cost, priced_at
+from neptune_eq.device import H100
 from neptune_eq.frontend.compiled import CompiledFunction
+from neptune_eq.schedule import plan_schedules
+from neptune_eq.space import kernel_variants
 from neptune_eq.verify import rel_err
 
 
@@ -28,9 +33,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("rows", nargs="+")
     ap.add_argument("--alternatives", type=int, default=10)
+    ap.add_argument("--variants", action="store_true")
     a = ap.parse_args()
     for want in a.rows:
-        row = next(r for r in S.ROWS if r.name.startswith(want))
+        row = row_named(want)
         g = torch.Generator(device="cuda").manual_seed(0)
         xs = row.make("cuda", g, False)
         prog = neptune_eq.compile(row.fn, *xs)
@@ -50,7 +56,7 @@ def main() -> None:
         print(f"   step {ms * 1e3:.1f} us; kernels (us per step, launches):", flush=True)
         for name, us, n in kernel_times(step):
             print(f"     {us:9.1f}  x{n}  {name}", flush=True)
-        if row.backward or a.alternatives <= 0:
+        if row.backward or (a.alternatives <= 0 and not a.variants):
             continue
         ref = row.fn(*(x.double() if x.is_floating_point() else x for x in xs))
         base = prog.program.pin(0)
@@ -61,6 +67,30 @@ def main() -> None:
             t = triton.testing.do_bench(lambda run=run, xs=xs: run(*xs), warmup=25, rep=200, return_mode="median")
             print(f"   #{alt.id:3d} predicted {alt.cost.time * 1e6:8.1f} us measured {t * 1e3:8.1f} us "
                   f"err {err:.1e}  {alt.structure}", flush=True)
+        if a.variants:
+            _variants(prog, xs, ref)
+
+
+def _variants(prog, xs, ref) -> None:
+    """Each kernel of the chosen plan under each schedule of the space, the other kernels as chosen."""
+    base = prog.program.pin(0)
+    plan, program = base.alternative.plan, base.program
+    at = priced_at(program)
+    chosen = list(base.alternative.schedules)
+    for ki, (k, default) in enumerate(zip(plan.kernels, plan_schedules(plan, program))):
+        for v in kernel_variants(k, plan, program, default):
+            run_prog = base.pin(0)
+            run_prog.schedules["cuda"] = [*chosen[:ki], v.schedule, *chosen[ki + 1:]]
+            run = CompiledFunction(prog.captured, run_prog)
+            try:
+                err, nonfinite = rel_err(run(*xs), ref)
+                t = triton.testing.do_bench(lambda run=run: run(*xs), warmup=25, rep=200, return_mode="median")
+            except Exception as e:  # (a schedule Triton refuses: said, the others still timed)
+                print(f"   {k.name} {v.kind}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            cost = kernel_cost(plan, k, at, v.schedule, H100)
+            print(f"   {k.name} {v.kind:44s} predicted {cost.time * 1e6:8.1f} us (kernel) measured {t * 1e3:8.1f} "
+                  f"us (program) err {math.inf if nonfinite else err:.1e}  {cost}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """A third out-of-sample sweep (session 45): programs written after the first two sweeps — attention
 variants of current models (QK-norm, key-padding masks, cross-attention, prefix-LM masks, multi-query
 heads, learnable symmetric ALiBi), losses (label smoothing, Gemma's logit soft-cap, KL distillation),
-norms written by hand and by torch (fused residual RMSNorm with two outputs, LayerNorm, group norm) and
-softmaxes over non-last axes — compiled untuned and timed beside eager PyTorch and torch.compile, with
-the checking and timing of `bench/sweep_unseen.py`. The last rows hold operations the engine is not
+norms written by hand and by torch (fused residual RMSNorm with two outputs, LayerNorm, group norm;
+session 46: instance norm, batch norm over a batch, a spatial mean) and softmaxes over non-last axes —
+compiled untuned and timed beside eager PyTorch and torch.compile, with the checking and timing of
+`bench/sweep_unseen.py`. The last rows hold operations the engine is not
 expected to compile (a cumulative sum, top-k, dropout, a median): there the right answer is a clear
 refusal naming the operation.
 
@@ -138,6 +139,23 @@ def group_norm(x, w, b):
     return F.group_norm(x, 4 if x.shape[1] % 32 else 32, w, b, eps=1e-5)
 
 
+def instance_norm(x):
+    """F.instance_norm of [N, C, H, W]: each (sample, channel) over its pixels, no affine."""
+    return F.instance_norm(x, eps=1e-5)
+
+
+def batch_norm_1d(x, w, b):
+    """BatchNorm1d in training, by hand: each feature normalised over the batch (a column reduction)."""
+    mu = x.float().mean(0)
+    var = x.float().var(0, unbiased=False)
+    return ((x.float() - mu) * torch.rsqrt(var + 1e-5) * w + b).to(x.dtype)
+
+
+def spatial_mean(x):
+    """Global average pooling of a conv net's features: x.mean((2, 3)) of [N, C, H, W]."""
+    return x.mean((2, 3))
+
+
 def alibi_sym_attention(q, k, v, slopes):
     """Bidirectional ALiBi with learnable per-head slopes: softmax(q·kᵀ/√d − m_h·|i − j|)·v."""
     s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
@@ -263,6 +281,15 @@ ROWS = [
     Row("log_softmax_first 4096x8x1024 bf16", log_softmax_first,
         rows_make((4096, 8, 1024), (37, 3, 23), torch.bfloat16)),
     Row("group_norm 16x256x64x64 bf16", group_norm, _group_norm_make),
+    Row("group_norm fwd+bwd 16x256x64x64 bf16", group_norm, _group_norm_make, backward=True),
+    Row("instance_norm 32x128x64x64 bf16", instance_norm, rows_make((32, 128, 64, 64), (2, 3, 5, 7), torch.bfloat16)),
+    Row("instance_norm fwd+bwd 32x128x64x64 bf16", instance_norm,
+        rows_make((32, 128, 64, 64), (2, 3, 5, 7), torch.bfloat16), backward=True),
+    Row("batch_norm_1d 65536x1024 bf16", batch_norm_1d,
+        rows_make((65536, 1024), (37, 45), torch.bfloat16, extra=("w", "b"))),
+    Row("batch_norm_1d fwd+bwd 65536x1024 bf16", batch_norm_1d,
+        rows_make((65536, 1024), (37, 45), torch.bfloat16, extra=("w", "b")), backward=True),
+    Row("spatial_mean 128x512x28x28 bf16", spatial_mean, rows_make((128, 512, 28, 28), (2, 3, 5, 7), torch.bfloat16)),
     Row("alibi_sym_attention 2x16 L2048 d64 fp16", alibi_sym_attention, _alibi_make, peers=ATTN),
     Row("alibi_sym_attention fwd+bwd 2x16 L2048 d64 fp16", alibi_sym_attention, _alibi_make, peers=ATTN,
         backward=True),

@@ -443,7 +443,8 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
             want = getattr(torch, spec[name].dtype)
             inputs[name] = g.reshape(back.program.input_shape(name)).to(want).contiguous()
         res = _run(f"{qualname}:{mode}", run, inputs)
-        return [res[back.grads[n]] for n in wrt]
+        # (a gradient over the digits of a split dimension is laid out as the input: a reshape)
+        return [res[back.grads[n]].reshape(back.program.input_shape(n)) for n in wrt]
 
     @torch.library.custom_op(key, mutates_args=())
     def bop(xs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -231,14 +231,14 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         if not parts:
             continue
         if _gathered(n, wanted):  # (parts over different axes: each summed by load_grad on its own)
-            grads.setdefault(n.tensor, []).extend(load_grad(program, n, p) for p in parts)
+            grads.setdefault(n.tensor, []).extend((n, p) for p in parts)
             continue
         g = parts[0]
         for p in parts[1:]:
             g = _call("add", g, p)
         if isinstance(n, Load):
             if n.tensor in wanted:
-                grads.setdefault(n.tensor, []).append(load_grad(program, n, g))
+                grads.setdefault(n.tensor, []).append((n, g))
         elif isinstance(n, Call):
             if n.op in ("floordiv", "mod"):
                 if n in reads:
@@ -262,7 +262,7 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
     outputs, names, fresh = [], {}, {}
     for name in wrt:
         spec = program.inputs[name]
-        parts = grads.get(name)
+        parts = _adjoints(program, grads.get(name, []), fresh)
         expr: ir.Node = _c(0.0)
         axes = spec.axes
         if parts:
@@ -279,6 +279,20 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         inputs.update(more)
     back = ir.Program(f"{program.name}_backward", {**program.axes, **fresh}, inputs, outputs).validate()
     return Backward(back, cotangents, names, kept)
+
+
+def _adjoints(program: ir.Program, reads: list[tuple[Load, ir.Node]], fresh: dict[str, int]
+              ) -> list[tuple[ir.Node, tuple[str, ...]]]:
+    """The adjoints (value, axes) of one input's loads n with cotangents g: over the digit axes of a split
+    position where every load splits it alike (the gradient is then reshaped to the input), else over
+    the input's own axes (their sum renames one load's axes to another's: one layout for all)."""
+    trial = dict(fresh)
+    parts = [load_grad(program, n, g, trial) for n, g in reads]
+    if len({axes for _, axes in parts}) <= 1 or all(len(axes) == len(program.inputs[n.tensor].axes)
+                                                    for (n, _), (_, axes) in zip(reads, parts)):
+        fresh.update(trial)
+        return parts
+    return [load_grad(program, n, g) for n, g in reads]
 
 
 def _gathered(n: ir.Node, wanted: set[str]) -> bool:

@@ -9,6 +9,14 @@ Two forms are derived:
               dropped where g is 0 on all of them (the unselected branch of a cat). Work: one read of g
               per position, not a one-hot over the axis. Also with an offset o of other axes,
               clamp(a + c + o, lo, hi) (a relative position j − i): g(s − c − o), summed over o's axes.
+    split     e = Σ_k m_k·t_k, t_k an axis a_k or a_k // d_k, the digits of a row-major position (m_0 = 1,
+              m_{k+1} = m_k·|t_k|, Σ covering x's dimension): a view splitting the dimension (group
+              norm's channel h·8 + j, a merged axis h·32768 + jid, a weight read at h·8 + jid // 4096).
+              The position s is the digits (t_0 … t_K) laid out row-major, so the gradient is g over the
+              digit axes themselves, reshaped to x's dimension: no sum for a_k, and for a_k // d_k one
+              over the d_k members of a block (a_k = q·d_k + r, q the digit, r summed). Work: g once.
+              (A lone block index, grouped-query attention's k[h // G], is regroup.py's: its heads of a
+              group are held in one program there.)
     one-hot   any other integer expression (x[i, t[i]], an embedding lookup ids[t]): the one-hot test
               [e(p) == s]·g(p), summed over the axes the gather varies over and x is not indexed by.
 
@@ -175,10 +183,78 @@ def _offset_adjoint(program: ir.Program, g: ir.Node, sh: Shift, o: ir.Node,
     return body, edges
 
 
-def load_grad(program: ir.Program, n: Load, g: ir.Node) -> tuple[ir.Node, tuple[str, ...]]:
+def _digits(e: ir.Node, program: ir.Program, n_x: int) -> list[tuple[str, int]] | None:
+    """[(a_k, d_k)] most significant first where e = Σ_k m_k·(a_k // d_k) is a row-major position over
+    exactly [0, n_x) (d_k = 1: a plain axis), else None."""
+    terms: dict[tuple[str, int], int] = {}
+
+    def linear(x: ir.Node, scale: int) -> bool:
+        if isinstance(x, Index) and isinstance(x.axis, str):
+            terms[(x.axis, 1)] = terms.get((x.axis, 1), 0) + scale
+            return True
+        if isinstance(x, Const):
+            return x.value == 0
+        if isinstance(x, Call) and x.op == "add":
+            return all(linear(a, scale) for a in x.args)
+        if isinstance(x, Call) and x.op == "mul":
+            for k, y in (x.args, x.args[::-1]):
+                if isinstance(k, Const) and k.value == int(k.value) and k.value > 0:
+                    return linear(y, scale * int(k.value))
+        if isinstance(x, Call) and x.op == "floordiv" and isinstance(x.args[0], Index) and isinstance(
+                x.args[1], Const) and x.args[1].value == int(x.args[1].value) > 1:
+            key = (x.args[0].axis, int(x.args[1].value))
+            terms[key] = terms.get(key, 0) + scale
+            return True
+        return False
+
+    if not linear(e, 1) or len({a for a, _ in terms}) != len(terms) or set(program.dynamic) & {a for a, _ in terms}:
+        return None
+    at = 1
+    for (a, d), m in sorted(terms.items(), key=lambda t: t[1]):
+        if m != at or program.axes[a] % d:
+            return None
+        at *= program.axes[a] // d
+    return sorted(terms, key=terms.get, reverse=True) if at == n_x else None
+
+
+def _split_adjoint(program: ir.Program, n: Load, g: ir.Node, fresh: dict[str, int]
+                   ) -> tuple[ir.Node, tuple[str, ...]] | None:
+    """The adjoint of n over its digit axes where every gathered position of n is split into digits
+    (see `_digits`), else None. A digit a // d is a fresh axis q of |a|/d, its block's members r
+    (another fresh axis of d) summed: g read at a = q·d + r."""
+    spec = program.inputs[n.tensor]
+    split = [(e, None if isinstance(e, Index) else _digits(e, program, program.axes[s]))
+             for e, s in zip(n.index, spec.axes)]
+    if any(d is None or all(div > 1 for _, div in d) for e, d in split if not isinstance(e, Index)):
+        return None  # (a lone block index, grouped-query heads' k[h // g], is regroup.py's to hold whole)
+    used = [e.axis if d is None else a for e, d in split for a in ([None] if d is None else [a for a, _ in d])]
+    if len(set(used)) != len(used):
+        return None
+    axes: list[str] = []
+    for e, digits in split:
+        for a, d in [(e.axis, 1)] if digits is None else digits:
+            if d > 1:  # a = q·d + r: the digit q an output axis, r summed
+                q, r = (_fresh_axis(f"{a}_{part}", program, fresh, size)
+                        for part, size in (("q", program.axes[a] // d), ("r", d)))
+                g = substitute_free(g, a, _call("add", _call("mul", Index(q), _c(d)), Index(r)))
+                a = q
+            axes.append(a)
+    return sum_over(g, g.axes - set(axes), [*program.axes, *fresh]), tuple(axes)
+
+
+def _fresh_axis(name: str, program: ir.Program, fresh: dict[str, int], n: int) -> str:
+    while name in program.axes or fresh.get(name, n) != n:
+        name += "_"
+    fresh[name] = n
+    return name
+
+
+def load_grad(program: ir.Program, n: Load, g: ir.Node, fresh: dict[str, int] | None = None
+              ) -> tuple[ir.Node, tuple[str, ...]]:
     """The adjoint g of the element n = x[idx] as a value over axes naming x's positions: the load's
-    own axis where a position is indexed by one (no renaming: the forward's subterms stay shared), x's
-    axis where it is gathered (see the module docstring for the two forms)."""
+    own axis where a position is indexed by one (no renaming: the forward's subterms stay shared), the
+    digits of a split position (more axes than x has dimensions: its gradient is reshaped), x's axis
+    where it is gathered otherwise (see the module docstring for the forms). New axes go in `fresh`."""
     spec = program.inputs[n.tensor]
     plain = [i.axis for i in n.index if isinstance(i, Index)]
     gathered = [(e, s) for e, s in zip(n.index, spec.axes) if not isinstance(e, Index)]
@@ -187,6 +263,8 @@ def load_grad(program: ir.Program, n: Load, g: ir.Node) -> tuple[ir.Node, tuple[
     axes = tuple(i.axis if isinstance(i, Index) else s for i, s in zip(n.index, spec.axes))
     if not gathered:
         return g, axes
+    if fresh is not None and (split := _split_adjoint(program, n, g, fresh)) is not None:
+        return split
     order = list(program.axes)
     if len(set(axes)) == len(axes):
         shifts = [(clamped_shift(e), s) for e, s in gathered]

@@ -122,6 +122,20 @@ def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kernel
 
 
 def _kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule) -> list[Variant]:
+    out = _kinds(k, plan, program, base)
+    contiguous = {ld.index[-1].axis for ld in loop_loads(k, plan) if isinstance(ld.index[-1], ir.Index)}
+    held = {a: 1 for a in k.grid if base.tiles.get(a, 1) > 1 and a not in base.steps and a not in contiguous}
+    if held and not inner_axes(k, plan) and gemm_axes(k, program) is None:
+        # without tensor cores, a grid axis held whole to share a small tensor's loads among its rows
+        # (group norm's batch, beside its per-channel weights) also runs one index a program: more
+        # programs, each streaming its own row (not an axis the loop reads contiguously: a program
+        # would read narrower rows)
+        out += [Variant(f"{v.kind}, {'/'.join(held)} apart", v.schedule)
+                for v in _kinds(k, plan, program, base.with_tiles(**held))]
+    return out
+
+
+def _kinds(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule) -> list[Variant]:
     base = _with_kloops(k, plan, program, base)
     out = [Variant("streamed" + _kloop_label(k, plan, program, base), base)]
     loops = [p.axis for p in k.passes()]
@@ -182,10 +196,16 @@ def _kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kerne
         if _column_reads(k, plan, rows):
             # the rows are the contiguous axis of what the loop streams (a sum over the rows of x[i, d]
             # into [d]: a norm weight's or a bias's gradient): a program takes enough of them for whole
-            # memory sectors, the loop a short tile
+            # memory sectors, the loop a short tile — or a tall one: each loop step waits on a reduction
+            # across the warps, so a long column (softmax over a middle axis, 4096 rows) is a chain of
+            # fewer, larger steps at 4 × 64 rows
             r = min(COLUMNS, next_pow2(program.axes[rows]))
-            s = replace(base.with_tiles(**{rows: r}, **{a: COLUMNS for a in loops}), num_warps=4, num_stages=3)
-            out.append(Variant(f"columns {r} × {COLUMNS}", s))
+            n = max(program.axes[a] for a in loops)
+            for lt, warps in ((COLUMNS, 4), (4 * COLUMNS, 8)):
+                if lt == COLUMNS or n >= 2 * lt:
+                    s = replace(base.with_tiles(**{rows: r}, **{a: lt for a in loops}), num_warps=warps,
+                                num_stages=3)
+                    out.append(Variant(f"columns {r} × {lt}", s))
     if not inner_axes(k, plan) and loops and all(program.axes[a] >= 8192 for a in loops):
         s = replace(base.with_tiles(**{a: 2048 for a in loops}), num_warps=8)
         out.append(Variant("streamed 2048", s))

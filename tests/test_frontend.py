@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import neptune_eq
 from neptune_eq import ir, masks
 from neptune_eq.frontend import CaptureError, capture
 
@@ -91,15 +92,50 @@ def test_reshape_that_regroups_axes_raises():
         capture(lambda x: x.view(2, 3, 4).reshape(3, 2, 4) * 2, randn(6, 4))
 
 
-def test_repeat_of_size_one_dims_is_an_expand_and_tiling_is_refused():
-    """Multi-query attention's one kv head repeated over the query heads: the values of an expand
-    (it was refused as tiling). Tiling a dimension longer than 1 repeats a sequence: refused,
-    naming the dimension."""
+def test_repeat_is_an_expand_and_tiling_a_view_of_one():
+    """Multi-query attention's one kv head repeated over the query heads: the values of an expand.
+    Tiling a dimension of n r times is an expand to [r, n] viewed as [r·n]: k.repeat(1, 1, 2, 1),
+    rows and columns tiled beside tensors of the tiled size, F.instance_norm's weights repeated per
+    sample. A view that cuts across the copies still raises, naming the reshape."""
     q, k = randn(2, 4, 5, 3), randn(2, 1, 6, 3, seed=1)
     check_capture(lambda q, k: torch.softmax(q @ k.repeat(1, 4, 1, 1).transpose(-1, -2), -1), q, k)
     check_capture(lambda k: k.repeat(3, 1, 1, 1, 1) * 2, k)  # a new leading dimension
-    with pytest.raises(CaptureError, match=r"tiling dimension 2 of size 6 2 times"):
-        capture(lambda k: k.repeat(1, 1, 2, 1), k)
+    check_capture(lambda k: k.repeat(1, 1, 2, 1).sum(2), k)
+    x, y = randn(4, 3), randn(8, 9, seed=2)
+    check_capture(lambda x, y: (x.repeat(2, 3) * y).sum(0), x, y)
+    x, w, b = randn(2, 3, 5, 7), randn(3, seed=3), randn(3, seed=4)
+    check_capture(lambda x, w, b: F.instance_norm(x, weight=w, bias=b, eps=1e-5), x, w, b)
+    with pytest.raises(CaptureError, match=r"regroups|incompatible"):
+        capture(lambda v: v.repeat(2).view(3, 4) * 2, randn(6))
+
+
+def test_batch_norm_statistics_are_captured_and_module_buffers_are_not_written():
+    """F.batch_norm in training (batch statistics; running statistics passed as arguments are written
+    back like any argument written in place) and in eval mode. nn.BatchNorm2d in training writes its
+    module buffers (num_batches_tracked += 1, the running statistics): refused, naming the buffer, and
+    the capture leaves them as they were; in eval() it compiles."""
+    x, w, b = randn(4, 3, 5, 7), randn(3, seed=1), randn(3, seed=2)
+    rm, rv = randn(3, seed=3), randn(3, seed=4).abs() + 0.5
+
+    def train(x, rm, rv, w, b):
+        return F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1, eps=1e-5)
+
+    mine, theirs = [rm.clone(), rv.clone()], [rm.clone(), rv.clone()]
+    got = neptune_eq.compile(train, x, *mine, w, b)(x, *mine, w, b)
+    want = train(x.double(), *(t.double() for t in theirs), w.double(), b.double())
+    assert rel_err(got, want) < 1e-5
+    for a, t in zip(mine, theirs):
+        assert not torch.equal(a, rm) and torch.allclose(a.double(), t.double(), atol=1e-6)
+    check_capture(lambda x, rm, rv, w, b: F.batch_norm(x, rm, rv, w, b, training=False), x, rm, rv, w, b)
+    bn = torch.nn.BatchNorm2d(3, dtype=x.dtype)
+    with pytest.raises(CaptureError, match=r"num_batches_tracked.*eval\(\)"):
+        neptune_eq.compile(bn, x)
+    assert bn.num_batches_tracked.item() == 0 and torch.equal(bn.running_mean, torch.zeros(3, dtype=x.dtype))
+    bn.num_batches_tracked = None  # (no counter: the running statistics alone are written)
+    with pytest.raises(CaptureError, match=r"does not take as an argument .*BatchNorm"):
+        neptune_eq.compile(bn, x)
+    bn.eval()
+    assert rel_err(neptune_eq.compile(bn, x)(x), bn(x)) < 1e-5
 
 
 def test_group_norm_with_weights_captures_its_cpu_decomposition():

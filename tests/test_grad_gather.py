@@ -198,3 +198,32 @@ def test_a_relative_position_table_gets_its_gradient_along_diagonals():
     rel_bias(*leaves).backward(gout)
     for name, leaf in zip(("q", "k", "table"), leaves):
         assert torch.allclose(got[back.grads[name]], leaf.grad, atol=1e-10), name
+
+
+def test_a_split_dimension_gets_its_gradient_over_its_digits():
+    """x[b, i·3 + j, d] and w[i·3 + j] (a view splitting the channels into groups), and a weight read
+    at i·3 + jd // 5 after the sum over (j, d) is merged: the gradient is g over the digit axes,
+    reshaped — no one-hot test [i·3 + j == c] summed over every (i, j) for every c — and matches
+    float64 through the compiled kernels, fwd and bwd."""
+    def grouped(x, w):
+        return (x.view(2, 4, 3, 5).softmax(-1) * w.view(4, 3, 1)).sum(2)
+
+    def blocks(x, w):
+        return (x * w.view(4, 3, 1)).sum((2, 3))
+
+    g = torch.Generator().manual_seed(3)
+    for fn, shape in ((grouped, (2, 12, 5)), (blocks, (2, 4, 3, 5))):
+        x, w = torch.randn(*shape, generator=g), torch.randn(12, generator=g)
+        program = capture(fn, x, w).program
+        back = backward_program(program)
+        out = next(o for o in back.program.outputs if o.name == back.grads["w"])
+        assert len(out.axes) == 2 and not any(isinstance(n, Call) and n.op == "eq" and Index(
+            program.inputs["w"].axes[0]) in n.args for n in ir.walk(out.expr)), out
+        ours = [t.clone().requires_grad_() for t in (x, w)]
+        ref = [t.double().requires_grad_() for t in (x, w)]
+        cot = torch.randn(fn(x, w).shape, generator=g, dtype=torch.float64)
+        got = neptune_eq.compile(fn, x, w)(*ours)
+        (got.double() * cot).sum().backward()
+        (fn(*ref) * cot).sum().backward()
+        for a, b in zip(ours, ref):
+            assert a.grad.shape == b.grad.shape and torch.allclose(a.grad.double(), b.grad, atol=1e-5), fn.__name__

@@ -53,9 +53,8 @@ def test_a_layer_norm_over_two_dims_trains_through_the_merged_axis():
 
 
 def test_axes_used_otherwise_are_not_merged():
-    """A mask on an axis (causal scores), an axis inside an index expression (group norm's channel
-    within its group, h * 8 + j), a tensor reading the two in the other order, and a max around a sum
-    keep their axes; group norm's pixel rows and columns still merge."""
+    """A mask on an axis (causal scores), a tensor reading the two in the other order, a gather along
+    one, and a max around a sum keep their axes."""
     def causal(q, k):
         s = q @ k.transpose(-1, -2)
         i = torch.arange(s.shape[-1])
@@ -72,17 +71,53 @@ def test_axes_used_otherwise_are_not_merged():
     x = _randn(3, 5, 7)
     assert _reduced_axes(capture(crossed, x, _randn(3, 7, 5)).program) == {"i", "d"}
     assert _reduced_axes(capture(max_of_sums, x).program) == {"i", "d"}
-    gn = capture(lambda x, w, b: F.group_norm(x, 4, w, b), _randn(2, 12, 5, 7), _randn(12), _randn(12)).program
-    assert "id" in _reduced_axes(gn) and "j" in _reduced_axes(gn), gn
+
+    def gathered(x, idx):  # x[b, idx[j], d] summed over (j, d): j is read through the gather alone
+        return x[:, idx].sum((1, 2))
+
+    idx = torch.tensor([4, 0, 2])
+    assert len(_reduced_axes(capture(gathered, _randn(2, 5, 7), idx).program)) == 2
 
 
-def test_group_norm_compiles_over_merged_pixels_and_matches_float64():
+def test_group_norm_reduces_each_group_over_one_axis_and_matches_float64():
+    """Group norm reads x at channel h·3 + j: the channels of a group and its pixels merge into one
+    axis read at h·3·35 + jf (a reshape of x), the per-channel weights at h·3 + jf // 35; forward and
+    gradients of x, w and b match float64."""
     def gn(x, w, b):
         return F.group_norm(x, 4, w, b, eps=1e-5)
 
     args = (_randn(2, 12, 5, 7), _randn(12, seed=1), _randn(12, seed=2))
-    got = neptune_eq.compile(gn, *args)(*args)
-    assert torch.allclose(got.double(), gn(*(a.double() for a in args)), atol=1e-5)
+    program = capture(gn, *args).program
+    assert len(_reduced_axes(program)) == 1 and len(program.inputs["x"].axes) == 2, program
+    assert "// 35" in str(program.outputs[0].expr), program
+    prog = neptune_eq.compile(gn, *args)
+    ours = [t.clone().requires_grad_() for t in args]
+    ref = [t.double().requires_grad_() for t in args]
+    cot = _randn(2, 12, 5, 7, seed=3, dtype=torch.float64)
+    out = prog(*ours)
+    (out.double() * cot).sum().backward()
+    want = gn(*ref)
+    (want * cot).sum().backward()
+    assert torch.allclose(out.double(), want.detach(), atol=1e-5)
+    for a, b in zip(ours, ref):
+        assert torch.allclose(a.grad.double(), b.grad, atol=1e-4), (a.grad, b.grad)
+
+
+def test_a_weight_read_along_one_of_the_merged_axes_is_read_by_division():
+    """A [L] weight inside a sum over (L, D) of x[b, L, D]: the sum is one axis, the weight read at
+    ld // D; and a [D] weight at ld % D. Strided x (a transposed view) is reshaped, not misread."""
+    def weighted(x, wl, wd):
+        return (x * wl[:, None] * wd).sum((-2, -1))
+
+    x, wl, wd = _randn(3, 6, 5), _randn(6, seed=1), _randn(5, seed=2)
+    program = capture(weighted, x, wl, wd).program
+    assert len(_reduced_axes(program)) == 1, program
+    text = str(program.outputs[0].expr)
+    assert "// 5" in text and "% 5" in text, text
+    prog = neptune_eq.compile(weighted, x, wl, wd)
+    for xx in (x, _randn(3, 5, 6, seed=4).transpose(1, 2)):
+        want = weighted(xx.double(), wl.double(), wd.double())
+        assert torch.allclose(prog(xx, wl, wd).double(), want, atol=1e-5)
 
 
 def test_a_dynamic_compile_keeps_every_dimension(tmp_path):

@@ -70,6 +70,8 @@ _DECOMPOSITIONS = get_decompositions([
     _aten.hardshrink.default, _aten.softshrink.default, _aten.threshold.default,
     _aten.xlogy.Tensor, _aten.logaddexp.default, _aten.lerp.Scalar, _aten.addcmul.default,
     _aten.addcdiv.default, _aten.native_group_norm.default, _aten.norm.ScalarOpt_dim,
+    _aten.native_batch_norm.default, _aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit.no_stats,
+    _aten._native_batch_norm_legit_no_training.default,
 ])
 _DEVICE_TYPES = ("cpu", "cuda")
 
@@ -316,7 +318,9 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
         returned[:] = [spec, leaves]
         return [x for x in leaves if isinstance(x, torch.Tensor)]
 
+    small = {id(g.tensor): g.tensor.detach().clone() for g in env.guards.tensors if g.tensor.numel() <= _RESTORED}
     gm = _trace(traced, tensors)
+    _untouched(env.guards.tensors, small)
     _check_sizes(gm)
     spec, leaves = returned
     mutations = find_mutations(gm, [params[k] for k in tensor_pos], tensor_pos, example_inputs)
@@ -388,8 +392,30 @@ def _trace(traced, tensors) -> torch.fx.GraphModule:
         raise CaptureError(f"tracing failed: {type(e).__name__}: {first}", where) from e
 
 
+_RESTORED = 1 << 16  # closure tensors up to this many elements are restored if the trace writes them
+
+
+def _untouched(guarded, small: dict[int, torch.Tensor]) -> None:
+    """Refuse a function whose Python code wrote a closure or module tensor in place while it was traced
+    (BatchNorm's num_batches_tracked += 1 in training mode): the compiled call would not repeat the
+    write. The tensor is put back as it was (if small) so that capturing changes nothing."""
+    for g in guarded:
+        if g.tensor._version != g.version:
+            back = small.get(id(g.tensor))
+            if back is not None:
+                with torch.no_grad():
+                    g.tensor.copy_(back)
+            raise CaptureError(f"{g.source} is written in place by the function (a module buffer or closure "
+                               "tensor, such as BatchNorm's running statistics in training mode); the compiled "
+                               "function would not write it: call the module in eval() mode, or pass the tensor "
+                               "as an argument" + ("" if back is not None else
+                                                   " (it was changed by this capture and could not be restored)"))
+
+
 def _check_sizes(gm: torch.fx.GraphModule) -> None:
     for node in gm.graph.nodes:
+        if node.op == "call_function" and not node.users and not node.is_impure():
+            continue  # (nothing reads it: F.instance_norm's empty cuDNN reserve of shape (0,))
         val = node.meta.get("val")
         for v in val if isinstance(val, tuple | list) else (val,):
             # (a data-dependent size is a symbol: the translator reports that operation)

@@ -84,18 +84,28 @@ class Squeeze(ViewOp):
 
 
 class Repeat(Expand):
-    """x.repeat(r) where every repeated dimension has size 1 (or is new): the same values as an
-    expand (multi-query attention's one kv head repeated over the query heads). Tiling a longer
-    dimension repeats a sequence, which no axis variable expresses: refused."""
+    """x.repeat(r): where every repeated dimension has size 1 (or is new) the same values as an expand
+    (multi-query attention's one kv head repeated over the query heads); tiling a longer dimension n
+    r times is an expand to [r, n] (the copies: an axis the value does not vary along) viewed as
+    [r·n] (F.instance_norm's per-channel weights repeated for each sample)."""
 
     def infer(self, tx, c):
         x, reps = c.args[0], list(c.arg(1, "repeats"))
         offset = len(reps) - x.ndim
         tiled = [j for j, r in enumerate(reps) if r != 1 and j >= offset and x.shape[j - offset] != 1]
-        if tiled:
-            raise CaptureError(f"unsupported operation {c.op_name} (tiling dimension {tiled[0]} of size "
-                               f"{x.shape[tiled[0] - offset]} {reps[tiled[0]]} times; use expand or repeat_interleave)")
-        return super().infer(tx, c)
+        if not tiled:
+            return super().infer(tx, c)
+        dims, shape = [], []
+        for j, r in enumerate(reps):
+            n = x.shape[j - offset] if j >= offset else 1
+            if j in tiled:
+                dims += [tx.axes.new(r), x.dims[j - offset]]
+                shape += [r, n]
+            else:
+                dims.append(x.dims[j - offset] if j >= offset and n == r * n else
+                            (None if r * n == 1 else tx.axes.new(r * n)))
+                shape.append(r * n)
+        return tx.axes.reshape(dims, tuple(shape), tuple(c.out.shape))
 
 
 class AsStrided(Reshape):

@@ -58,8 +58,13 @@ def find_mutations(gm: torch.fx.GraphModule, params: list[str], positions: list[
     outs = list(out_node.args[0])
     found = []
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not _aten.copy_.default or node.args[0] not in placeholders:
+        if node.op != "call_function" or node.target is not _aten.copy_.default:
             continue
+        if node.args[0] not in placeholders:  # (a lifted closure or module tensor: the call would not write it)
+            raise CaptureError("the function writes in place into a tensor it does not take as an argument (a "
+                               "module buffer or closure tensor, such as BatchNorm's running statistics in "
+                               "training mode); call the module in eval() mode, or pass the tensor as an argument",
+                               location(node))
         k = placeholders.index(node.args[0])
         a = example_inputs[positions[k]]
         if any(b is a for j, b in enumerate(example_inputs) if j != positions[k]):
