@@ -55,6 +55,8 @@ def probe(name: str, profile: bool) -> None:
                          key=lambda e: -e.device_time_total)
         gpu = sum(e.device_time_total for e in kernels) / 10 / 1e3
         print(f"{row.name} | {impl}: do_bench {med:.4f} ms, host {host:.4f} ms a step, kernels {gpu:.4f} ms a step")
+        if ref.gout is not None:
+            print(f"    host by phase (ms a step): {_phases(build(), ref)}")
         for e in kernels[:12]:
             print(f"    {e.count // 10:3d}× {e.device_time_total / e.count:9.1f} µs  {e.key[:110]}")
         if profile and impl == "neptune_eq":
@@ -65,7 +67,24 @@ def probe(name: str, profile: bool) -> None:
             pr.disable()
             torch.cuda.synchronize()
             for order in ("tottime", "cumulative"):
-                pstats.Stats(pr, stream=sys.stdout).sort_stats(order).print_stats(30)
+                pstats.Stats(pr, stream=sys.stdout).sort_stats(order).print_stats(45)
+
+
+def _phases(built, ref: S.Reference, n: int = 50) -> str:
+    """Host time of a training step's parts: making the leaves, the forward call, the backward."""
+    spent = [0.0, 0.0, 0.0]
+    for k in range(n + 5):
+        t0 = time.perf_counter()
+        leaves = S._leaves(ref.xs, True, ref.buffers)
+        t1 = time.perf_counter()
+        out = built(*leaves)
+        t2 = time.perf_counter()
+        out.backward(ref.gout.to(out.dtype))
+        t3 = time.perf_counter()
+        if k >= 5:
+            spent = [a + b for a, b in zip(spent, (t1 - t0, t2 - t1, t3 - t2))]
+    torch.cuda.synchronize()
+    return ", ".join(f"{what} {t / n * 1e3:.3f}" for what, t in zip(("leaves", "forward", "backward"), spent))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from .grad_shift import proves_shift_invariant
 from .ir import Call, Const, Index, Load, NeptuneError, Reduce
 from .numeric import shifted_exp_sum
 
-_NO_GRAD = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "float"})
+_NO_GRAD = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "float", "stopgrad"})
 
 
 def grad_name(name: str, taken) -> str:
@@ -152,12 +152,11 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
         return [_call("where", _call("gt", a[0], _c(0.0)), g,
                       _call("where", _call("lt", a[0], _c(0.0)), _call("neg", g), _c(0.0)))]
     if op in ("max2", "min2"):
+        # torch.maximum / minimum: a tie shares g evenly, a constant's half dropped (a clamp, which passes
+        # g at its bound, is captured as selects; the decompositions of smooth functions, log σ(x) =
+        # min(x, 0) − log1p(e^−|x|), then get their derivative at 0 with |x|'s 0 there)
         win = "gt" if op == "max2" else "lt"
-        if isinstance(a[0], Const) or isinstance(a[1], Const):  # a clamp: x at its bound passes g (torch's)
-            x = 1 if isinstance(a[0], Const) else 0
-            keep = _call("ge" if op == "max2" else "le", a[x], a[1 - x])
-            return [_call("where", keep, g, _c(0.0)) if k == x else None for k in (0, 1)]
-        half = _call("mul", g, _c(0.5))  # (torch.maximum of two tensors: a tie shares g evenly)
+        half = _call("mul", g, _c(0.5))
 
         def share(x, y):
             return _call("where", _call(win, x, y), g, _call("where", _call("eq", x, y), half, _c(0.0)))

@@ -87,6 +87,9 @@ OPS: dict[str, Op] = {
         Op("sqrt", 1, _np_guard(np.sqrt), "tl.sqrt({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("rsqrt", 1, _np_rsqrt, "tl.rsqrt({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("abs", 1, _np_guard(np.abs), "tl.abs({0})"),
+        # x.detach(): the value of x, through which no gradient flows (neptune_eq/stopgrad.py: a
+        # forward program is compiled without it, a backward derived with it)
+        Op("stopgrad", 1, _np_guard(np.positive), "({0})", integer_ok=False),
         Op("max2", 2, _np_guard(np.maximum), "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
            commutative=True, associative=True, identity=-INF),
         Op("min2", 2, _np_guard(np.minimum), "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",

@@ -235,7 +235,8 @@ UNARY = {"neg": Term.__neg__, "exp": exp, "exp2": exp2, "log": log, "log2": log2
          "erf": erf, "tanh": tanh, "sin": sin, "cos": cos, "sqrt": sqrt, "rsqrt": rsqrt, "abs": abs_, "not": not_,
          "float": to_float}
 CONSTRUCTORS = {**BINARY, **UNARY, "where": where}
-assert set(CONSTRUCTORS) == set(OPS), set(OPS) ^ set(CONSTRUCTORS)
+# (stopgrad marks a detached value for the gradient alone; compile_program removes it before encoding)
+assert set(CONSTRUCTORS) == set(OPS) - {"stopgrad"}, set(OPS) ^ set(CONSTRUCTORS)
 assert all(c in BINARY for c in COMPARISONS)
 
 # name of each Python-level callable, as the op-table name (used to read rules and e-graphs back)

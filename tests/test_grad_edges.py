@@ -73,15 +73,75 @@ def test_an_argument_written_in_place_that_requires_grad_is_refused():
         prog(torch.randn(4, 5, requires_grad=True) * 1)
 
 
-@pytest.mark.parametrize("fn", [F.relu, F.relu6, F.hardtanh, lambda x: x.clamp(0.0, 1.0), lambda x: x.clamp_min(0.0)],
-                         ids=["relu", "relu6", "hardtanh", "clamp", "clamp_min"])
+@pytest.mark.parametrize("fn", [F.relu, F.relu6, F.hardtanh, lambda x: x.clamp(0.0, 1.0), lambda x: x.clamp_min(0.0),
+                                lambda x: torch.maximum(x, torch.zeros_like(x)), F.logsigmoid,
+                                lambda x: F.hardswish(x.clamp(-9.0) * 3), lambda x: F.hardsigmoid(x * 3)],
+                         ids=["relu", "relu6", "hardtanh", "clamp", "clamp_min", "maximum", "logsigmoid", "hardswish",
+                              "hardsigmoid"])
 def test_kinks_take_torchs_side(fn):
     """At a kink the gradient is torch's: 0 for ReLU at 0 and hardtanh at its bounds, 1 for clamp at its
-    bounds (a tie of max2 had split it in halves); NaN and ±inf pass through the forward as torch's."""
+    bounds, ½ for torch.maximum's tie with a zero tensor, 0 and 1 for hardswish at ∓3, 0 for
+    hardsigmoid at ±3; log σ is smooth at 0 (½ there: its stable form min(x, 0) − log1p(e^−|x|) has a
+    kink in each term that must not be taken from one side in one and split in the other). NaN and
+    ±inf pass through the forward as torch's."""
     x = torch.tensor([[0.0, 1.0, 0.5, -1.0, 6.0, 7.0, float("nan"), float("inf"), -float("inf")]])
     got = neptune_eq.compile(lambda t: fn(t) * 1.0, x)(x)
     want = fn(x.double())
-    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()].double(), want[~want.isnan()])
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.allclose(got[~got.isnan()].double(), want[~want.isnan()], rtol=1e-6, atol=1e-7)
     finite = x[:, :6]
     ours, ref = _grad(lambda t: fn(t).sum(-1), finite)
-    assert torch.equal(ours, ref), (ours, ref)
+    assert torch.allclose(ours, ref, rtol=1e-6, atol=1e-7), (ours, ref)
+
+
+def test_detached_values_take_no_gradient():
+    """x.detach() inside the compiled function: the forward is the same program (the detached row max
+    still fuses), the gradient stops there as torch's; an embedding's padding row gets none; a
+    torch.no_grad() block, which the traced graph does not record, is refused when gradients are
+    needed, naming its line (a call without gradients runs)."""
+    x = torch.randn(3, 6)
+    for fn in (lambda t: t * t.detach().mean(), lambda t: (t - t.detach()).exp(),
+               lambda t: torch.softmax(t - t.amax(-1, keepdim=True).detach(), -1) * t):
+        ours, ref = _grad(fn, x)
+        assert torch.allclose(ours, ref, atol=1e-6), (ours, ref)
+    ids = torch.tensor([[0, 1, 2], [0, 3, 3]])
+    w = torch.randn(4, 3)
+    ours, ref = _grad(lambda t: F.embedding(ids, t, padding_idx=0) * 2, w)
+    assert torch.equal(ours[0], torch.zeros(3, dtype=torch.float64)) and torch.allclose(ours, ref, atol=1e-6)
+    with pytest.raises(neptune_eq.NeptuneError, match=r"scale_grad_by_freq"):
+        neptune_eq.compile(lambda t: F.embedding(ids, t, scale_grad_by_freq=True), w)
+
+    def blocked(t):
+        with torch.no_grad():
+            m = t.amax(-1, keepdim=True)
+        return (t - m).exp().sum(-1)
+
+    prog = neptune_eq.compile(blocked, x)
+    assert torch.allclose(prog(x), blocked(x), atol=1e-6)
+    with pytest.raises(NoBackward, match=r"turns gradients off inside \(test_grad_edges\.py:\d+: with torch"):
+        prog(x.clone().requires_grad_())
+
+
+def test_a_slice_reduced_over_two_dims_keeps_its_gradient_outside_the_slice():
+    """x[:, -3:].var((1, 2)) and F.layer_norm over a slice: rows outside the slice get gradient 0 (not
+    NaN), and a product with a slice is summed over both dimensions."""
+    x = torch.randn(2, 5, 7)
+    for fn in (lambda t: t[:, -3:].var((1, 2)), lambda t: F.layer_norm(t[:, 1:4], (3, 7))):
+        ours, ref = _grad(fn, x)
+        assert torch.allclose(ours, ref, atol=1e-5), (ours, ref)
+    y = torch.randn(2, 3, 7)
+    assert torch.allclose(neptune_eq.compile(lambda a, b: (a[:, :3] * b).sum((1, 2)), x, y)(x, y),
+                          (x[:, :3] * y).sum((1, 2)), atol=1e-5)
+
+
+def test_an_argument_read_with_as_strided_must_come_contiguous():
+    """as_strided of contiguous strides is captured as a reshape of the logical values; a call with a
+    transposed argument would read its storage in eager PyTorch: refused, naming the argument."""
+    def view(t):
+        return torch.as_strided(t, (5, 7), (7, 1)) * 2
+
+    prog = neptune_eq.compile(view, torch.randn(5, 7))
+    x = torch.arange(35.0).reshape(7, 5).t()
+    assert torch.equal(prog(x.contiguous()), view(x.contiguous()))
+    with pytest.raises(neptune_eq.NeptuneError, match=r"argument 't' is read with as_strided"):
+        prog(x)

@@ -66,7 +66,7 @@ _DECOMPOSITIONS = get_decompositions([
     _aten.binary_cross_entropy.default, _aten.soft_margin_loss.default, _aten.nll_loss2d_forward.default,
     _aten.softplus.default, _aten.log_sigmoid_forward.default, _aten.glu.default, _aten.mish.default,
     _aten.leaky_relu.default,
-    _aten.hardswish.default, _aten.hardsigmoid.default, _aten.elu.default, _aten.celu.default, _aten.selu.default,
+    _aten.elu.default, _aten.celu.default, _aten.selu.default,
     _aten.hardshrink.default, _aten.softshrink.default, _aten.threshold.default,
     _aten.xlogy.Tensor, _aten.logaddexp.default, _aten.lerp.Scalar, _aten.addcmul.default,
     _aten.addcdiv.default, _aten.native_group_norm.default, _aten.norm.ScalarOpt_dim,
@@ -97,6 +97,7 @@ class ArgBinding:
     shape: tuple[int, ...] | None = None  # the example's shape (tensors)
     static: object = None  # the example's value (non-tensors)
     program_shape: tuple[int, ...] | None = None  # the shape of input `input` (where it differs from `shape`)
+    contiguous: bool = False  # fn reads its storage (as_strided): a call must pass it contiguous
 
     @property
     def is_tensor(self) -> bool:
@@ -125,6 +126,7 @@ class Captured:
     guards: Guards = field(repr=False, default_factory=Guards)
     index_checks: tuple[IndexCheck, ...] = ()
     mutations: tuple[Mutation, ...] = ()
+    grad_off: str | None = None  # where fn turns gradients off (no gradient is derived for such a call)
     # str(device) -> `constants` there (see _constants_on)
     _device_constants: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
@@ -134,8 +136,14 @@ class Captured:
         fn reads from its environment (a module's parameter) requires grad."""
         if not torch.is_grad_enabled():
             return False
-        return (any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-                or any(t.requires_grad for t in self.constants.values()))
+        needs = (any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+                 or any(t.requires_grad for t in self.constants.values()))
+        if needs and self.grad_off is not None:
+            from ..grad_gather import NoBackward
+
+            raise NoBackward(f"{self.program.name}: the function turns gradients off inside ({self.grad_off}), "
+                             "which the compiled function cannot see; detach the values instead (x.detach())")
+        return needs
 
     def inputs(self, *args, cached: bool = True) -> dict[str, torch.Tensor]:
         """The program's inputs for a call fn(*args) (checked against the example shapes; all on one
@@ -160,6 +168,9 @@ class Captured:
                     f"{b.shape} (capture again for other shapes)"
                 )
             first = _same_device(first, b.parameter, a)
+            if b.contiguous and not a.is_contiguous():
+                raise CaptureError(f"argument '{b.parameter}' is read with as_strided (its storage, in the "
+                                   "layout it was captured with): pass it contiguous (.contiguous())")
             if b.input is not None:
                 out[b.input] = a if b.program_shape is None else a.reshape(b.program_shape)
         device = next((t.device for t in out.values()), None)
@@ -308,11 +319,13 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
     tensors = _distinct([example_inputs[k] for k in tensor_pos])
     returned: list = []  # fn's return structure, recorded while tracing
 
+    locator = SourceLocator()
+
     def traced(*ts):
         args = list(example_inputs)
         for k, t in zip(tensor_pos, ts):
             args[k] = t
-        with SourceLocator(), SdpaAsMath():
+        with locator, SdpaAsMath():
             out = fn(*args)
         leaves, spec = pytree.tree_flatten(out)
         returned[:] = [spec, leaves]
@@ -334,7 +347,8 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
     bindings = tuple(
         ArgBinding(k, params[k], None, static=example_inputs[k]) if k in static
         else ArgBinding(k, params[k], params[k] if params[k] in used else None, tuple(example_inputs[k].shape),
-                        program_shape=_reshaped(tr.program, params[k], example_inputs[k].shape))
+                        program_shape=_reshaped(tr.program, params[k], example_inputs[k].shape),
+                        contiguous=params[k] in tx.storage_reads)
         for k in range(len(example_inputs))
     )
     structure = OutputStructure.of(spec, leaves)
@@ -359,6 +373,7 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
         guards=guards,
         index_checks=tr.checks,
         mutations=mutations,
+        grad_off=locator.grad_off,
     )
 
 

@@ -59,12 +59,14 @@ def _value_nodes(program: ir.Program) -> set[ir.Node]:
 
 
 def _offset(e: ir.Node, a: str, b: str) -> ir.Node | None:
-    """c where the index entry e is a + c (c free of a and b, no gather; Const(0) for e = a), else None."""
+    """c where the index entry e is a + c, c an index expression of other axes (no gather; Const(0) for
+    e = a), else None. (A constant offset, a slice x[:, 2:5], is left alone: its axis reads part of a
+    dimension.)"""
     if e == ir.Index(a):
         return ir.Const(0)
     if isinstance(e, ir.Call) and e.op == "add":
         for x, c in (e.args, e.args[::-1]):
-            if x == ir.Index(a) and not ({a, b} & c.axes) and not _gathers(c):
+            if x == ir.Index(a) and c.axes and not ({a, b} & c.axes) and not _gathers(c):
                 return c
     return None
 
@@ -94,7 +96,12 @@ def _mergeable(program: ir.Program, nodes: set[ir.Node], loads: list[ir.Load], a
         return False
     for t in both:
         at = {_position(ld.index, a, b) for ld in loads if ld.tensor == t}
-        if None in at or len(at) != 1 or program.axes[program.inputs[t].axes[at.pop() + 1]] != program.axes[b]:
+        if None in at or len(at) != 1:
+            return False
+        p = at.pop()
+        dims = [program.axes[x] for x in program.inputs[t].axes[p:p + 2]]
+        plain = all(ld.index[p] == ir.Index(a) for ld in loads if ld.tensor == t)
+        if dims[1] != program.axes[b] or (plain and dims[0] != program.axes[a]):
             return False
     # a load reading one of them reads it in index arithmetic without a gather (it becomes ab // n_b
     # or ab % n_b there)

@@ -268,7 +268,16 @@ class IndexSelect:
     def build(self, tx, c):
         x, d, idx = self._args(c)
         index = tx.check_index(c, "embedding" if self.embedding else "index_select", idx.expr, x.shape[d])
-        return _substitute_axes(tx, x.expr, [(x.dims[d], index)])
+        out = _substitute_axes(tx, x.expr, [(x.dims[d], index)])
+        if self.embedding:
+            pad, by_freq = c.arg(2, "padding_idx", -1), c.arg(3, "scale_grad_by_freq", False)
+            if by_freq:
+                raise CaptureError("unsupported operation embedding(scale_grad_by_freq=True) (its gradient is "
+                                   "divided by each index's count in the batch)")
+            if pad is not None and pad >= 0:  # the padding row takes no gradient: its reads are detached
+                hit = ir.Call("eq", (idx.expr, ir.Const(pad)))
+                out = ir.Call("where", (hit, ir.Call("stopgrad", (out,)), out))
+        return out
 
 
 class Diagonal:

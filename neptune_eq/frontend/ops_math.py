@@ -118,11 +118,31 @@ def _clamp(tx, c, x):
     lo, hi = c.arg(1, "min"), c.arg(2, "max")
     if isinstance(lo, Operand) or isinstance(hi, Operand):
         raise CaptureError("clamp with tensor bounds is not supported; use torch.maximum/minimum")
+    return _clamped(c, x, None if lo is None else const(lo), None if hi is None else const(hi))
+
+
+def _clamped(c, x, lo, hi):
+    """clamp(x, lo, hi) of floats as selects: x at a bound keeps its gradient (torch's clamp;
+    torch.maximum and torch.minimum, max2/min2 here, share a tie's), NaN stays NaN, lo > hi gives hi.
+    Of integers (a relative position clamped into a table) max2/min2, the form index analysis reads."""
+    if not c.args[0].info.dtype.is_floating_point:
+        x = x if lo is None else call("max2", x, lo)
+        return x if hi is None else call("min2", x, hi)
     if lo is not None:
-        x = call("max2", x, const(lo))
+        x = call("where", call("lt", x, lo), lo, x)
     if hi is not None:
-        x = call("min2", x, const(hi))
+        x = call("where", call("gt", x, hi), hi, x)
     return x
+
+
+def _hardsigmoid(tx, c, x):  # (torch's backward: 1/6 strictly inside (−3, 3), 0 at ±3)
+    inner = add(mul(x, const(1 / 6)), const(0.5))
+    return call("where", call("le", x, const(-3)), const(0), call("where", call("ge", x, const(3)), const(1), inner))
+
+
+def _hardswish(tx, c, x):  # (torch's backward: x/3 + 1/2 on (−3, 3), 0 at −3, 1 at 3; at −∞ 0, torch's NaN)
+    inner = mul(x, mul(add(x, const(3)), const(1 / 6)))
+    return call("where", call("le", x, const(-3)), const(0), call("where", call("ge", x, const(3)), x, inner))
 
 
 def _where(tx, c, cond, a, b):
@@ -303,8 +323,10 @@ HANDLERS = {
     aten.maximum.default: binary("max2"),
     aten.minimum.default: binary("min2"),
     aten.clamp.default: Pointwise(1, _clamp),
-    aten.clamp_min.default: Pointwise(2, lambda tx, c, x, lo: call("max2", x, lo)),
-    aten.clamp_max.default: Pointwise(2, lambda tx, c, x, hi: call("min2", x, hi)),
+    aten.clamp_min.default: Pointwise(2, lambda tx, c, x, lo: _clamped(c, x, lo, None)),
+    aten.clamp_max.default: Pointwise(2, lambda tx, c, x, hi: _clamped(c, x, None, hi)),
+    aten.hardsigmoid.default: Pointwise(1, _hardsigmoid),
+    aten.hardswish.default: Pointwise(1, _hardswish),
     aten.clamp_min.Tensor: binary("max2"),
     aten.clamp_max.Tensor: binary("min2"),
     aten.where.self: Pointwise(3, _where, data=(1, 2)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import ir
 from .source import CaptureError
 from .translate import norm_dim
 
@@ -83,6 +84,17 @@ class Squeeze(ViewOp):
         return [v for k, v in enumerate(x.dims) if k not in drop]
 
 
+class Detach(Identity):
+    """x.detach(): x's value, marked stopgrad where it is computed from a floating input (no gradient
+    flows through it; neptune_eq/stopgrad.py)."""
+
+    def build(self, tx, c):
+        x = c.args[0]
+        if x.info.dtype.is_floating_point and any(isinstance(n, ir.Load) for n in ir.walk(x.expr)):
+            return ir.Call("stopgrad", (x.expr,))
+        return x.expr
+
+
 class Repeat(Expand):
     """x.repeat(r): where every repeated dimension has size 1 (or is new) the same values as an expand
     (multi-query attention's one kv head repeated over the query heads); tiling a longer dimension n
@@ -127,7 +139,16 @@ class AsStrided(Reshape):
         if not ok:
             raise CaptureError(f"unsupported operation {c.op_name} (size {size}, stride {stride}: not a "
                                "reshape of a contiguous tensor)")
+        node = c.node.args[0]  # (an argument viewed so must come contiguous on every call: as_strided
+        while node.op == "call_function" and node.target in _VIEWS:  # reads its storage)
+            node = node.args[0]
+        if node.op == "placeholder":
+            tx.storage_reads.add(tx.inputs[tx._placeholder_index(node)].name)
         return super().infer(tx, c)
+
+
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.alias.default,
+          aten.detach.default, aten.clone.default, aten.contiguous.default)
 
 
 class Unsupported:
@@ -154,7 +175,7 @@ HANDLERS = {
     aten.squeeze.dims: Squeeze(),
     aten.clone.default: Identity(),
     aten.alias.default: Identity(),
-    aten.detach.default: Identity(),
+    aten.detach.default: Detach(),
     aten.lift_fresh_copy.default: Identity(),
     aten.contiguous.default: Identity(),
     aten.repeat.default: Repeat(),

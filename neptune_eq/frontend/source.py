@@ -52,13 +52,19 @@ def user_frame():
 
 
 class SourceLocator(TorchFunctionMode):
-    """Stamps every torch call with the user's file and line (needs fx_traceback.preserve_node_meta)."""
+    """Stamps every torch call with the user's file and line (needs fx_traceback.preserve_node_meta).
+    `grad_off`: where the user's code turned gradients off (torch.no_grad(), set_grad_enabled(False)),
+    which the traced graph does not record."""
+
+    grad_off: str | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         f = user_frame()
         if f is not None:
             code = f.f_code
             fx_traceback.set_stack_trace([f'  File "{code.co_filename}", line {f.f_lineno}, in {code.co_name}\n'])
+            if func is torch._C._set_grad_enabled and args and args[0] is False and self.grad_off is None:
+                self.grad_off = describe(code.co_filename, f.f_lineno)
         return func(*args, **(kwargs or {}))
 
 

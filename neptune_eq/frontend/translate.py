@@ -165,6 +165,7 @@ class Translator:
     exprs: dict = field(default_factory=dict)
     res: Resolution | None = None
     checks: list[IndexCheck] = field(default_factory=list)
+    storage_reads: set[str] = field(default_factory=set)  # inputs as_strided reads (they must be contiguous)
     _builder: dsl.ProgramBuilder | None = None
     _declared: set[str] = field(default_factory=set)
 
