@@ -268,11 +268,12 @@ def _simplify(c: Compilation, rules: list[Rule]) -> None:
     t0, done = time.perf_counter(), [0]
 
     def enough() -> bool:
-        # (merging can still grow the e-graph through the analysis: a variance over a broadcast axis,
-        # x·4/4 beside −g/4·4, reached 7476 nodes and 5 s an iteration; after 4 iterations the phase
-        # stops at a quarter of the compile's time budget)
+        # (merging can still grow the e-graph: a variance over a broadcast axis, x·4/4 beside −g/4·4,
+        # reached 7476 nodes and 5 s an iteration, the next exhausting memory inside egglog; after 4
+        # iterations the phase stops at a quarter of the compile's time budget or 1.5 times its node budget)
         done[0] += 1
-        return done[0] >= 4 and time.perf_counter() - t0 > c.options.budget.max_seconds / 4
+        return done[0] >= 4 and (time.perf_counter() - t0 > c.options.budget.max_seconds / 4
+                                 or egraph_size(c.egraph) > 1.5 * c.options.budget.max_nodes)
 
     c.saturator.reports.append(sat.phase("simplify", _simplify_ruleset(rules), analysis=analysis.ANALYSIS,
                                          stop_when=enough))

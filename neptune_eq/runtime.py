@@ -242,7 +242,10 @@ class CompiledProgram:
 def _one_device(inputs: dict[str, torch.Tensor]) -> torch.device:
     """The device every input is on: CPU or CUDA (a meta tensor has no data to run on)."""
     names = iter(inputs)
-    first = next(names)
+    first = next(names, None)
+    if first is None:
+        raise NeptuneError("the program reads no tensor input (a function of constants alone): nothing to run "
+                           "on a device; call the function itself")
     device = inputs[first].device
     if device.type not in ("cpu", "cuda"):
         raise NeptuneError(f"input '{first}' is on device '{device}'; programs run on CPU or CUDA tensors")

@@ -100,7 +100,7 @@ def test_detached_values_take_no_gradient():
     torch.no_grad() block, which the traced graph does not record, is refused when gradients are
     needed, naming its line (a call without gradients runs)."""
     x = torch.randn(3, 6)
-    for fn in (lambda t: t * t.detach().mean(), lambda t: (t - t.detach()).exp(),
+    for fn in (lambda t: t * t.detach().mean(), lambda t: (t - t.detach()).exp(), lambda t: t * t.data.mean(),
                lambda t: torch.softmax(t - t.amax(-1, keepdim=True).detach(), -1) * t):
         ours, ref = _grad(fn, x)
         assert torch.allclose(ours, ref, atol=1e-6), (ours, ref)
@@ -120,6 +120,22 @@ def test_detached_values_take_no_gradient():
     assert torch.allclose(prog(x), blocked(x), atol=1e-6)
     with pytest.raises(NoBackward, match=r"turns gradients off inside \(test_grad_edges\.py:\d+: with torch"):
         prog(x.clone().requires_grad_())
+
+    def inferred(t):
+        with torch.inference_mode():
+            m = t.amax(-1, keepdim=True)
+        return (t - m).exp().sum(-1)
+
+    with pytest.raises(NoBackward, match=r"turns gradients off inside \(test_grad_edges\.py:\d+: m = t.amax"):
+        neptune_eq.compile(inferred, x)(x.clone().requires_grad_())
+
+
+def test_a_spread_of_zero_has_torchs_gradient_and_no_literal_division_by_zero():
+    """std of a value constant along its axis (broadcast, or x·0): its backward divides a literal 0 by 0,
+    which Triton's Python would raise on; folded to NaN and guarded, the gradient is torch's."""
+    for fn, shape in ((lambda t: t.expand(5, 4).std(-1), (5, 1)), (lambda t: (t * 0).std(-1) + t.sum(-1), (5, 4))):
+        ours, ref = _grad(fn, torch.randn(*shape))
+        assert torch.equal(ours, ref), (ours, ref)
 
 
 def test_a_slice_reduced_over_two_dims_keeps_its_gradient_outside_the_slice():

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -212,6 +213,11 @@ def _quiet():
         log.setLevel(level)
 
 
+def _readable(line: str) -> str:
+    """A line of exact program text with its hexadecimal floats written as decimals."""
+    return re.sub(r"-?0x[0-9a-f.]+p[+-]\d+", lambda m: f"{float.fromhex(m.group(0)):g}", line)
+
+
 def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps) -> str | None:
     try:
         want = c0.program.with_extents(moved).text(exact=True).splitlines()
@@ -220,8 +226,8 @@ def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps) -> str 
     got = c1.program.text(exact=True).splitlines()
     if want != got:
         k = next((k for k, (x, y) in enumerate(zip(want, got)) if x != y), min(len(want), len(got)))
-        a = want[k] if k < len(want) else "(nothing)"
-        b = got[k] if k < len(got) else "(nothing)"
+        a = _readable(want[k]) if k < len(want) else "(nothing)"
+        b = _readable(got[k]) if k < len(got) else "(nothing)"
         return f"the program depends on its length (at {_lengths(moved)} it reads `{b.strip()}` for `{a.strip()}`)"
     if {b.position: arg_axes(b, c1.program) for b in c1.args if b.is_tensor} != maps:
         return "the function reshapes an argument by its length"

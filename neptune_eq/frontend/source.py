@@ -58,14 +58,23 @@ class SourceLocator(TorchFunctionMode):
 
     grad_off: str | None = None
 
+    def __enter__(self):
+        self._inference = torch.is_inference_mode_enabled()
+        return super().__enter__()
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         f = user_frame()
         if f is not None:
             code = f.f_code
             fx_traceback.set_stack_trace([f'  File "{code.co_filename}", line {f.f_lineno}, in {code.co_name}\n'])
-            if func is torch._C._set_grad_enabled and args and args[0] is False and self.grad_off is None:
+            off = (func is torch._C._set_grad_enabled and args and args[0] is False) or (
+                torch.is_inference_mode_enabled() and not self._inference)  # (torch.inference_mode())
+            if off and self.grad_off is None:
                 self.grad_off = describe(code.co_filename, f.f_lineno)
+            if getattr(func, "__self__", None) is torch.Tensor.data:  # x.data: x's values, detached (the
+                return args[0].detach()                                # trace records the detach)
         return func(*args, **(kwargs or {}))
+
 
 
 def describe(filename: str, lineno: int) -> str:

@@ -312,6 +312,9 @@ class KernelWriter(MemoryOps, ContractOps):
         if all(isinstance(a, ir.Const) for a in n.args):
             return self._value(_folded(n))  # Triton's math functions take tensors, not literals
         args = [self.value(a) for a in n.args]
+        lits = [None if a.dims else _literal(a.code) for a in args]
+        if n.op == "div" and None not in lits:  # (values that became literals: 0 / 0 is NaN, not Python's error)
+            return self._value(_folded(ir.Call("div", tuple(ir.Const(v) for v in lits))))
         if n.op == "float":
             return self.f32(args[0])
         data = args[1:] if n.op == "where" else args
