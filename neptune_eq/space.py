@@ -125,8 +125,8 @@ def _kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kerne
     out = _kinds(k, plan, program, base)
     contiguous = {ld.index[-1].axis for ld in loop_loads(k, plan) if isinstance(ld.index[-1], ir.Index)}
     held = {a: 1 for a in k.grid if base.tiles.get(a, 1) > 1 and a not in base.steps and a not in contiguous}
-    if held and not inner_axes(k, plan) and gemm_axes(k, program) is None:
-        # without tensor cores, a grid axis held whole to share a small tensor's loads among its rows
+    if held and k.passes() and not inner_axes(k, plan) and gemm_axes(k, program) is None:
+        # a loop without tensor cores: a grid axis held whole to share a small tensor's loads among its rows
         # (group norm's batch, beside its per-channel weights) also runs one index a program: more
         # programs, each streaming its own row (not an axis the loop reads contiguously: a program
         # would read narrower rows)
