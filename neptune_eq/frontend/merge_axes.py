@@ -10,9 +10,13 @@ same over one axis ab of n_a·n_b elements: sum_ab(x[b, ab]). The tensors are vi
 dimensions merged (a reshape, the binding of the captured call: no copy for a contiguous tensor);
 outputs are reshaped back.
 
-Axes that appear anywhere else — an index expression (h·8 + j), a mask (j ≤ i), a gather — are
-never merged, so the rewrite changes no value: every load reads the element it read, at the
-position a·n_b + b of the merged dimension.
+A tensor read at both reads them as neighbouring dimensions: a then b, or a + c then b with c an index
+expression of other axes (group norm's channel h·8 + j beside the pixel f: x[c, h·8 + j, f] is read at
+x[c, h·8·n_f + jf], the two dimensions merged, whatever the first one's extent). A tensor read along
+one of them alone reads it as jf // n_f or jf % n_f (the per-channel weights, w[h·8 + jf // n_f]).
+Axes that appear anywhere else — a mask or other arithmetic on them (j ≤ i), a gather, a constant
+offset (a slice reads part of a dimension) — are never merged, so the rewrite changes no value: every
+load reads the element it read, at the position a·n_b + b of the merged axis.
 """
 
 from __future__ import annotations
