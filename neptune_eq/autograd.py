@@ -435,6 +435,8 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
     cot_names = [back.cotangents[n] for n, _, _ in outs if n in back.cotangents]
     wrt = [n for n in names if n in back.grads]
     spec = back.program.inputs
+    shapes = [back.program.input_shape(n) for n in wrt]  # (a gradient over a split dimension's digits
+                                                         # is laid out as the input: a reshape)
 
     def direct(xs: list[torch.Tensor]) -> list[torch.Tensor]:
         run = _compiled(f"{qualname}:{mode}", back.program, compile_fn)
@@ -443,8 +445,7 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
             want = getattr(torch, spec[name].dtype)
             inputs[name] = g.reshape(back.program.input_shape(name)).to(want).contiguous()
         res = _run(f"{qualname}:{mode}", run, inputs)
-        # (a gradient over the digits of a split dimension is laid out as the input: a reshape)
-        return [res[back.grads[n]].reshape(back.program.input_shape(n)) for n in wrt]
+        return [res[back.grads[n]].reshape(shape) for n, shape in zip(wrt, shapes)]
 
     @torch.library.custom_op(key, mutates_args=())
     def bop(xs: list[torch.Tensor]) -> list[torch.Tensor]:

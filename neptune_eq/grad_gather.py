@@ -227,7 +227,7 @@ def _split_adjoint(program: ir.Program, n: Load, g: ir.Node, fresh: dict[str, in
              for e, s in zip(n.index, spec.axes)]
     if any(d is None or all(div > 1 for _, div in d) for e, d in split if not isinstance(e, Index)):
         return None  # (a lone block index, grouped-query heads' k[h // g], is regroup.py's to hold whole)
-    used = [e.axis if d is None else a for e, d in split for a in ([None] if d is None else [a for a, _ in d])]
+    used = [a for e, d in split for a in ([e.axis] if d is None else [x for x, _ in d])]
     if len(set(used)) != len(used):
         return None
     axes: list[str] = []

@@ -23,13 +23,14 @@ from pathlib import Path
 from egglog import EGraph, i64, ruleset, union
 
 from . import ir
+from .budget_notes import budget_notes
 from .device import DeviceSpec, from_torch
 from .extract.cost import Cost, kernel_cost, priced_at
 from .extract.numerics import cancellation_risks, stability_notes, summed_overflow_risks
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.terms import TermExtractor
 from .extract.view import EGraphView, build_view, class_of, positive_multiples
-from .fusion.search import MAX_GROUPS_PER_AXIS, FusionSearch
+from .fusion.search import FusionSearch
 from .fusion.types import Binding
 from .ir import NeptuneError
 from .lower.names import check_names
@@ -187,36 +188,10 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     _timed(c, "saturate", lambda: _split_k(c))
     _timed(c, "extract", lambda: _plans(c))
     c.nodes = egraph_size(c.egraph)
-    c.budget_notes = _budget_notes(c)
+    c.budget_notes = budget_notes(c)
     if not c.alternatives:
         raise NeptuneError(f"no executable plan found for program '{program.name}'")
     return c
-
-
-def _budget_notes(c: Compilation) -> list[str]:
-    """One line per thing a budget or limit cut short, for explain(), the CLI and the explorer."""
-    b = c.options.budget
-    out = []
-    for rep in c.saturator.reports:
-        if "budget" in rep.stop:
-            limit = f"max_nodes={b.max_nodes}" if "node" in rep.stop else f"max_seconds={b.max_seconds:g}"
-            out.append(f"saturation phase '{rep.name}' stopped by the {rep.stop} ({limit}); "
-                       f"{rep.iterations} iterations, {rep.nodes} e-nodes")
-    f = c.fusion
-    if f is not None:
-        if f.skipped:
-            out.append(f"time budget (max_seconds={b.max_seconds:g}) ran out while fused groups over "
-                       f"{', '.join(f.skipped)} were tried; the untried fusions are not among the alternatives")
-        if f.capped:
-            out.append(f"fused groups over {', '.join(f.capped)} beyond the {MAX_GROUPS_PER_AXIS} nearest were "
-                       "not tried")
-        cut = sum(1 for r in f.corrections.values() if not r.found and "budget" in r.reason)
-        if cut:
-            out.append(f"{cut} correction search(es) stopped by a budget before finding a correction")
-    out += [f"fusion dropped, no extractable term: {d}" for d in c.dropped_loops[:3]]
-    if c.plans_truncated:
-        out.append(f"plan enumeration stopped at max_plans={c.options.max_plans}")
-    return out
 
 
 def _algebra(c: Compilation, algebra) -> None:
@@ -262,7 +237,8 @@ def _simplify(c: Compilation, rules: list[Rule]) -> None:
     between deriving Σ_d (x − μ)·rstd = (Σ_d (x − μ))·rstd = 0·rstd and merging 0·rstd with 0: its
     e-class then holds both Σ_d y and Σ_d y / n (equal only because both are 0 over the reals) and
     the extractor may take the one that is not 0 in floating point. Rules that only merge (simplifies())
-    cannot grow the e-graph, so this phase runs to its fixpoint outside the node and time budgets."""
+    add no terms of their own, so this phase runs outside the node and time budgets — for 4 iterations at
+    least, then to its fixpoint unless the analysis grows the e-graph past a bound (below)."""
     budget = Budget(max_nodes=2**62, max_seconds=math.inf, max_iterations=32, match_limit=c.options.budget.match_limit)
     sat = Saturator(c.egraph, budget, c.saturator.progress, c.saturator.rule_names, c.saturator.started)
     t0, done = time.perf_counter(), [0]

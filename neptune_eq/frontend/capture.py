@@ -36,10 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
-from torch._decomp import get_decompositions
-from torch.func import functionalize
-from torch.fx import traceback as fx_traceback
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from .. import ir
@@ -52,37 +48,18 @@ from .guards import Guards, Held, TensorGuard, same_value, scan
 from .merge_axes import merge_reduced_axes
 from .results import Mutation, OutputStructure, find_mutations
 from .sdpa import SdpaAsMath
-from .source import CaptureError, SourceLocator, describe, is_internal, location
+from .source import CaptureError, SourceLocator, location
+from .tracing import RESTORED, ZeroSizeCapture, check_sizes, trace, untouched
 from .translate import InputDecl, Translator, dtype_name
 
 HANDLERS = {**ops_shape.HANDLERS, **ops_math.HANDLERS, **ops_reduce.HANDLERS, **ops_index.HANDLERS}
 
-# fused kernels (SDPA on CPU, layer/RMS norm), activations and elementwise losses are traced as their math
-_aten = torch.ops.aten
-_DECOMPOSITIONS = get_decompositions([
-    _aten._scaled_dot_product_flash_attention_for_cpu.default, _aten.native_layer_norm.default,
-    _aten._fused_rms_norm.default, _aten.silu.default, _aten.gelu.default,
-    _aten.mse_loss.default, _aten.huber_loss.default, _aten.smooth_l1_loss.default,
-    _aten.binary_cross_entropy.default, _aten.soft_margin_loss.default, _aten.nll_loss2d_forward.default,
-    _aten.softplus.default, _aten.log_sigmoid_forward.default, _aten.glu.default, _aten.mish.default,
-    _aten.leaky_relu.default,
-    _aten.elu.default, _aten.celu.default, _aten.selu.default,
-    _aten.hardshrink.default, _aten.softshrink.default, _aten.threshold.default,
-    _aten.xlogy.Tensor, _aten.logaddexp.default, _aten.lerp.Scalar, _aten.addcmul.default,
-    _aten.addcdiv.default, _aten.native_group_norm.default, _aten.norm.ScalarOpt_dim,
-    _aten.native_batch_norm.default, _aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit.no_stats,
-    _aten._native_batch_norm_legit_no_training.default,
-])
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
 class StaleCapture(ir.NeptuneError):
     """A value the function read from its environment changed since it was captured. (No
     constructor of its own: dynamo traces raising it.)"""
-
-
-class ZeroSizeCapture(CaptureError):
-    """An argument or intermediate value has a zero-size dimension: nothing to compile."""
 
 
 @dataclass(frozen=True)
@@ -139,8 +116,6 @@ class Captured:
         needs = (any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
                  or any(t.requires_grad for t in self.constants.values()))
         if needs and self.grad_off is not None:
-            from ..grad_gather import NoBackward
-
             raise NoBackward(f"{self.program.name}: the function turns gradients off inside ({self.grad_off}), "
                              "which the compiled function cannot see; detach the values instead (x.detach())")
         return needs
@@ -331,10 +306,10 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
         returned[:] = [spec, leaves]
         return [x for x in leaves if isinstance(x, torch.Tensor)]
 
-    small = {id(g.tensor): g.tensor.detach().clone() for g in env.guards.tensors if g.tensor.numel() <= _RESTORED}
-    gm = _trace(traced, tensors)
-    _untouched(env.guards.tensors, small)
-    _check_sizes(gm)
+    small = {id(g.tensor): g.tensor.detach().clone() for g in env.guards.tensors if g.tensor.numel() <= RESTORED}
+    gm = trace(traced, tensors)
+    untouched(env.guards.tensors, small)
+    check_sizes(gm)
     spec, leaves = returned
     mutations = find_mutations(gm, [params[k] for k in tensor_pos], tensor_pos, example_inputs)
     constants = _constants(gm, env.names, taken=set(params))
@@ -383,70 +358,6 @@ def _reshaped(program: ir.Program, name: str, shape) -> tuple[int, ...] | None:
         return None
     want = program.input_shape(name)
     return None if tuple(shape) == want else want
-
-
-def _trace(traced, tensors) -> torch.fx.GraphModule:
-    try:
-        with fx_traceback.preserve_node_meta():
-            # functionalize: in-place updates (s.masked_fill_(...), s += b) become value semantics;
-            # writes into arguments are replayed as copy_(argument, new value) at the end
-            return make_fx(functionalize(traced, remove="mutations"), tracing_mode="fake",
-                           decomposition_table=_DECOMPOSITIONS, _allow_non_fake_inputs=True)(*tensors)
-    except CaptureError:
-        raise
-    except Exception as e:  # tracing runs user code: say where it failed
-        where = _failure_location(e)
-        first = (str(e).strip().splitlines() or [""])[0]
-        if "data-dependent" in str(e) or "DataDependent" in type(e).__name__:
-            raise CaptureError("control flow or shapes that depend on tensor values are not supported (the "
-                               f"function is traced once, on fake tensors): {first}", where) from e
-        if "mutating a non-functional tensor" in str(e):
-            raise CaptureError("writing in place into a tensor the function does not take as an argument (a "
-                               "global, closure or module tensor) is not supported; pass it as an argument",
-                               where) from e
-        raise CaptureError(f"tracing failed: {type(e).__name__}: {first}", where) from e
-
-
-_RESTORED = 1 << 16  # closure tensors up to this many elements are restored if the trace writes them
-
-
-def _untouched(guarded, small: dict[int, torch.Tensor]) -> None:
-    """Refuse a function whose Python code wrote a closure or module tensor in place while it was traced
-    (BatchNorm's num_batches_tracked += 1 in training mode): the compiled call would not repeat the
-    write. The tensor is put back as it was (if small) so that capturing changes nothing."""
-    for g in guarded:
-        if g.tensor._version != g.version:
-            back = small.get(id(g.tensor))
-            if back is not None:
-                with torch.no_grad():
-                    g.tensor.copy_(back)
-            raise CaptureError(f"{g.source} is written in place by the function (a module buffer or closure "
-                               "tensor, such as BatchNorm's running statistics in training mode); the compiled "
-                               "function would not write it: call the module in eval() mode, or pass the tensor "
-                               "as an argument" + ("" if back is not None else
-                                                   " (it was changed by this capture and could not be restored)"))
-
-
-def _check_sizes(gm: torch.fx.GraphModule) -> None:
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and not node.users and not node.is_impure():
-            continue  # (nothing reads it: F.instance_norm's empty cuDNN reserve of shape (0,))
-        val = node.meta.get("val")
-        for v in val if isinstance(val, tuple | list) else (val,):
-            # (a data-dependent size is a symbol: the translator reports that operation)
-            if isinstance(v, torch.Tensor) and any(type(n) is int and n == 0 for n in v.shape):
-                raise ZeroSizeCapture(f"a value of shape {tuple(v.shape)} has a zero-size dimension: nothing to "
-                                      "compute", location(node))
-
-
-def _failure_location(e: BaseException) -> str | None:
-    tb = e.__traceback__
-    last = None
-    while tb is not None:
-        if not is_internal(tb.tb_frame.f_code.co_filename):
-            last = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
-        tb = tb.tb_next
-    return describe(*last) if last else None
 
 
 def _function_name(fn) -> str:
