@@ -160,13 +160,13 @@ class Compiled:
 
     # ---- the example signature's program (what the attributes describe)
     def _variant(self, args):
-        from .frontend import capture
-        from .frontend.capture import ZeroSizeCapture
-        from .frontend.compiled import EagerFunction
-
         sig = _signature(args)
         got = self.variants.get(sig)
         if got is None:
+            from .frontend import capture
+            from .frontend.capture import ZeroSizeCapture
+            from .frontend.compiled import EagerFunction
+
             try:
                 captured = capture(self.fn, *args)
             except ZeroSizeCapture:
@@ -182,13 +182,13 @@ class Compiled:
 
     def _family_for(self, args):
         """The dynamic function serving `args`, built (captured, its lengths resolved) on first use."""
-        from .frontend import capture
-        from .frontend.capture import ZeroSizeCapture
-        from .frontend.dynamic import DynamicFunction, example_signature, resolve
-
         if self.dynamic is None or self.dynamic is False:
             return None
         if self.family is None:
+            from .frontend import capture  # (imported here, not per call: a call's host time counts)
+            from .frontend.capture import ZeroSizeCapture
+            from .frontend.dynamic import DynamicFunction, example_signature, resolve
+
             try:
                 captured = capture(self.fn, *args, merge=False)
             except ZeroSizeCapture:

@@ -145,9 +145,7 @@ def _run(key: str, run, inputs: dict[str, torch.Tensor], dtypes=None) -> dict[st
     (lower/launch.BoundCall), as a compiled function's own calls do: a training step's forward and
     backward had spent 300 and 800 µs of host time each in the checked path (H100, attention at
     L 3000 and RMSNorm, bench/probe_step_host.py), more than their kernels."""
-    from .frontend.compiled import bind_after
-
-    order = list(run.program.inputs)
+    order = run._input_order
     ts = [inputs[n] for n in order]
     fast = run.chunking is None and all(t.is_cuda for t in ts)
     if fast:
@@ -159,6 +157,8 @@ def _run(key: str, run, inputs: dict[str, torch.Tensor], dtypes=None) -> dict[st
             return dict(zip(names, bound([t.data_ptr() for t in ts], shapes)))
     res = run.run(inputs, dtypes)
     if fast:
+        from .frontend.compiled import bind_after
+
         names = [o.name for o in run.program.outputs]
         bound = bind_after(launcher, {n: inputs[n] for n in order}, order, [t.data_ptr() for t in ts],
                            dtypes or {})
@@ -282,9 +282,18 @@ def attach(op, qualname: str, program: ir.Program, names: list[str], outs: list[
     op.register_autograd(lambda ctx, grads: None, setup_context=refuse)
     n_out = len(outs)
 
+    trains: dict[tuple[bool, ...], object] = {}  # which inputs require grad → their training call
+
     def call(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        key = _training_key(qualname, tuple(x.requires_grad for x in xs))
-        return _BACKWARD_OPS[key + "_train"](xs)[:n_out]
+        requires = tuple(x.requires_grad for x in xs)
+        if torch.compiler.is_compiling():
+            return _BACKWARD_OPS[_training_key(qualname, requires) + "_train"](xs)[:n_out]
+        got = trains.get(requires)
+        if got is None:  # (derived at the first call of each set: later calls look it up once)
+            key = _training_key(qualname, requires)
+            got = trains[requires] = (key, _BACKWARD_OPS[key + "_train"])
+        _LAST[qualname] = got[0]
+        return got[1](xs)[:n_out]
 
     return call
 
@@ -310,9 +319,10 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
     dtypes = {n: dt for n, _, dt in outs} | {s: dt for s, (_, dt) in zip(stats, stat_specs)}
     split = _Split(qualname, t, names, compile_fn)
 
+    key = f"{qualname}:forward"
+
     def impl(xs: list[torch.Tensor]) -> list[torch.Tensor]:
         by, made = split.operands({n: t.split(n, x) for n, x in zip(names, xs)})
-        key = f"{qualname}:forward"
         res = _run(key, _compiled(key, forward, compile_fn), {n: by[n] for n in split.core_names}, dtypes)
         return [t.merged(n, res[n]) for n, _, _ in outs] + [res[s] for s in stats] + made
 
@@ -437,15 +447,17 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
     spec = back.program.inputs
     shapes = [back.program.input_shape(n) for n in wrt]  # (a gradient over a split dimension's digits
                                                          # is laid out as the input: a reshape)
+    cots = [(name, back.program.input_shape(name), getattr(torch, spec[name].dtype)) for name in cot_names]
+    run_key, given = f"{qualname}:{mode}", names + extra
+    got_names = [back.grads[n] for n in wrt]
 
     def direct(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        run = _compiled(f"{qualname}:{mode}", back.program, compile_fn)
-        inputs = dict(zip(names + extra, xs))
-        for name, g in zip(cot_names, xs[len(names) + len(extra):]):
-            want = getattr(torch, spec[name].dtype)
-            inputs[name] = g.reshape(back.program.input_shape(name)).to(want).contiguous()
-        res = _run(f"{qualname}:{mode}", run, inputs)
-        return [res[back.grads[n]].reshape(shape) for n, shape in zip(wrt, shapes)]
+        run = _compiled(run_key, back.program, compile_fn)
+        inputs = dict(zip(given, xs))
+        for (name, shape, want), g in zip(cots, xs[len(given):]):
+            inputs[name] = g.reshape(shape).to(want).contiguous()
+        res = _run(run_key, run, inputs)
+        return [res[n].reshape(shape) for n, shape in zip(got_names, shapes)]
 
     @torch.library.custom_op(key, mutates_args=())
     def bop(xs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -118,6 +118,10 @@ class CompiledProgram:
         return input_specs(self.program)
 
     @cached_property
+    def _input_order(self) -> list[str]:
+        return list(self.program.inputs)
+
+    @cached_property
     def _length_sources(self) -> dict:
         return length_sources(self.program)
 
