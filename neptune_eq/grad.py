@@ -254,10 +254,15 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
             elif shift_invariant(program, n):  # a shift the outputs do not see: its adjoint is 0
                 continue
             else:  # max/min: shared by the elements that attain it
-                _attained_exactly(program, n)
-                hit = _call("eq", n.body, n)
-                count = Reduce("sum", n.axis, _call("where", hit, _c(1.0), _c(0.0)))
-                add(n.body, _call("where", hit, _call("div", g, count), _c(0.0)))
+                body, axes = _same_op_chain(n)
+                if body not in reads:
+                    continue
+                _attained_exactly(program, Reduce(n.op, n.axis, body))
+                hit = _call("eq", body, n)
+                count = _call("where", hit, _c(1.0), _c(0.0))
+                for a in reversed(axes):
+                    count = Reduce("sum", a, count)
+                add(body, _call("where", hit, _call("div", g, count), _c(0.0)))
     outputs, names, fresh = [], {}, {}
     for name in wrt:
         spec = program.inputs[name]
@@ -297,6 +302,18 @@ def _adjoints(program: ir.Program, reads: list[tuple[Load, ir.Node]], fresh: dic
 def _gathered(n: ir.Node, wanted: set[str]) -> bool:
     """Is n an element of a differentiated input read at an index expression (a gather)?"""
     return isinstance(n, Load) and n.tensor in wanted and any(not isinstance(e, Index) for e in n.index)
+
+
+def _same_op_chain(r: Reduce) -> tuple[ir.Node, list[str]]:
+    """A max of maxes (amax over dimensions that are not adjacent: max_b(max_d(e))) as one max over
+    all their axes: (e, [b, d]). Its ties are counted over every axis at once, as torch's amax shares
+    the gradient among all the elements attaining it; the inner maxes, exact selections of e, need no
+    adjoint of their own."""
+    axes, body = [r.axis], r.body
+    while isinstance(body, Reduce) and body.op == r.op:
+        axes.append(body.axis)
+        body = body.body
+    return body, axes
 
 
 def _attained_exactly(program: ir.Program, r: Reduce) -> None:

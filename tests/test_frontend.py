@@ -278,7 +278,8 @@ def test_reductions():
     def fn(x):
         return (x.amax(-1), x.max(dim=1).values, x.amin(0, keepdim=True), x.sum(-1), x.sum(), x.mean((0, 2)),
                 x.var(-1), x.var(-1, correction=0), x.std(1, keepdim=True), x.norm(dim=-1),
-                torch.linalg.vector_norm(x, ord=1, dim=1), x.max(), torch.var_mean(x, -1)[1])
+                torch.linalg.vector_norm(x, ord=1, dim=1), x.max(), torch.var_mean(x, -1)[1],
+                *torch.std_mean(x, 1, correction=0, keepdim=True))
 
     check_capture(fn, randn(3, 4, 5))
 

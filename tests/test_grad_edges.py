@@ -161,3 +161,15 @@ def test_an_argument_read_with_as_strided_must_come_contiguous():
     assert torch.equal(prog(x.contiguous()), view(x.contiguous()))
     with pytest.raises(neptune_eq.NeptuneError, match=r"argument 't' is read with as_strided"):
         prog(x)
+
+
+def test_amax_over_dims_apart_shares_its_ties_over_all_of_them():
+    """amax over dims 0 and 2 (not adjacent: a max of maxes) had no gradient (NoBackward: a max of a value
+    holding a reduction); torch shares it among every element attaining the max over both dims, here a
+    three-way tie spread over dim 0 and a row of ReLU zeros."""
+    x = torch.randn(3, 4, 5)
+    x[1, 2, 3] = x[0, 2, 1] = x[2, 2, 0] = 5.0
+    x[:, 3] = x[:, 3].clamp(max=0)
+    ours, ref = _grad(lambda t: torch.relu(t).amin(dim=(0, 2)) * 3 + (t * 2).amax(dim=(0, 2)), x)
+    assert torch.allclose(ours, ref, atol=1e-6), (ours, ref)
+    assert ref[:, 2].abs().sum() > 0 and (ref[:, 2] != 0).sum() == 3  # (the tie is there to share)

@@ -50,7 +50,7 @@ class Reduction:
             dims = [v for k, v in enumerate(x.dims) if k not in pos]
         if self.outputs == 1:
             return dims
-        if self.kind == "var_mean":
+        if self.kind in ("var_mean", "std_mean"):
             return dims, dims
         return dims, Unavailable(f"the indices returned by {c.op_name}")
 
@@ -64,7 +64,7 @@ class Reduction:
             out = tx.reduce(kind, e, vs)
         elif kind == "mean":
             out = call("div", tx.reduce("sum", e, vs), const(n))
-        elif kind in ("var", "std", "var_mean"):
+        elif kind in ("var", "std", "var_mean", "std_mean"):
             corr = c.kwargs.get("correction", 1)
             corr = 1 if corr is None else corr
             mean = call("div", tx.reduce("sum", e, vs), const(n))
@@ -73,8 +73,8 @@ class Reduction:
             # single element), ∞ where S > 0, written S·∞ (a division by the constant 0 folds away)
             ss = tx.reduce("sum", call("mul", d, d), vs)
             var = call("div", ss, const(n - corr)) if n > corr else call("mul", ss, const(math.inf))
-            out = _root(var) if kind == "std" else var
-            if kind == "var_mean":
+            out = _root(var) if kind in ("std", "std_mean") else var
+            if kind in ("var_mean", "std_mean"):
                 return out, mean
         elif kind == "norm":
             out = _norm(tx, c, e, vs)
@@ -262,6 +262,7 @@ HANDLERS = {
     aten.var.correction: Reduction("var"),
     aten.std.correction: Reduction("std"),
     aten.var_mean.correction: Reduction("var_mean", outputs=2),
+    aten.std_mean.correction: Reduction("std_mean", outputs=2),
     aten.linalg_vector_norm.default: Reduction("norm", 2, 3),
     aten.logsumexp.default: Reduction("logsumexp"),
     aten._softmax.default: Softmax(log=False),
