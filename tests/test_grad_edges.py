@@ -4,6 +4,8 @@ variance with no degree of freedom, an argument written in place that requires g
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -173,3 +175,23 @@ def test_amax_over_dims_apart_shares_its_ties_over_all_of_them():
     ours, ref = _grad(lambda t: torch.relu(t).amin(dim=(0, 2)) * 3 + (t * 2).amax(dim=(0, 2)), x)
     assert torch.allclose(ours, ref, atol=1e-6), (ours, ref)
     assert ref[:, 2].abs().sum() > 0 and (ref[:, 2] != 0).sum() == 3  # (the tie is there to share)
+
+
+def test_softmax_over_a_single_key_is_one_and_trains():
+    """Attention over one key (a decode step's first token, a dynamic length of 1): softmax over a
+    dimension of size 1 was refused (CaptureError); it is 1, 0 for a masked −inf (FlexAttention's
+    convention, as a wider fully masked row), and log-softmax 0."""
+    def attend(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 8, -1) @ v
+
+    xs = [torch.randn(2, 1, 8) for _ in range(3)]
+    prog = neptune_eq.compile(attend, *xs)
+    a, b = [x.clone().requires_grad_() for x in xs], [x.double().requires_grad_() for x in xs]
+    g = torch.randn(2, 1, 8, dtype=torch.float64)
+    prog(*a).backward(g.float())
+    attend(*b).backward(g)
+    for x, y in zip(a, b):
+        assert torch.allclose(x.grad.double(), y.grad, atol=1e-6)
+    x = torch.tensor([[-math.inf], [2.0], [-3.0]])
+    got = neptune_eq.compile(lambda t: torch.softmax(t, -1) + torch.log_softmax(t[1:], -1).sum(), x)(x)
+    assert got.flatten().tolist() == [0.0, 1.0, 1.0]

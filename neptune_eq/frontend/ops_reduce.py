@@ -135,11 +135,22 @@ class Softmax:
     def build(self, tx, c):
         x, d = self._dim(c)
         name = "log_softmax" if self.log else "softmax"
+        if x.dims[d] is None and x.shape[d] == 1:  # (a row of one: attention over a single key)
+            return self._one(x.expr)
         axis = _one_axis(tx, [x.dims[d]], name)
         if axis not in x.expr.axes:
             raise CaptureError(f"{name} along a dimension its input does not vary along")
         fn = library.log_softmax if self.log else library.softmax
         return fn(tx.dsl(x.expr), axis).node
+
+    def _one(self, e):
+        """library.softmax / log_softmax of a row of one element, their reductions the element itself:
+        1 (log: 0), 0 for a masked −inf (log: NaN, as torch's), NaN for +inf or NaN."""
+        m = call("where", call("eq", call("abs", e), const(math.inf)), const(0.0), e)  # safe_max
+        p = call("exp", call("sub", e, m))
+        if self.log:
+            return call("sub", e, call("add", m, call("log", p)))
+        return call("where", call("eq", p, const(0.0)), const(0.0), call("div", p, p))
 
 
 # ---------------------------------------------------------------- contractions
