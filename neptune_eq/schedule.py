@@ -109,6 +109,13 @@ def inner_axes(k: KernelPlan, plan: Plan) -> set[str]:
     return {n.axis for name in used for n in ir.walk(plan.inline[name]) if isinstance(n, ir.Reduce)}
 
 
+def sums_whole(k: KernelPlan, plan: Plan, program: ir.Program, sched: KernelSchedule) -> bool:
+    """Does every program of `k` under `sched` hold whole each grid axis an inline reduction sums
+    (Σ_i x[i, d]·rsqrt(Σ_d x[i, d]²) into [d])? The reduction sums the axis where the tile holds it."""
+    return all(min(sched.tiles.get(a, 1), sched.step(a)) >= program.axes[a]
+               for a in inner_axes(k, plan) & set(k.grid))
+
+
 def grouped_axes(k: KernelPlan, program: ir.Program, plan: Plan) -> dict[str, int]:
     """Grid axes that the tensors read in loops see only as `a // G` (grouped-query heads): G rows of
     `a` share one slice of those tensors, so a program can take a group of G rows (loading the
@@ -168,9 +175,10 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
         if not primary and has_dot:
             # a single query row (decode): pad one head's row to a 16-row tile so the products
             # run on tensor cores; the key/value tiles of that head are loaded once
+            inner = inner_axes(k, plan)  # (an axis an inline reduction sums is held whole: no step)
             for a in k.grid:
-                if program.axes[a] > 1 and all(any(isinstance(e, ir.Index) and e.axis == a for e in ld.index)
-                                               for ld in loads):
+                if a not in inner and program.axes[a] > 1 and all(
+                        any(isinstance(e, ir.Index) and e.axis == a for e in ld.index) for ld in loads):
                     steps[a] = 1
                     tiles[a] = 16
                     primary = [a]
@@ -213,6 +221,8 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
                       and any(tiles.get(a, 1) > 1 for a in c.free if a != p0))
         if carried > 128:
             tiles[p0], stages = 64, 2
+    for a in inner_axes(k, plan) & set(k.grid):  # (an inline reduction over a grid axis: held whole)
+        steps.pop(a, None)
     sched = KernelSchedule(tiles, num_warps=4, num_stages=stages, steps=steps)
     if has_dot:
         sched = fit_shared(sched, k, program, plan, primary)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from . import ir
 from .block_bounds import next_pow2
 from .plan import Combine, KernelPlan, Plan
-from .schedule import SHARED_BUDGET, KernelSchedule, inner_axes, loop_loads, shared_bytes
+from .schedule import SHARED_BUDGET, KernelSchedule, inner_axes, loop_loads, shared_bytes, sums_whole
 
 # the most elements of one loop tile a program keeps on chip: 64K 16-bit values are half the
 # registers of an SM (32 warps); whether a row of a given kernel fits is the cost model's
@@ -116,6 +116,8 @@ def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kernel
         s = v.schedule
         while s.num_stages > 2 and shared_bytes(k, program, plan, s) > SHARED_BUDGET:
             s = replace(s, num_stages=s.num_stages - 1)
+        if n and not sums_whole(k, plan, program, s):
+            continue
         if n == 0 or s.resident or shared_bytes(k, program, plan, s) <= SHARED_BUDGET:
             out.append(Variant(v.kind, s))
     return out

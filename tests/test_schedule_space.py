@@ -12,6 +12,7 @@ from neptune_eq import dsl as ne
 from neptune_eq.device import H100
 from neptune_eq.pipeline import Options, compile_program
 from neptune_eq.runtime import compile_ir
+from neptune_eq.schedule import sums_whole
 
 
 def _rms_matmul(m=40, k=96, n=72):
@@ -508,3 +509,42 @@ def test_a_kernel_without_dots_holds_its_loads_to_a_block_that_does_not_spill():
             assert len(tiled) < 3 or math.prod(s.tiles[a] for a in tiled) <= BLOCK_VALUES, (k.name, s.tiles)
             if ld.tensor == "x" and len(tiled) >= 3:
                 assert s.tiles[column] == 64, (k.name, s.tiles)
+
+
+@pytest.mark.parametrize("name", ["normalize", "layer_norm", "softmax"])
+def test_an_inline_reduction_over_a_grid_axis_sums_all_of_it(name):
+    """Σ_i x[i, d]·rsqrt(Σ_d x[i, d]²) into [d] (a column sum of normalised rows): the inner Σ_d,
+    computed inline, shares its axis with the kernel's grid, and a schedule of one d a program summed
+    that one element (wrong by 10× and more, silently; RMSNorm → matmul's weight gradient when x needs
+    none). Every offered schedule now holds such an axis whole in one program."""
+    import torch.nn.functional as F
+
+    import neptune_eq
+
+    fn = {"normalize": lambda x: F.normalize(x, dim=-1).sum(0),
+          "layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],)).mean(0),
+          "softmax": lambda x: torch.softmax(x, -1).sum(0)}[name]
+    x = torch.randn(37, 45)
+    prog = neptune_eq.compile(fn, x)
+    assert torch.allclose(prog(x).double(), fn(x.double()), atol=1e-5)
+    compiled = prog.program  # (the CompiledProgram)
+    for alt in compiled.alternatives:  # (what the cost model may pick)
+        for k, s in zip(alt.plan.kernels, alt.schedules):
+            assert sums_whole(k, alt.plan, compiled.program, s), (alt.structure, k.name, s)
+
+
+def test_a_norm_weight_gradient_through_a_matmul_without_the_input_gradient():
+    import torch.nn.functional as F
+
+    import neptune_eq
+
+    def fn(x, g, W):
+        return F.rms_norm(x, (9,), g) @ W.t()
+
+    x, g, W = torch.randn(4, 9), 1 + 0.1 * torch.randn(9), 0.3 * torch.randn(5, 9)
+    prog = neptune_eq.compile(fn, x, g, W)
+    a, b = g.clone().requires_grad_(), g.double().requires_grad_()
+    c = torch.randn(4, 5, dtype=torch.float64)
+    prog(x, a, W).backward(c.float())
+    fn(x.double(), b, W.double()).backward(c)
+    assert torch.allclose(a.grad.double(), b.grad, atol=1e-5), (a.grad, b.grad)

@@ -43,6 +43,13 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
                  fn_name: str) -> KernelSource:
     w = KernelWriter(plan, k, program, sched, target)
     grid = [(a, sched.tiles.get(a, 1)) for a in k.grid]
+    for a, tile in grid:
+        if a in w.inner and min(tile, sched.step(a)) < program.axes[a]:
+            # an inline reduction over a grid axis (Σ_i x[i, d]·rsqrt(Σ_d x[i, d]²) into [d]) sums the
+            # axis where the program's tile holds it: only one program holding it whole sums all of it
+            raise ir.NeptuneError(f"kernel {k.name}: the inline reduction over {a} needs the axis whole in one "
+                               f"program; the schedule tiles it {sched.step(a)} a program (internal: no kernel "
+                               "is written that would sum part of it)")
     w.emit("pid = tl.program_id(0)")
     if k.chunks > 1:
         w.emit("pid_chunk = pid % CHUNKS")
