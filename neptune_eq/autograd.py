@@ -25,6 +25,7 @@ an axis read twice, a second derivative) raises NoBackward at the call that need
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -121,7 +122,22 @@ def _derive_whole(program: ir.Program, wrt: list[str]) -> _Training:
     saved = found["saved"]
     if saved is not None and not (saved.saved.stats or saved.saved.outputs):
         saved = None  # it reads nothing the forward saves: the same program as recompute
+    if saved is not None and saved.saved.stats and _large_fill(program):
+        # a row statistic m + log l saved in fp32 loses log l beside a fill of magnitude K (the ulp of
+        # 1e9 is 64): a row whose every score is masked to K has weights e^{K − lse} = 1, not 1/n
+        # (attention's dV off by 1.6 on such a row). The recompute backward shifts by the max alone.
+        saved = None
     return _Training(program, found["recompute"], saved, errors[0] if errors else "")
+
+
+_FILL = 1e3  # the fp32 ulp of a constant this large is 6e-5, of 1e4 already 1e-3
+
+
+def _large_fill(program: ir.Program) -> bool:
+    """Does a finite constant of magnitude `_FILL` or more appear in the program (a mask's fill:
+    `masked_fill(~m, -1e9)`, BERT's −10000, finfo.min)?"""
+    return any(isinstance(n, ir.Const) and math.isfinite(n.value) and abs(n.value) >= _FILL
+               for o in program.outputs for n in ir.walk(o.expr))
 
 
 def _compiled(key: str, program: ir.Program, compile_fn):

@@ -10,6 +10,7 @@ including ±inf for state symbols, so it is a property of the body, not a patter
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +63,19 @@ def _index_samples(rng, thresholds: list[float]) -> np.ndarray:
     return v
 
 
-def _sample_env(nodes, seed: int = 0, thresholds: list[float] = ()) -> dict[str, np.ndarray]:
+def _fills(node: ir.Node) -> list[float]:
+    """The node's finite constants of magnitude 100 or more: a mask's fill (`masked_fill(~m, -1e9)`,
+    `finfo.min`, BERT's −10000), which a reduction's state equals on a row with every element masked."""
+    return sorted({n.value for n in ir.walk(node)
+                   if isinstance(n, ir.Const) and math.isfinite(n.value) and abs(n.value) >= 100})
+
+
+def _sample_env(nodes, seed: int = 0, thresholds: list[float] = (), fills: list[float] = ()
+                ) -> dict[str, np.ndarray]:
+    """Sampled values of the leaves: a state ±inf at a tenth of its samples each, a state or a loaded
+    value near one of `fills` at another tenth. A state drawn only near 0 never met a finite fill K: exp(K − m) was 0 at
+    every sample, where(m, s, K) split off as a mask, and a row whose every element was masked gave
+    0 (softmax, attention) or −inf (logsumexp) where torch gives the softmax of K's: uniform."""
     rng = np.random.default_rng(seed)
     env: dict[str, np.ndarray] = {}
     for n in nodes:
@@ -78,9 +91,15 @@ def _sample_env(nodes, seed: int = 0, thresholds: list[float] = ()) -> dict[str,
             kind = rng.integers(0, 10, _SAMPLES)
             v = np.where(kind == 0, -np.inf, v)
             v = np.where(kind == 1, np.inf, v)
+            if fills:
+                v = np.where(kind == 2, rng.choice(np.asarray(fills), _SAMPLES) + rng.normal(0, 4, _SAMPLES), v)
             env[key] = v
-        else:
-            env[key] = some_equal(rng, rng.normal(0, 4, _SAMPLES))
+        else:  # (a loaded value too: a saved statistic, the backward's log-sum-exp of a masked row)
+            v = some_equal(rng, rng.normal(0, 4, _SAMPLES))
+            if fills:
+                near = rng.choice(np.asarray(fills), _SAMPLES) + rng.normal(0, 4, _SAMPLES)
+                v = np.where(rng.integers(0, 10, _SAMPLES) == 0, near, v)
+            env[key] = v
     return env
 
 
@@ -97,11 +116,11 @@ def _leaves(node: ir.Node):
     return [n for n in ir.walk(node) if isinstance(n, ir.StateRef | ir.Load | ir.Index)]
 
 
-def is_identity_everywhere(node: ir.Node, identity: float) -> bool:
+def is_identity_everywhere(node: ir.Node, identity: float, fills: bool = True) -> bool:
     from neptune_eq.rules.soundness import eval_ir_sampled
 
     node = _free_equalities(node)
-    env = _sample_env(_leaves(node), thresholds=_thresholds(node))
+    env = _sample_env(_leaves(node), thresholds=_thresholds(node), fills=_fills(node) if fills else ())
     v = np.broadcast_to(eval_ir_sampled(node, env), (_SAMPLES,))
     defined = ~np.isnan(v)
     # NaN refines to anything, but a body that is NaN at most samples (rsqrt of a sampled negative
@@ -110,8 +129,36 @@ def is_identity_everywhere(node: ir.Node, identity: float) -> bool:
     return bool(defined.sum() >= _SAMPLES // 4 and np.all(~defined | (v == identity)))
 
 
-def split_mask(body: ir.Node, monoid: str) -> tuple[list[ir.Node], ir.Node]:
-    """(predicates, core) with body ≡ where(and(predicates), core, identity) up to refinement."""
+def split_mask(body: ir.Node, monoid: str, nonempty: Callable[[ir.Node], bool] | None = None
+               ) -> tuple[list[ir.Node], ir.Node]:
+    """(predicates, core) with body ≡ where(and(predicates), core, identity) up to refinement.
+    A select of a finite fill (`masked_fill(~causal, -1e9)`) gives the identity only on rows where
+    some element is kept (the state then never nears the fill): it is split where `nonempty` proves
+    that the predicates keep an element of every row (an affine causal or window mask), else kept
+    in the body (a row of fills is the softmax of equal values, as torch computes it)."""
+    got = _split(body, monoid, fills=True)
+    if nonempty is not None and _fills(body):
+        # (a max or min over a row that keeps an element takes a kept value over a fill: a fill branch
+        # is then its identity, ∓inf, for finite data of any sampled size)
+        sub = _fills_as_identity(body, monoid)
+        loose = _split(ir.substitute(body, sub) if sub else body, monoid, fills=False)
+        left = {n for n in ir.walk(loose[1]) if n in set(sub.values())}
+        if loose[0] != got[0] and not left and nonempty(conjunction(loose[0]) or ir.Const(1.0)):
+            return loose
+    return got
+
+
+def _fills_as_identity(body: ir.Node, monoid: str) -> dict[ir.Node, ir.Node]:
+    """For a max (min): each select's branch that is a fill of that sign, mapped to the monoid's identity."""
+    sign = {"max": -1.0, "min": 1.0}.get(monoid)
+    if sign is None:
+        return {}
+    ident = ir.Const(MONOIDS[monoid].identity)
+    return {b: ident for w in ir.walk(body) if isinstance(w, ir.Call) and w.op == "where"
+            for b in w.args[1:] if isinstance(b, ir.Const) and math.isfinite(b.value) and b.value * sign >= 100}
+
+
+def _split(body: ir.Node, monoid: str, fills: bool) -> tuple[list[ir.Node], ir.Node]:
     ident = MONOIDS[monoid].identity
     preds: list[ir.Node] = []
     core = body
@@ -122,17 +169,17 @@ def split_mask(body: ir.Node, monoid: str) -> tuple[list[ir.Node], ir.Node]:
             if not (isinstance(w, ir.Call) and w.op == "where"):
                 continue
             cond, a, b = w.args
-            if is_identity_everywhere(ir.substitute(core, {w: b}), ident):
+            if is_identity_everywhere(ir.substitute(core, {w: b}), ident, fills):
                 preds.append(cond)
                 core = ir.substitute(core, {w: a})
                 changed = True
                 break
-            if is_identity_everywhere(ir.substitute(core, {w: a}), ident):
+            if is_identity_everywhere(ir.substitute(core, {w: a}), ident, fills):
                 preds.append(ir.Call("not", (cond,)))
                 core = ir.substitute(core, {w: b})
                 changed = True
                 break
-    if is_identity_everywhere(core, ident) and not preds:
+    if is_identity_everywhere(core, ident, fills) and not preds:
         return [ir.Const(0.0)], core  # the body is the identity everywhere: an always-false mask
     return preds, core
 
@@ -211,6 +258,7 @@ def affine_part(pred: ir.Node) -> list[Affine]:
 
 def affine(pred: ir.Node) -> list[Affine] | None:
     """Affine constraints (all must hold) equivalent to `pred`, or None if it is not affine."""
+    pred = _negations_pushed(pred)
     if isinstance(pred, ir.Call) and pred.op == "and":
         a, b = affine(pred.args[0]), affine(pred.args[1])
         return None if a is None or b is None else a + b
@@ -234,3 +282,45 @@ def affine(pred: ir.Node) -> list[Affine] | None:
     if op == "lt":  # integers: x < 0 ⇔ x + 1 ≤ 0
         return [Affine(tuple(sorted(coef.items())), int(const) + 1, "le")]
     return [Affine(tuple(sorted(coef.items())), int(const), "le")]
+
+
+def keeps_an_element_of_every_row(pred: ir.Node, axis: str, extents: dict[str, int], dynamic=frozenset(),
+                                  most: int = 1 << 22) -> bool:
+    """Does affine `pred` hold for some index of `axis` (in [0, extent)) at every value of the other
+    axes it reads? Checked by enumerating those (at most `most` combinations; a dynamic axis, whose
+    length varies by call, is not checked: False)."""
+    cons = affine(pred)
+    if cons is None or any(a not in extents or a in dynamic for c in cons for a, _ in c.coef):
+        return False
+    others = sorted({a for c in cons for a, _ in c.coef} - {axis})
+    if math.prod(extents[a] for a in others) > most or axis not in extents:
+        return False
+    grids = np.meshgrid(*(np.arange(extents[a]) for a in others), indexing="ij") if others else []
+    vals = {a: g.ravel() for a, g in zip(others, grids)}
+    shape = (math.prod(extents[a] for a in others),)
+    lo, hi, ok = np.zeros(shape), np.full(shape, extents[axis] - 1.0), np.ones(shape, dtype=bool)
+    for c in cons:  # Σ coef·a + const (≤ or <) 0
+        rest = c.const + sum(v * vals[a] for a, v in c.coef if a != axis) + np.zeros(shape)
+        slack = -rest - (1 if c.op == "lt" else 0)  # cj·j ≤ slack
+        cj = c.coefficient(axis)
+        if cj > 0:
+            hi = np.minimum(hi, np.floor(slack / cj))
+        elif cj < 0:
+            lo = np.maximum(lo, np.ceil(slack / cj))
+        else:
+            ok &= slack >= 0
+    return bool(np.all(ok & (lo <= hi)))
+
+
+def _negations_pushed(pred: ir.Node) -> ir.Node:
+    """`pred` with `not` pushed into comparisons (¬(a ≤ b) = a > b) and double negations removed."""
+    if isinstance(pred, ir.Call) and pred.op == "and":
+        return ir.Call("and", tuple(_negations_pushed(p) for p in pred.args))
+    if isinstance(pred, ir.Call) and pred.op == "not":
+        inner = pred.args[0]
+        if isinstance(inner, ir.Call) and inner.op == "not":
+            return _negations_pushed(inner.args[0])
+        flip = {"le": "gt", "lt": "ge", "ge": "lt", "gt": "le"}
+        if isinstance(inner, ir.Call) and inner.op in flip:
+            return ir.Call(flip[inner.op], inner.args)
+    return pred

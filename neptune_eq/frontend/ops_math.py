@@ -222,7 +222,7 @@ class Uninitialised:
     """empty / empty_like: no values, so only an op that overwrites every element may read it (the
     fill of F.binary_cross_entropy_with_logits' composite); any other reader is refused."""
 
-    OVERWRITES = (torch.ops.aten.fill.Scalar,)
+    OVERWRITES = (torch.ops.aten.fill.Scalar, torch.ops.aten.fill_.Scalar)
 
     def infer(self, tx, c):
         return tx.axes.dims_for(tuple(c.out.shape))
@@ -366,6 +366,8 @@ HANDLERS = {
     aten.mul_.Tensor: InPlace(binary("mul")),
     aten.mul_.Scalar: InPlace(binary("mul")),
     aten.masked_fill_.Scalar: InPlace(MaskedFill()),  # cross_entropy's label smoothing
+    aten.fill_.Scalar: InPlace(Constant(1, name="value")),  # F.cosine_embedding_loss: empty_like().fill_(1)
+    aten.sub_.Tensor: InPlace(Pointwise(2, _sub)),  # … .sub_(cos)
     **{getattr(getattr(aten, op), overload): binary(op)
        for op in COMPARISONS for overload in ("Tensor", "Scalar")},
 }

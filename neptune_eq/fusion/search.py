@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from egglog import EGraph, union
 
 from neptune_eq import ir
-from neptune_eq.masks import conjunction, split_mask
+from neptune_eq.masks import conjunction, keeps_an_element_of_every_row, split_mask
 from neptune_eq.ops import OPS
 from neptune_eq.saturate import Budget, Saturator
 from neptune_eq.terms import Comp, Comps, Encoder, Loop, Term, get
@@ -155,7 +155,8 @@ class FusionSearch:
                                                               else ir.RefKind.INLINE)
                 mapping[ub.node] = ub.ref(kind)
             body = ir.substitute(b.node.body, mapping)
-            preds, core = split_mask(body, b.op)
+            preds, core = split_mask(body, b.op, lambda p: keeps_an_element_of_every_row(
+                p, axis, self.encoder.extents, self.encoder.dynamic))
             comp = CompCandidate(b, body, prods, conjunction(preds) or ir.Const(1.0), core)
             comp.mask_term = self.encoder.encode(comp.mask)
             comp.core_term = self.encoder.encode(core)
