@@ -141,25 +141,9 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
     for inline in (long, short, contractions(long), contractions(short), set()):
         if inline not in policies:
             policies.append(inline)
-    explored = 0
-    for inline in policies:
-        scheduled = [b.name for b in space.bindings if b.name not in inline]
-        loops = [(k, lp) for k, lp in enumerate(space.loops) if lp.valid and not set(lp.names) & inline]
-        # the covers of many overlapping groups grow exponentially: at most 50·max_plans are looked at,
-        # fewest passes first, so that a cut-short space keeps the fused plans (each cover brings a plan
-        # per split choice, and the unfused cover alone may fill max_plans)
-        room = 50 * space.max_plans - explored
-        if room <= 0:
-            break
-        covers = list(itertools.islice(_covers(scheduled, loops), room + 1))
-        if len(covers) > room:
-            space.truncated = True
-            covers.pop()
-        explored += len(covers)
-        if _waits_for_a_loop(space, inline):
-            # every cover of this policy would be refused at its end; its covers still count against
-            # the room, as when they were built (a policy after it sees the space it always saw)
-            continue
+
+    def try_covers(inline: set[str], covers) -> bool:
+        """Add the plans of `covers` under `inline`; True once max_plans are found."""
         for cover in sorted(covers, key=len):
             split_choices = [[1, *space.splits.get(idx, [])] for idx, _ in cover]
             for splits in itertools.product(*split_choices):
@@ -194,7 +178,36 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
                     plans.append(plan)
                     if len(plans) >= space.max_plans:
                         space.truncated = True
-                        return plans
+                        return True
+        return False
+
+    explored = 0
+    for inline in policies:
+        scheduled = [b.name for b in space.bindings if b.name not in inline]
+        loops = [(k, lp) for k, lp in enumerate(space.loops) if lp.valid and not set(lp.names) & inline]
+        # the covers of many overlapping groups grow exponentially: at most 50·max_plans are looked at,
+        # fewest passes first, so that a cut-short space keeps the fused plans (each cover brings a plan
+        # per split choice, and the unfused cover alone may fill max_plans)
+        room = 50 * space.max_plans - explored
+        if room <= 0:
+            break
+        covers = list(itertools.islice(_covers(scheduled, loops), room + 1))
+        if len(covers) > room:
+            space.truncated = True
+            covers.pop()
+        explored += len(covers)
+        if _waits_for_a_loop(space, inline):
+            # every cover of this policy would be refused at its end; its covers still count against
+            # the room, as when they were built (a policy after it sees the space it always saw)
+            continue
+        if try_covers(inline, covers):
+            return plans
+    if not plans and set() in policies:
+        # the policies before the unfused one took the whole room, their covers all refused (a
+        # backward of 21 sums over 5 axes): the unfused policy, which always has a plan, on its own
+        scheduled = [b.name for b in space.bindings]
+        loops = [(k, lp) for k, lp in enumerate(space.loops) if lp.valid]
+        try_covers(set(), itertools.islice(_covers(scheduled, loops), 50 * space.max_plans))
     return plans
 
 
