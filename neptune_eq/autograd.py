@@ -59,6 +59,7 @@ class _Training:
     # which reads them as inputs; the maps program writes them and its backward carries their gradients on
     prologue: tuple[Prologue, Backward] | None = None
     regroup: Regroup | None = None  # the programs are over a grouped axis split in two (neptune_eq.regroup)
+    no_gradient: set[str] = field(default_factory=set)  # outputs whose cotangent the chosen backward never reads
 
     def split(self, name: str, x: torch.Tensor | None) -> torch.Tensor | None:
         """Tensor `name` (an input or output of the user's program) as the programs read it."""
@@ -205,6 +206,8 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
                                            + (f"; {bwd.chunking.describe()}" if bwd.chunking else "")))
     options.sort(key=lambda o: o[0])
     t.chosen = options[0][2]
+    read = {n.tensor for o in t.chosen.program.outputs for n in ir.walk(o.expr) if isinstance(n, ir.Load)}
+    t.no_gradient = {o.name for o in t.forward.outputs if t.chosen.cotangents.get(o.name) not in read}
     chosen = _compiled(f"{qualname}:{options[0][1]}", t.chosen.program, compile_fn)
     if chosen.chunking is not None:  # its chunk program is compiled here too, not at its first run
         chosen.chunk_compiled  # noqa: B018
@@ -362,6 +365,11 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
             kept = [by[n] for n in (*back.saved.outputs, *back.saved.stats)]
         ctx.back, ctx.kept = back, len(kept)
         ctx.save_for_backward(*inputs[0], *kept, *output[len(out_names) + len(stats):])
+        # an output no gradient reaches (computed from detached values, a comparison's mean) does not
+        # require grad, as torch's; the statistics and operands are the backward's own
+        none = [o for n, o in zip(out_names, output) if n in t.no_gradient]
+        if none or len(output) > len(out_names):
+            ctx.mark_non_differentiable(*none, *output[len(out_names):])
 
     def backward(ctx, grads):
         if torch.is_grad_enabled():

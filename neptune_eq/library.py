@@ -35,11 +35,8 @@ def logsumexp(x: Expr, axis) -> Expr:
 
 
 def log_softmax(x: Expr, axis) -> Expr:
-    """x − log Σ exp(x) as (x − m) − log Σ exp(x − m), torch's order: a row whose every element is a
-    large fill (−1e9, a masked row) keeps its −log n, which x − (m + log Σ) rounds away in fp32; a row
-    holding +inf is NaN throughout, like torch.log_softmax."""
-    m = safe_max(x, axis)
-    return (x - m) - log(sum(exp(x - m), axis))
+    """x − log Σ exp(x); a row holding +inf is NaN throughout, like torch.log_softmax."""
+    return x - _shifted_lse(x, axis)
 
 
 def attention(q: Expr, k: Expr, v: Expr, *, key_axis, dim_axis, scale: float, mask: Expr | None = None,

@@ -240,3 +240,19 @@ def test_a_dropped_compilation_frees_its_egraphs_at_once():
             assert egraphs() == before, p.name
         finally:
             gc.enable()
+
+
+def test_arguments_given_by_keyword_take_their_positions(tmp_path):
+    """`prog(q, k, v=v)` raised a plain TypeError: keywords now bind to fn's parameters; a default
+    given by keyword is a new static argument (another capture); an unknown keyword is refused by name."""
+    def attend(q, k, v, scale=0.5):
+        return torch.softmax(q @ k.transpose(-1, -2) * scale, -1) @ v
+
+    q, k, v = inputs(L=8)
+    prog = neptune_eq.compile(attend, q, k, v, cache_dir=tmp_path)
+    want = attend(q, k, v)
+    assert torch.allclose(prog(q, k, v=v), want, atol=1e-6)
+    assert torch.allclose(prog(q=q, k=k, v=v), want, atol=1e-6)
+    assert torch.allclose(prog(q, k, v, scale=0.3), attend(q, k, v, 0.3), atol=1e-6)
+    with pytest.raises(neptune_eq.NeptuneError, match="'w'"):
+        prog(q, k, w=v)

@@ -195,3 +195,20 @@ def test_softmax_over_a_single_key_is_one_and_trains():
     x = torch.tensor([[-math.inf], [2.0], [-3.0]])
     got = neptune_eq.compile(lambda t: torch.softmax(t, -1) + torch.log_softmax(t[1:], -1).sum(), x)(x)
     assert got.flatten().tolist() == [0.0, 1.0, 1.0]
+
+
+def test_an_output_no_gradient_reaches_does_not_require_grad():
+    """An output computed from detached values or a comparison's mean (no gradient path) came back
+    requiring grad (torch: False); the others still do, and their gradients are torch's."""
+    x = torch.randn(4, 9)
+
+    def fn(t):
+        return torch.softmax(t, -1), torch.logsumexp(t, -1).detach(), (t > 0).float().mean(-1)
+
+    a, b = x.clone().requires_grad_(), x.double().requires_grad_()
+    got, want = neptune_eq.compile(fn, x)(a), fn(b)
+    assert [o.requires_grad for o in got] == [o.requires_grad for o in want] == [True, False, False]
+    c = torch.randn(4, 9, dtype=torch.float64)
+    (got[0] * c.float()).sum().backward()
+    (want[0] * c).sum().backward()
+    assert torch.allclose(a.grad.double(), b.grad, atol=1e-6)
