@@ -23,6 +23,7 @@ disk (the cache directory: `cache_dir=` or ~/.cache/neptune_eq).
 from __future__ import annotations
 
 import hashlib
+import inspect
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -336,8 +337,6 @@ class Compiled:
 def _positional_args(fn, args: tuple, kwargs: dict) -> tuple:
     """fn's arguments given by keyword (`prog(q, k, v=v)`) in their positions: the compiled function is
     captured on positional arguments, the first len(args) + len(kwargs) of fn's parameters."""
-    import inspect
-
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):

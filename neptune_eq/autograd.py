@@ -25,7 +25,6 @@ an axis read twice, a second derivative) raises NoBackward at the call that need
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,6 +33,7 @@ import torch
 from . import ir
 from .grad import Backward, NoBackward, backward_program
 from .grad_prologue import Prologue, split_prologue
+from .masks import large_constants
 from .regroup import Regroup, regroup
 
 _BACKWARD_OPS: dict[str, object] = {}  # backward op qualname → the op
@@ -137,8 +137,7 @@ _FILL = 1e3  # the fp32 ulp of a constant this large is 6e-5, of 1e4 already 1e-
 def _large_fill(program: ir.Program) -> bool:
     """Does a finite constant of magnitude `_FILL` or more appear in the program (a mask's fill:
     `masked_fill(~m, -1e9)`, BERT's −10000, finfo.min)?"""
-    return any(isinstance(n, ir.Const) and math.isfinite(n.value) and abs(n.value) >= _FILL
-               for o in program.outputs for n in ir.walk(o.expr))
+    return any(large_constants(o.expr, _FILL) for o in program.outputs)
 
 
 def _compiled(key: str, program: ir.Program, compile_fn):

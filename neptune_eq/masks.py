@@ -63,11 +63,15 @@ def _index_samples(rng, thresholds: list[float]) -> np.ndarray:
     return v
 
 
-def _fills(node: ir.Node) -> list[float]:
-    """The node's finite constants of magnitude 100 or more: a mask's fill (`masked_fill(~m, -1e9)`,
+def large_constants(node: ir.Node, at_least: float = 100) -> list[float]:
+    """The node's finite constants of magnitude `at_least` or more: a mask's fill (`masked_fill(~m, -1e9)`,
     `finfo.min`, BERT's −10000), which a reduction's state equals on a row with every element masked."""
     return sorted({n.value for n in ir.walk(node)
-                   if isinstance(n, ir.Const) and math.isfinite(n.value) and abs(n.value) >= 100})
+                   if isinstance(n, ir.Const) and math.isfinite(n.value) and abs(n.value) >= at_least})
+
+
+def _near(rng, fills: list[float]) -> np.ndarray:
+    return rng.choice(np.asarray(fills), _SAMPLES) + rng.normal(0, 4, _SAMPLES)
 
 
 def _sample_env(nodes, seed: int = 0, thresholds: list[float] = (), fills: list[float] = ()
@@ -92,12 +96,12 @@ def _sample_env(nodes, seed: int = 0, thresholds: list[float] = (), fills: list[
             v = np.where(kind == 0, -np.inf, v)
             v = np.where(kind == 1, np.inf, v)
             if fills:
-                v = np.where(kind == 2, rng.choice(np.asarray(fills), _SAMPLES) + rng.normal(0, 4, _SAMPLES), v)
+                v = np.where(kind == 2, _near(rng, fills), v)
             env[key] = v
         else:  # (a loaded value too: a saved statistic, the backward's log-sum-exp of a masked row)
             v = some_equal(rng, rng.normal(0, 4, _SAMPLES))
             if fills:
-                near = rng.choice(np.asarray(fills), _SAMPLES) + rng.normal(0, 4, _SAMPLES)
+                near = _near(rng, fills)
                 v = np.where(rng.integers(0, 10, _SAMPLES) == 0, near, v)
             env[key] = v
     return env
@@ -120,7 +124,7 @@ def is_identity_everywhere(node: ir.Node, identity: float, fills: bool = True) -
     from neptune_eq.rules.soundness import eval_ir_sampled
 
     node = _free_equalities(node)
-    env = _sample_env(_leaves(node), thresholds=_thresholds(node), fills=_fills(node) if fills else ())
+    env = _sample_env(_leaves(node), thresholds=_thresholds(node), fills=large_constants(node) if fills else ())
     v = np.broadcast_to(eval_ir_sampled(node, env), (_SAMPLES,))
     defined = ~np.isnan(v)
     # NaN refines to anything, but a body that is NaN at most samples (rsqrt of a sampled negative
@@ -137,7 +141,7 @@ def split_mask(body: ir.Node, monoid: str, nonempty: Callable[[ir.Node], bool] |
     that the predicates keep an element of every row (an affine causal or window mask), else kept
     in the body (a row of fills is the softmax of equal values, as torch computes it)."""
     got = _split(body, monoid, fills=True)
-    if nonempty is not None and _fills(body):
+    if nonempty is not None and large_constants(body):
         # (a max or min over a row that keeps an element takes a kept value over a fill: a fill branch
         # is then its identity, ∓inf, for finite data of any sampled size)
         sub = _fills_as_identity(body, monoid)

@@ -12,6 +12,23 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
+def assert_gradients_match(fn, xs: list, atol: float) -> None:
+    """fn compiled by neptune_eq, every input requiring grad, against float64 torch under one random
+    cotangent: each input's gradient within `atol`."""
+    import torch
+
+    import neptune_eq
+
+    prog = neptune_eq.compile(fn, *xs)
+    a, b = [x.clone().requires_grad_() for x in xs], [x.double().requires_grad_() for x in xs]
+    want = fn(*b)
+    c = torch.randn(want.shape, dtype=torch.float64)
+    prog(*a).backward(c.float())
+    want.backward(c)
+    for x, y in zip(a, b):
+        assert torch.allclose(x.grad.double(), y.grad, atol=atol), (x.grad, y.grad)
+
+
 def load_example(name: str, attr: str = "program"):
     return runpy.run_path(str(EXAMPLES / f"{name}.py"))[attr]
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-import neptune_eq
+from helpers import assert_gradients_match
 
 
 def test_a_pre_norm_scores_backward_with_every_input_requiring_grad():
@@ -16,10 +15,4 @@ def test_a_pre_norm_scores_backward_with_every_input_requiring_grad():
         return torch.softmax((h @ wq) @ (h @ wk).transpose(-1, -2), -1)
 
     xs = [torch.randn(2, 7, 12), 0.3 * torch.randn(12, 12), 0.3 * torch.randn(12, 12), torch.randn(12)]
-    prog = neptune_eq.compile(scores, *xs)
-    a, b = [x.clone().requires_grad_() for x in xs], [x.double().requires_grad_() for x in xs]
-    c = torch.randn(2, 7, 7, dtype=torch.float64)
-    prog(*a).backward(c.float())
-    scores(*b).backward(c)
-    for x, y in zip(a, b):
-        assert torch.allclose(x.grad.double(), y.grad, atol=1e-4), (x.grad, y.grad)
+    assert_gradients_match(scores, xs, atol=1e-4)
