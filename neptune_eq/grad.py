@@ -41,6 +41,7 @@ from .grad_saved import Saved, hoist, save
 from .grad_shift import proves_shift_invariant
 from .ir import Call, Const, Index, Load, NeptuneError, Reduce
 from .numeric import shifted_exp_sum
+from .ops import ROUNDINGS
 
 _NO_GRAD = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "float", "stopgrad"})
 
@@ -148,6 +149,8 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
         return [_zero_keeps(g, _call("div", _call("mul", g, _c(0.5)), n))]
     if op == "rsqrt":
         return [_call("mul", _call("mul", g, _c(-0.5)), _call("mul", n, _call("mul", n, n)))]
+    if op in ROUNDINGS.values():  # torch's cast backward: the cotangent converted to the value's dtype
+        return [_call(op, g)]
     if op == "abs":
         return [_call("where", _call("gt", a[0], _c(0.0)), g,
                       _call("where", _call("lt", a[0], _c(0.0)), _call("neg", g), _c(0.0)))]

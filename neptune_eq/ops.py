@@ -31,6 +31,23 @@ def _np_div(a, b):
 _np_erf = np.vectorize(math.erf, otypes=[float])  # (numpy has no erf)
 
 
+def _np_round_bf16(x):
+    """x rounded to bfloat16 (to nearest, ties to even) through float32, as torch converts a double."""
+    with np.errstate(all="ignore"):
+        f = np.asarray(x, dtype=np.float64).astype(np.float32)
+        u = f.view(np.uint32).astype(np.uint64)
+        r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+        return np.where(np.isnan(f), f, r).astype(np.float64)
+
+
+def _np_round_to(dtype):
+    def run(x):
+        with np.errstate(all="ignore"):  # (fp16 overflows to ±inf, as torch's conversion does)
+            return np.asarray(x, dtype=np.float64).astype(np.float32).astype(dtype).astype(np.float64)
+
+    return run
+
+
 def _np_guard(fn):
     def run(*args):
         with np.errstate(all="ignore"):
@@ -112,10 +129,18 @@ OPS: dict[str, Op] = {
         # an integer made a float (torch's promotion of int · float, .float()): what follows is float
         # arithmetic, not int64 (which would overflow where torch's float does not)
         Op("float", 1, _np_guard(lambda x: np.asarray(x, dtype=float)), "{0}", weight=0.5, integer_ok=False),
+        # a value torch holds in a narrower float dtype than the arithmetic that reads it (x.bfloat16().float(),
+        # a bf16 product added to fp32): rounded to that dtype, still a number of the compute precision
+        # (frontend/rounding.py places them; 1.0e5 in fp16 is inf, as torch's conversion gives)
+        Op("round_bf16", 1, _np_round_bf16, "_round_bf16({0})", integer_ok=False),
+        Op("round_f16", 1, _np_round_to(np.float16), "_round_f16({0})", integer_ok=False),
+        Op("round_f32", 1, _np_round_to(np.float32), "_round_f32({0})", integer_ok=False),
     ]
 }
 
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+# the rounding of each float dtype narrower than float64, by dtype name
+ROUNDINGS = {"bfloat16": "round_bf16", "float16": "round_f16", "float32": "round_f32"}
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ _TORCH_OPS = {
     "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
     "and": torch.logical_and, "or": torch.logical_or, "not": torch.logical_not,
     "float": lambda x: x.to(torch.float64),
+    "round_bf16": lambda x: x.to(torch.bfloat16).to(x.dtype), "round_f16": lambda x: x.to(torch.float16).to(x.dtype),
+    "round_f32": lambda x: x.to(torch.float32).to(x.dtype),
 }
 
 

@@ -145,6 +145,18 @@ def to_float(x: Term) -> Term: ...  # the integer x as a float (ops.py "float")
 
 
 @function
+def round_bf16(x: Term) -> Term: ...  # x rounded to bfloat16 (ops.py: a narrow value read by wider arithmetic)
+
+
+@function
+def round_f16(x: Term) -> Term: ...
+
+
+@function
+def round_f32(x: Term) -> Term: ...
+
+
+@function
 def lt(a: Term, b: Term) -> Term: ...
 
 
@@ -233,7 +245,7 @@ BINARY = {"add": Term.__add__, "sub": Term.__sub__, "mul": Term.__mul__, "div": 
           "ge": ge, "eq": eq_, "ne": ne_, "and": and_, "or": or_}
 UNARY = {"neg": Term.__neg__, "exp": exp, "exp2": exp2, "log": log, "log2": log2, "log1p": log1p, "expm1": expm1,
          "erf": erf, "tanh": tanh, "sin": sin, "cos": cos, "sqrt": sqrt, "rsqrt": rsqrt, "abs": abs_, "not": not_,
-         "float": to_float}
+         "float": to_float, "round_bf16": round_bf16, "round_f16": round_f16, "round_f32": round_f32}
 CONSTRUCTORS = {**BINARY, **UNARY, "where": where}
 # (stopgrad marks a detached value for the gradient alone; compile_program removes it before encoding)
 assert set(CONSTRUCTORS) == set(OPS) - {"stopgrad"}, set(OPS) ^ set(CONSTRUCTORS)
@@ -248,7 +260,8 @@ _FUNCTION_OPS = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "lo
                  "min2": "min2",
                  "floordiv": "floordiv", "mod": "mod", "where": "where", "lt": "lt", "le": "le", "gt": "gt",
                  "ge": "ge", "eq_": "eq",
-                 "ne_": "ne", "and_": "and", "or_": "or", "not_": "not", "to_float": "float", "red": "red",
+                 "ne_": "ne", "and_": "and", "or_": "or", "not_": "not", "to_float": "float",
+                 "round_bf16": "round_bf16", "round_f16": "round_f16", "round_f32": "round_f32", "red": "red",
                  "get": "get",
                  "deps": "deps", "axis_bit": "axis_bit", "extent": "extent", "nonneg": "nonneg", "pos": "pos",
                  "finite": "finite",

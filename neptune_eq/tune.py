@@ -328,11 +328,12 @@ def fast_variant_tolerance(program: ir.Program) -> float:
     and at least 2e-3 for float32 programs (tanh.approx's relative error is 2^-11): a bf16 attention's own rounding is
     ~5e-3, so a fixed 2e-3 rejected every fast variant of it."""
     from .numeric import compute_dtype
-    from .verify import default_tolerance
+    from .verify import default_tolerance, rounded_dtypes
 
     ins = [s.dtype for s in program.inputs.values()]
     compute = compute_dtype(program)
-    tols = [default_tolerance(o.dtype or "float32", ins, compute=compute) for o in program.outputs]
+    tols = [default_tolerance(o.dtype or "float32", ins + rounded_dtypes(o.expr), compute=compute)
+            for o in program.outputs]
     return max(tols) if compute == "float64" else max([2e-3, *tols])  # no approximations in float64
 
 

@@ -23,6 +23,7 @@ import torch
 from torch import fx
 
 from .. import dsl, ir
+from . import rounding
 from .axes import AxisTable, Dim, Resolution
 from .checks import IndexCheck, analyse, index_program
 from .exprs import add, call, const, negate, select, substitute
@@ -163,6 +164,9 @@ class Translator:
     infos: dict = field(default_factory=dict)
     renames: dict = field(default_factory=dict)
     exprs: dict = field(default_factory=dict)
+    exact_exprs: dict = field(default_factory=dict)  # rounding.exact's memo
+    narrowed: dict = field(default_factory=dict)  # rounding.narrowed's memo
+    compute_rank: int = 2  # the kernels' float precision (rounding.RANK): float64 programs compute in it
     res: Resolution | None = None
     checks: list[IndexCheck] = field(default_factory=list)
     storage_reads: set[str] = field(default_factory=set)  # inputs as_strided reads (they must be contiguous)
@@ -179,6 +183,8 @@ class Translator:
         for n in outs:
             self.axes.prefer.update(v for v in self.infos[n].dims if v is not None)
         self.res = self.axes.resolve()
+        ends = [*self.input_dtypes.values(), *(self.infos[n].dtype for n in outs if isinstance(self.infos[n], Info))]
+        self.compute_rank = 3 if torch.float64 in ends else 2
         self.res.reserved = {d.name for d in self.inputs} | {name for name, _ in self.constants.values()}
         self._check_distinct(nodes[:-1])
         self._name_axes(nodes[:-1], outs)
@@ -249,9 +255,12 @@ class Translator:
     def _placeholder_index(self, node: fx.Node) -> int:
         return [n for n in self.graph.nodes if n.op == "placeholder"].index(node)
 
-    def _call(self, node: fx.Node, *, pass2: bool) -> OpCall:
+    def _call(self, node: fx.Node, *, pass2: bool, exact: bool = False) -> OpCall:
+        """The call's arguments as Operands; in pass 2 with their expressions, exact (rounding.py) for
+        every operand when `exact`, else for the narrowed ones of a dtype narrower than the call's."""
         counter = itertools.count()
         renames = self.renames.get(node, {})
+        wide = rounding.computes_in(node, self.infos) if pass2 else 0
 
         def conv(a):
             if not isinstance(a, fx.Node):
@@ -262,7 +271,8 @@ class Translator:
                 raise CaptureError(f"operation on a non-tensor value {a.name}")
             if not pass2:
                 return Operand(pos, info)
-            expr = self.exprs[a]
+            taken = exact or (rounding.narrower(info.dtype, wide) and rounding.narrowed(self, a))
+            expr = rounding.exact(self, a) if taken else self.exprs[a]
             mapping = renames.get(pos)
             if mapping:
                 info, expr = self._apply_rename(info, expr, mapping)

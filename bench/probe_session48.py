@@ -1,0 +1,122 @@
+"""What session 48's rounding of narrowed values does on the GPU (frontend/rounding.py): a value the
+program itself rounds to bf16/fp16 is that rounded value wherever wider arithmetic reads it; narrowness
+inherited from the inputs keeps the float32 algebra. In one process, each checked against float64 first
+(do_bench medians; GPU only; from bench/):
+
+  * exactness: the CUDA conversions against eager's, element for element;
+  * attention, bf16 softmax vs HF's softmax(scores, dtype=float32) of the bf16 scores (inherited: must
+    cost nothing), causal (a captured boolean mask) and not, B 4, H 16, L 2048, d 64, beside SDPA;
+  * linear cross-entropy, CE of the bf16 logits vs of (h @ Wᵀ).float() (inherited), 4096 tokens,
+    4096 → 32768, beside torch.compile and eager;
+  * fake quantisation x + (x.bfloat16().float() − x).detach() feeding a row sum (rounded), beside
+    eager and torch.compile.
+
+    python probe_session48.py
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+import neptune_eq
+
+
+def _err(got, want) -> float:
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def _bench(name: str, impls: dict, want) -> None:
+    row = []
+    for label, fn in impls.items():
+        try:
+            got = fn()
+        except Exception as e:  # (a peer that cannot run this program)
+            row.append(f"{label} failed: {type(e).__name__}: {str(e)[:80]}")
+            continue
+        t = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+        row.append(f"{label} {t * 1e3:8.1f} us (err {_err(got, want):.1e})")
+    print(f"{name:40s} | " + " | ".join(row), flush=True)
+
+
+def attention() -> None:
+    q, k, v = (torch.randn(4, 16, 2048, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    causal = torch.ones(2048, 2048, device="cuda", dtype=torch.bool).tril()
+    for is_causal in (False, True):
+        def plain(q, k, v, is_causal=is_causal):
+            s = (q @ k.transpose(-2, -1)) * 0.125
+            s = s.masked_fill(~causal, float("-inf")) if is_causal else s
+            return torch.softmax(s, -1) @ v
+
+        def hf(q, k, v, is_causal=is_causal):
+            s = (q @ k.transpose(-2, -1)) * 0.125
+            s = s.masked_fill(~causal, float("-inf")) if is_causal else s
+            return F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+        want = plain(q.double(), k.double(), v.double())
+        a, b = neptune_eq.compile(plain, q, k, v), neptune_eq.compile(hf, q, k, v)
+        _bench(f"attention causal={is_causal}", {
+            "bf16 softmax": lambda: a(q, k, v), "fp32 softmax": lambda: b(q, k, v),  # noqa: B023
+            "SDPA": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)}, want)  # noqa: B023
+
+
+def linear_ce() -> None:
+    h = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    W = (torch.randn(32768, 4096, device="cuda") / 64).to(torch.bfloat16)
+    y = torch.randint(0, 32768, (4096,), device="cuda")
+
+    def narrow(h, W, y):
+        return F.cross_entropy(h @ W.T, y)
+
+    def wide(h, W, y):
+        return F.cross_entropy((h @ W.T).float(), y)
+
+    a, b = neptune_eq.compile(narrow, h, W, y), neptune_eq.compile(wide, h, W, y)
+    comp = torch.compile(wide)
+    _bench("linear CE 4096 tok, 4096 -> 32768", {
+        "bf16 logits": lambda: a(h, W, y), ".float() logits": lambda: b(h, W, y),
+        "torch.compile": lambda: comp(h, W, y), "eager": lambda: wide(h, W, y)}, wide(h.double(), W.double(), y))
+
+
+def fake_quant() -> None:
+    x = torch.randn(16384, 4096, device="cuda")
+    w = torch.randn(4096, device="cuda")
+
+    def fn(x, w):
+        return ((x + (x.to(torch.bfloat16).float() - x).detach()) * w).sum(-1)
+
+    prog, comp = neptune_eq.compile(fn, x, w), torch.compile(fn)
+    _bench("fake quant row sum 16384x4096 fp32", {"neptune_eq": lambda: prog(x, w), "torch.compile": lambda: comp(x, w),
+                                                "eager": lambda: fn(x, w)}, fn(x.double(), w.double()))
+
+
+def exactness() -> None:
+    """The GPU's conversions against eager's, element for element (the rounding ops' CUDA path)."""
+    x = torch.randn(4096, 1024, device="cuda") * 4
+    w = torch.randn(1024, device="cuda")
+    h = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
+
+    def rms(h, w):
+        f = h.float()
+        return w * (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+
+    for name, fn, args in (("x.bfloat16().float() - x", lambda x: x.bfloat16().float() - x, (x,)),
+                           ("x.half().float() - x", lambda x: x.half().float() - x, (x,)),
+                           ("(x * 3e4).half().float()", lambda x: (x * 3e4).half().float(), (x,)),
+                           ("(x.bf16 * w.bf16).float() + x", lambda x, w: (x.bfloat16() * w.bfloat16()).float() + x,
+                            (x, w)),
+                           ("Llama RMSNorm, fp32 weight", rms, (h, w))):
+        got, want = neptune_eq.compile(fn, *args)(*args), fn(*args)
+        same = torch.equal(got, want) or ((got.isinf() == want.isinf()).all() and torch.equal(
+            got[want.isfinite()], want[want.isfinite()]))
+        print(f"{name:40s} | max |got - eager| {(got - want).nan_to_num().abs().max().item():.3g} "
+              f"| identical: {bool(same)}", flush=True)
+
+
+if __name__ == "__main__":
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    exactness()
+    attention()
+    linear_ce()
+    fake_quant()

@@ -1,0 +1,133 @@
+"""A narrow float value read by wider arithmetic is rounded as torch holds it (frontend/rounding.py):
+x.bfloat16().float(), fake quantisation, a half overflowing to inf, mixed-precision norms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neptune_eq
+from neptune_eq.ops import OPS
+from neptune_eq.reference import evaluate
+from tests.helpers import assert_gradients_match
+
+
+def _rounds(prog) -> set[str]:
+    return {op for o in prog.program.program.outputs for op in ("round_bf16", "round_f16") if op in str(o.expr)}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_round_trip_through_a_narrow_dtype_keeps_its_rounding(dtype):
+    def fn(x):
+        return x.to(dtype).float() - x
+
+    x = torch.randn(5, 37) * 3
+    got = neptune_eq.compile(fn, x)(x)
+    want = fn(x)
+    assert want.abs().max() > 1e-4  # (the rounding error itself is what is compared)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_fake_quantisation_forward_and_straight_through_gradient():
+    def fn(x, w):
+        q = x + (x.to(torch.bfloat16).float() - x).detach()  # straight-through estimator
+        return (q * w).sum(-1)
+
+    x, w = torch.randn(6, 40), torch.randn(40)
+    prog = neptune_eq.compile(fn, x, w)
+    torch.testing.assert_close(prog(x, w), fn(x, w), rtol=1e-6, atol=1e-6)
+    assert abs(prog(x, w) - fn(x, w)).max() < abs(fn(x, w) - (x * w).sum(-1)).max() / 10
+    assert_gradients_match(fn, [x, w], atol=1e-5)
+
+
+def test_a_half_that_overflows_is_inf_as_torch_gives():
+    def fn(x):
+        return torch.sigmoid((x * 1e5).half().float() * 1e-4)
+
+    x = torch.linspace(-3, 3, 64).reshape(2, 32)
+    got = neptune_eq.compile(fn, x)(x)
+    torch.testing.assert_close(got, fn(x))
+    big = x.abs() > 0.66  # |x|·1e5 past the half's largest finite 65504: ±inf, sigmoid 0 or 1
+    assert ((got[big] == 0) | (got[big] == 1)).all() and big.any()
+
+
+def test_each_narrow_operation_rounds_where_a_wider_one_reads_it():
+    """round(round(x)·round(y)), not round(x·y): the product is held in bf16 before it widens."""
+    def fn(x, y):
+        return (x.bfloat16() * y.bfloat16()).float() + x
+
+    x, y = torch.randn(8, 64), torch.randn(8, 64)
+    torch.testing.assert_close(neptune_eq.compile(fn, x, y)(x, y), fn(x, y), rtol=0, atol=0)
+
+
+def test_a_mixed_precision_rms_norm_matches_eager_forward_and_backward():
+    """Llama's RMSNorm with an fp32 weight: the normalised bf16 row is rounded before the fp32 product."""
+    def rms(h, w):
+        dt = h.dtype
+        h = h.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * h.to(dt)
+
+    h, w = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64)
+    prog = neptune_eq.compile(rms, h, w)
+    assert _rounds(prog) == {"round_bf16"}
+    torch.testing.assert_close(prog(h, w), rms(h, w), rtol=1e-6, atol=1e-6)
+    hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+    h2, w2 = h.clone().requires_grad_(), w.clone().requires_grad_()
+    g = torch.randn(4, 64)
+    prog(hh, ww).backward(g)
+    rms(h2, w2).backward(g)
+    torch.testing.assert_close(hh.grad.float(), h2.grad.float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(ww.grad, w2.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_narrowness_inherited_from_the_inputs_keeps_the_float32_algebra():
+    """bf16 scores of bf16 q and k, widened by HF's softmax(dtype=float32), and the bf16 logits of a
+    linear cross-entropy's .float(), are not rounded (they compute in float32, as FlashAttention's
+    scores): only a narrowing the program itself makes is."""
+    def hf_attn(q, k, v):
+        s = torch.matmul(q, k.transpose(-2, -1)) * 0.125
+        return torch.matmul(F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+    def linear_ce(h, W, y):
+        return F.cross_entropy((h @ W.T).float(), y)
+
+    def requantised(h, W, y):  # the same logits through an fp32 round trip and back: rounded by the program
+        return F.cross_entropy((h.float() @ W.float().T).bfloat16().float(), y)
+
+    q = torch.randn(1, 2, 16, 8, dtype=torch.bfloat16)
+    assert not _rounds(neptune_eq.compile(hf_attn, q, q, q))
+    h, W, y = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(16, 8, dtype=torch.bfloat16), torch.arange(4)
+    assert not _rounds(neptune_eq.compile(linear_ce, h, W, y))
+    prog = neptune_eq.compile(requantised, h, W, y)
+    assert _rounds(prog) == {"round_bf16"}
+    torch.testing.assert_close(prog(h, W, y), requantised(h, W, y), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("op,dtype", [("round_bf16", torch.bfloat16), ("round_f16", torch.float16)])
+def test_the_rounding_ops_agree_with_torch_conversion(op, dtype):
+    """numpy evaluator, float64 reference and torch's own conversion agree, ties and overflow included."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.cat([torch.randn(2000, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-6, 6, (2000,),
+                                                                                              generator=g),
+                   torch.tensor([1 + 2.0**-8, 1 + 3 * 2.0**-8, 65520.0, 1e5, -1e39, float("inf"), float("nan")],
+                                dtype=torch.float64)])
+    want = x.to(torch.float32).to(dtype).to(torch.float64)
+    got = torch.from_numpy(np.asarray(OPS[op].numpy(x.numpy())))
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    prog = neptune_eq.ir.Program("r", {"i": len(x)}, {"x": neptune_eq.ir.TensorSpec("x", ("i",), "float64")},
+                                 [neptune_eq.ir.Output("out", ("i",), neptune_eq.ir.Call(op, (
+                                     neptune_eq.ir.Load("x", (neptune_eq.ir.Index("i"),)),)))])
+    torch.testing.assert_close(evaluate(prog, {"x": x})["out"], want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_verification_holds_a_rounded_output_to_the_rounding_dtype():
+    """A value near a bf16 rounding boundary may round one unit apart in the float32 kernel and in
+    float64: verify (and tuning) count the rounding's dtype among those the output involves."""
+    x = torch.randn(3, 40)
+    prog = neptune_eq.compile(lambda x: (x * 3.3).bfloat16().float() + 1, x).program
+    report = prog.verify(sets=("normal", "wide"))
+    assert report.passed
+    assert report.sets[0].tolerance["out0"] == pytest.approx(4 * 2.0**-8)
