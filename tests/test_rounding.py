@@ -131,3 +131,14 @@ def test_verification_holds_a_rounded_output_to_the_rounding_dtype():
     report = prog.verify(sets=("normal", "wide"))
     assert report.passed
     assert report.sets[0].tolerance["out0"] == pytest.approx(4 * 2.0**-8)
+
+
+def test_a_power_of_two_scale_of_a_half_overflows_as_torch_gives():
+    """A bf16 value scaled by 2^k needs no rounding (float32's range); an fp16 one may overflow to inf."""
+    def fn(x):
+        return (x.half() * 1024.0).float()
+
+    x = torch.linspace(-200, 200, 64).reshape(2, 32)
+    got = neptune_eq.compile(fn, x)(x)
+    assert got.isinf().any()
+    torch.testing.assert_close(got, fn(x), rtol=0, atol=0)

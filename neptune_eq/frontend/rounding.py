@@ -92,9 +92,10 @@ def representable(e: ir.Node, dtype: torch.dtype, input_dtypes: dict[str, torch.
         return representable(e.args[0], dtype, input_dtypes)
     if isinstance(e, ir.Call) and e.op == "where":
         return all(representable(a, dtype, input_dtypes) for a in e.args[1:])
-    if isinstance(e, ir.Call) and e.op == "mul":
-        # a scale by 2^k only moves the exponent (a score's 1/√64): exact but in the subnormals, which the
-        # GPU's float32 arithmetic flushes to zero anyway
+    if isinstance(e, ir.Call) and e.op == "mul" and dtype == torch.bfloat16:
+        # a scale by 2^k only moves the exponent (a score's 1/√64): bf16 has float32's range, so the
+        # float32 product overflows where the bf16 one does (not so fp16's), and is exact but in the
+        # subnormals, which the GPU's float32 arithmetic flushes to zero anyway
         for x, c in (e.args, e.args[::-1]):
             if isinstance(c, ir.Const) and _power_of_two(c.value):
                 return representable(x, dtype, input_dtypes)
