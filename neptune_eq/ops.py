@@ -112,6 +112,13 @@ OPS: dict[str, Op] = {
         # an integer made a float (torch's promotion of int · float, .float()): what follows is float
         # arithmetic, not int64 (which would overflow where torch's float does not)
         Op("float", 1, _np_guard(lambda x: np.asarray(x, dtype=float)), "{0}", weight=0.5, integer_ok=False),
+        # xᵖ as torch's (C's) pow: a negative x to an integer p real, to any other p NaN; 0 to p < 0 is ∞;
+        # x⁰ and 1ᵖ are 1, NaN included (lower/mathlib.py: libdevice's pow on a GPU, exp2(p·log2|x|) elsewhere)
+        Op("pow", 2, _np_guard(lambda x, p: np.power(np.asarray(x, dtype=float), p)), "_pow({0}, {1})", unit="sfu",
+           weight=4.0, integer_ok=False),
+        # √(a² + b²) without overflow or underflow of the squares; ∞ where either is ±∞, NaN included (C's)
+        Op("hypot", 2, _np_guard(np.hypot), "_hypot({0}, {1})", unit="sfu", weight=3.0, commutative=True,
+           integer_ok=False),
     ]
 }
 

@@ -16,6 +16,7 @@ from ..masks import affine_part
 from ..plan import Combine, KernelPlan, Plan
 from ..schedule import KernelSchedule, grouped_pair
 from .kernel import KernelWriter
+from .mathlib import math_helpers
 from .passes import _combine_phase, _PassWriter
 from .values import (
     KernelSource,
@@ -303,6 +304,7 @@ def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule
     src += LOG1P if any("_log1p(" in ks.source for ks in kernels) else ""
     src += EXPM1 if any("_expm1(" in ks.source for ks in kernels) else ""
     src += "" if target == "cuda" else INTERPRETER_HELPERS
+    src += math_helpers([ks.source for ks in kernels], target)
     for ks in kernels:
         src += "\n\n" + ks.source
     return src, kernels
