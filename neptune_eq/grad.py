@@ -37,6 +37,8 @@ from dataclasses import dataclass, replace
 
 from . import ir
 from .grad_gather import NoBackward, _c, _call, load_grad, substitute_free, sum_over
+from .grad_math import OPS as MATH_OPS
+from .grad_math import local_math
 from .grad_saved import Saved, hoist, save
 from .grad_shift import proves_shift_invariant
 from .ir import Call, Const, Index, Load, NeptuneError, Reduce
@@ -166,6 +168,8 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
         return [share(a[0], a[1]), share(a[1], a[0])]
     if op == "where":
         return [None, _call("where", a[0], g, _c(0.0)), _call("where", a[0], _c(0.0), g)]
+    if op in MATH_OPS:
+        return local_math(n, g, _zero_keeps)
     raise NoBackward(f"no derivative of '{op}' ({ir.show(n)}) is derived")
 
 

@@ -303,9 +303,10 @@ def count_nodes(node: Node) -> int:
 
 # ---------------------------------------------------------------- programs
 
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "bool")
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "bool", "uint8", "int8", "int16")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "bool": 1,
+               "uint8": 1, "int8": 1, "int16": 2}
 
 
 @dataclass(frozen=True)

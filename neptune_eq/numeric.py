@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from . import ir
 
-INTEGER_DTYPES = ("int32", "int64", "bool")
+INTEGER_DTYPES = ("int32", "int64", "bool", "uint8", "int8", "int16")
 # operations that map integers to integers (exactly, up to int64 wrap-around like torch's)
 INTEGER_CLOSED = frozenset({"add", "sub", "mul", "floordiv", "mod", "neg", "abs", "max2", "min2"})
 PREDICATES = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not"})

@@ -21,7 +21,11 @@ _TORCH_OPS = {
     "float": lambda x: x.to(torch.float64),
     "round_bf16": lambda x: x.to(torch.bfloat16).to(x.dtype), "round_f16": lambda x: x.to(torch.float16).to(x.dtype),
     "round_f32": lambda x: x.to(torch.float32).to(x.dtype),
+    "pow": torch.pow, "hypot": torch.hypot,
 }
+
+
+_NARROW_INTS = (torch.uint8, torch.int8, torch.int16)
 
 
 class _Val:
@@ -55,7 +59,9 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
         t = env.get(name)
         if t is None:
             t = inputs[name]
-            t = env[name] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device=device)
+            # (narrow integers as int64, as the kernels load them: the program's arithmetic on them is exact)
+            t = env[name] = t.to(device=device, dtype=dtype) if t.is_floating_point() else \
+                t.to(device=device, dtype=torch.int64 if t.dtype in _NARROW_INTS else t.dtype)
         return t
 
     def canon(dims) -> tuple[str, ...]:

@@ -193,6 +193,14 @@ def not_(a: Term) -> Term: ...
 
 
 @function
+def pow_(a: Term, b: Term) -> Term: ...
+
+
+@function
+def hypot(a: Term, b: Term) -> Term: ...
+
+
+@function
 def red(op: StringLike, axis: StringLike, body: Term) -> Term: ...
 
 
@@ -242,7 +250,7 @@ split_factor = relation("split_factor", String, i64)  # (axis, n): n chunks allo
 # elementwise constructors by op name (the op table's vocabulary)
 BINARY = {"add": Term.__add__, "sub": Term.__sub__, "mul": Term.__mul__, "div": Term.__truediv__,
           "max2": max2, "min2": min2, "floordiv": floordiv, "mod": mod, "lt": lt, "le": le, "gt": gt,
-          "ge": ge, "eq": eq_, "ne": ne_, "and": and_, "or": or_}
+          "ge": ge, "eq": eq_, "ne": ne_, "and": and_, "or": or_, "pow": pow_, "hypot": hypot}
 UNARY = {"neg": Term.__neg__, "exp": exp, "exp2": exp2, "log": log, "log2": log2, "log1p": log1p, "expm1": expm1,
          "erf": erf, "tanh": tanh, "sin": sin, "cos": cos, "sqrt": sqrt, "rsqrt": rsqrt, "abs": abs_, "not": not_,
          "float": to_float, "round_bf16": round_bf16, "round_f16": round_f16, "round_f32": round_f32}
@@ -265,7 +273,7 @@ _FUNCTION_OPS = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "lo
                  "get": "get",
                  "deps": "deps", "axis_bit": "axis_bit", "extent": "extent", "nonneg": "nonneg", "pos": "pos",
                  "finite": "finite",
-                 "nonpos": "nonpos", "split_factor": "split_factor"}
+                 "nonpos": "nonpos", "split_factor": "split_factor", "pow_": "pow", "hypot": "hypot"}
 
 
 def op_of_callable(ref) -> str | None:

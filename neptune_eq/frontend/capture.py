@@ -42,17 +42,19 @@ from .. import ir
 from ..grad_gather import NoBackward
 from ..ir import NeptuneWarning
 from ..reference import evaluate
-from . import ops_index, ops_math, ops_reduce, ops_shape
+from . import ops_index, ops_math, ops_more, ops_reduce, ops_shape
 from .checks import IndexCheck, run_checks
 from .guards import Guards, Held, TensorGuard, same_value, scan
 from .merge_axes import merge_reduced_axes
+from .narrow_ints import guard_narrow
 from .results import Mutation, OutputStructure, find_mutations
 from .sdpa import SdpaAsMath
 from .source import CaptureError, SourceLocator, location
 from .tracing import RESTORED, ZeroSizeCapture, check_sizes, trace, untouched
 from .translate import InputDecl, Translator, dtype_name
 
-HANDLERS = {**ops_shape.HANDLERS, **ops_math.HANDLERS, **ops_reduce.HANDLERS, **ops_index.HANDLERS}
+HANDLERS = guard_narrow({**ops_shape.HANDLERS, **ops_math.HANDLERS, **ops_reduce.HANDLERS, **ops_index.HANDLERS,
+                         **ops_more.HANDLERS}, {*ops_shape.HANDLERS, *ops_index.HANDLERS})
 
 _DEVICE_TYPES = ("cpu", "cuda")
 

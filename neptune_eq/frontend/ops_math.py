@@ -82,7 +82,7 @@ def _div_mode(tx, c, a, b):
 
 def _pow(tx, c, x, p):
     if not is_const(p):
-        raise CaptureError("pow with a tensor exponent is not supported")
+        return _pow_op(c, x, p)
     e = p.value
     if e == 1:
         return x
@@ -97,7 +97,16 @@ def _pow(tx, c, x, p):
         for _ in range(int(e) - 1):
             out = call("mul", out, x)
         return out
-    raise CaptureError(f"pow(x, {e:g}) is not supported (exponents 2, 3, 4, 0.5, -0.5, -1 are)")
+    return _pow_op(c, x, p)
+
+
+def _pow_op(c, x, p):
+    """xᵖ as the op table's pow (torch's special values), for a floating result: an integer power of
+    integers would be computed in floats (and torch refuses a negative exponent there)."""
+    if not c.out.dtype.is_floating_point:
+        raise CaptureError(f"{c.op_name} of integers with a result of {c.out.dtype} is not supported (exponents "
+                           "2, 3, 4 are); convert to float first")
+    return call("pow", x, p)
 
 
 def _pow_scalar(tx, c, base, x):
@@ -106,7 +115,7 @@ def _pow_scalar(tx, c, base, x):
         return call("exp2", x)
     if b > 0:
         return call("exp", mul(x, const(math.log(b))))
-    raise CaptureError(f"pow({b:g}, x) with a non-positive base is not supported")
+    return _pow_op(c, base, x)
 
 
 def _hardtanh(tx, c, x):
@@ -368,6 +377,7 @@ HANDLERS = {
     aten.masked_fill_.Scalar: InPlace(MaskedFill()),  # cross_entropy's label smoothing
     aten.fill_.Scalar: InPlace(Constant(1, name="value")),  # F.cosine_embedding_loss: empty_like().fill_(1)
     aten.sub_.Tensor: InPlace(Pointwise(2, _sub)),  # … .sub_(cos)
+    aten.pow.Tensor_Tensor: Pointwise(2, _pow),
     **{getattr(getattr(aten, op), overload): binary(op)
        for op in COMPARISONS for overload in ("Tensor", "Scalar")},
 }

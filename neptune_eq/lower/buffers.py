@@ -10,7 +10,8 @@ from ..plan import ROW_PAD, Plan
 from .values import KernelSource
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                 "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool}
+                 "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
+                 "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16}
 
 
 class Buffers:

@@ -9,6 +9,8 @@ from ..numeric import index_within
 from ..plan import ROW_PAD, StorePlan
 from .values import _TL_DTYPE, Val, _ident, _literal, block_shape
 
+NARROW_INTS = ("uint8", "int8", "int16")  # loaded as int64 (the frontend refuses torch's wrapping arithmetic on them)
+
 
 class MemoryOps:
     """KernelWriter's loads and stores (a mixin: it uses the writer's scopes and values)."""
@@ -120,6 +122,8 @@ class MemoryOps:
         v = self.bind(code, dims, kind, "x")
         if kind == "f" and dtype != self.floats:
             v = self.bind(f"{v.code}.to({self.fdt})", dims, "f", "x")
+        if dtype in NARROW_INTS:  # (in int64: a sum or product of uint8 values must not wrap at 256)
+            v = self.bind(f"{v.code}.to(tl.int64)", dims, "i", "x")
         for cond, at in edges:  # the clamped lanes read the edge element (here, as the tile is read:
             # hoisted, a kv head h // G uniform in the loop would be a vector of the program's heads)
             eptr, emask, edims, _ = self.pointer(at.tensor, at.index, None, uniform_rows=uniform, clamp_rows=True)
@@ -127,6 +131,8 @@ class MemoryOps:
                              kind, "x")
             if kind == "f" and dtype != self.floats:
                 edge = self.bind(f"{edge.code}.to({self.fdt})", edims, "f", "x")
+            if dtype in NARROW_INTS:
+                edge = self.bind(f"{edge.code}.to(tl.int64)", edims, "i", "x")
             v = self.bind(f"tl.where({self.arrange(cond, dims)}, {self.arrange(edge, dims)}, {v.code})", dims,
                           v.kind, "x")
         self.scopes[-1].memo[key] = v

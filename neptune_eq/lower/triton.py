@@ -16,6 +16,7 @@ from ..masks import affine_part
 from ..plan import Combine, KernelPlan, Plan
 from ..schedule import KernelSchedule, grouped_pair
 from .kernel import KernelWriter
+from .mathlib import math_helpers
 from .passes import _combine_phase, _PassWriter
 from .values import (
     KernelSource,
@@ -333,6 +334,7 @@ def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule
     if any("_round_" in ks.source for ks in kernels):
         src += ROUND_NARROW + (ROUND_BF16_CUDA if target == "cuda" else ROUND_BF16_PORTABLE)
     src += "" if target == "cuda" else INTERPRETER_HELPERS
+    src += math_helpers([ks.source for ks in kernels], target)
     for ks in kernels:
         src += "\n\n" + ks.source
     return src, kernels

@@ -11,7 +11,8 @@ from ..ops import OPS
 from ..schedule import KernelSchedule
 
 _TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "int32": "tl.int32",
-             "int64": "tl.int64", "bool": "tl.int1", "float64": "tl.float64"}
+             "int64": "tl.int64", "bool": "tl.int1", "float64": "tl.float64",
+             "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16"}
 
 
 @dataclass

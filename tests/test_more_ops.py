@@ -1,0 +1,203 @@
+"""Ops that were refused before: clamp with tensor bounds, pow with any exponent (tensor, non-integer,
+scalar base), any / all, hypot, and uint8 / int8 / int16 arguments. Each forward against float64 torch
+on random and edge values (zeros, negatives, ±inf, NaN), each gradient against float64 torch autograd
+(interpreter, tiny shapes)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import assert_gradients_match
+
+import neptune_eq
+from neptune_eq.frontend import CaptureError
+
+INF, NAN = math.inf, math.nan
+
+
+def _row(*vals) -> torch.Tensor:
+    return torch.tensor([list(vals)], dtype=torch.float32)
+
+
+def _assert_same(got: torch.Tensor, want: torch.Tensor, rtol: float = 1e-5) -> None:
+    """Equal NaN and ±inf positions (signs included), finite values within rtol of float64 torch."""
+    got, want = got.double(), want.double()
+    assert got.shape == want.shape and torch.equal(got.isnan(), want.isnan()), (got, want)
+    inf = want.isinf()
+    assert torch.equal(got.isinf(), inf) and torch.equal(got[inf], want[inf]), (got, want)
+    ok = ~want.isnan() & ~inf
+    assert torch.allclose(got[ok], want[ok], rtol=rtol, atol=1e-6), (got, want)
+
+
+def _edge_grads(fn, *xs, rtol: float = 1e-5):
+    """Our gradients of fn under a random cotangent against float64 torch's, NaN and ±inf included."""
+    prog = neptune_eq.compile(fn, *xs)
+    ours, ref = [x.clone().requires_grad_() for x in xs], [x.double().requires_grad_() for x in xs]
+    want = fn(*ref)
+    cot = torch.randn(want.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    prog(*ours).backward(cot.float())
+    want.backward(cot)
+    for a, b in zip(ours, ref):
+        if b.grad is None:  # an argument fn does not read
+            assert a.grad is None or not a.grad.any(), a.grad
+            continue
+        _assert_same(a.grad, b.grad, rtol)
+
+
+# ---------------------------------------------------------------- clamp with tensor bounds
+
+# x, lo, hi: inside, below, above, NaN in each, ties, lo = hi, lo > hi (torch gives hi), NaN x with lo > hi
+_CLAMP = (_row(0.0, 2.0, -2.0, NAN, 0.0, 0.0, 1.0, 1.0, 5.0, -5.0, 0.0, 1.0, 1.0, NAN, 3.0, 0.0),
+          _row(-1.0, -1.0, -1.0, -1.0, NAN, -1.0, 1.0, 2.0, 2.0, 2.0, 1.0, 1.0, 0.0, 2.0, 2.0, 1.0),
+          _row(1.0, 1.0, 1.0, 1.0, 1.0, NAN, 1.0, 1.0, 1.0, 1.0, -1.0, 1.0, 1.0, 1.0, 1.0, 1.0))
+
+
+@pytest.mark.parametrize("fn", [lambda x, lo, hi: torch.clamp(x, lo, hi), lambda x, lo, hi: torch.clamp(x, min=lo),
+                                lambda x, lo, hi: torch.clamp(x, max=hi), lambda x, lo, hi: x.clamp(hi, lo)],
+                         ids=["both", "min", "max", "swapped"])
+def test_clamp_with_tensor_bounds_is_torchs(fn):
+    """Values as torch's (NaN in any operand is NaN, min > max gives max) and the gradient to the side
+    torch gives it: x where lo ≤ x ≤ hi, lo where x < lo < hi, hi where x > hi or hi < lo, none where
+    x < lo = hi or a NaN comes from x or a bound."""
+    _assert_same(neptune_eq.compile(fn, *_CLAMP)(*_CLAMP), fn(*(t.double() for t in _CLAMP)))
+    _edge_grads(fn, *_CLAMP)
+
+
+def test_clamp_with_broadcast_tensor_bounds():
+    """Per-column bounds beside a [rows, cols] input, random values (their gradients summed over rows)."""
+    g = torch.Generator().manual_seed(0)
+    x, lo = torch.randn(4, 6, generator=g), torch.randn(6, generator=g) - 0.5
+    hi = lo + torch.rand(6, generator=g)
+    assert_gradients_match(lambda x, lo, hi: torch.clamp(x, lo, hi) * x, [x, lo, hi], atol=1e-5)
+
+
+# ---------------------------------------------------------------- pow
+
+_BASES = _row(-2.0, -2.0, 0.0, 0.0, 2.0, NAN, 1.0, -0.0, INF, -INF, -1.0, -8.0, 0.5, 3.0, -INF, 1e-3)
+_EXPONENTS = _row(3.0, 0.5, -1.0, 0.0, 1.5, 0.0, NAN, -3.0, -1.0, 3.0, INF, 1 / 3, -INF, -2.5, 0.5, 2.5)
+
+
+def test_pow_of_tensors_has_torchs_special_values():
+    """C's pow, as torch's: a negative base to an integer exponent is real (−2³ = −8, (−0)⁻³ = −∞),
+    to any other NaN (also −8^⅓); 0⁻¹ = ∞, x⁰ = 1ᵖ = (−1)^∞ = 1 with NaN, (−∞)^½ = ∞."""
+    got = neptune_eq.compile(torch.pow, _BASES, _EXPONENTS)(_BASES, _EXPONENTS)
+    _assert_same(got, torch.pow(_BASES.double(), _EXPONENTS.double()))
+
+
+@pytest.mark.parametrize("p", [1.5, 0.5, -1.5, -0.5, 2.5, -2.0, 5.0, 0.0, 1 / 3, -1.0])
+def test_pow_with_a_constant_exponent(p):
+    """x ** p for any float p: random values, negatives and zeros among them; gradient p·x^(p−1)
+    (0 for p = 0, ∞ at x = 0 for p < 1, NaN for a negative x to a non-integer p, as torch's)."""
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1)) * 2
+    # (x ** -0.5 is rsqrt, torch's forward too: at −0 its derivative is −½·rsqrt(−0)³ = +∞·ḡ, where
+    # torch's pow backward takes −½·(−0)^−1.5 = −∞·ḡ)
+    x[0, :4] = torch.tensor([0.0, 0.0 if p == -0.5 else -0.0, 1.0, -1.0])
+    got = neptune_eq.compile(lambda t: t**p, x)(x)
+    _assert_same(got, x.double() ** p)
+    if p == 0:  # x⁰ = 1 everywhere: no gradient reaches x, and the output does not require one
+        assert not neptune_eq.compile(lambda t: t**p, x)(x.clone().requires_grad_()).requires_grad
+        return
+    _edge_grads(lambda t: t**p, x)
+
+
+def test_pow_gradients_at_the_edges():
+    """∂x = p·x^(p−1), 0 where p = 0; ∂p = xᵖ·log x, 0 where x = 0 and p ≥ 0 (torch's convention), −∞
+    for 0 to a negative p, NaN for a negative base; against torch on a grid of edges and random values."""
+    x = _row(0.0, 0.0, -2.0, 2.0, 0.0, -1.0, 1.5, 0.0, 3.0, 0.7)
+    p = _row(0.0, 2.0, 3.0, 0.5, -1.0, 0.5, -1.5, 0.5, 0.0, -0.3)
+    _edge_grads(torch.pow, x, p)
+    g = torch.Generator().manual_seed(2)
+    base, expo = torch.rand(4, 8, generator=g) + 0.1, torch.randn(8, generator=g)
+    assert_gradients_match(lambda b, e: (b**e).sum(-1), [base, expo], atol=1e-4)
+
+
+@pytest.mark.parametrize("base", [-2.0, 0.0, 3.0, 2.0])
+def test_pow_of_a_scalar_base(base):
+    """torch.pow(b, y): a non-positive base is the pow op (real for an integer y, NaN otherwise; 0 to a
+    negative y is ∞), a positive one e^(y·log b); gradients as torch's (0 where b = 0 and y ≥ 0)."""
+    y = _row(3.0, 0.5, -1.0, 0.0, 2.0, -3.0, 1.5, -0.5)
+    _assert_same(neptune_eq.compile(lambda t: torch.pow(base, t), y)(y), torch.pow(base, y.double()))
+    _edge_grads(lambda t: torch.pow(base, t), y)
+
+
+def test_pow_of_integers_to_an_integer_result_is_refused():
+    """n ** 5 and n ** k of int64 tensors would be computed in floats: refused naming pow; an integer
+    tensor to a float power (a float result) is captured."""
+    n = torch.arange(6).reshape(2, 3)
+    with pytest.raises(CaptureError, match="pow"):
+        neptune_eq.compile(lambda t: t**5, n)
+    with pytest.raises(CaptureError, match="pow"):
+        neptune_eq.compile(lambda t, k: t**k, n, n)
+    _assert_same(neptune_eq.compile(lambda t: t**1.5, n)(n), n.double() ** 1.5)
+
+
+# ---------------------------------------------------------------- any / all
+
+
+def test_any_and_all_of_masks():
+    """Over one dimension, several, all, with keepdim; a float input counts NaN and nonzeros; a row with
+    no True is False for any and True only where every element is True for all."""
+    x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(4))
+    x[0] = -1.0
+    x[1, 2] = 1.0
+    x[2, :, 0] = NAN
+    fns = [lambda t: (t > 0).any(), lambda t: (t > 0).all(), lambda t: torch.any(t > 0, -1),
+           lambda t: torch.all(t > 0, 1, keepdim=True), lambda t: (t > 0).any(dim=(0, 2)),
+           lambda t: torch.all(t < 0, -1), lambda t: t.isnan().any(-1), lambda t: torch.any(t.clamp(min=0), -1)]
+    for fn in fns:
+        got, want = neptune_eq.compile(fn, x)(x), fn(x)
+        assert got.dtype == torch.bool and torch.equal(got, want), (got, want)
+
+
+# ---------------------------------------------------------------- hypot
+
+
+def test_hypot_values_and_gradient():
+    """√(a² + b²) without overflow (1e30) or underflow (1e-30); ∞ beside NaN as C's; gradient a/h, b/h
+    (NaN at (0, 0), torch's)."""
+    a = _row(0.0, 3.0, -0.0, 1e30, 1e-30, INF, NAN, -INF, NAN, 2.0, -5.0)
+    b = _row(0.0, -4.0, 2.0, 1e30, 1e-30, NAN, INF, 1.0, 1.0, 1e-8, 12.0)
+    _assert_same(neptune_eq.compile(torch.hypot, a, b)(a, b), torch.hypot(a.double(), b.double()))
+    _edge_grads(torch.hypot, a[:, [0, 1, 2, 9, 10]], b[:, [0, 1, 2, 9, 10]])
+    g = torch.Generator().manual_seed(5)
+    assert_gradients_match(lambda u, v: torch.hypot(u, v).sum(-1), [torch.randn(3, 8, generator=g),
+                                                                    torch.randn(8, generator=g)], atol=1e-5)
+
+
+# ---------------------------------------------------------------- narrow integer arguments
+
+
+def test_uint8_images_convert_to_float():
+    """The preprocessing idiom img.float() / 255 and its neighbours: exact values of every uint8 (0 and
+    255 included), comparisons, int64 sums and products that torch computes without wrapping."""
+    img = torch.arange(256, dtype=torch.uint8).reshape(4, 64)
+    fns = [lambda t: t.float() / 255, lambda t: (t / 255.0 - 0.5) * 2, lambda t: t > 128,
+           lambda t: t.long() * t.long() + t.long(), lambda t: t.sum(-1), lambda t: t[:, ::2].double().mean(-1),
+           lambda t: t[1:3]]
+    for fn in fns:
+        got, want = neptune_eq.compile(fn, img)(img), fn(img)
+        assert got.dtype == want.dtype, (got.dtype, want.dtype)
+        assert torch.equal(got, want) if not want.is_floating_point() else torch.allclose(got, want, atol=1e-6), (
+            got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16])
+def test_signed_narrow_integers(dtype):
+    info = torch.iinfo(dtype)
+    t = torch.tensor([[info.min, -1, 0, 1, info.max, 7]], dtype=dtype)
+    for fn in (lambda v: v.float() * 0.5, lambda v: v.long() * v.long(), lambda v: v + 1.5, lambda v: v.sum(-1)):
+        got, want = neptune_eq.compile(fn, t)(t), fn(t)
+        assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("fn", [lambda t: t + 1, lambda t: t * 2, lambda t: -t, lambda t: t - t, lambda t: t.amax(-1),
+                                lambda t: torch.where(t > 3, t, 0), lambda t: t.long().to(torch.uint8)],
+                         ids=["add", "mul", "neg", "sub", "amax", "where", "to_uint8"])
+def test_narrow_integer_arithmetic_that_wraps_is_refused(fn):
+    """torch's uint8 arithmetic wraps (255 + 1 = 0): an op with a uint8 result is refused, naming it,
+    unless it only moves values."""
+    img = torch.arange(8, dtype=torch.uint8).reshape(2, 4)
+    with pytest.raises(CaptureError, match="uint8 result is not supported"):
+        neptune_eq.compile(fn, img)
