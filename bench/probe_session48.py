@@ -9,9 +9,10 @@ inherited from the inputs keeps the float32 algebra. In one process, each checke
   * linear cross-entropy, CE of the bf16 logits vs of (h @ Wᵀ).float() (inherited), 4096 tokens,
     4096 → 32768, beside torch.compile and eager;
   * fake quantisation x + (x.bfloat16().float() − x).detach() feeding a row sum (rounded), beside
-    eager and torch.compile.
+    eager and torch.compile;
+  * new_ops: pow, hypot, clamp with tensor bounds, any, uint8 and int32 arguments against float64.
 
-    python probe_session48.py
+    python probe_session48.py [exactness attention linear_ce fake_quant new_ops]
 """
 
 from __future__ import annotations
@@ -114,9 +115,41 @@ def exactness() -> None:
               f"| identical: {bool(same)}", flush=True)
 
 
+def new_ops() -> None:
+    """Session 48's new operations through the whole compiler on the GPU (libdevice pow and hypot),
+    against float64: values with zeros, negatives and a tensor exponent; the widened int32 sums."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(512, 256, device="cuda", generator=g)
+    x[0, :8] = torch.tensor([0.0, -0.0, -2.0, 2.0, float("inf"), -float("inf"), float("nan"), 1.0])
+    p = torch.randn(512, 256, device="cuda", generator=g).round()
+    lo, hi = torch.full((256,), -0.5, device="cuda"), torch.full((256,), 0.7, device="cuda")
+    img = torch.randint(0, 256, (512, 256), device="cuda", dtype=torch.uint8)
+    a = torch.randint(2**30, 2**31 - 1, (512, 256), device="cuda", dtype=torch.int32)
+    for name, fn, args in (("x ** 1.5", lambda x: x ** 1.5, (x,)),
+                           ("x ** p (tensor exponent)", lambda x, p: torch.pow(x, p), (x, p)),
+                           ("(-2) ** p", lambda p: torch.pow(-2.0, p), (p,)),
+                           ("hypot(x, p)", torch.hypot, (x, p)),
+                           ("clamp(x, lo, hi).sum(-1)", lambda x, lo, hi: torch.clamp(x, lo, hi).sum(-1), (x, lo, hi)),
+                           ("(x > 1).any(-1)", lambda x: (x > 1).any(-1), (x,)),
+                           ("img.float() / 255 mean", lambda img: (img.float() / 255).mean(-1), (img,)),
+                           ("(a.long() * 3).sum(-1)", lambda a: (a.long() * 3).sum(-1), (a,))):
+        got = neptune_eq.compile(fn, *args)(*args)
+        want = fn(*(t.double() if t.is_floating_point() else t for t in args))
+        want = want.double() if want.is_floating_point() else want
+        if want.dtype == torch.bool or not want.is_floating_point():
+            ok = torch.equal(got, want)
+        else:
+            same = torch.isfinite(want)
+            ok = torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~same & ~want.isnan()].double(),
+                                                                         want[~same & ~want.isnan()])
+            ok = ok and torch.allclose(got[same].double(), want[same], rtol=1e-5, atol=1e-5)
+        print(f"{name:32s} | matches float64 (incl. inf/nan): {ok}", flush=True)
+
+
 if __name__ == "__main__":
+    import sys
+
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
-    exactness()
-    attention()
-    linear_ce()
-    fake_quant()
+    parts = sys.argv[1:] or ["exactness", "attention", "linear_ce", "fake_quant", "new_ops"]
+    for part in parts:
+        globals()[part]()

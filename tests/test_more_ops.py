@@ -201,3 +201,16 @@ def test_narrow_integer_arithmetic_that_wraps_is_refused(fn):
     img = torch.arange(8, dtype=torch.uint8).reshape(2, 4)
     with pytest.raises(CaptureError, match="uint8 result is not supported"):
         neptune_eq.compile(fn, img)
+
+
+def test_int32_arguments_widened_by_long_do_not_wrap():
+    """Flat offsets computed after .long() (the idiom that avoids int32 overflow) are int64 as in torch:
+    the kernels read int32 tensors as int64 (they had summed in int32: -2^31 for 3·2^31)."""
+    a = torch.tensor([[2**30, 5, -7, 2**31 - 1]], dtype=torch.int32)
+    b = torch.tensor([[2**30, 3, 9, 1]], dtype=torch.int32)
+
+    def fn(a, b):
+        return (a.long() + b.long()) * 3
+
+    got = neptune_eq.compile(fn, a, b)(a, b)
+    assert got.dtype == torch.int64 and torch.equal(got, fn(a, b))

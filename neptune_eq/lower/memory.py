@@ -9,7 +9,9 @@ from ..numeric import index_within
 from ..plan import ROW_PAD, StorePlan
 from .values import _TL_DTYPE, Val, _ident, _literal, block_shape
 
-NARROW_INTS = ("uint8", "int8", "int16")  # loaded as int64 (the frontend refuses torch's wrapping arithmetic on them)
+# loaded as int64: integer arithmetic is int64 (an int32 sum a.long() + b.long() must not wrap at 2^31, nor
+# a product of uint8 values at 256; the frontend refuses torch's wrapping arithmetic on the 8/16-bit ones)
+WIDENED_INTS = ("uint8", "int8", "int16", "int32")
 
 
 class MemoryOps:
@@ -122,7 +124,7 @@ class MemoryOps:
         v = self.bind(code, dims, kind, "x")
         if kind == "f" and dtype != self.floats:
             v = self.bind(f"{v.code}.to({self.fdt})", dims, "f", "x")
-        if dtype in NARROW_INTS:  # (in int64: a sum or product of uint8 values must not wrap at 256)
+        if dtype in WIDENED_INTS:
             v = self.bind(f"{v.code}.to(tl.int64)", dims, "i", "x")
         for cond, at in edges:  # the clamped lanes read the edge element (here, as the tile is read:
             # hoisted, a kv head h // G uniform in the loop would be a vector of the program's heads)
@@ -131,7 +133,7 @@ class MemoryOps:
                              kind, "x")
             if kind == "f" and dtype != self.floats:
                 edge = self.bind(f"{edge.code}.to({self.fdt})", edims, "f", "x")
-            if dtype in NARROW_INTS:
+            if dtype in WIDENED_INTS:
                 edge = self.bind(f"{edge.code}.to(tl.int64)", edims, "i", "x")
             v = self.bind(f"tl.where({self.arrange(cond, dims)}, {self.arrange(edge, dims)}, {v.code})", dims,
                           v.kind, "x")
