@@ -214,3 +214,24 @@ def test_int32_arguments_widened_by_long_do_not_wrap():
 
     got = neptune_eq.compile(fn, a, b)(a, b)
     assert got.dtype == torch.int64 and torch.equal(got, fn(a, b))
+
+
+@pytest.mark.parametrize("which", ["min", "max"])
+def test_clamp_min_and_max_with_a_tensor_bound_pass_a_tie_to_x(which):
+    """clamp_min(x, t) at x == t passes the whole gradient to x (torch's clamp), not half and half as a
+    maximum of two tensors does; NaN in x gives NaN and no gradient."""
+    x = torch.tensor([[0.5, -1.0, 2.0, float("nan"), 0.25]], dtype=torch.float64)
+    t = torch.tensor([[0.5, 0.0, 1.0, 0.0, 0.25]], dtype=torch.float64)
+
+    def fn(x, t):
+        return torch.clamp_min(x, t) if which == "min" else torch.clamp_max(x, t)
+
+    a, b = x.clone().requires_grad_(), t.clone().requires_grad_()
+    a2, b2 = x.clone().requires_grad_(), t.clone().requires_grad_()
+    out, want = neptune_eq.compile(fn, x, t)(a, b), fn(a2, b2)
+    torch.testing.assert_close(out, want, equal_nan=True)
+    g = torch.arange(1.0, 6.0, dtype=torch.float64)[None]
+    out.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(a.grad, a2.grad)
+    torch.testing.assert_close(b.grad, b2.grad)

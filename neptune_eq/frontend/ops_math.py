@@ -336,8 +336,6 @@ HANDLERS = {
     aten.clamp_max.default: Pointwise(2, lambda tx, c, x, hi: _clamped(c, x, None, hi)),
     aten.hardsigmoid.default: Pointwise(1, _hardsigmoid),
     aten.hardswish.default: Pointwise(1, _hardswish),
-    aten.clamp_min.Tensor: binary("max2"),
-    aten.clamp_max.Tensor: binary("min2"),
     aten.where.self: Pointwise(3, _where, data=(1, 2)),
     aten.where.ScalarSelf: Pointwise(3, _where, data=(1, 2)),
     aten.where.ScalarOther: Pointwise(3, _where, data=(1, 2)),

@@ -19,14 +19,22 @@ class ClampTensor:
     Of floats, selects whose value and gradient are torch's: x where lo ≤ x ≤ hi, lo where x < lo < hi,
     hi where x > hi or hi < lo (torch gives max when min > max; NaN for a NaN x), and otherwise — NaN
     in any of the three, or x < lo = hi — min(max(x, lo), hi) with no gradient (torch passes none there). Of integers
-    min2(max2(x, lo), hi), the form index analysis reads."""
+    min2(max2(x, lo), hi), the form index analysis reads. `bounds` names the call's bound arguments
+    (clamp_min / clamp_max take one: a tie x = bound passes the gradient to x, as torch's)."""
+
+    def __init__(self, bounds: tuple[str, ...] = ("min", "max")):
+        self.bounds = bounds
+
+    def _args(self, c):
+        got = {name: c.arg(k + 1, name) for k, name in enumerate(self.bounds)}
+        return c.args[0], got.get("min"), got.get("max")
 
     def infer(self, tx, c):
-        ops = [a for a in (c.args[0], c.arg(1, "min"), c.arg(2, "max")) if isinstance(a, Operand)]
+        ops = [a for a in self._args(c) if isinstance(a, Operand)]
         return tx.broadcast(c, ops, len(c.out.shape))
 
     def build(self, tx, c):
-        x, lo, hi = c.args[0], c.arg(1, "min"), c.arg(2, "max")
+        x, lo, hi = self._args(c)
         if lo is None and hi is None:
             raise CaptureError("torch.clamp needs at least one of min and max")
         floats = c.out.dtype.is_floating_point
@@ -90,6 +98,8 @@ class AnyAll(Reduction):
 
 HANDLERS = {
     aten.clamp.Tensor: ClampTensor(),
+    aten.clamp_min.Tensor: ClampTensor(("min",)),
+    aten.clamp_max.Tensor: ClampTensor(("max",)),
     aten.any.default: AnyAll("any", None, None),
     aten.any.dim: AnyAll("any"),
     aten.any.dims: AnyAll("any"),
