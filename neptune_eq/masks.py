@@ -100,6 +100,10 @@ def _sample_env(nodes, seed: int = 0, thresholds: list[float] = (), fills: list[
             env[key] = v
         else:  # (a loaded value too: a saved statistic, the backward's log-sum-exp of a masked row)
             v = some_equal(rng, rng.normal(0, 4, _SAMPLES))
+            # a twentieth far out (±1e5 … ±1e38): what the program computes from data may overflow —
+            # exp(x), x·1e35, a cast to half — so `exp(x) == inf` is not "never true"
+            huge = rng.choice([-1.0, 1.0], _SAMPLES) * 10.0 ** rng.choice([5, 10, 20, 38], _SAMPLES)
+            v = np.where(rng.integers(0, 20, _SAMPLES) == 0, huge, v)
             if fills:
                 near = _near(rng, fills)
                 v = np.where(rng.integers(0, 10, _SAMPLES) == 0, near, v)

@@ -206,3 +206,19 @@ def test_an_output_no_gradient_reaches_does_not_require_grad():
     (got[0] * c.float()).sum().backward()
     (want[0] * c).sum().backward()
     assert torch.allclose(a.grad.double(), b.grad, atol=1e-6)
+
+
+def test_a_learnable_scalar_from_the_environment_gets_its_gradient():
+    """A 0-d parameter fn reads from its module or closure (CLIP's logit scale, a temperature) was baked
+    in as a constant: no gradient, silently. It is an input now, read at every call."""
+    temp = torch.tensor(0.7, requires_grad=True)
+    x = torch.randn(3, 8)
+    prog = neptune_eq.compile(lambda x: torch.logsumexp(x / temp, -1).sum(), x)
+    prog(x).backward()
+    got = temp.grad.clone()
+    temp.grad = None
+    torch.logsumexp(x / temp, -1).sum().backward()
+    torch.testing.assert_close(got, temp.grad)
+    with torch.no_grad():
+        temp.add_(0.3)  # an optimizer step: the next call reads the new value
+    torch.testing.assert_close(prog(x), torch.logsumexp(x / temp, -1).sum())

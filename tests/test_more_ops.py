@@ -235,3 +235,12 @@ def test_clamp_min_and_max_with_a_tensor_bound_pass_a_tie_to_x(which):
     want.backward(g)
     torch.testing.assert_close(a.grad, a2.grad)
     torch.testing.assert_close(b.grad, b2.grad)
+
+
+def test_a_value_computed_from_data_may_overflow_where_a_mask_is_split():
+    """sum(exp(x) == inf) and sum(isinf(x.half())): the mask split samples loaded values far out, so an
+    overflow of what the program computes is not taken for 'never true' (the sums were 0)."""
+    x = torch.tensor([[70000.0, 1.0, -80000.0, 5.0, 800.0]])
+    for fn in (lambda x: (torch.exp(x) == float("inf")).sum(-1), lambda x: torch.isinf(x.half()).sum(-1),
+               lambda x: torch.isposinf(x.half()).sum(-1) - torch.isneginf(x.half()).sum(-1)):
+        assert torch.equal(neptune_eq.compile(fn, x)(x), fn(x))

@@ -142,3 +142,36 @@ def test_a_power_of_two_scale_of_a_half_overflows_as_torch_gives():
     got = neptune_eq.compile(fn, x)(x)
     assert got.isinf().any()
     torch.testing.assert_close(got, fn(x), rtol=0, atol=0)
+
+
+def test_comparisons_read_a_narrowed_value_as_torch_holds_it():
+    """isfinite of a half that overflowed, equality of values that round alike, a half that underflows
+    to 0: a comparison reads the rounded value (a bool result is never rounded later)."""
+    x = torch.tensor([[70000.0, 1.0, 1e-8, 1.001, 0.5, -80000.0]])
+    y = torch.tensor([[70001.0, 1.0004, 3e-8, 1.0, 0.5, 2.0]])
+    for fn in (lambda x, y: torch.isfinite(x.half()).all(-1), lambda x, y: (x.bfloat16() == y.bfloat16()).sum(-1),
+               lambda x, y: (x.half() > 0).sum(-1), lambda x, y: torch.isinf(x.half()).sum(-1),
+               lambda x, y: (x.bfloat16() > 1.0).float().sum(-1)):
+        assert torch.equal(neptune_eq.compile(fn, x, y)(x, y), fn(x, y))
+
+
+def test_arithmetic_on_narrowed_values_rounds_each_step():
+    """x.half() − y.half() of close values cancels: the rounded operands' difference (eager's), not the
+    float32 one; uint8 made bf16 and tripled rounds in bf16 (765 is 764)."""
+    x, y = torch.tensor([[1000.7, 3.0]]), torch.tensor([[1000.0, 1.0]])
+    fn = lambda x, y: x.half() - y.half()  # noqa: E731
+    torch.testing.assert_close(neptune_eq.compile(fn, x, y)(x, y), fn(x, y), rtol=0, atol=0)
+    img = torch.tensor([[255, 254, 171, 3]], dtype=torch.uint8)
+    g = lambda img: (img.bfloat16() * 3).float()  # noqa: E731
+    torch.testing.assert_close(neptune_eq.compile(g, img)(img), g(img), rtol=0, atol=0)
+
+
+def test_a_float64_value_stored_as_bfloat16_in_the_interpreter():
+    """The interpreter's bf16 rounding took float32 bits: a float64 program's bf16 store crashed."""
+    x = torch.randn(3, 8, dtype=torch.float64)
+    fn = lambda x: (x * 1.1).bfloat16()  # noqa: E731
+    torch.testing.assert_close(neptune_eq.compile(fn, x)(x), fn(x), rtol=0, atol=0)
+    xb = torch.randn(3, 8).bfloat16().requires_grad_()
+    out = neptune_eq.compile(lambda x: x.double().sum(-1), xb.detach())(xb)
+    out.backward(torch.ones(3, dtype=torch.float64))
+    assert torch.equal(xb.grad, torch.ones_like(xb))

@@ -55,6 +55,9 @@ from .translate import InputDecl, Translator, dtype_name
 
 HANDLERS = guard_narrow({**ops_shape.HANDLERS, **ops_math.HANDLERS, **ops_reduce.HANDLERS, **ops_index.HANDLERS,
                          **ops_more.HANDLERS}, {*ops_shape.HANDLERS, *ops_index.HANDLERS})
+# operations that read a value the program narrowed without its rounding (frontend/rounding.py): moving
+# values computes nothing, and a matmul rounds its operands to their dtype for the tensor cores anyway
+INEXACT_READERS = frozenset({*ops_shape.HANDLERS, *ops_index.HANDLERS, *ops_reduce.CONTRACTIONS})
 
 _DEVICE_TYPES = ("cpu", "cuda")
 
@@ -316,7 +319,8 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
     mutations = find_mutations(gm, [params[k] for k in tensor_pos], tensor_pos, example_inputs)
     constants = _constants(gm, env.names, taken=set(params))
     decls = [InputDecl(params[k], t.dtype) for k, t in zip(tensor_pos, tensors)]
-    tx = Translator(gm.graph, decls, constants, HANDLERS, name=name or _function_name(fn))
+    tx = Translator(gm.graph, decls, constants, HANDLERS, name=name or _function_name(fn),
+                    inexact_readers=INEXACT_READERS)
     tr = tx.run()
     if merge:
         tr = replace(tr, program=merge_reduced_axes(tr.program))

@@ -323,6 +323,9 @@ HANDLERS = {
     aten.sign.default: Pointwise(1, lambda tx, c, x: call("where", call("gt", x, const(0)), const(1), call(
         "where", call("lt", x, const(0)), const(-1), const(0)))),
     aten.isnan.default: Pointwise(1, lambda tx, c, x: call("ne", x, x)),  # (xlogy's decomposition reads it)
+    aten.isinf.default: Pointwise(1, lambda tx, c, x: call("eq", call("abs", x), const(math.inf))),
+    aten.isposinf.default: Pointwise(1, lambda tx, c, x: call("eq", x, const(math.inf))),
+    aten.isneginf.default: Pointwise(1, lambda tx, c, x: call("eq", x, const(-math.inf))),
     aten.log10.default: Pointwise(1, lambda tx, c, x: call("mul", call("log", x), const(1 / math.log(10)))),
     # (relu and hardtanh as selects: torch's gradient is 0 at their kinks, where clamp passes it)
     aten.relu.default: Pointwise(1, lambda tx, c, x: call("where", call("le", x, const(0)), const(0), x)),

@@ -259,6 +259,8 @@ class NllLoss:
         return call("div", total, count), None
 
 
+CONTRACTIONS = (aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default, aten.addmm.default,
+                aten.baddbmm.default)
 HANDLERS = {
     aten.sum.dim_IntList: Reduction("sum"),
     aten.sum.default: Reduction("sum", None, None),

@@ -37,15 +37,20 @@ def _dtypes(val) -> list[torch.dtype]:
 
 
 def computes_in(node: fx.Node, infos: dict) -> int:
-    """The rank of the widest float dtype among a call's tensor operands and results."""
+    """The rank of the widest float dtype among a call's tensor operands and results; above every
+    float's for a call with a bool or integer result (a comparison, isfinite: it reads its operands'
+    values exactly, as torch holds them, and nothing rounds its result later)."""
     dts = _dtypes(node.meta.get("val"))
+    if any(not d.is_floating_point for d in dts):
+        return max(RANK.values()) + 1
     dts += [info.dtype for a in node.all_input_nodes if hasattr(info := infos.get(a), "dtype")]
     return max((RANK.get(d, 0) for d in dts), default=0)
 
 
-# integers converted to a float: int32 / int64 values round in bf16 and fp16 (as the kernels' float32
-# conversion of an int64 rounds too, the same way: not a narrowing), smaller ones convert exactly
-_SOURCE_RANK = {torch.int32: 2, torch.int64: 2, torch.int16: 2}
+# integers converted to a float: to bf16 or fp16 a narrowing the program chose (img.bfloat16() * 3 is
+# rounded in bf16 by torch; 765 is 764), to float32 not (the kernels' conversion of an int64 rounds the
+# same way); booleans (a mask made a float) convert exactly
+_SOURCE_RANK = {torch.int64: 2, torch.int32: 2, torch.int16: 2, torch.int8: 2, torch.uint8: 2}
 
 
 def _rank_of(val) -> int:

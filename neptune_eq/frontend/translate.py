@@ -166,6 +166,7 @@ class Translator:
     exprs: dict = field(default_factory=dict)
     exact_exprs: dict = field(default_factory=dict)  # rounding.exact's memo
     narrowed: dict = field(default_factory=dict)  # rounding.narrowed's memo
+    inexact_readers: frozenset = frozenset()  # aten ops that read a narrowed value unrounded (rounding.py)
     compute_rank: int = 2  # the kernels' float precision (rounding.RANK): float64 programs compute in it
     res: Resolution | None = None
     checks: list[IndexCheck] = field(default_factory=list)
@@ -257,10 +258,12 @@ class Translator:
 
     def _call(self, node: fx.Node, *, pass2: bool, exact: bool = False) -> OpCall:
         """The call's arguments as Operands; in pass 2 with their expressions, exact (rounding.py) for
-        every operand when `exact`, else for the narrowed ones of a dtype narrower than the call's."""
+        every operand when `exact`, else for the narrowed ones (unless the call moves values or is a
+        matmul, and computes at their dtype)."""
         counter = itertools.count()
         renames = self.renames.get(node, {})
         wide = rounding.computes_in(node, self.infos) if pass2 else 0
+        inexact = pass2 and (node.target in self.inexact_readers or _functional_twin(node) in self.inexact_readers)
 
         def conv(a):
             if not isinstance(a, fx.Node):
@@ -271,7 +274,7 @@ class Translator:
                 raise CaptureError(f"operation on a non-tensor value {a.name}")
             if not pass2:
                 return Operand(pos, info)
-            taken = exact or (rounding.narrower(info.dtype, wide) and rounding.narrowed(self, a))
+            taken = exact or ((rounding.narrower(info.dtype, wide) or not inexact) and rounding.narrowed(self, a))
             expr = rounding.exact(self, a) if taken else self.exprs[a]
             mapping = renames.get(pos)
             if mapping:
@@ -362,7 +365,7 @@ class Translator:
             return
         if node.op == "get_attr":
             name, value = self.constants[node.target]
-            if value.dim() == 0:
+            if _baked(value):
                 self.exprs[node] = ir.Const(float(value.item()))
             else:
                 self.exprs[node] = self._load(name, self.infos[node])
@@ -455,7 +458,7 @@ class Translator:
                 declare(self.inputs[self._placeholder_index(node)].name, self.infos[node])
             elif node.op == "get_attr" and node in self.infos:
                 name, value = self.constants[node.target]
-                if value.dim() > 0:
+                if not _baked(value):
                     declare(name, self.infos[node])
         outputs = []
         for k, node in enumerate(outs):
@@ -475,6 +478,12 @@ class Translator:
         program = ir.Program(self.name, axes, specs, outputs).validate()
         checks = tuple(replace(ch, program=index_program(ch.index, self.res.extents, specs)) for ch in self.checks)
         return Translation(program, [self.infos[n].shape for n in outs], [self.infos[n].dtype for n in outs], checks)
+
+
+def _baked(value: torch.Tensor) -> bool:
+    """A 0-d tensor from fn's environment is a constant of the program (its value guarded), unless it
+    requires grad: a learnable temperature or CLIP's logit scale is an input, so it gets its gradient."""
+    return value.dim() == 0 and not value.requires_grad
 
 
 def _tensor_parts(info) -> list[Info]:

@@ -211,7 +211,9 @@ INTERPRETER_HELPERS = '''
 @triton.jit
 def _rne_bf16(x):
     # x rounded to bfloat16's precision to nearest, ties to even (what the GPU's conversion does;
-    # Triton's interpreter truncates), still fp32: converting it to bfloat16 is then exact
+    # Triton's interpreter truncates), still fp32: converting it to bfloat16 is then exact. A float64
+    # program's value goes through float32 first, as torch converts a double to bfloat16
+    x = x.to(tl.float32)
     u = x.to(tl.uint32, bitcast=True)
     r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
     return tl.where(x != x, x, r)
@@ -276,7 +278,7 @@ ROUND_BF16_PORTABLE = '''
 
 @triton.jit
 def _round_bf16(x):
-    return _rne_bf16(x.to(tl.float32)).to(x.dtype)
+    return _rne_bf16(x).to(x.dtype)
 '''
 
 TANH_CUDA = '''
