@@ -153,6 +153,8 @@ def _local(n: Call, g: ir.Node) -> list[ir.Node | None]:
         return [_call("mul", _call("mul", g, _c(-0.5)), _call("mul", n, _call("mul", n, n)))]
     if op in ROUNDINGS.values():  # torch's cast backward: the cotangent converted to the value's dtype
         return [_call(op, g)]
+    if op in ("floor", "ceil", "trunc", "rint"):  # integral values: torch's derivative is 0, not none
+        return [_c(0.0)]
     if op == "abs":
         return [_call("where", _call("gt", a[0], _c(0.0)), g,
                       _call("where", _call("lt", a[0], _c(0.0)), _call("neg", g), _c(0.0)))]

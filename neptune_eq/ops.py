@@ -142,6 +142,12 @@ OPS: dict[str, Op] = {
         # √(a² + b²) without overflow or underflow of the squares; ∞ where either is ±∞, NaN included (C's)
         Op("hypot", 2, _np_guard(np.hypot), "_hypot({0}, {1})", unit="sfu", weight=3.0, commutative=True,
            integer_ok=False),
+        # to an integral value: down, up, toward 0, to nearest with ties to even (torch.round's); no
+        # gradient flows through them (torch's derivative is 0); ±inf and NaN pass (lower/mathlib.py)
+        Op("floor", 1, _np_guard(np.floor), "_floor({0})", integer_ok=False),
+        Op("ceil", 1, _np_guard(np.ceil), "_ceil({0})", integer_ok=False),
+        Op("trunc", 1, _np_guard(np.trunc), "_trunc({0})", integer_ok=False),
+        Op("rint", 1, _np_guard(np.rint), "_rint({0})", integer_ok=False),
     ]
 }
 

@@ -22,6 +22,8 @@ _TORCH_OPS = {
     "round_bf16": lambda x: x.to(torch.bfloat16).to(x.dtype), "round_f16": lambda x: x.to(torch.float16).to(x.dtype),
     "round_f32": lambda x: x.to(torch.float32).to(x.dtype),
     "pow": torch.pow, "hypot": torch.hypot,
+    "stopgrad": lambda x: x,  # (x.detach(): its value; a captured program's reference may hold one)
+    "floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc, "rint": torch.round,
 }
 
 

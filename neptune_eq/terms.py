@@ -201,6 +201,22 @@ def hypot(a: Term, b: Term) -> Term: ...
 
 
 @function
+def floor_(x: Term) -> Term: ...
+
+
+@function
+def ceil_(x: Term) -> Term: ...
+
+
+@function
+def trunc_(x: Term) -> Term: ...
+
+
+@function
+def rint(x: Term) -> Term: ...  # to nearest, ties to even (torch.round)
+
+
+@function
 def red(op: StringLike, axis: StringLike, body: Term) -> Term: ...
 
 
@@ -253,7 +269,8 @@ BINARY = {"add": Term.__add__, "sub": Term.__sub__, "mul": Term.__mul__, "div": 
           "ge": ge, "eq": eq_, "ne": ne_, "and": and_, "or": or_, "pow": pow_, "hypot": hypot}
 UNARY = {"neg": Term.__neg__, "exp": exp, "exp2": exp2, "log": log, "log2": log2, "log1p": log1p, "expm1": expm1,
          "erf": erf, "tanh": tanh, "sin": sin, "cos": cos, "sqrt": sqrt, "rsqrt": rsqrt, "abs": abs_, "not": not_,
-         "float": to_float, "round_bf16": round_bf16, "round_f16": round_f16, "round_f32": round_f32}
+         "float": to_float, "round_bf16": round_bf16, "round_f16": round_f16, "round_f32": round_f32,
+         "floor": floor_, "ceil": ceil_, "trunc": trunc_, "rint": rint}
 CONSTRUCTORS = {**BINARY, **UNARY, "where": where}
 # (stopgrad marks a detached value for the gradient alone; compile_program removes it before encoding)
 assert set(CONSTRUCTORS) == set(OPS) - {"stopgrad"}, set(OPS) ^ set(CONSTRUCTORS)
@@ -273,7 +290,8 @@ _FUNCTION_OPS = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "lo
                  "get": "get",
                  "deps": "deps", "axis_bit": "axis_bit", "extent": "extent", "nonneg": "nonneg", "pos": "pos",
                  "finite": "finite",
-                 "nonpos": "nonpos", "split_factor": "split_factor", "pow_": "pow", "hypot": "hypot"}
+                 "nonpos": "nonpos", "split_factor": "split_factor", "pow_": "pow", "hypot": "hypot",
+                 "floor_": "floor", "ceil_": "ceil", "trunc_": "trunc", "rint": "rint"}
 
 
 def op_of_callable(ref) -> str | None:

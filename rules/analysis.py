@@ -94,7 +94,8 @@ POS = ruleset(
 )
 
 
-_FINITE_UNARY = ("neg", "exp", "exp2", "tanh", "sin", "cos", "abs", "not", "float")  # float(int index) too
+_FINITE_UNARY = ("neg", "exp", "exp2", "tanh", "sin", "cos", "abs", "not", "float", "floor", "ceil",
+                 "trunc", "rint")  # float(int index) too
 _FINITE_BINARY = ("add", "sub", "mul", "max2", "min2", "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
 FINITE = ruleset(
     rule(eq(t).to(Term(x)), x > f64(-1e308), x < f64(1e308)).then(finite(t)),  # finite constants

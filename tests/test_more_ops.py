@@ -244,3 +244,32 @@ def test_a_value_computed_from_data_may_overflow_where_a_mask_is_split():
     for fn in (lambda x: (torch.exp(x) == float("inf")).sum(-1), lambda x: torch.isinf(x.half()).sum(-1),
                lambda x: torch.isposinf(x.half()).sum(-1) - torch.isneginf(x.half()).sum(-1)):
         assert torch.equal(neptune_eq.compile(fn, x)(x), fn(x))
+
+
+_TIES = torch.tensor([[-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 2.4999, -0.3, 3.7, -3.7, float("inf"), -float("inf"),
+                       float("nan"), 1e10, -0.0, 8388609.0]])
+
+
+@pytest.mark.parametrize("name", ["floor", "ceil", "trunc", "round", "frac", "div_trunc"])
+def test_roundings_to_integral_values_are_torchs(name):
+    """Ties to even (torch.round), negative values, ±inf, NaN, values past 2^23; integer tensors pass."""
+    fn = {"floor": torch.floor, "ceil": torch.ceil, "trunc": torch.trunc, "round": torch.round, "frac": torch.frac,
+          "div_trunc": lambda x: torch.div(x, 0.7, rounding_mode="trunc")}[name]
+    got, want = neptune_eq.compile(fn, _TIES)(_TIES), fn(_TIES)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~want.isnan()], want[~want.isnan()])
+    if name in ("floor", "ceil", "trunc", "round"):
+        n = torch.tensor([[-3, 0, 7]])
+        assert torch.equal(neptune_eq.compile(fn, n)(n), fn(n))
+
+
+def test_fake_quantisation_by_round_and_its_straight_through_gradient():
+    y = torch.randn(4, 33) * 3
+
+    def quant(y):
+        return (torch.round(y / 0.1).clamp(-128, 127) * 0.1).sum(-1)
+
+    def ste(y):
+        return (y + (torch.round(y * 4) / 4 - y).detach()).pow(2).sum(-1)
+
+    torch.testing.assert_close(neptune_eq.compile(quant, y)(y), quant(y))
+    assert_gradients_match(ste, [y], atol=1e-5)

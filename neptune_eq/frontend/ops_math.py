@@ -77,7 +77,14 @@ def _div_mode(tx, c, a, b):
         return call("div", a, b)
     if mode == "floor":
         return call("floordiv", a, b)
-    raise CaptureError(f"division with rounding_mode={mode!r} is not supported; use floor division (//)")
+    if mode == "trunc" and c.out.dtype.is_floating_point:
+        return call("trunc", call("div", a, b))
+    raise CaptureError(f"division with rounding_mode={mode!r} of integers is not supported; use floor division (//)")
+
+
+def integral(op: str) -> Pointwise:
+    """floor / ceil / trunc / round: of floats the op, of integers the value itself (as torch's)."""
+    return Pointwise(1, lambda tx, c, x: call(op, x) if c.out.dtype.is_floating_point else x)
 
 
 def _pow(tx, c, x, p):
@@ -323,6 +330,11 @@ HANDLERS = {
     aten.sign.default: Pointwise(1, lambda tx, c, x: call("where", call("gt", x, const(0)), const(1), call(
         "where", call("lt", x, const(0)), const(-1), const(0)))),
     aten.isnan.default: Pointwise(1, lambda tx, c, x: call("ne", x, x)),  # (xlogy's decomposition reads it)
+    aten.floor.default: integral("floor"),
+    aten.ceil.default: integral("ceil"),
+    aten.trunc.default: integral("trunc"),
+    aten.round.default: integral("rint"),
+    aten.frac.default: Pointwise(1, lambda tx, c, x: call("sub", x, call("trunc", x))),
     aten.isinf.default: Pointwise(1, lambda tx, c, x: call("eq", call("abs", x), const(math.inf))),
     aten.isposinf.default: Pointwise(1, lambda tx, c, x: call("eq", x, const(math.inf))),
     aten.isneginf.default: Pointwise(1, lambda tx, c, x: call("eq", x, const(-math.inf))),

@@ -1,4 +1,5 @@
-"""Triton helpers for the op table's math functions that have no `tl.` builtin: pow and hypot.
+"""Triton helpers for the op table's math functions that have no `tl.` builtin: pow, hypot, and the
+roundings to integral values (floor, ceil, trunc, rint).
 
 On a GPU each is libdevice's (C's special values, correctly rounded to a few ulps). Triton's
 interpreter has no libdevice (extern calls are refused), so the portable versions are written from
@@ -65,7 +66,37 @@ def _hypot(a, b):
     return tl.where((aa == POS_INF) | (ab == POS_INF), POS_INF, h)
 '''
 
+# to integral values, from tl.floor alone (the same code on a GPU: a few ALU operations): x − ⌊x⌋ is
+# exact, a tie goes to the even neighbour, |x| ≥ 2^52 is integral already, ±inf and NaN pass unchanged
+INTEGRAL = '''
+
+@triton.jit
+def _floor(x):
+    return tl.floor(tl.where(True, x, x))
+
+
+@triton.jit
+def _ceil(x):
+    return -tl.floor(-tl.where(True, x, x))
+
+
+@triton.jit
+def _trunc(x):
+    x = tl.where(True, x, x)
+    return tl.where(x < 0, -tl.floor(-x), tl.floor(x))
+
+
+@triton.jit
+def _rint(x):
+    x = tl.where(True, x, x)
+    f = tl.floor(x)
+    d = x - f
+    r = tl.where(d > 0.5, f + 1.0, tl.where(d < 0.5, f, f + (f - 2.0 * tl.floor(0.5 * f))))
+    return tl.where(d == d, r, x)
+'''
+
 _HELPERS = {"_pow(": (POW_CUDA, POW_PORTABLE), "_hypot(": (HYPOT_CUDA, HYPOT_PORTABLE)}
+_INTEGRAL_CALLS = ("_floor(", "_ceil(", "_trunc(", "_rint(")
 
 
 def math_helpers(sources: list[str], target: str) -> str:
@@ -74,4 +105,6 @@ def math_helpers(sources: list[str], target: str) -> str:
     for call, (cuda, portable) in _HELPERS.items():
         if any(call in s for s in sources):
             out += cuda if target == "cuda" else portable
+    if any(call in s for call in _INTEGRAL_CALLS for s in sources):
+        out += INTEGRAL
     return out
