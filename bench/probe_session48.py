@@ -117,7 +117,8 @@ def exactness() -> None:
 
 def new_ops() -> None:
     """Session 48's new operations through the whole compiler on the GPU (libdevice pow and hypot),
-    against float64: values with zeros, negatives and a tensor exponent; the widened int32 sums."""
+    against float64: values with zeros, negatives and a tensor exponent; the widened int32 sums; the
+    roundings to integral values (ties included) and a half's overflow counted."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(512, 256, device="cuda", generator=g)
     x[0, :8] = torch.tensor([0.0, -0.0, -2.0, 2.0, float("inf"), -float("inf"), float("nan"), 1.0])
@@ -132,7 +133,13 @@ def new_ops() -> None:
                            ("clamp(x, lo, hi).sum(-1)", lambda x, lo, hi: torch.clamp(x, lo, hi).sum(-1), (x, lo, hi)),
                            ("(x > 1).any(-1)", lambda x: (x > 1).any(-1), (x,)),
                            ("img.float() / 255 mean", lambda img: (img.float() / 255).mean(-1), (img,)),
-                           ("(a.long() * 3).sum(-1)", lambda a: (a.long() * 3).sum(-1), (a,))):
+                           ("(a.long() * 3).sum(-1)", lambda a: (a.long() * 3).sum(-1), (a,)),
+                           ("round(4x) (ties to even)", lambda x: torch.round(x * 4 + 0.5), (x,)),
+                           ("floor, ceil, trunc, frac",
+                            lambda x: torch.floor(x) + 2 * torch.ceil(x) + 4 * torch.trunc(x) + torch.frac(x), (x,)),
+                           ("isinf(x.half()).sum(-1)", lambda x: torch.isinf(x.half() * 1000).sum(-1), (x,)),
+                           ("fake quant round(x/s).clamp * s",
+                            lambda x: (torch.round(x / 0.125).clamp(-128, 127) * 0.125).sum(-1), (x,))):
         got = neptune_eq.compile(fn, *args)(*args)
         want = fn(*(t.double() if t.is_floating_point() else t for t in args))
         want = want.double() if want.is_floating_point() else want
