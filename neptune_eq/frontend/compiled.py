@@ -59,6 +59,9 @@ class CompiledFunction:
         else:
             run_checks(checks, inputs)
 
+    # (never traced: torch.compile takes Captured.call_with; when its guard on a value fn reads fails,
+    # the frame it resumes may reach this call, which captures again and launches: it runs as is)
+    @torch.compiler.disable
     def __call__(self, *args):
         self.follow_environment(args)
         cap = self.captured

@@ -373,7 +373,11 @@ class Environment:
             f = f.__func__
             code = getattr(f, "__code__", None)
             if code is not None:
-                if not isinstance(owner, torch.nn.Module) and hasattr(owner, "__dict__"):
+                if isinstance(owner, torch.nn.Module):  # a module's method: its parameters and settings
+                    if id(owner) not in self._seen:  # (self.tau read by neptune_eq.compile(self.core) was not)
+                        self._seen.add(id(owner))
+                        self.module(owner, 0)
+                elif hasattr(owner, "__dict__"):
                     self.attributes(vars(owner), type(owner).__name__, _names(code), depth)
                 if depth > 0:  # the methods it calls on self (self.helper(x)), one level down
                     for n in sorted(_names(code) - {f.__name__}):
