@@ -273,3 +273,20 @@ def test_fake_quantisation_by_round_and_its_straight_through_gradient():
 
     torch.testing.assert_close(neptune_eq.compile(quant, y)(y), quant(y))
     assert_gradients_match(ste, [y], atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [3, 2.5, 0.5, -1.5, 0])
+def test_vector_norms_of_any_order(p):
+    """torch.linalg.vector_norm / F.normalize of order p (refused but for 1, 2, ±inf): (Σ|x|ᵖ)^(1/p), the
+    nonzero count at p = 0; gradients as torch's, a zero row's 0."""
+    x = torch.randn(4, 12, dtype=torch.float64)
+    x[1] = 0.0
+    x[2, :5] = 0.0
+
+    def fn(x):
+        return torch.linalg.vector_norm(x, ord=p, dim=-1)
+
+    got, want = neptune_eq.compile(fn, x)(x), fn(x)
+    torch.testing.assert_close(got, want)
+    if p >= 1:
+        assert_gradients_match(fn, [x], atol=1e-6)

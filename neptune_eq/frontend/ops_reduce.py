@@ -109,7 +109,11 @@ def _norm(tx, c, e, vs):
         return tx.reduce("max", call("abs", e), vs)
     if p == -math.inf:
         return tx.reduce("min", call("abs", e), vs)
-    raise CaptureError(f"vector norm of order {p} is not supported (orders 1, 2, inf, -inf are)")
+    if p == 0:  # the count of nonzero elements
+        return tx.reduce("sum", call("where", call("ne", e, const(0.0)), const(1.0), const(0.0)), vs)
+    # (Σ|x|ᵖ)^(1/p); 0 with a zero gradient on a zero row (torch's), where the root's derivative is ∞
+    s = tx.reduce("sum", call("pow", call("abs", e), const(float(p))), vs)
+    return call("where", call("eq", s, const(0.0)), const(0.0), call("pow", s, const(1.0 / p)))
 
 
 def _one_axis(tx, vs, what: str) -> str:
