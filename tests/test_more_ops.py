@@ -290,3 +290,11 @@ def test_vector_norms_of_any_order(p):
     torch.testing.assert_close(got, want)
     if p >= 1:
         assert_gradients_match(fn, [x], atol=1e-6)
+
+
+def test_round_to_decimals_is_torchs():
+    x = torch.tensor([[1.005, 2.675, -0.125, 1234.5678, 0.5, -77.25]])
+    for d in (2, 0, -2):
+        fn = lambda x, d=d: torch.round(x, decimals=d)  # noqa: E731
+        # (the same rounding to integers; the division by 10^d may become a product by 10^-d: an ulp)
+        torch.testing.assert_close(neptune_eq.compile(fn, x)(x), fn(x), rtol=1e-6, atol=0)

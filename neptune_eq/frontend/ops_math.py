@@ -82,6 +82,16 @@ def _div_mode(tx, c, a, b):
     raise CaptureError(f"division with rounding_mode={mode!r} of integers is not supported; use floor division (//)")
 
 
+def _round_decimals(tx, c, x):
+    """torch.round(x, decimals=d) as torch computes it: rint(x·10^d) / 10^d, or rint(x / 10^−d) · 10^−d."""
+    d = c.kwargs.get("decimals", c.args[1] if len(c.args) > 1 else 0)
+    if not c.out.dtype.is_floating_point:
+        raise CaptureError("torch.round(decimals=) of an integer tensor is not supported")
+    if d >= 0:
+        return call("div", call("rint", call("mul", x, const(10.0 ** d))), const(10.0 ** d))
+    return call("mul", call("rint", call("div", x, const(10.0 ** -d))), const(10.0 ** -d))
+
+
 def integral(op: str) -> Pointwise:
     """floor / ceil / trunc / round: of floats the op, of integers the value itself (as torch's)."""
     return Pointwise(1, lambda tx, c, x: call(op, x) if c.out.dtype.is_floating_point else x)
@@ -334,6 +344,7 @@ HANDLERS = {
     aten.ceil.default: integral("ceil"),
     aten.trunc.default: integral("trunc"),
     aten.round.default: integral("rint"),
+    aten.round.decimals: Pointwise(1, _round_decimals),
     aten.frac.default: Pointwise(1, lambda tx, c, x: call("sub", x, call("trunc", x))),
     aten.isinf.default: Pointwise(1, lambda tx, c, x: call("eq", call("abs", x), const(math.inf))),
     aten.isposinf.default: Pointwise(1, lambda tx, c, x: call("eq", x, const(math.inf))),
