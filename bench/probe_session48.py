@@ -10,7 +10,9 @@ inherited from the inputs keeps the float32 algebra. In one process, each checke
     4096 → 32768, beside torch.compile and eager;
   * fake quantisation x + (x.bfloat16().float() − x).detach() feeding a row sum (rounded), beside
     eager and torch.compile;
-  * new_ops: pow, hypot, clamp with tensor bounds, any, uint8 and int32 arguments against float64.
+  * new_ops: pow, hypot, clamp with tensor bounds, any, uint8 and int32 arguments against float64;
+  * perf_new_ops: GeM pooling, a p-norm normalisation, fake quantisation by round, a focal loss with a
+    non-integer gamma, beside torch.compile and eager.
 
     python probe_session48.py [exactness attention linear_ce fake_quant new_ops]
 """
@@ -153,10 +155,32 @@ def new_ops() -> None:
         print(f"{name:32s} | matches float64 (incl. inf/nan): {ok}", flush=True)
 
 
+def perf_new_ops() -> None:
+    """Programs made of session 48's operations beside torch.compile and eager (16384 x 4096)."""
+    x = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16)
+    p = torch.full((1,), 3.0, device="cuda")
+    y = torch.randint(0, 4096, (16384,), device="cuda")
+    rows = (
+        ("GeM pooling clamp(eps).pow(p).mean.pow(1/p), bf16",
+         lambda x, p: x.float().clamp(min=1e-6).pow(p).mean(-1).pow(1.0 / p), (x, p)),
+        ("F.normalize(x, p=3), bf16", lambda x: torch.nn.functional.normalize(x, p=3.0, dim=-1), (x,)),
+        ("fake quant round(x/s).clamp*s row sum, bf16",
+         lambda x: (torch.round(x.float() / 0.05).clamp(-128, 127) * 0.05).sum(-1), (x,)),
+        ("focal loss gamma 1.5, bf16 logits", lambda x, y: (
+            (1 - torch.softmax(x.float(), -1).gather(-1, y[:, None])).pow(1.5).squeeze(-1)
+            * torch.nn.functional.cross_entropy(x.float(), y, reduction="none")).mean(), (x, y)),
+    )
+    for name, fn, args in rows:
+        prog, comp = neptune_eq.compile(fn, *args), torch.compile(fn)
+        want = fn(*(t.double() if t.is_floating_point() else t for t in args))
+        _bench(name, {"neptune_eq": lambda: prog(*args), "torch.compile": lambda: comp(*args),  # noqa: B023
+                      "eager": lambda: fn(*args)}, want)  # noqa: B023
+
+
 if __name__ == "__main__":
     import sys
 
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
-    parts = sys.argv[1:] or ["exactness", "attention", "linear_ce", "fake_quant", "new_ops"]
+    parts = sys.argv[1:] or ["exactness", "attention", "linear_ce", "fake_quant", "new_ops", "perf_new_ops"]
     for part in parts:
         globals()[part]()

@@ -111,8 +111,15 @@ def _norm(tx, c, e, vs):
         return tx.reduce("min", call("abs", e), vs)
     if p == 0:  # the count of nonzero elements
         return tx.reduce("sum", call("where", call("ne", e, const(0.0)), const(1.0), const(0.0)), vs)
-    # (Σ|x|ᵖ)^(1/p); 0 with a zero gradient on a zero row (torch's), where the root's derivative is ∞
-    s = tx.reduce("sum", call("pow", call("abs", e), const(float(p))), vs)
+    # (Σ|x|ᵖ)^(1/p); 0 with a zero gradient on a zero row (torch's), where the root's derivative is ∞.
+    # An integer p up to 8 multiplies (libdevice's pow per element made F.normalize(p=3) 2.6x slower)
+    a = call("abs", e)
+    term = call("pow", a, const(float(p)))
+    if float(p).is_integer() and 2 <= p <= 8:
+        term = a
+        for _ in range(int(p) - 1):
+            term = call("mul", term, a)
+    s = tx.reduce("sum", term, vs)
     return call("where", call("eq", s, const(0.0)), const(0.0), call("pow", s, const(1.0 / p)))
 
 
