@@ -1,4 +1,4 @@
-"""Values a program rounds to a narrower float dtype, where wider arithmetic reads them.
+"""Values a program rounds to a narrower float dtype, read as torch holds them.
 
 The kernels compute in float32 (float64 for float64 programs): a bf16 program's products, sums and
 exponentials are not rounded to bf16 between operations — more accurate than torch's per-operation
@@ -6,13 +6,16 @@ rounding, invisible at the bf16 precision of its outputs, and what FlashAttentio
 score. A narrowness the program *introduces* is another matter: `x.bfloat16().float()`, fake
 quantisation, a half that overflows to inf, Llama's RMSNorm casting its fp32 row back to the input's
 bf16 before an fp32 weight multiplies it. There the rounding is the program's own operation and wider
-arithmetic shows it. So a value is *narrowed* when it has a float dtype narrower than an operand it was
-computed from (a cast down, and what is computed from that at the narrow dtype); where an operation
-that computes wider than it reads a narrowed value, the value is taken *exact*: rebuilt from its
-operands' exact expressions with every value of a narrow dtype rounded to it (ops.py `round_bf16`,
-`round_f16`, `round_f32`) — torch's arithmetic, operation by operation, down to the loads. Narrowness
-inherited from the inputs (bf16 scores of bf16 q and k, widened by softmax(dtype=float32)) keeps the
-unrounded float32 algebra.
+arithmetic shows it, as do a comparison (`x.half() == inf`) and a cancellation (`x.half() − y.half()`).
+So a value is *narrowed* when it has a float dtype narrower than an operand it was computed from (a
+cast down, an integer made bf16, and what is computed from that at the narrow dtype); every operation
+that reads a narrowed value takes it *exact* — rebuilt from its operands' exact expressions with every
+value of a narrow dtype rounded to it (ops.py `round_bf16`, `round_f16`, `round_f32`): torch's
+arithmetic, operation by operation, down to the loads — except operations that only move values and
+matmuls at the value's own dtype (which round their operands for the tensor cores anyway: a softmax
+cast to bf16 before P @ V keeps FlashAttention's delayed normalisation). Narrowness inherited from the
+inputs (bf16 scores of bf16 q and k, widened by softmax(dtype=float32)) keeps the unrounded float32
+algebra.
 """
 
 from __future__ import annotations
