@@ -175,3 +175,11 @@ def test_a_float64_value_stored_as_bfloat16_in_the_interpreter():
     out = neptune_eq.compile(lambda x: x.double().sum(-1), xb.detach())(xb)
     out.backward(torch.ones(3, dtype=torch.float64))
     assert torch.equal(xb.grad, torch.ones_like(xb))
+
+
+def test_a_gathered_narrow_value_is_not_narrowed_by_its_integer_index():
+    """W[idx] of bf16 weights is bf16 like W (an integer operand narrows only in a cast, img.bfloat16()):
+    an embedding's arithmetic keeps the float32 algebra, no rounding after every operation."""
+    W, idx, g = torch.randn(50, 64).bfloat16(), torch.randint(0, 50, (8,)), torch.randn(64).bfloat16()
+    prog = neptune_eq.compile(lambda idx, W, g: ((W[idx] * 8.0 + 1.0) * g).float().sum(-1), idx, W, g)
+    assert not _rounds(prog)

@@ -73,7 +73,9 @@ def narrowed(tx, node: fx.Node) -> bool:
     else:
         rank = _rank_of(node.meta.get("val"))
         ins = [tx.infos[a].dtype for a in node.all_input_nodes if hasattr(tx.infos.get(a), "dtype")]
-        out = rank < 9 and (any(_SOURCE_RANK.get(d, RANK.get(d, 0)) > rank for d in ins) or any(
+        # (an integer operand of anything but a cast indexes, W[idx], or mixes in small counts: no narrowing)
+        cast = node.target is torch.ops.aten._to_copy.default
+        out = rank < 9 and (any(max(RANK.get(d, 0), _SOURCE_RANK.get(d, 0) if cast else 0) > rank for d in ins) or any(
             narrowed(tx, a) and RANK.get(tx.infos[a].dtype, 0) >= rank for a in node.all_input_nodes
             if hasattr(tx.infos.get(a), "dtype")))
     tx.narrowed[node] = out
