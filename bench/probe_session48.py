@@ -22,25 +22,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 import triton.testing
+from probe_session47 import _bench  # (run from bench/, as session 47's probe)
 
 import neptune_eq
-
-
-def _err(got, want) -> float:
-    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
-
-
-def _bench(name: str, impls: dict, want) -> None:
-    row = []
-    for label, fn in impls.items():
-        try:
-            got = fn()
-        except Exception as e:  # (a peer that cannot run this program)
-            row.append(f"{label} failed: {type(e).__name__}: {str(e)[:80]}")
-            continue
-        t = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-        row.append(f"{label} {t * 1e3:8.1f} us (err {_err(got, want):.1e})")
-    print(f"{name:40s} | " + " | ".join(row), flush=True)
 
 
 def attention() -> None:

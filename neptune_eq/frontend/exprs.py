@@ -37,6 +37,14 @@ def mul(a: ir.Node, b: ir.Node) -> ir.Node:
     return call("mul", a, b)
 
 
+def power(x: ir.Node, n: int) -> ir.Node:
+    """xⁿ for an integer n ≥ 1 as products (cheaper than a pow per element, and exact at x = 0)."""
+    out = x
+    for _ in range(n - 1):
+        out = call("mul", out, x)
+    return out
+
+
 def reduce(op: str, body: ir.Node, axes: list[str], extents: dict[str, int]) -> ir.Node:
     """`op` over each of `axes` in turn; an axis the body does not vary along is a repeated
     element: n·body for sum, body for max/min."""

@@ -8,7 +8,7 @@ import torch
 
 from .. import ir
 from ..ops import COMPARISONS
-from .exprs import add, call, const, is_const, mul
+from .exprs import add, call, const, is_const, mul, power
 from .source import CaptureError
 from .translate import Operand
 
@@ -110,10 +110,7 @@ def _pow(tx, c, x, p):
     if e == -1:
         return call("div", const(1), x)
     if e == int(e) and 2 <= e <= 4:
-        out = x
-        for _ in range(int(e) - 1):
-            out = call("mul", out, x)
-        return out
+        return power(x, int(e))
     return _pow_op(c, x, p)
 
 

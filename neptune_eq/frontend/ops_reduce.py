@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 
 from .. import ir, library
-from .exprs import call, const
+from .exprs import call, const, power
 from .source import CaptureError
 from .translate import Unavailable, norm_dim
 
@@ -114,11 +114,7 @@ def _norm(tx, c, e, vs):
     # (Σ|x|ᵖ)^(1/p); 0 with a zero gradient on a zero row (torch's), where the root's derivative is ∞.
     # An integer p up to 8 multiplies (libdevice's pow per element made F.normalize(p=3) 2.6x slower)
     a = call("abs", e)
-    term = call("pow", a, const(float(p)))
-    if float(p).is_integer() and 2 <= p <= 8:
-        term = a
-        for _ in range(int(p) - 1):
-            term = call("mul", term, a)
+    term = power(a, int(p)) if float(p).is_integer() and 2 <= p <= 8 else call("pow", a, const(float(p)))
     s = tx.reduce("sum", term, vs)
     return call("where", call("eq", s, const(0.0)), const(0.0), call("pow", s, const(1.0 / p)))
 

@@ -1,5 +1,5 @@
-"""Triton helpers for the op table's math functions that have no `tl.` builtin: pow, hypot, and the
-roundings to integral values (floor, ceil, trunc, rint).
+"""Triton helpers for the op table's math functions that have no `tl.` builtin: pow, hypot, the
+roundings to integral values (floor, ceil, trunc, rint) and to narrower float dtypes (round_*).
 
 On a GPU each is libdevice's (C's special values, correctly rounded to a few ulps). Triton's
 interpreter has no libdevice (extern calls are refused), so the portable versions are written from
@@ -10,16 +10,21 @@ Python number, which libdevice and tl.floor do not take.
 
 from __future__ import annotations
 
-POW_CUDA = '''
-
+LIBDEVICE = """
 from triton.language.extra import libdevice
+"""
 
+
+def _libdevice(name: str) -> str:
+    """`_name(a, b)` as libdevice's `name` on a GPU, both arguments made tensors of one dtype first."""
+    return f'''
 
 @triton.jit
-def _pow(x, p):
-    x, p = tl.where(True, x, p), tl.where(True, p, x)
-    return libdevice.pow(x, p)
+def _{name}(a, b):
+    a, b = tl.where(True, a, b), tl.where(True, b, a)
+    return libdevice.{name}(a, b)
 '''
+
 
 # |x|ᵖ = 2^(p·log2|x|), then C's pow at the edges: a negative x (−0 and −∞ included) to an odd integer p
 # negates it, a finite negative x to a non-integer p is NaN, (−1)^±∞ = 1, x⁰ = 1ᵖ = 1 (NaN included).
@@ -38,17 +43,6 @@ def _pow(x, p):
     r = tl.where((x < 0) & (x > NEG_INF) & (whole == 0), _nan().to(r.dtype), r)
     r = tl.where((ax == 1.0) & (tl.abs(p) == POS_INF), 1.0, r)
     return tl.where((x == 1.0) | (p == 0.0), 1.0, r)
-'''
-
-HYPOT_CUDA = '''
-
-from triton.language.extra import libdevice
-
-
-@triton.jit
-def _hypot(a, b):
-    a, b = tl.where(True, a, b), tl.where(True, b, a)
-    return libdevice.hypot(a, b)
 '''
 
 # hi·√(1 + (lo/hi)²) with hi = max(|a|, |b|): no square overflows or underflows; ∞ where either is ±∞
@@ -95,16 +89,49 @@ def _rint(x):
     return tl.where(d == d, r, x)
 '''
 
-_HELPERS = {"_pow(": (POW_CUDA, POW_PORTABLE), "_hypot(": (HYPOT_CUDA, HYPOT_PORTABLE)}
-_INTEGRAL_CALLS = ("_floor(", "_ceil(", "_trunc(", "_rint(")
+# a value rounded to a narrower float dtype (ops.py round_*), in the compute precision: the GPU converts
+# to nearest even; Triton's interpreter truncates to bfloat16, so there the rounding is written out
+# (_rne_bf16, lower/triton.py INTERPRETER_HELPERS)
+ROUND_NARROW = '''
+
+@triton.jit
+def _round_f16(x):
+    return x.to(tl.float32).to(tl.float16).to(x.dtype)
+
+
+@triton.jit
+def _round_f32(x):
+    return x.to(tl.float32).to(x.dtype)
+'''
+
+ROUND_BF16_CUDA = '''
+
+@triton.jit
+def _round_bf16(x):
+    return x.to(tl.float32).to(tl.bfloat16).to(x.dtype)
+'''
+
+ROUND_BF16_PORTABLE = '''
+
+@triton.jit
+def _round_bf16(x):
+    return _rne_bf16(x).to(x.dtype)
+'''
+
+# the calls a kernel may make → (their helpers on a GPU, elsewhere), each block written once a module
+_HELPERS = {
+    ("_pow(",): (LIBDEVICE + _libdevice("pow"), POW_PORTABLE),
+    ("_hypot(",): (LIBDEVICE + _libdevice("hypot"), HYPOT_PORTABLE),
+    ("_floor(", "_ceil(", "_trunc(", "_rint("): (INTEGRAL, INTEGRAL),
+    ("_round_f16(", "_round_f32(", "_round_bf16("): (ROUND_NARROW + ROUND_BF16_CUDA,
+                                                      ROUND_NARROW + ROUND_BF16_PORTABLE),
+}
 
 
 def math_helpers(sources: list[str], target: str) -> str:
     """The helper definitions the kernel sources call, for `target`."""
     out = ""
-    for call, (cuda, portable) in _HELPERS.items():
-        if any(call in s for s in sources):
+    for calls, (cuda, portable) in _HELPERS.items():
+        if any(call in s for call in calls for s in sources):
             out += cuda if target == "cuda" else portable
-    if any(call in s for call in _INTEGRAL_CALLS for s in sources):
-        out += INTEGRAL
     return out

@@ -253,34 +253,6 @@ def _expm1(x):
                                           tl.where(u == POS_INF, u, (u - 1.0) * (x / tl.log(u)))))
 '''
 
-# a value rounded to a narrower float dtype (ops.py round_*), in the compute precision: the GPU converts
-# to nearest even; Triton's interpreter truncates to bfloat16, so there the rounding is written out
-ROUND_NARROW = '''
-
-@triton.jit
-def _round_f16(x):
-    return x.to(tl.float32).to(tl.float16).to(x.dtype)
-
-
-@triton.jit
-def _round_f32(x):
-    return x.to(tl.float32).to(x.dtype)
-'''
-
-ROUND_BF16_CUDA = '''
-
-@triton.jit
-def _round_bf16(x):
-    return x.to(tl.float32).to(tl.bfloat16).to(x.dtype)
-'''
-
-ROUND_BF16_PORTABLE = '''
-
-@triton.jit
-def _round_bf16(x):
-    return _rne_bf16(x).to(x.dtype)
-'''
-
 TANH_CUDA = '''
 
 @triton.jit
@@ -333,8 +305,6 @@ def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule
     src = PRELUDE + (TANH_CUDA if fast else TANH_PORTABLE) + (EXP2_CUDA if target == "cuda" else EXP2_PORTABLE)
     src += LOG1P if any("_log1p(" in ks.source for ks in kernels) else ""
     src += EXPM1 if any("_expm1(" in ks.source for ks in kernels) else ""
-    if any("_round_" in ks.source for ks in kernels):
-        src += ROUND_NARROW + (ROUND_BF16_CUDA if target == "cuda" else ROUND_BF16_PORTABLE)
     src += "" if target == "cuda" else INTERPRETER_HELPERS
     src += math_helpers([ks.source for ks in kernels], target)
     for ks in kernels:
