@@ -136,7 +136,7 @@ OPS: dict[str, Op] = {
         Op("round_f16", 1, _np_round_to(np.float16), "_round_f16({0})", integer_ok=False),
         Op("round_f32", 1, _np_round_to(np.float32), "_round_f32({0})", integer_ok=False),
         # xᵖ as torch's (C's) pow: a negative x to an integer p real, to any other p NaN; 0 to p < 0 is ∞;
-        # x⁰ and 1ᵖ are 1, NaN included (lower/mathlib.py: libdevice's pow on a GPU, exp2(p·log2|x|) elsewhere)
+        # x⁰ and 1ᵖ are 1, NaN included (lower/mathlib.py: exp2(p·log2|x|), on a GPU by its approximate log2 and exp2)
         Op("pow", 2, _np_guard(lambda x, p: np.power(np.asarray(x, dtype=float), p)), "_pow({0}, {1})", unit="sfu",
            weight=4.0, integer_ok=False),
         # √(a² + b²) without overflow or underflow of the squares; ∞ where either is ±∞, NaN included (C's)

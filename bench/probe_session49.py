@@ -1,0 +1,82 @@
+"""Session 49 on the GPU, in one process, each implementation checked against float64 first (do_bench
+medians; GPU only; run from bench/):
+
+  * pow_edges: `torch.pow(x, p)` compiled, over a grid of C's special values (±0, ±1, ±inf, NaN,
+    subnormals, negative bases to integer and non-integer exponents), element for element against
+    torch.pow in float64 rounded to float32: the same NaNs, the same infinities and signed zeros,
+    finite values within a relative 1e-5 (pow now runs on the hardware's log2 and exp2,
+    lower/mathlib.py POW_CUDA, where it had called libdevice's powf);
+  * pow_speed: programs whose elements each take a pow — GeM pooling, a p-norm of order 1.5, focal
+    weights (1 − p)^γ of every class, gamma correction — beside torch.compile and eager.
+
+    python probe_session49.py [pow_edges pow_speed]
+"""
+
+from __future__ import annotations
+
+import torch
+from probe_session47 import _bench  # (run from bench/, as session 47's probe)
+
+import neptune_eq
+
+
+def pow_edges() -> None:
+    special = [float("-inf"), -3.0, -2.5, -1.0, -0.5, -1e-40, -0.0, 0.0, 1e-40, 1e-30, 0.5, 1.0, 1.5, 2.0,
+               3.0, 1e30, float("inf"), float("nan")]
+    xs = torch.tensor(special, device="cuda")
+    x = xs[:, None].expand(len(special), len(special)).contiguous()
+    p = xs[None, :].expand(len(special), len(special)).contiguous()
+    got = neptune_eq.compile(lambda x, p: torch.pow(x, p), x, p)(x, p)
+    want = torch.pow(x.double(), p.double()).float()
+    same_nan = torch.equal(got.isnan(), want.isnan())
+    fin = torch.isfinite(want) & (want != 0)
+    same_edges = torch.equal(got[~fin & ~want.isnan()], want[~fin & ~want.isnan()]) and torch.equal(
+        torch.signbit(got[want == 0]), torch.signbit(want[want == 0]))
+    rel = ((got[fin].double() - want[fin].double()).abs() / want[fin].double().abs()).max().item()
+    bad = [(special[i], special[j], got[i, j].item(), want[i, j].item()) for i in range(len(special))
+           for j in range(len(special)) if not (torch.isnan(got[i, j]) and torch.isnan(want[i, j]))
+           and (got[i, j] != want[i, j] or torch.signbit(got[i, j]) != torch.signbit(want[i, j]))
+           and not (fin[i, j] and abs(got[i, j].item() - want[i, j].item()) <= 1e-5 * abs(want[i, j].item()))]
+    print(f"pow edges: NaNs equal {same_nan}, infinities and zeros equal {same_edges}, finite max rel err "
+          f"{rel:.2e}; {len(bad)} differ: {bad[:8]}", flush=True)
+    r = torch.rand(4096, 4096, device="cuda") * 4
+    e = torch.randn(4096, 4096, device="cuda") * 3
+    got = neptune_eq.compile(lambda x, p: torch.pow(x, p), r, e)(r, e)
+    want = torch.pow(r.double(), e.double())
+    ok = torch.isfinite(want) & (want != 0) & (want.abs() < 3e38) & (want.abs() > 1e-37)  # float32's range
+    print(f"pow random (base in [0, 4), exponent N(0, 9)): max rel err "
+          f"{((got.double() - want).abs() / want.abs())[ok].max().item():.2e} over {ok.sum().item()} values",
+          flush=True)
+
+
+def pow_speed() -> None:
+    x = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16)
+    p = torch.full((1,), 3.0, device="cuda")
+    img = torch.rand(64, 3, 512, 512, device="cuda", dtype=torch.float16)
+    y = torch.randint(0, 4096, (16384,), device="cuda")
+    rows = (
+        ("GeM pooling clamp(eps).pow(p).mean.pow(1/p), 16384x4096 bf16",
+         lambda x, p: x.float().clamp(min=1e-6).pow(p).mean(-1).pow(1.0 / p), (x, p)),
+        ("p-norm |x|^1.5 row sum, 16384x4096 bf16", lambda x: x.float().abs().pow(1.5).sum(-1).pow(1 / 1.5), (x,)),
+        ("focal weights (1 - softmax)^2.5 row mean, bf16",
+         lambda x: (1 - torch.softmax(x.float(), -1)).pow(2.5).mean(-1), (x,)),
+        ("gamma correction img^(1/2.2), 64x3x512x512 fp16", lambda img: img.pow(1 / 2.2), (img,)),
+        ("focal loss gamma 1.5, bf16 logits", lambda x, y: (
+            (1 - torch.softmax(x.float(), -1).gather(-1, y[:, None])).pow(1.5).squeeze(-1)
+            * torch.nn.functional.cross_entropy(x.float(), y, reduction="none")).mean(), (x, y)),
+    )
+    for name, fn, args in rows:
+        prog, comp = neptune_eq.compile(fn, *args), torch.compile(fn)
+        want = fn(*(t.double() if t.is_floating_point() else t for t in args))
+        _bench(name, {"neptune_eq": lambda: prog(*args), "torch.compile": lambda: comp(*args),  # noqa: B023
+                      "eager": lambda: fn(*args)}, want)  # noqa: B023
+
+
+if __name__ == "__main__":
+    import sys
+
+    import triton
+
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    for part in sys.argv[1:] or ["pow_edges", "pow_speed"]:
+        globals()[part]()
