@@ -9,7 +9,9 @@ medians; GPU only; run from bench/):
   * pow_speed: programs whose elements each take a pow — GeM pooling, a p-norm of order 1.5, focal
     weights (1 − p)^γ of every class, gamma correction — beside torch.compile and eager.
 
-    python probe_session49.py [pow_edges pow_speed]
+  * signed_zeros: 1/(−x), 1/ceil(x), 1/trunc(x) at ±0 against eager (the sign of zero).
+
+    python probe_session49.py [pow_edges signed_zeros pow_speed]
 """
 
 from __future__ import annotations
@@ -49,6 +51,17 @@ def pow_edges() -> None:
           flush=True)
 
 
+def signed_zeros() -> None:
+    """−x, ceil and trunc keep the sign of zero as torch does (1/−0 = −inf): Triton 3.6 writes a float's
+    unary minus as 0 − x, +0 at x = +0."""
+    x = torch.tensor([0.0, -0.0, -0.5, 0.5, -1e-30, 2.0, float("inf"), float("nan")], device="cuda")
+    for name, fn in (("1 / (-x)", lambda x: 1.0 / (-x)), ("1 / ceil(x)", lambda x: 1.0 / torch.ceil(x)),
+                     ("1 / trunc(x)", lambda x: 1.0 / torch.trunc(x)), ("(-x)^-1", lambda x: torch.pow(-x, -1.0))):
+        got, want = neptune_eq.compile(fn, x)(x), fn(x)
+        same = torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~want.isnan()], want[~want.isnan()])
+        print(f"signed zeros {name:14s}: same as eager {same}  got {got.tolist()}  eager {want.tolist()}", flush=True)
+
+
 def pow_speed() -> None:
     x = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16)
     p = torch.full((1,), 3.0, device="cuda")
@@ -78,5 +91,5 @@ if __name__ == "__main__":
     import triton
 
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
-    for part in sys.argv[1:] or ["pow_edges", "pow_speed"]:
+    for part in sys.argv[1:] or ["pow_edges", "signed_zeros", "pow_speed"]:
         globals()[part]()

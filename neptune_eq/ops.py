@@ -89,7 +89,8 @@ OPS: dict[str, Op] = {
         Op("div", 2, _np_div, "({0} / {1})", weight=4.0, identity=1.0, infix="/", integer_ok=False),
         Op("floordiv", 2, _np_guard(np.floor_divide), "({0} // {1})", infix="//"),
         Op("mod", 2, _np_guard(np.mod), "({0} % {1})", infix="%"),
-        Op("neg", 1, _np_guard(np.negative), "(-{0})"),
+        # x·(−1), not -x: Triton 3.6 writes a float's unary minus as 0 − x, which is +0 at x = +0 (torch: −0)
+        Op("neg", 1, _np_guard(np.negative), "(-1 * {0})"),
         Op("exp", 1, _np_guard(np.exp), "tl.exp({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("exp2", 1, _np_guard(np.exp2), "_exp2({0})", unit="sfu", weight=1.0, integer_ok=False),
         Op("log", 1, _np_guard(np.log), "tl.log({0})", unit="sfu", weight=1.0, integer_ok=False),

@@ -40,7 +40,7 @@ def _pow(x, p):
     whole = tl.floor(p) == p
     odd = whole & (p - 2.0 * tl.floor(0.5 * p) == 1.0)
     negative = (x < 0) | ((x == 0) & (1.0 / tl.where(x == 0, x, 1.0) < 0))
-    r = tl.where(negative & odd, -r, r)
+    r = tl.where(negative & odd, -1.0 * r, r)
     r = tl.where((x < 0) & (x > NEG_INF) & (whole == 0), _nan().to(r.dtype), r)
     r = tl.where((ax == 1.0) & (tl.abs(p) == POS_INF), 1.0, r)
     return tl.where((x == 1.0) | (p == 0.0), 1.0, r)
@@ -64,7 +64,7 @@ def _pow(x, p):
                                       is_pure=True, pack=1)
         whole = tl.floor(p) == p
         odd = whole & (p - 2.0 * tl.floor(0.5 * p) == 1.0)
-        r = tl.where((x.to(tl.int32, bitcast=True) < 0) & odd, -r, r)
+        r = tl.where((x.to(tl.int32, bitcast=True) < 0) & odd, -1.0 * r, r)
         r = tl.where((x < 0) & (x > NEG_INF) & (whole == 0), _nan(), r)
         r = tl.where((ax == 1.0) & (tl.abs(p) == POS_INF), 1.0, r)
         r = tl.where((x == 1.0) | (p == 0.0), 1.0, r)
@@ -88,6 +88,7 @@ def _hypot(a, b):
     return tl.where((aa == POS_INF) | (ab == POS_INF), POS_INF, h)
 '''
 
+# (a sign flips as x·(−1): Triton 3.6 writes -x as 0 − x, +0 at x = +0 where C has −0)
 # to integral values, from tl.floor alone (the same code on a GPU: a few ALU operations): x − ⌊x⌋ is
 # exact, a tie goes to the even neighbour, |x| ≥ 2^52 is integral already, ±inf and NaN pass unchanged
 INTEGRAL = '''
@@ -99,13 +100,13 @@ def _floor(x):
 
 @triton.jit
 def _ceil(x):
-    return -tl.floor(-tl.where(True, x, x))
+    return -1.0 * tl.floor(-1.0 * tl.where(True, x, x))
 
 
 @triton.jit
 def _trunc(x):
     x = tl.where(True, x, x)
-    return tl.where(x < 0, -tl.floor(-x), tl.floor(x))
+    return tl.where(x < 0, -1.0 * tl.floor(-1.0 * x), tl.floor(x))
 
 
 @triton.jit
