@@ -1,15 +1,16 @@
 """Every out-of-sample sweep's rows: bench/sweep_unseen.py (session 40), sweep_fresh.py (44),
-sweep_third.py (45)."""
+sweep_third.py (45), sweep_fourth.py."""
 
 from __future__ import annotations
 
+import sweep_fourth
 import sweep_fresh
 import sweep_third
 import sweep_unseen
 
 
 def all_rows() -> list[sweep_unseen.Row]:
-    return [*sweep_unseen.ROWS, *sweep_fresh.ROWS, *sweep_third.ROWS]
+    return [*sweep_unseen.ROWS, *sweep_fresh.ROWS, *sweep_third.ROWS, *sweep_fourth.ROWS]
 
 
 def row_named(prefix: str) -> sweep_unseen.Row:
