@@ -31,17 +31,17 @@ def _free_equalities(node: ir.Node) -> ir.Node:
     a where between two such tests then looked like the identity on one side and its branch was
     dropped: the count of a max's adjoint lost its main case (softmax then amax: an infinite
     gradient). A test of a reduction's state or of a computed value against a non-constant is sampled
-    true or false at random: more behaviours, never fewer. (Two loads or indices are sampled equal often
-    enough, some_equal; a state against ±inf too. A state against a finite constant, `l == 0`, is
-    sampled as before — never true — which keeps the guards' splits, and the derivations, as they were.)"""
+    true or false at random: more behaviours, never fewer. So is a test of two loads or indices: sampled
+    apart, `j == b` and `t[b, i] == d` each hold at a few per cent of the samples (some_equal), and
+    both at once at none of the 512, so where(j == b & t[b, i] == d, g, 0) looked like 0 everywhere
+    and a split dropped the case it selects (DPO's gradient of the chosen half was 0; sweep 4). (A test
+    against a constant is sampled through its values: a state against ±inf, a load at the constant,
+    exact_constants; a state against a finite constant, `l == 0`, never true, which keeps the guards'
+    splits, and the derivations, as they were.)"""
     subs: dict[ir.Node, ir.Node] = {}
     for n in ir.walk(node):
-        if not (isinstance(n, ir.Call) and n.op in ("eq", "ne")) or any(isinstance(a, ir.Const) for a in n.args):
-            continue
-        state = any(isinstance(a, ir.StateRef) for a in n.args)
-        computed = any(not isinstance(a, ir.Load | ir.Index | ir.StateRef) for a in n.args)
-        if state or computed:
-            subs[n] = ir.Load(_FREE, (ir.Index(f"k{len(subs)}"),))
+        if isinstance(n, ir.Call) and n.op in ("eq", "ne") and not any(isinstance(a, ir.Const) for a in n.args):
+            subs.setdefault(n, ir.Load(_FREE, (ir.Index(f"k{len(subs)}"),)))
     return ir.substitute(node, subs) if subs else node
 
 
@@ -63,6 +63,15 @@ def _index_samples(rng, thresholds: list[float]) -> np.ndarray:
     return v
 
 
+def compared_constants(node: ir.Node) -> list[float]:
+    """The finite constants `node` compares values with (`t != -100`, `x > 0`)."""
+    return sorted({a.value for n in ir.walk(node) if isinstance(n, ir.Call) and n.op in _COMPARISONS
+                   for a in n.args if isinstance(a, ir.Const) and math.isfinite(a.value)})
+
+
+_COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
 def large_constants(node: ir.Node, at_least: float = 100) -> list[float]:
     """The node's finite constants of magnitude `at_least` or more: a mask's fill (`masked_fill(~m, -1e9)`,
     `finfo.min`, BERT's −10000), which a reduction's state equals on a row with every element masked."""
@@ -74,10 +83,11 @@ def _near(rng, fills: list[float]) -> np.ndarray:
     return rng.choice(np.asarray(fills), _SAMPLES) + rng.normal(0, 4, _SAMPLES)
 
 
-def _sample_env(nodes, seed: int = 0, thresholds: list[float] = (), fills: list[float] = ()
-                ) -> dict[str, np.ndarray]:
+def _sample_env(nodes, seed: int = 0, thresholds: list[float] = (), fills: list[float] = (),
+                compared: list[float] = ()) -> dict[str, np.ndarray]:
     """Sampled values of the leaves: a state ±inf at a tenth of its samples each, a state or a loaded
-    value near one of `fills` at another tenth. A state drawn only near 0 never met a finite fill K: exp(K − m) was 0 at
+    value near one of `fills` at another tenth, a loaded value exactly one of the `compared` constants at
+    a tenth (a label's `t != -100` is false there; drawn near −100 it never was). A state drawn only near 0 never met a finite fill K: exp(K − m) was 0 at
     every sample, where(m, s, K) split off as a mask, and a row whose every element was masked gave
     0 (softmax, attention) or −inf (logsumexp) where torch gives the softmax of K's: uniform."""
     rng = np.random.default_rng(seed)
@@ -107,6 +117,8 @@ def _sample_env(nodes, seed: int = 0, thresholds: list[float] = (), fills: list[
             if fills:
                 near = _near(rng, fills)
                 v = np.where(rng.integers(0, 10, _SAMPLES) == 0, near, v)
+            if compared:
+                v = np.where(rng.integers(0, 10, _SAMPLES) == 0, rng.choice(np.asarray(compared), _SAMPLES), v)
             env[key] = v
     return env
 
@@ -128,7 +140,8 @@ def is_identity_everywhere(node: ir.Node, identity: float, fills: bool = True) -
     from neptune_eq.rules.soundness import eval_ir_sampled
 
     node = _free_equalities(node)
-    env = _sample_env(_leaves(node), thresholds=_thresholds(node), fills=large_constants(node) if fills else ())
+    env = _sample_env(_leaves(node), thresholds=_thresholds(node), fills=large_constants(node) if fills else (),
+                      compared=compared_constants(node))
     v = np.broadcast_to(eval_ir_sampled(node, env), (_SAMPLES,))
     defined = ~np.isnan(v)
     # NaN refines to anything, but a body that is NaN at most samples (rsqrt of a sampled negative
