@@ -151,6 +151,20 @@ def test_any_and_all_of_masks():
         assert got.dtype == torch.bool and torch.equal(got, want), (got, want)
 
 
+def test_adding_masks_is_a_logical_or():
+    """torch adds bool tensors as a logical or (True + True is True): counted, as a mask, beside a
+    Python True, through torch.add; a sum of the numbers 0/1/2 had been taken (silently wrong)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 9, generator=g)
+    a, b = torch.rand(3, 9, generator=g) > 0.5, torch.rand(3, 9, generator=g) > 0.5
+    fns = [lambda x, a, b: (a + b).sum(-1), lambda x, a, b: x.masked_fill(a + b, 0.0).sum(-1),
+           lambda x, a, b: (x * ((x > 0) + (x > 1))).sum(-1), lambda x, a, b: (a + True).sum(-1),
+           lambda x, a, b: torch.add(a, b).float().mean(-1)]
+    for fn in fns:
+        got, want = neptune_eq.compile(fn, x, a, b)(x, a, b), fn(x.double(), a, b)
+        _assert_same(got, want)
+
+
 # ---------------------------------------------------------------- hypot
 
 

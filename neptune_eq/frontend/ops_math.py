@@ -60,6 +60,8 @@ def _alpha(c, b: ir.Node) -> ir.Node:
 
 
 def _add(tx, c, a, b):
+    if c.out.dtype == torch.bool:  # torch adds masks as a logical or (True + True is True, not 2)
+        return call("or", a, b) if c.kwargs.get("alpha", 1) else a
     return call("add", a, _alpha(c, b))
 
 
