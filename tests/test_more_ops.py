@@ -165,6 +165,26 @@ def test_adding_masks_is_a_logical_or():
         _assert_same(got, want)
 
 
+@pytest.mark.parametrize("fn", [lambda a: torch.softmax(a, -1), lambda a: torch.log_softmax(a, -1),
+                                lambda a: a.var(-1), lambda a: a.std(-1), torch.nn.functional.hardswish,
+                                lambda a: (a.abs() + 1) ** -1, lambda a: torch.softmax(a > 0, -1)],
+                         ids=["softmax", "log_softmax", "var", "std", "hardswish", "pow-1", "bool-softmax"])
+def test_float_only_ops_of_integers_are_refused(fn):
+    """torch raises on these of an int64 or bool tensor; the fake-tensor trace gave an integer result,
+    which the compile computed and truncated (softmax of int64: all 0) with no error."""
+    i = torch.randint(-3, 5, (4, 7), generator=torch.Generator().manual_seed(0))
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        fn(i)
+    with pytest.raises(CaptureError, match="convert to float first"):
+        neptune_eq.compile(fn, i)
+
+
+def test_integers_converted_for_a_softmax_still_compile():
+    i = torch.randint(-3, 5, (4, 7), generator=torch.Generator().manual_seed(0))
+    for fn in (lambda a: torch.softmax(a, -1, dtype=torch.float32), lambda a: a.float().var(-1)):
+        _assert_same(neptune_eq.compile(fn, i)(i), fn(i))
+
+
 # ---------------------------------------------------------------- hypot
 
 
