@@ -151,6 +151,40 @@ def test_any_and_all_of_masks():
         assert got.dtype == torch.bool and torch.equal(got, want), (got, want)
 
 
+def test_adding_masks_is_a_logical_or():
+    """torch adds bool tensors as a logical or (True + True is True): counted, as a mask, beside a
+    Python True, through torch.add; a sum of the numbers 0/1/2 had been taken (silently wrong)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 9, generator=g)
+    a, b = torch.rand(3, 9, generator=g) > 0.5, torch.rand(3, 9, generator=g) > 0.5
+    fns = [lambda x, a, b: (a + b).sum(-1), lambda x, a, b: x.masked_fill(a + b, 0.0).sum(-1),
+           lambda x, a, b: (x * ((x > 0) + (x > 1))).sum(-1), lambda x, a, b: (a + True).sum(-1),
+           lambda x, a, b: torch.add(a, b).float().mean(-1)]
+    for fn in fns:
+        got, want = neptune_eq.compile(fn, x, a, b)(x, a, b), fn(x.double(), a, b)
+        _assert_same(got, want)
+
+
+@pytest.mark.parametrize("fn", [lambda a: torch.softmax(a, -1), lambda a: torch.log_softmax(a, -1),
+                                lambda a: a.var(-1), lambda a: a.std(-1), torch.nn.functional.hardswish,
+                                lambda a: (a.abs() + 1) ** -1, lambda a: torch.softmax(a > 0, -1)],
+                         ids=["softmax", "log_softmax", "var", "std", "hardswish", "pow-1", "bool-softmax"])
+def test_float_only_ops_of_integers_are_refused(fn):
+    """torch raises on these of an int64 or bool tensor; the fake-tensor trace gave an integer result,
+    which the compile computed and truncated (softmax of int64: all 0) with no error."""
+    i = torch.randint(-3, 5, (4, 7), generator=torch.Generator().manual_seed(0))
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        fn(i)
+    with pytest.raises(CaptureError, match="convert to float first"):
+        neptune_eq.compile(fn, i)
+
+
+def test_integers_converted_for_a_softmax_still_compile():
+    i = torch.randint(-3, 5, (4, 7), generator=torch.Generator().manual_seed(0))
+    for fn in (lambda a: torch.softmax(a, -1, dtype=torch.float32), lambda a: a.float().var(-1)):
+        _assert_same(neptune_eq.compile(fn, i)(i), fn(i))
+
+
 # ---------------------------------------------------------------- hypot
 
 

@@ -60,6 +60,8 @@ def _alpha(c, b: ir.Node) -> ir.Node:
 
 
 def _add(tx, c, a, b):
+    if c.out.dtype == torch.bool:  # torch adds masks as a logical or (True + True is True, not 2)
+        return call("or", a, b) if c.kwargs.get("alpha", 1) else a
     return call("add", a, _alpha(c, b))
 
 
@@ -108,6 +110,9 @@ def _pow(tx, c, x, p):
     if e == -0.5:
         return call("rsqrt", x)
     if e == -1:
+        if not c.out.dtype.is_floating_point:  # (torch raises: integers to negative integer powers)
+            raise CaptureError(f"{c.op_name} of integers to a negative integer power is not allowed (torch "
+                               "raises); convert to float first")
         return call("div", const(1), x)
     if e == int(e) and 2 <= e <= 4:
         return power(x, int(e))
@@ -166,6 +171,17 @@ def _hardsigmoid(tx, c, x):  # (torch's backward: 1/6 strictly inside (−3, 3),
 def _hardswish(tx, c, x):  # (torch's backward: x/3 + 1/2 on (−3, 3), 0 at −3, 1 at 3; at −∞ 0, torch's NaN)
     inner = mul(x, mul(add(x, const(3)), const(1 / 6)))
     return call("where", call("le", x, const(-3)), const(0), call("where", call("ge", x, const(3)), x, inner))
+
+
+def _float_only(fn):
+    """An op torch implements for floating tensors only: of an integer tensor its fake-tensor trace
+    gives an integer result where eager raises, so it is refused rather than computed and truncated."""
+    def build(tx, c, *args):
+        if not c.out.dtype.is_floating_point:
+            raise CaptureError(f"{c.op_name} of a {c.out.dtype} tensor is not implemented by torch; convert to "
+                               "float first")
+        return fn(tx, c, *args)
+    return build
 
 
 def _where(tx, c, cond, a, b):
@@ -357,8 +373,8 @@ HANDLERS = {
     aten.clamp.default: Pointwise(1, _clamp),
     aten.clamp_min.default: Pointwise(2, lambda tx, c, x, lo: _clamped(c, x, lo, None)),
     aten.clamp_max.default: Pointwise(2, lambda tx, c, x, hi: _clamped(c, x, None, hi)),
-    aten.hardsigmoid.default: Pointwise(1, _hardsigmoid),
-    aten.hardswish.default: Pointwise(1, _hardswish),
+    aten.hardsigmoid.default: Pointwise(1, _float_only(_hardsigmoid)),
+    aten.hardswish.default: Pointwise(1, _float_only(_hardswish)),
     aten.where.self: Pointwise(3, _where, data=(1, 2)),
     aten.where.ScalarSelf: Pointwise(3, _where, data=(1, 2)),
     aten.where.ScalarOther: Pointwise(3, _where, data=(1, 2)),

@@ -65,6 +65,9 @@ class Reduction:
         elif kind == "mean":
             out = call("div", tx.reduce("sum", e, vs), const(n))
         elif kind in ("var", "std", "var_mean", "std_mean"):
+            if not x.dtype.is_floating_point:  # (the fake trace gives an integer result; eager raises)
+                raise CaptureError(f"{c.op_name} of a {x.dtype} tensor is not supported by torch (std and var "
+                                   "take floating tensors); convert to float first")
             corr = c.kwargs.get("correction", 1)
             corr = 1 if corr is None else corr
             mean = call("div", tx.reduce("sum", e, vs), const(n))
@@ -142,6 +145,8 @@ class Softmax:
     def build(self, tx, c):
         x, d = self._dim(c)
         name = "log_softmax" if self.log else "softmax"
+        if not c.out.dtype.is_floating_point:  # (the fake trace gives an integer result; eager raises)
+            raise CaptureError(f"{name} of a {c.out.dtype} tensor is not implemented by torch; convert to float first")
         if x.dims[d] is None and x.shape[d] == 1:  # (a row of one: attention over a single key)
             return self._one(x.expr)
         axis = _one_axis(tx, [x.dims[d]], name)
