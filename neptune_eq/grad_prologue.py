@@ -47,8 +47,9 @@ def _gathers(f: ir.Node, wrt: set[str]) -> bool:
 
 
 def _dtype(f: ir.Node, program: ir.Program) -> str | None:
-    """The one floating dtype of the inputs `f` loads (what the dot rounds it to), None if mixed."""
-    dts = ir.float_loads(f, lambda t: program.inputs[t].dtype)
+    """The one floating dtype torch holds `f` in (what the dot rounds it to): its loads', float32 for an
+    operand the frontend marks so (ir.held_dtypes); None if mixed."""
+    dts = ir.held_dtypes(f, lambda t: program.inputs[t].dtype)
     return dts.pop() if len(dts) == 1 else None
 
 

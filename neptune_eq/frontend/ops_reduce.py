@@ -176,6 +176,22 @@ def contract(tx, a: ir.Node, b: ir.Node, k) -> ir.Node:
     return tx.reduce("sum", call("mul", a, b), [k])
 
 
+def _held(tx, operand) -> ir.Node:
+    """A matmul operand's expression, marked float32 (`round_f32`, exact in the kernels' float32) where
+    torch holds it in float32 though it is computed from 16-bit loads: Swin-v2's
+    F.normalize(q.float()) @ F.normalize(k.float())ᵀ is a float32 matmul, which the lowering had fed to
+    the tensor cores rounded to the loads' bf16 (lower/contract.py `_data_dtype`; the logits, scaled by
+    up to 100, then lost the gradient's precision: 4e-2 against eager's 4e-3)."""
+    expr = operand.expr
+    if operand.dtype != torch.float32 or isinstance(expr, ir.Load):
+        return expr
+    dtypes = tx.input_dtypes
+    wide = {torch.float16, torch.bfloat16}
+    if any(isinstance(n, ir.Load) and dtypes.get(n.tensor) in wide for n in ir.walk(expr)):
+        return call("round_f32", expr)
+    return expr
+
+
 class Contraction:
     """mm, bmm, mv, dot, addmm and baddbmm: operand dimensions go to slots, the contracted slot is
     summed; addmm/baddbmm add beta·bias (broadcast against the result)."""
@@ -206,7 +222,7 @@ class Contraction:
     def build(self, tx, c):
         a_slots, _, _, k = self.LAYOUTS[self.kind]
         a, b = c.args[self.first], c.args[self.first + 1]
-        out = contract(tx, a.expr, b.expr, a.dims[a_slots.index(k)])
+        out = contract(tx, _held(tx, a), _held(tx, b), a.dims[a_slots.index(k)])
         if self.first:
             beta, alpha = c.kwargs.get("beta", 1), c.kwargs.get("alpha", 1)
             bias = c.args[0].expr if beta == 1 else call("mul", c.args[0].expr, const(beta))

@@ -276,7 +276,8 @@ class ContractOps:
         """The one 16-bit dtype of every floating tensor the factors load, where they read no loop
         state: the dtype torch holds such a function of the data in (QK-norm's q·rsqrt(mean_d q²)·w,
         its row reduction computed in the tile, is a bf16 tensor to torch; an fp32 IEEE dot of it ran
-        off the tensor cores). None otherwise."""
+        off the tensor cores). None otherwise, and where a factor is marked float32 (`round_f32`: the
+        frontend's operand of a float32 matmul, F.normalize(q.float()))."""
         dtypes = set()
         factors = list(factors)
         for f in factors:
@@ -285,7 +286,7 @@ class ContractOps:
                     factors.append(self.plan.inline[n.name])  # (a reduction computed in the tile)
                 elif isinstance(n, ir.StateRef):
                     return None
-            dtypes |= ir.float_loads(f, lambda t: self.plan.loaded_dtype(self.program, t))
+            dtypes |= ir.held_dtypes(f, lambda t: self.plan.loaded_dtype(self.program, t))
         return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
 
     def operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
