@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import EXAMPLES
 
 import neptune_eq
@@ -99,3 +100,21 @@ def test_tuning_feeds_the_training_kernels_what_they_read():
 
     mode = tune_training(prog._first().op.qualname, {"x": x, "w": w}, run)
     assert mode in ("saved", "recompute") and len(seen) == 2 and seen[1].endswith("_backward"), seen
+
+
+def test_losses_that_clamp_in_place_train():
+    """F.margin_ranking_loss, F.hinge_embedding_loss and F.cosine_embedding_loss clamp an intermediate in
+    place; with inputs that require grad their decomposition also leaves an unused clone of it, which made
+    it read as used twice: refused at aten.clamp_min_ (hunt8)."""
+    g = torch.Generator().manual_seed(0)
+    a, b, m = torch.randn(9, generator=g), torch.randn(9, generator=g), torch.randn(5, 7, generator=g)
+    y = torch.sign(torch.randn(9, generator=g))
+    for fn, xs in ((lambda a, b: F.margin_ranking_loss(a, b, y, margin=0.3), [a, b]),
+                   (lambda a: F.hinge_embedding_loss(a, y), [a]),
+                   (lambda a, b: F.cosine_embedding_loss(a, b, y[:5]), [m, m.flip(0)])):
+        leaves = [x.clone().requires_grad_() for x in xs]  # captured with gradients required
+        ref = [x.double().requires_grad_() for x in xs]
+        neptune_eq.compile(fn, *leaves)(*leaves).backward()
+        fn(*ref).backward()
+        for x, r in zip(leaves, ref):
+            assert torch.allclose(x.grad.double(), r.grad, atol=1e-6)
