@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import assert_gradients_match
 
 import neptune_eq
@@ -332,3 +333,20 @@ def test_round_to_decimals_is_torchs():
         fn = lambda x, d=d: torch.round(x, decimals=d)  # noqa: E731
         # (the same rounding to integers; the division by 10^d may become a product by 10^-d: an ulp)
         torch.testing.assert_close(neptune_eq.compile(fn, x)(x), fn(x), rtol=1e-6, atol=0)
+
+
+def test_eye_is_an_index_comparison():
+    """torch.eye (SigLIP's labels 2·eye(n) − 1; it was refused at aten.eye): 1 on the diagonal, also
+    rectangular and as bool; the loss trains."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 7, generator=g)
+    f = lambda x: (torch.eye(5, 7) * x).sum(0) + torch.eye(5, 7, dtype=torch.bool).float().sum(1, keepdim=True)  # noqa: E731
+    assert torch.equal(neptune_eq.compile(f, x)(x), f(x))
+
+    def siglip(x, y):
+        x, y = F.normalize(x, dim=-1), F.normalize(y, dim=-1)
+        logits = 10 * (x @ y.T) - 5
+        labels = 2 * torch.eye(x.shape[0]) - 1
+        return -F.logsigmoid(labels * logits).sum() / x.shape[0]
+
+    assert_gradients_match(siglip, [torch.randn(9, 6, generator=g), torch.randn(9, 6, generator=g)], 1e-5)

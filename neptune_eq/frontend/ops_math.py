@@ -292,6 +292,18 @@ class Arange:
         return add(mul(tx.index(tx.dims(c)[0]), const(step)), const(start))
 
 
+class Eye:
+    """eye(n[, m]): 1 where the row index equals the column's (SigLIP's ±1 labels, 2·eye − 1)."""
+
+    def infer(self, tx, c):
+        return tx.axes.dims_for(tuple(c.out.shape))
+
+    def build(self, tx, c):
+        row, col = (tx.index(d) for d in tx.dims(c))
+        pred = call("eq", row, col)
+        return pred if c.out.dtype == torch.bool else call("where", pred, const(1), const(0))
+
+
 class Triangle:
     """tril/triu: keep elements with col - row <= k (tril) or >= k (triu), zero elsewhere."""
 
@@ -389,6 +401,8 @@ HANDLERS = {
     aten.bitwise_xor.Tensor: Pointwise(2, lambda tx, c, a, b: call("ne", a, b), bool_only=True),
     aten.bitwise_not.default: Pointwise(1, _not, bool_only=True),
     aten._to_copy.default: Cast(),
+    aten.eye.default: Eye(),
+    aten.eye.m: Eye(),
     aten.arange.default: Arange("end"),
     aten.arange.start: Arange("start"),
     aten.arange.start_step: Arange("step"),
