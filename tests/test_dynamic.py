@@ -140,6 +140,17 @@ def test_torch_compile_dynamic_across_three_lengths_without_a_new_capture():
     assert prog.stats()["captures"] == captures
 
 
+def test_torch_compile_at_another_specialised_dimension_is_refused_by_name():
+    """dynamic=True keeps a matrix's innermost dimension specialised; under torch.compile a call that
+    changes it had crashed in dynamo (a reshape to the old size, hunt8): it is refused naming the
+    dimension, and an eager call at that shape still compiles it."""
+    prog = neptune_eq.compile(lambda x: torch.softmax(x, -1), torch.randn(3, 20), dynamic=True)
+    x = torch.randn(3, 7)
+    assert torch.allclose(prog(x), torch.softmax(x, -1), atol=1e-6)
+    with pytest.raises(NeptuneError, match="dimension 1 of argument 0 is 7, specialised at 20"):
+        torch.compile(lambda x: prog(x) * 2, dynamic=True, backend="eager")(x)
+
+
 def test_a_tensor_read_along_two_axes_ties_them():
     def self_attention(x):  # x is both the queries (axis i) and the keys (axis j)
         return torch.softmax(x @ x.T, -1) @ x

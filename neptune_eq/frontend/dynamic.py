@@ -319,12 +319,19 @@ class DynamicFunction:
                     return None  # (the checked path names the mixed devices)
             elif isinstance(a, torch.Tensor) or not same_value(a, ex[1]):
                 return None
-        for pos, dims in self._static_dims:
-            shape = self.example[pos][1]
-            if any(args[pos].shape[d] != shape[d] for d in dims):
-                return None
+        if self.static_mismatch(args) is not None:
+            return None
         ns = self.lengths.of(args)
         return ns if ns is not None and all(n >= 2 for n in ns) else None
+
+    def static_mismatch(self, args) -> str | None:
+        """Which specialised dimension of the call differs from the example's, said in words; None."""
+        for pos, dims in self._static_dims:
+            shape = self.example[pos][1]
+            for d in dims:
+                if args[pos].shape[d] != shape[d]:
+                    return f"dimension {d} of argument {pos} is {args[pos].shape[d]}, specialised at {shape[d]}"
+        return None
 
     def program_for(self, ns: tuple[int, ...]):
         """The compiled plan serving lengths `ns`: the bucket's compile (once per bucket), pinned to
@@ -459,6 +466,11 @@ class DynamicFunction:
         if changed is not None and changed.stale:
             raise StaleCapture("a value the function reads from its environment changed since it was captured; "
                                "call the compiled function once outside torch.compile to capture it again")
+        other = self.static_mismatch(args)
+        if other is not None:  # (eagerly such a call gets a compile of its own; dynamo cannot make one)
+            raise NeptuneError(f"inside torch.compile a dynamic function serves its dynamic dimensions only: {other} "
+                               "(name it in dynamic={argument: [dimensions]} to serve its lengths too; an eager call "
+                               "at this shape compiles it)")
         ns = self.lengths.of(args)
         if ns is None:
             raise NeptuneError("the dynamic dimensions of this call do not keep the lengths the function ties together")
