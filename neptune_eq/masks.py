@@ -87,7 +87,8 @@ def _sample_env(nodes, seed: int = 0, thresholds: list[float] = (), fills: list[
                 compared: list[float] = ()) -> dict[str, np.ndarray]:
     """Sampled values of the leaves: a state ±inf at a tenth of its samples each, a state or a loaded
     value near one of `fills` at another tenth, a loaded value exactly one of the `compared` constants at
-    a tenth (a label's `t != -100` is false there; drawn near −100 it never was). A state drawn only near 0 never met a finite fill K: exp(K − m) was 0 at
+    a tenth (a label's `t != -100` is false there; drawn near −100 it never was). A state drawn only near
+    0 never met a finite fill K: exp(K − m) was 0 at
     every sample, where(m, s, K) split off as a mask, and a row whose every element was masked gave
     0 (softmax, attention) or −inf (logsumexp) where torch gives the softmax of K's: uniform."""
     rng = np.random.default_rng(seed)
