@@ -3,7 +3,9 @@
 import pytest
 import torch
 
+import neptune_eq
 from neptune_eq import dsl as ne
+from neptune_eq.frontend import CaptureError
 from neptune_eq.ir import NeptuneError, ProgramError
 from neptune_eq.runtime import compile_ir
 
@@ -82,3 +84,12 @@ def test_python_truth_value_of_expression():
     with pytest.raises(ProgramError, match="use where"):
         if j.index < i.index:
             pass
+
+
+def test_conflicting_reshapes_name_their_lines():
+    """Reshapes that relate an axis to others in two ways are refused naming the lines (hunt8: none)."""
+    def fn(x):
+        return x.flatten().unflatten(0, (7, 5)).softmax(0)
+
+    with pytest.raises(CaptureError, match=r"incompatible ways \(the reshapes .*test_errors.py:\d+: return x.flatten"):
+        neptune_eq.compile(fn, torch.randn(5, 7))

@@ -49,6 +49,8 @@ class AxisTable:
         self._extent: list[int] = []
         self._data: list[bool] = []  # the class holds a dimension of a program input
         self.relations: list[Relation] = []
+        self.at: object = None  # what the translator is reading (its graph node), for errors
+        self.reshaped_at: list = []  # the `at`s whose reshapes made the relations, first seen first
         self.prefer: set[int] = set()  # reduced, contracted or output: rather a program axis
         self.substituted: set[int] = set()  # indexed, sliced or renamed: must be a program axis
         self.indexed: set[int] = set()  # indexed by a tensor (gather): named after the others
@@ -149,7 +151,7 @@ class AxisTable:
             if tuple(self.find(p) for p in rel.parts) == key:
                 return rel.whole
         whole = self.new(math.prod(self.extent(p) for p in parts))
-        self.relations.append(Relation(whole, tuple(parts)))
+        self._relate(Relation(whole, tuple(parts)))
         return whole
 
     def split(self, whole: int, extents: list[int]) -> tuple[int, ...]:
@@ -160,8 +162,13 @@ class AxisTable:
             if self.find(rel.whole) == root and [self.extent(p) for p in rel.parts] == list(extents):
                 return rel.parts
         parts = tuple(self.new(n) for n in extents)
-        self.relations.append(Relation(whole, parts))
+        self._relate(Relation(whole, parts))
         return parts
+
+    def _relate(self, rel: Relation) -> None:
+        self.relations.append(rel)
+        if self.at is not None and self.at not in self.reshaped_at:
+            self.reshaped_at.append(self.at)
 
     def reshape(self, dims: tuple[Dim, ...], in_shape, out_shape) -> tuple[Dim, ...]:
         """Variables of a reshaped value: size-1 dimensions are dropped or added freely; the others

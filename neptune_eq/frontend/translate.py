@@ -191,7 +191,11 @@ class Translator:
         outs = _flat_outputs(out_node)
         for n in outs:
             self.axes.prefer.update(v for v in self.infos[n].dims if v is not None)
-        self.res = self.axes.resolve()
+        try:
+            self.res = self.axes.resolve()
+        except CaptureError as e:  # (a conflict among reshapes: name their lines)
+            lines = list(dict.fromkeys(w for n in self.axes.reshaped_at if (w := location(n)) is not None))
+            raise CaptureError(f"{e} (the reshapes {'; '.join(lines)})" if lines else str(e)) from None
         ends = [*self.input_dtypes.values(), *(self.infos[n].dtype for n in outs if isinstance(self.infos[n], Info))]
         self.compute_rank = 3 if torch.float64 in ends else 2
         self.res.reserved = {d.name for d in self.inputs} | {name for name, _ in self.constants.values()}
@@ -202,6 +206,7 @@ class Translator:
         return self._assemble(outs)
 
     def _guard(self, node: fx.Node, step) -> None:
+        self.axes.at = node
         try:
             step(node)
         except CaptureError as e:
