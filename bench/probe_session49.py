@@ -9,7 +9,8 @@ medians; GPU only; run from bench/):
   * pow_speed: programs whose elements each take a pow — GeM pooling, a p-norm of order 1.5, focal
     weights (1 − p)^γ of every class, gamma correction — beside torch.compile and eager.
 
-  * signed_zeros: 1/(−x), 1/ceil(x), 1/trunc(x) at ±0 against eager (the sign of zero).
+  * signed_zeros: 1/(−x), 1/ceil(x), 1/trunc(x) at ±0 against eager (the sign of zero);
+  * packed_profile: packed prefill's call beside the device time of each kernel it launches.
 
     python probe_session49.py [pow_edges signed_zeros pow_speed]
 """
@@ -17,6 +18,8 @@ medians; GPU only; run from bench/):
 from __future__ import annotations
 
 import torch
+import triton
+import triton.testing
 from probe_session47 import _bench  # (run from bench/, as session 47's probe)
 
 import neptune_eq
@@ -85,10 +88,57 @@ def pow_speed() -> None:
                       "eager": lambda: fn(*args)}, want)  # noqa: B023
 
 
+def _kernels(name: str, step, n: int = 5) -> None:
+    """do_bench of `step` beside the device time of each kernel it launches (torch.profiler)."""
+    for _ in range(3):
+        step()
+    ms = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    rows = sorted(((e.key, e.count / n, e.device_time_total / n) for e in prof.key_averages()), key=lambda r: -r[2])
+    print(f"{name}: do_bench {ms:.3f} ms; kernels a call {sum(r[2] for r in rows) / 1e3:.3f} ms "
+          f"({sum(r[1] for r in rows):.0f} launches)", flush=True)
+    for kname, count, us in rows[:10]:
+        print(f"    {count:4.0f}x {us:9.1f} us  {kname[:100]}", flush=True)
+
+
+def dpo_profile() -> None:
+    """DPO fwd+bwd (bench/sweep_fourth.py's row, 8 × 1024 × 32000 bf16): 0.18x torch.compile in the
+    sweep; which kernels take the time."""
+    from sweep_fourth import dpo_loss
+
+    logits = torch.randn(8, 1024, 32000, device="cuda", dtype=torch.bfloat16)
+    labels = torch.randint(0, 32000, (8, 1024), device="cuda")
+    labels[:, :128] = -100
+    ref = torch.randn(8, device="cuda")
+    x = logits.clone().requires_grad_()
+    prog = neptune_eq.compile(dpo_loss, x, labels, ref)
+
+    def step():
+        x.grad = None
+        prog(x, labels, ref).backward()
+
+    _kernels("dpo fwd+bwd", step)
+    print("    " + prog.explain().splitlines()[0][:300], flush=True)
+
+
+def packed_profile() -> None:
+    """Where packed prefill's time goes (bench/varlen_paged.py's layout: 16 documents, 32768 tokens, 32
+    heads, d 128, fp16): do_bench of the call beside the device time of each kernel it launches."""
+    from varlen_paged import random_lengths, varlen_attention
+
+    lengths = random_lengths(16, 32768, 0)
+    q, k, v = (torch.randn(32, 32768, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    doc = torch.repeat_interleave(torch.arange(16, device="cuda"), torch.tensor(lengths, device="cuda"))
+    prog = neptune_eq.compile(varlen_attention, q, k, v, doc)
+    _kernels("packed prefill", lambda: prog(q, k, v, doc))
+
+
 if __name__ == "__main__":
     import sys
-
-    import triton
 
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     for part in sys.argv[1:] or ["pow_edges", "signed_zeros", "pow_speed"]:
