@@ -20,6 +20,7 @@ Tile sizes, warps and stages within a kind are then the autotuner's (tune.py).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, replace
 
 from . import ir
@@ -39,6 +40,9 @@ KLOOP_TILE = 64
 GEMM_TILES = ((128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
               (64, 64, 64, 4, 3))
 GEMM_GROUP = 8
+# GEMM tiles for a kernel whose epilogue also spans other tiled grid axes, and the block they may make
+EPILOGUE_GEMM_TILES = ((16, 16, 16, 4, 2), (32, 32, 32, 4, 2), (16, 64, 16, 4, 2))
+EPILOGUE_BLOCK = 8192  # values a 4-warp program's epilogue block holds: 64 a thread
 COLUMNS = 64  # a column-reading program's rows and loop tile: 64 fp32 values are 8 memory sectors
 
 
@@ -116,11 +120,40 @@ def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kernel
         s = v.schedule
         while s.num_stages > 2 and shared_bytes(k, program, plan, s) > SHARED_BUDGET:
             s = replace(s, num_stages=s.num_stages - 1)
+        if n == 0:
+            s = _fit_shared(k, plan, program, s)
         if n and not sums_whole(k, plan, program, s):
             continue
         if n == 0 or s.resident or shared_bytes(k, program, plan, s) <= SHARED_BUDGET:
             out.append(Variant(v.kind, s))
     return out
+
+
+def _epilogue_fit(base: KernelSchedule, extra: list[str], gemm_block: int) -> dict[str, int]:
+    """The `extra` grid axes' tiles halved, largest first (not under 16), until the epilogue's block
+    (the GEMM tile times theirs) holds EPILOGUE_BLOCK values or fewer."""
+    tiles = {a: base.tiles[a] for a in extra}
+    while gemm_block * math.prod(tiles.values()) > EPILOGUE_BLOCK:
+        a = max(tiles, key=tiles.get)
+        if tiles[a] <= 16:
+            break
+        tiles[a] //= 2
+    return tiles
+
+
+def _fit_shared(k: KernelPlan, plan: Plan, program: ir.Program, s: KernelSchedule) -> KernelSchedule:
+    """The default schedule with its largest tile that is free to shrink (not held whole for an inline
+    reduction, not stepped, above 16) halved until its shared memory fits: the default is kept, and
+    kept it must run (SigLIP's saved backward held d = 768 whole in 1024-wide tiles beside 64 rows:
+    262 KB, which no launch on Hopper accepts)."""
+    whole = inner_axes(k, plan)
+    while shared_bytes(k, program, plan, s) > SHARED_BUDGET:
+        free = [a for a, t in s.tiles.items() if t > 16 and a not in whole and a not in s.steps]
+        if not free:
+            break
+        a = max(free, key=lambda a: s.tiles[a])
+        s = s.with_tiles(**{a: s.tiles[a] // 2})
+    return s
 
 
 def _kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule) -> list[Variant]:
@@ -159,8 +192,13 @@ def _kinds(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule)
     if g is not None:
         m, n, kk = g
         seen = set()
-        for bm, bn, bk, warps, stages in GEMM_TILES:
+        # other tiled grid axes (the spatial axis an SE gate's product broadcasts over) multiply the
+        # epilogue's block: GEMM tiles small enough to keep it on chip, those axes cut to fit
+        extra = [a for a in k.grid if a not in g and base.tiles.get(a, 1) > 1]
+        for bm, bn, bk, warps, stages in GEMM_TILES + (EPILOGUE_GEMM_TILES if extra else ()):
             tiles = gemm_tiles(program, g, (bm, bn, bk))
+            if extra and (bm, bn, bk, warps, stages) in EPILOGUE_GEMM_TILES:
+                tiles |= _epilogue_fit(base, extra, tiles[m] * tiles[n])
             key = tuple(tiles.values())
             if key in seen:
                 continue
@@ -232,7 +270,11 @@ def _cheapest_combos(kernels: list[KernelPlan], options: list[list[Variant]], pr
 
 
 def _with_kloops(k: KernelPlan, plan: Plan, program: ir.Program, s: KernelSchedule) -> KernelSchedule:
-    long = {a: KLOOP_TILE for a in inner_axes(k, plan) if program.axes[a] > WHOLE_INNER_MAX}
+    # (not an axis of the grid too: an inline reduction over a grid axis sums it where a program holds it
+    # whole, sums_whole; SigLIP's saved backward, dx[i, d] beside Σ_d x², had K-looped d and could not be
+    # written: an internal error at 8192 × 768)
+    inner = inner_axes(k, plan)
+    long = {a: KLOOP_TILE for a in inner - set(k.grid) if program.axes[a] > WHOLE_INNER_MAX}
     return s.with_tiles(**long) if long else s
 
 

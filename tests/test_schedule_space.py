@@ -548,3 +548,51 @@ def test_a_norm_weight_gradient_through_a_matmul_without_the_input_gradient():
     prog(x, a, W).backward(c.float())
     fn(x.double(), b, W.double()).backward(c)
     assert torch.allclose(a.grad.double(), b.grad, atol=1e-5), (a.grad, b.grad)
+
+
+def _siglip(x, y, t, b):
+    x, y = torch.nn.functional.normalize(x, dim=-1), torch.nn.functional.normalize(y, dim=-1)
+    logits = t.exp() * (x @ y.T).float() + b
+    i = torch.arange(x.shape[0])
+    labels = 2 * (i[:, None] == i[None, :]).float() - 1
+    return -torch.nn.functional.logsigmoid(labels * logits).sum() / x.shape[0]
+
+
+def test_a_default_schedule_holds_an_inline_summed_grid_axis_whole_and_fits_shared_memory():
+    """SigLIP's saved backward writes dx[i, d] beside the inline Σ_d x² of its normalisation: the default
+    schedule K-looped d (the lowering refused to write the kernel: an internal error at 8192 × 768 on the
+    H200), and held whole it asked for 262 KB of shared memory. d is not K-looped, and the default's
+    free tiles shrink until it fits."""
+    from neptune_eq.frontend import capture
+    from neptune_eq.grad import backward_program
+    from neptune_eq.schedule import SHARED_BUDGET, shared_bytes
+
+    x, y = torch.randn(512, 384, dtype=torch.bfloat16), torch.randn(512, 384, dtype=torch.bfloat16)
+    program = capture(_siglip, x, y, torch.tensor(2.3), torch.tensor(-10.0)).program
+    comp = compile_ir(backward_program(program, ["x", "y", "t", "b"], saved=True).program, Options())
+    _, kernels = comp.lowered("cuda")  # (raised before)
+    for k, ks in zip(comp.plan.kernels, kernels):
+        assert sums_whole(k, comp.plan, comp.program, ks.schedule)
+        assert shared_bytes(k, comp.program, comp.plan, ks.schedule) <= SHARED_BUDGET
+
+
+def test_a_gemm_whose_epilogue_spans_another_axis_keeps_its_block_on_chip():
+    """A squeeze-excitation gate, x · σ(W₂ relu(W₁ mean(x))), writes x[b, h, id] times a [b, h] GEMM
+    result: the GEMM schedule's 64 × 64 tile with a 128-wide id tile made 524288 values a program (4.5x
+    eager on the H200, priced as if on chip). The model now counts the epilogue's block and the space
+    offers small GEMM tiles with the other axes cut to fit."""
+    import neptune_eq
+    from neptune_eq.space import EPILOGUE_BLOCK
+
+    def se(x, w1, b1, w2, b2):
+        s = torch.sigmoid(torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x.mean((2, 3)), w1, b1)),
+                                                     w2, b2))
+        return x * s[:, :, None, None]
+
+    xs = (torch.randn(64, 256, 56, 56, dtype=torch.bfloat16), torch.randn(16, 256, dtype=torch.bfloat16),
+          torch.randn(16, dtype=torch.bfloat16), torch.randn(256, 16, dtype=torch.bfloat16),
+          torch.randn(256, dtype=torch.bfloat16))
+    comp = neptune_eq.compile(se, *xs, device=H100).program
+    for k, s in zip(comp.plan.kernels, comp._schedules("cuda")):
+        if k.epilogue:
+            assert math.prod(s.tiles.get(a, 1) for a in k.grid) <= EPILOGUE_BLOCK, (k.name, s.tiles)
