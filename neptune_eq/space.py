@@ -194,7 +194,8 @@ def _kinds(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule)
         seen = set()
         # other tiled grid axes (the spatial axis an SE gate's product broadcasts over) multiply the
         # epilogue's block: GEMM tiles small enough to keep it on chip, those axes cut to fit
-        extra = [a for a in k.grid if a not in g and base.tiles.get(a, 1) > 1]
+        held = {a for ps in k.passes() for c in ps.comps for a in c.free}
+        extra = [a for a in k.grid if a not in g and a not in held and base.tiles.get(a, 1) > 1]
         for bm, bn, bk, warps, stages in GEMM_TILES + (EPILOGUE_GEMM_TILES if extra else ()):
             tiles = gemm_tiles(program, g, (bm, bn, bk))
             if extra and (bm, bn, bk, warps, stages) in EPILOGUE_GEMM_TILES:
