@@ -18,7 +18,7 @@ import math
 
 from neptune_eq import ir
 from neptune_eq.contraction import is_product
-from neptune_eq.plan import KernelPlan, Plan
+from neptune_eq.plan import Combine, KernelPlan, Plan
 from neptune_eq.schedule import KernelSchedule, inner_axes
 from neptune_eq.space import gemm_axes
 
@@ -51,7 +51,8 @@ def tile_elements(k: KernelPlan, sched: KernelSchedule, program: ir.Program, pla
             block = max(block, size)
             states += math.prod(sched.tiles.get(a, 1) for a in c.free if a in tiled)
         biggest = max(biggest, block)
-    held = {a for ps in k.passes() for c in ps.comps for a in c.free if a in tiled}
+    held = {a for ph in k.phases for c in (ph.source if isinstance(ph, Combine) else ph).comps
+            for a in c.free if a in tiled}  # (a split-K combine's states are its source pass's)
     for st in k.epilogue:  # a store after the loops over a tiled axis no state has: its own block (SE's
         # x·gate[b, h] over [b, h, id] after the j-GEMM: 64 × 64 × 128 values a program, unpriced, 4.5x eager)
         axes = set(st.expr.axes) & set(tiled)
