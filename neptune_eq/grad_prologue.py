@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from . import ir
 from .contraction import gemm_sides, is_product, product_of
 from .index_shift import clamped_shift
+from .numeric import held_dtypes
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,8 @@ def _gathers(f: ir.Node, wrt: set[str]) -> bool:
 
 def _dtype(f: ir.Node, program: ir.Program) -> str | None:
     """The one floating dtype torch holds `f` in (what the dot rounds it to): its loads', float32 for an
-    operand the frontend marks so (ir.held_dtypes); None if mixed."""
-    dts = ir.held_dtypes(f, lambda t: program.inputs[t].dtype)
+    operand the frontend marks so (numeric.held_dtypes); None if mixed."""
+    dts = held_dtypes(f, lambda t: program.inputs[t].dtype)
     return dts.pop() if len(dts) == 1 else None
 
 

@@ -476,31 +476,6 @@ def float_loads(node: Node, dtype_of) -> set[str]:
     return {dt for n in walk(node) if isinstance(n, Load) and (dt := dtype_of(n.tensor)) in FLOAT_DTYPES}
 
 
-_ROUNDED = {"round_bf16": "bfloat16", "round_f16": "float16", "round_f32": "float32"}
-
-
-def held_dtypes(node: Node, dtype_of) -> set[str]:
-    """The floating dtypes torch holds `node`'s data in: those of the tensors it loads, except below a
-    rounding (`round_f32(q / ‖q‖)`: a float32 value of bf16 loads; the frontend marks a float32 matmul
-    operand so), which stands for its own dtype."""
-    out: set[str] = set()
-    seen: set[int] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if isinstance(n, Call) and n.op in _ROUNDED:
-            out.add(_ROUNDED[n.op])
-        elif isinstance(n, Load):
-            if (dt := dtype_of(n.tensor)) in FLOAT_DTYPES:
-                out.add(dt)
-        else:
-            stack.extend(n.children())
-    return out
-
-
 def reductions(node: Node) -> list[Reduce]:
     """Distinct reductions in `node`, producers before consumers."""
     return [n for n in walk(node) if isinstance(n, Reduce)]

@@ -164,3 +164,28 @@ def reciprocal_exact(b: ir.Node, inputs: dict[str, ir.TensorSpec]) -> bool:
         spec = inputs.get(b.tensor)
         b = spec.holds if spec is not None and spec.holds is not None else b
     return shifted_exp_sum(b) is not None
+
+
+_ROUNDED = {"round_bf16": "bfloat16", "round_f16": "float16", "round_f32": "float32"}
+
+
+def held_dtypes(node: ir.Node, dtype_of) -> set[str]:
+    """The floating dtypes torch holds `node`'s data in: those of the tensors it loads, except below a
+    rounding (`round_f32(q / ‖q‖)`: a float32 value of bf16 loads; the frontend marks a float32 matmul
+    operand so), which stands for its own dtype."""
+    out: set[str] = set()
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, ir.Call) and n.op in _ROUNDED:
+            out.add(_ROUNDED[n.op])
+        elif isinstance(n, ir.Load):
+            if (dt := dtype_of(n.tensor)) in ir.FLOAT_DTYPES:
+                out.add(dt)
+        else:
+            stack.extend(n.children())
+    return out

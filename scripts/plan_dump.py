@@ -13,9 +13,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "beyond")]
 
-import neptune_eq  # noqa: E402
 from cases import DC_SIZES, HEADS, PF_SIZES, Case, saved_backward  # noqa: E402
 from programs import cases  # noqa: E402
+
+import neptune_eq  # noqa: E402
 
 
 def show(comp, top: int = 5) -> None:

@@ -326,12 +326,9 @@ class DynamicFunction:
 
     def static_mismatch(self, args) -> str | None:
         """Which specialised dimension of the call differs from the example's, said in words; None."""
-        for pos, dims in self._static_dims:
-            shape = self.example[pos][1]
-            for d in dims:
-                if args[pos].shape[d] != shape[d]:
-                    return f"dimension {d} of argument {pos} is {args[pos].shape[d]}, specialised at {shape[d]}"
-        return None
+        return next((f"dimension {d} of argument {pos} is {args[pos].shape[d]}, specialised at {want[d]}"
+                     for pos, dims in self._static_dims for want in [self.example[pos][1]] for d in dims
+                     if args[pos].shape[d] != want[d]), None)
 
     def program_for(self, ns: tuple[int, ...]):
         """The compiled plan serving lengths `ns`: the bucket's compile (once per bucket), pinned to

@@ -28,6 +28,7 @@ from .axes import AxisTable, Dim, Resolution
 from .checks import IndexCheck, analyse, index_program
 from .exprs import add, call, const, negate, select, substitute
 from .exprs import reduce as reduce_expr
+from .inplace import functional_twin
 from .source import CaptureError, located, location
 
 TEMPLATES = {1: "i", 2: "id", 3: "bid", 4: "bhid", 5: "bhgid"}
@@ -113,33 +114,6 @@ class OpCall:
 def op_name(target) -> str:
     packet = getattr(target, "overloadpacket", None)
     return str(packet) if packet is not None else getattr(target, "__name__", str(target))
-
-
-def _functional_twin(node: fx.Node):
-    """The functional overload of an in-place op (aten.clamp_min_.Tensor → aten.clamp_min.Tensor) whose
-    written tensor is an intermediate nothing else reads — what a composite's kernel leaves behind
-    functionalization (F.cosine_similarity clamps a clone of its norms in place) — else None. The two
-    agree there: no one sees the value before the write, and the op's result is the written value."""
-    schema = getattr(node.target, "_schema", None)
-    if schema is None or not schema.arguments or not node.args:
-        return None
-    first, written = node.args[0], schema.arguments[0].alias_info
-    if not (written is not None and written.is_write and isinstance(first, fx.Node)
-            and first.op == "call_function" and [u for u in first.users if not _dead(u)] == [node]):
-        return None
-    name = schema.name.split("::")[-1]
-    if not name.endswith("_") or name.startswith("_"):
-        return None
-    packet = getattr(torch.ops.aten, name[:-1], None)
-    return getattr(packet, node.target._overloadname, None) if packet is not None else None
-
-
-def _dead(node: fx.Node) -> bool:
-    """A call nothing reads that writes nothing: the unused clone F.margin_ranking_loss's decomposition
-    leaves beside its clamp_min_ when its inputs require grad (which then read as used twice)."""
-    schema = getattr(node.target, "_schema", None)
-    writes = schema is None or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-    return node.op == "call_function" and not node.users and not writes
 
 
 @dataclass
@@ -244,7 +218,7 @@ class Translator:
         self.infos[node] = self._wrap_info(node, result)
 
     def _handler(self, node: fx.Node):
-        h = self.handlers.get(node.target) or self.handlers.get(_functional_twin(node))
+        h = self.handlers.get(node.target) or self.handlers.get(functional_twin(node))
         if h is None:
             name = op_name(node.target)
             why = " (random numbers: dropout and sampling run outside the compiled function)" \
@@ -276,7 +250,7 @@ class Translator:
         counter = itertools.count()
         renames = self.renames.get(node, {})
         wide = rounding.computes_in(node, self.infos) if pass2 else 0
-        inexact = pass2 and (node.target in self.inexact_readers or _functional_twin(node) in self.inexact_readers)
+        inexact = pass2 and (node.target in self.inexact_readers or functional_twin(node) in self.inexact_readers)
 
         def conv(a):
             if not isinstance(a, fx.Node):

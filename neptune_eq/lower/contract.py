@@ -7,7 +7,7 @@ import math
 
 from .. import ir
 from ..contraction import opened
-from ..numeric import INT_IDENTITY, reciprocal_exact
+from ..numeric import INT_IDENTITY, held_dtypes, reciprocal_exact
 from ..ops import MONOIDS, OPS
 from .values import (
     _TL_DTYPE,
@@ -286,7 +286,7 @@ class ContractOps:
                     factors.append(self.plan.inline[n.name])  # (a reduction computed in the tile)
                 elif isinstance(n, ir.StateRef):
                     return None
-            dtypes |= ir.held_dtypes(f, lambda t: self.plan.loaded_dtype(self.program, t))
+            dtypes |= held_dtypes(f, lambda t: self.plan.loaded_dtype(self.program, t))
         return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
 
     def operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
