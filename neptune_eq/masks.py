@@ -36,7 +36,7 @@ def _free_equalities(node: ir.Node) -> ir.Node:
     both at once at none of the 512, so where(j == b & t[b, i] == d, g, 0) looked like 0 everywhere
     and a split dropped the case it selects (DPO's gradient of the chosen half was 0; sweep 4). (A test
     against a constant is sampled through its values: a state against ±inf, a load at the constant,
-    exact_constants; a state against a finite constant, `l == 0`, never true, which keeps the guards'
+    compared_constants; a state against a finite constant, `l == 0`, never true, which keeps the guards'
     splits, and the derivations, as they were.)"""
     subs: dict[ir.Node, ir.Node] = {}
     for n in ir.walk(node):

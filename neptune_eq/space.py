@@ -120,7 +120,7 @@ def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kernel
         s = v.schedule
         while s.num_stages > 2 and shared_bytes(k, program, plan, s) > SHARED_BUDGET:
             s = replace(s, num_stages=s.num_stages - 1)
-        if n == 0:
+        if n == 0 and not s.resident:  # (a resident row's tile is the row)
             s = _fit_shared(k, plan, program, s)
         if n and not sums_whole(k, plan, program, s):
             continue

@@ -186,8 +186,8 @@ def _held(tx, operand) -> ir.Node:
     if operand.dtype != torch.float32 or isinstance(expr, ir.Load):
         return expr
     dtypes = tx.input_dtypes
-    wide = {torch.float16, torch.bfloat16}
-    if any(isinstance(n, ir.Load) and dtypes.get(n.tensor) in wide for n in ir.walk(expr)):
+    narrow = {torch.float16, torch.bfloat16}
+    if any(isinstance(n, ir.Load) and dtypes.get(n.tensor) in narrow for n in ir.walk(expr)):
         return call("round_f32", expr)
     return expr
 
