@@ -154,6 +154,11 @@ def perf_new_ops() -> None:
             (1 - torch.softmax(x.float(), -1).gather(-1, y[:, None])).pow(1.5).squeeze(-1)
             * torch.nn.functional.cross_entropy(x.float(), y, reduction="none")).mean(), (x, y)),
     )
+    versus_compile(rows)
+
+
+def versus_compile(rows) -> None:
+    """Each (name, fn, args) compiled by neptune_eq and torch.compile, timed beside eager, checked first."""
     for name, fn, args in rows:
         prog, comp = neptune_eq.compile(fn, *args), torch.compile(fn)
         want = fn(*(t.double() if t.is_floating_point() else t for t in args))

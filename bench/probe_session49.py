@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.testing
-from probe_session47 import _bench  # (run from bench/, as session 47's probe)
+from probe_session48 import versus_compile  # (run from bench/, as session 48's probe)
 
 import neptune_eq
 
@@ -81,11 +81,7 @@ def pow_speed() -> None:
             (1 - torch.softmax(x.float(), -1).gather(-1, y[:, None])).pow(1.5).squeeze(-1)
             * torch.nn.functional.cross_entropy(x.float(), y, reduction="none")).mean(), (x, y)),
     )
-    for name, fn, args in rows:
-        prog, comp = neptune_eq.compile(fn, *args), torch.compile(fn)
-        want = fn(*(t.double() if t.is_floating_point() else t for t in args))
-        _bench(name, {"neptune_eq": lambda: prog(*args), "torch.compile": lambda: comp(*args),  # noqa: B023
-                      "eager": lambda: fn(*args)}, want)  # noqa: B023
+    versus_compile(rows)
 
 
 def _kernels(name: str, step, n: int = 5) -> None:

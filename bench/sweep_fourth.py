@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweep_third import _heads
 from sweep_unseen import Row, _randn, _shape, main, rows_make
 
 # ---------------------------------------------------------------- the programs, as a user writes them
@@ -389,12 +390,6 @@ def _swin_make(device, g, dry):
                                                                                      device=device)
     scale[0] = 5.0  # one head over the clamp (log 100 = 4.6): no gradient there
     return q, k, v, scale
-
-
-def _heads(*specs, dtype, tiny):
-    def make(device, g, dry):
-        return tuple(_randn(*s, dtype=dtype, device=device, g=g) for s in _shape(dry, specs, tiny))
-    return make
 
 
 def _ssmax_make(device, g, dry):
