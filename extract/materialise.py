@@ -20,6 +20,7 @@ from __future__ import annotations
 from neptune_eq import ir
 from neptune_eq.contraction import gemm_sides, masked_body, plain_input, product_of
 from neptune_eq.masks import affine, conjunction, conjuncts
+from neptune_eq.numeric import held_dtypes
 from neptune_eq.plan import BufferSpec, Combine, KernelPlan, Pass, StorePlan
 
 
@@ -178,7 +179,7 @@ def _elementwise_dtype(factors, program: ir.Program) -> str | None:
     if any(isinstance(n, ir.StateRef | ir.Reduce) or (isinstance(n, ir.Load) and n.tensor not in program.inputs)
            for f in factors for n in ir.walk(f)):
         return None
-    dtypes = set().union(*(ir.float_loads(f, lambda t: program.inputs[t].dtype) for f in factors))
+    dtypes = set().union(*(held_dtypes(f, lambda t: program.inputs[t].dtype) for f in factors))
     return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
 
 

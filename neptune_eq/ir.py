@@ -471,11 +471,6 @@ def reads_state(node: Node) -> bool:
     return any(isinstance(n, StateRef) for n in walk(node))
 
 
-def float_loads(node: Node, dtype_of) -> set[str]:
-    """The floating dtypes of the tensors `node` loads (`dtype_of(tensor name)` gives each one's)."""
-    return {dt for n in walk(node) if isinstance(n, Load) and (dt := dtype_of(n.tensor)) in FLOAT_DTYPES}
-
-
 def reductions(node: Node) -> list[Reduce]:
     """Distinct reductions in `node`, producers before consumers."""
     return [n for n in walk(node) if isinstance(n, Reduce)]

@@ -25,6 +25,7 @@ from .block_bounds import (
     short_pass_rows,
 )
 from .contraction import is_product, opened
+from .numeric import held_dtypes
 from .plan import Combine, KernelPlan, Pass, Plan
 
 
@@ -322,7 +323,7 @@ def _dot_operands(exprs: list[ir.Node]) -> set[ir.Node]:
 def _operand_bytes(f: ir.Node, program: ir.Program, plan: Plan) -> int:
     """Bytes an element of computed operand f takes for the dot: 2 where every float it loads is 16-bit
     (lower/contract.py rounds it to that dtype), else 4."""
-    dts = ir.float_loads(f, lambda t: plan.loaded_dtype(program, t))
+    dts = held_dtypes(f, lambda t: plan.loaded_dtype(program, t))
     return 2 if dts and dts <= {"float16", "bfloat16"} else 4
 
 
