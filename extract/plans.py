@@ -142,8 +142,8 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
         if inline not in policies:
             policies.append(inline)
 
-    def try_covers(inline: set[str], covers) -> bool:
-        """Add the plans of `covers` under `inline`; True once max_plans are found."""
+    def plans_of(inline: set[str], covers):
+        """The new plans of `covers` under `inline`, fewest passes first."""
         for cover in sorted(covers, key=len):
             split_choices = [[1, *space.splits.get(idx, [])] for idx, _ in cover]
             for splits in itertools.product(*split_choices):
@@ -175,13 +175,10 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
                     if sig in seen:
                         continue
                     seen.add(sig)
-                    plans.append(plan)
-                    if len(plans) >= space.max_plans:
-                        space.truncated = True
-                        return True
-        return False
+                    yield plan
 
     explored = 0
+    streams = []  # each policy's plans, in the order its covers give them
     for inline in policies:
         scheduled = [b.name for b in space.bindings if b.name not in inline]
         loops = [(k, lp) for k, lp in enumerate(space.loops) if lp.valid and not set(lp.names) & inline]
@@ -200,14 +197,28 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
             # every cover of this policy would be refused at its end; its covers still count against
             # the room, as when they were built (a policy after it sees the space it always saw)
             continue
-        if try_covers(inline, covers):
-            return plans
+        streams.append(plans_of(inline, covers))
+    # every policy first gets its share of max_plans, then the rest goes to the policies in order: the
+    # inline policies alone had filled the space with plans that recompute a contraction per tile (the
+    # backward of SigLIP at d 768: 200 plans holding d whole, none writing the 8192² logits once)
+    share = math.ceil(space.max_plans / max(1, len(streams)))
+    for quota in (share, space.max_plans):
+        for stream in streams:
+            for _ in range(quota):
+                if len(plans) >= space.max_plans:
+                    space.truncated = True
+                    return plans
+                plan = next(stream, None)
+                if plan is None:
+                    break
+                plans.append(plan)
     if not plans and set() in policies:
         # the policies before the unfused one took the whole room, their covers all refused (a
         # backward of 21 sums over 5 axes): the unfused policy, which always has a plan, on its own
         scheduled = [b.name for b in space.bindings]
         loops = [(k, lp) for k, lp in enumerate(space.loops) if lp.valid]
-        try_covers(set(), itertools.islice(_covers(scheduled, loops), 50 * space.max_plans))
+        plans += itertools.islice(plans_of(set(), itertools.islice(_covers(scheduled, loops), 50 * space.max_plans)),
+                                  space.max_plans)
     return plans
 
 

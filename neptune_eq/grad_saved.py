@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from . import ir
 from .grad_fold import fold
+from .index_shift import clamped_shift
 from .ir import Call, Const, Load, Reduce
 
 
@@ -68,15 +69,77 @@ def _factor(f: ir.Node, y: ir.Node, axis: str) -> ir.Node | None:
 
 
 def statistics(program: ir.Program) -> list[Reduce]:
-    """The reductions of the forward worth saving: axes a proper subset of those of a tensor held."""
+    """The reductions of the forward worth saving: axes a proper subset of those of a tensor held, or
+    each axis the shifted index of one dimension of an input it reads, with a dimension left over (the
+    row max of logits[k + 4, i, d] over d: a row of the batch's second half, k of extent 4)."""
     held = [set(s.axes) for s in program.inputs.values()] + [set(o.axes) for o in program.outputs]
     outs = {o.expr for o in program.outputs}
     found: dict[Reduce, None] = {}
     for o in program.outputs:
         for n in ir.walk(o.expr):
-            if isinstance(n, Reduce) and n not in outs and any(set(n.axes) < h for h in held):
+            if isinstance(n, Reduce) and n not in outs and (any(set(n.axes) < h for h in held)
+                                                            or _rows_of_a_load(n)):
                 found[n] = None
     return list(found)
+
+
+def _rows_of_a_load(r: Reduce) -> bool:
+    """Does a load in r's body index every free axis of r by a clamped shift of it alone, each at a
+    dimension of its own, with a dimension to spare? r then has at most as many values as that tensor
+    has rows."""
+    free = r.axes
+    if not free:
+        return False
+    for n in ir.walk(r.body):
+        if isinstance(n, Load) and len(n.index) > len(free):
+            shifted = [sh.axis for e in n.index if (sh := clamped_shift(e)) is not None]
+            if set(shifted) >= free and all(shifted.count(a) == 1 for a in free):
+                return True
+    return False
+
+
+def _bound_axes(r: Reduce) -> set[str]:
+    return {n.axis for n in ir.walk(r) if isinstance(n, Reduce)}
+
+
+def _unify(pattern: ir.Node, node: ir.Node, free: frozenset[str], sub: dict[str, ir.Node]) -> bool:
+    """Is `node` `pattern` with each index of an axis in `free` replaced by one expression (recorded in
+    `sub`, consistent across the term)?"""
+    if isinstance(pattern, ir.Index) and pattern.axis in free:
+        got = sub.setdefault(pattern.axis, node)
+        return got == node
+    if pattern.axes.isdisjoint(free):
+        return pattern == node
+    if type(pattern) is not type(node):
+        return False
+    if isinstance(pattern, Call):
+        same = pattern.op == node.op and len(pattern.args) == len(node.args)
+    elif isinstance(pattern, Reduce):
+        same = pattern.op == node.op and pattern.axis == node.axis
+    elif isinstance(pattern, Load):
+        same = pattern.tensor == node.tensor and len(pattern.index) == len(node.index)
+    else:
+        same = False
+    return same and all(_unify(p, n, free, sub) for p, n in zip(pattern.children(), node.children()))
+
+
+def _shifted_read(node: ir.Node, stats: dict[Reduce, Load]) -> ir.Node | None:
+    """A reduction of the backward that is a saved statistic read at other indices (the row statistics of
+    the batch's second half logits[k + 4] read as logits[max(b − 4, 0) + 4] by the gradient of that
+    half, b over the whole batch): the statistic's load at those indices, or None."""
+    if not isinstance(node, Reduce):
+        return None
+    for r, load in stats.items():
+        if r.op != node.op or r.axis != node.axis:
+            continue
+        sub: dict[str, ir.Node] = {}
+        if not _unify(r, node, r.axes, sub):
+            continue
+        bound = _bound_axes(r)
+        if any(not v.axes.isdisjoint(bound) for v in sub.values()):
+            continue  # (an index of a summed axis: not a read of the statistic)
+        return Load(load.tensor, tuple(sub.get(i.axis, i) for i in load.index))
+    return None
 
 
 @dataclass(frozen=True)
@@ -109,7 +172,8 @@ def save(program: ir.Program, exprs: list[ir.Node], taken: set[str]) -> tuple[li
         taken.add(name)
         stats[name] = r
         loads[r] = Load(name, tuple(ir.Index(a) for a in sorted(r.axes, key=order.index)))
-    rewritten = [_replace(e, loads, guarded) for e in exprs]
+    shifted = {r: loads[r] for r in stats.values()}
+    rewritten = [_replace(e, loads, guarded, shifted) for e in exprs]
 
     def fresh(stem: str) -> str:
         name = _fresh(stem, taken)
@@ -152,13 +216,16 @@ def _only_parent(program: ir.Program, node: ir.Node, parent: ir.Node) -> bool:
     return True
 
 
-def _replace(expr: ir.Node, loads: dict, guarded: dict) -> ir.Node:
-    """Saved values for forward subterms. A guarded output's inner value x is replaced everywhere but as
-    a divisor: it occurs in the backward only in its own local derivative, times its adjoint, which is
-    0 where the guard holds (and the saved output there is 0, not x)."""
+def _replace(expr: ir.Node, loads: dict, guarded: dict, shifted: dict) -> ir.Node:
+    """Saved values for forward subterms, and for the statistics read at shifted indices (`shifted`:
+    statistic → its load). A guarded output's inner value x is replaced everywhere but as a divisor:
+    it occurs in the backward only in its own local derivative, times its adjoint, which is 0 where
+    the guard holds (and the saved output there is 0, not x)."""
 
     def step(old, new):
         got = loads.get(old)
+        if got is None:
+            got = _shifted_read(old, shifted)
         if got is not None:
             return got
         if isinstance(new, Call) and any(o in guarded for o in old.args):

@@ -367,3 +367,60 @@ def test_a_zero_row_select_is_dropped_only_around_values_built_of_loads():
     assert not folder.finite_where_loads_are(call("div", x, v))
     assert not folder.finite_where_loads_are(call("log", x))
     assert not folder.finite_where_loads_are(call("mul", x, ir.Const(float("inf"))))
+
+
+def _dpo(logits, labels, ref):
+    """DPO over a batch of chosen then rejected sequences (TRL's concatenated forward)."""
+    m = labels != -100
+    lp = torch.gather(logits.log_softmax(-1), 2, torch.where(m, labels, 0)[..., None]).squeeze(2)
+    logps = (lp * m).sum(-1)
+    n = logps.shape[0] // 2
+    return -torch.nn.functional.logsigmoid(0.1 * ((logps[:n] - ref[:n]) - (logps[n:] - ref[n:]))).mean()
+
+
+def _dpo_args(dtype=torch.float64):
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 5, 11, generator=gen, dtype=dtype)
+    labels = torch.randint(0, 11, (4, 5), generator=gen)
+    labels[:, :2] = -100
+    labels[3, :] = -100  # a sequence with no scored token
+    return logits, labels, torch.randn(4, generator=gen, dtype=dtype)
+
+
+def test_statistics_of_a_batch_half_are_saved_and_read_at_shifted_rows():
+    """DPO reads the batch as two halves, logits[k] and logits[k + n]: their row max, row sum and
+    sequence log-probabilities are reductions over k, not over the batch, and the gradient of the
+    whole batch reads them at max(b − n, 0) and min(b, n − 1). Before, none was saved (their axes are
+    no subset of a tensor's) and the recompute backward ran 10 row max/sum pairs over the vocabulary
+    (7.7 ms against torch.compile's 1.4 at 8 × 1024 × 32000 on the H200). Now every one is a saved
+    statistic read at the shifted rows: the backward has no reduction over the vocabulary or the
+    sequence, and matches torch in float64."""
+    args = _dpo_args()
+    c = capture(_dpo, *args)
+    back = backward_program(c.program, saved=True)
+    assert len(back.saved.stats) >= 6, back.saved.stats.keys()
+    for o in back.program.outputs:
+        axes = {n.axis for n in ir.walk(o.expr) if isinstance(n, Reduce)}
+        assert axes <= {"k"}, (o.name, axes)  # (the one-hot Σ_k over the half's rows is inline)
+    leaves = [a.clone().requires_grad_() if a.is_floating_point() else a for a in args]
+    _dpo(*leaves).backward()
+    inputs = c.inputs(*args)
+    feed = _saved_feed(back, {**inputs, back.cotangents["out0"]: torch.ones((), dtype=torch.float64)})
+    got = evaluate(back.program, feed)
+    for leaf, name in zip(leaves, c.program.inputs):
+        if leaf.is_floating_point():
+            want = leaf.grad.reshape(c.program.input_shape(name))
+            assert torch.allclose(got[back.grads[name]], want, rtol=1e-9, atol=1e-12), name
+
+
+def test_dpo_trains_through_its_saved_statistics():
+    args = _dpo_args(torch.float32)
+    want = [a.double().requires_grad_() if a.is_floating_point() else a for a in args]
+    _dpo(*want).backward()
+    prog = neptune_eq.compile(_dpo, *args)
+    got = [a.clone().requires_grad_() if a.is_floating_point() else a for a in args]
+    prog(*got).backward()
+    assert "chose saved" in training_report(prog._first().op.qualname)
+    for g, w in zip(got, want):
+        if g.is_floating_point():
+            assert torch.allclose(g.grad.double(), w.grad, rtol=1e-4, atol=1e-6)
