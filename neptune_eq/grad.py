@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, replace
 
 from . import ir
+from .grad_delta import eliminate_deltas, unclamp_guarded
 from .grad_gather import NoBackward, _c, _call, load_grad, substitute_free, sum_over
 from .grad_math import OPS as MATH_OPS
 from .grad_math import local_math
@@ -290,7 +291,10 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         exprs, more, kept = save(program, [o.expr for o in outputs], taken)
         outputs = [replace(o, expr=e) for o, e in zip(outputs, exprs)]
         inputs.update(more)
-    back = ir.Program(f"{program.name}_backward", {**program.axes, **fresh}, inputs, outputs).validate()
+    extents = {**program.axes, **fresh}
+    dims = {n: tuple(extents[a] for a in s.axes) for n, s in inputs.items()}
+    outputs = [replace(o, expr=unclamp_guarded(eliminate_deltas(o.expr, extents), extents, dims)) for o in outputs]
+    back = ir.Program(f"{program.name}_backward", extents, inputs, outputs).validate()
     return Backward(back, cotangents, names, kept)
 
 
