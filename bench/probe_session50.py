@@ -3,7 +3,9 @@ device time beside do_bench of the step, and the backward the cost model chose (
 
   * dpo_profile: DPO fwd+bwd (sweep_fourth's row, 8 × 1024 × 32000 bf16), now with its batch halves'
     row statistics saved by the forward and read at shifted rows by the backward;
-  * siglip_profile: SigLIP fwd+bwd at 8192 × 768 bf16, whose backward now writes the logits once.
+  * siglip_profile: SigLIP fwd+bwd at 8192 × 768 bf16, whose backward now writes the logits once;
+  * dpo_host: where the host time of a DPO training step goes (cProfile of 30 steps, after warm-up):
+    do_bench of the step exceeds its kernels' device time, so the GPU waits for Python.
 
     python probe_session50.py [dpo_profile siglip_profile]
 """
@@ -56,6 +58,37 @@ def siglip_profile() -> None:
 
     _kernels("siglip fwd+bwd", step, n=5)
     _report(prog)
+
+
+def dpo_host() -> None:
+    import cProfile
+    import pstats
+
+    from sweep_fourth import dpo_loss
+
+    logits = torch.randn(8, 1024, 32000, device="cuda", dtype=torch.bfloat16)
+    labels = torch.randint(0, 32000, (8, 1024), device="cuda")
+    labels[:, :128] = -100
+    ref = torch.randn(8, device="cuda")
+    x = logits.clone().requires_grad_()
+    prog = neptune_eq.compile(dpo_loss, x, labels, ref)
+
+    def step():
+        x.grad = None
+        prog(x, labels, ref).backward()
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(30):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    st = pstats.Stats(prof)
+    st.sort_stats("tottime").print_stats(25)
+    st.sort_stats("cumulative").print_stats(45)
 
 
 if __name__ == "__main__":

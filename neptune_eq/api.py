@@ -135,7 +135,7 @@ class _Variant:
         if self.captured.needs_grad(args):  # through the op, whose autograd runs the derived backward
             self.run.follow_environment(args)
             self._with_op()
-            return self.captured.call_with(self.op, args)
+            return self.captured.call_with(self.op, args, checks=getattr(self.run, "_run_checks", None))
         out = self.run(*args)
         self._with_op()
         return out

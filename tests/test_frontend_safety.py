@@ -244,6 +244,18 @@ def test_cross_entropy_target_out_of_range_raises(tmp_path):
             F.cross_entropy(x, bad)
 
 
+def test_a_call_needing_gradients_checks_its_indices_too(tmp_path):
+    """A training call runs the compiled function's checks (on CUDA replayed from a CUDA graph, not
+    evaluated eagerly per call): an out-of-range target still raises, naming the op and the value."""
+    x = torch.randn(4, 7)
+    prog = neptune_eq.compile(lambda x, t: F.cross_entropy(x, t), x, torch.tensor([3, 0, 6, 2]), cache_dir=tmp_path)
+    w = x.clone().requires_grad_()
+    prog(w, torch.tensor([3, 0, 6, -100])).backward()
+    assert w.grad is not None
+    with pytest.raises(IndexOutOfRange, match=r"cross_entropy.*index 9 is out of range"):
+        prog(x.clone().requires_grad_(), torch.tensor([3, 9, 6, 2]))
+
+
 def test_gather_index_out_of_range_raises(tmp_path):
     def fn(x, t):
         return x.gather(-1, t)
