@@ -466,9 +466,13 @@ print("no assert")
 
 
 @cuda
-def test_a_replayed_range_check_still_stops_on_a_bad_target_written_in_place(tmp_path):
+@pytest.mark.parametrize("fresh", [False, True])
+def test_a_replayed_range_check_still_stops_on_a_bad_target_written_in_place(tmp_path, fresh):
     """The index checks' device work is replayed from a CUDA graph after a layout's second call
-    (lower/replay.py): a bad value written into the same tensor is still caught."""
+    (lower/replay.py), on its own copy of the targets: a bad value written into the same tensor, or
+    passed in a fresh one, is still caught."""
+    bad = ('prog(x, torch.tensor([3, 0, 7, 2], device="cuda"))' if fresh else
+           't.copy_(torch.tensor([3, 0, 7, 2]))\nprog(x, t)')
     code = f"""
 import torch, torch.nn.functional as F, neptune_eq
 x, t = torch.randn(4, 7, device="cuda"), torch.tensor([3, 0, 6, 2], device="cuda")
@@ -478,9 +482,12 @@ for _ in range(4):
 torch.cuda.synchronize()
 (variant,) = prog.variants.values()
 assert variant.run._checks.recorded == 1, variant.run._checks.recorded
+for _ in range(3):  # fresh targets each call (a training loop's batches): the same graph, on its own copy
+    prog(x, torch.tensor([3, 0, 6, 2], device="cuda"))
+torch.cuda.synchronize()
+assert variant.run._checks.recorded == 1, variant.run._checks.recorded
 print("valid ok", flush=True)
-t.copy_(torch.tensor([3, 0, 7, 2]))
-prog(x, t)
+{bad}
 torch.cuda.synchronize()
 print("no assert")
 """

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ir import NeptuneError
-from ..lower.replay import MAX_ELEMENTS, Replayer, layout_of
+from ..lower.replay import MAX_ELEMENTS, STAGED_ELEMENTS, Replayer, layout_of, shapes_of
 from .checks import run_checks
 from .guards import same_value
 
@@ -53,9 +53,12 @@ class CompiledFunction:
 
     def _run_checks(self, inputs: dict[str, torch.Tensor]) -> None:
         checks = self.captured.index_checks
-        read = [inputs[n] for n in sorted({n for c in checks for n in c.reads()})]
-        if read and all(t.is_cuda for t in read) and all(c.elements(inputs) <= MAX_ELEMENTS for c in checks):
-            self._checks((id(self.captured), layout_of(read)), inputs)
+        read = {n: inputs[n] for n in sorted({n for c in checks for n in c.reads()})}
+        if read and all(t.is_cuda for t in read.values()) and all(c.elements(inputs) <= MAX_ELEMENTS for c in checks):
+            if sum(t.numel() for t in read.values()) <= STAGED_ELEMENTS:  # (fresh index tensors every call)
+                self._checks.staged((id(self.captured), shapes_of(read)), read)
+            else:
+                self._checks((id(self.captured), layout_of(list(read.values()))), inputs)
         else:
             run_checks(checks, inputs)
 

@@ -26,7 +26,7 @@ from ..ir import NeptuneError, NeptuneWarning
 from ..plan import Plan
 from .buffers import TORCH_DTYPES, Buffers
 from .databounds import axes_of, bound_tensor
-from .replay import MAX_ELEMENTS, Replayer, layout_of
+from .replay import MAX_ELEMENTS, STAGED_ELEMENTS, Replayer, layout_of, shapes_of
 from .values import KernelSource, _ident
 
 
@@ -121,6 +121,8 @@ class Launcher:
         small = all(math.prod(program.axes[a] for a in axes_of(side)) <= MAX_ELEMENTS for side in sides) and \
             all(c <= MAX_ELEMENTS for c in cells)
         self._bounds_replay = Replayer(self._bounds_eager) if small else None
+        # (its values staged: the graph reads its own copies of the inputs the bounds read, refreshed each call)
+        self._bounds_staged = Replayer(lambda read, inputs, axes: self._bounds_eager({**inputs, **read}, axes))
         self._bound_inputs = sorted({n.tensor for side in sides for n in ir.walk(side) if isinstance(n, ir.Load)})
         self._out_shapes = [(o.name, self.program.output_shape(o), TORCH_DTYPES[o.dtype or "float32"])
                             for o in program.outputs]
@@ -235,7 +237,11 @@ class Launcher:
             return {}
         if next(iter(inputs.values())).device.type != "cuda" or self._bounds_replay is None:
             return self._bounds_eager(inputs, axes)
-        layout = (tuple(sorted((axes or {}).items())), layout_of([inputs[n] for n in self._bound_inputs]))
+        read = {n: inputs[n] for n in self._bound_inputs}
+        at = tuple(sorted((axes or {}).items()))
+        if read and sum(t.numel() for t in read.values()) <= STAGED_ELEMENTS:  # (fresh each call: serving)
+            return self._bounds_staged.staged((at, shapes_of(read)), read, inputs, axes)
+        layout = (at, layout_of(list(read.values())))
         return self._bounds_replay(layout, inputs, axes)
 
     def _bounds_eager(self, inputs: dict[str, torch.Tensor], axes: dict[str, int] | None) -> dict:
