@@ -102,9 +102,14 @@ def _bound_axes(r: Reduce) -> set[str]:
     return {n.axis for n in ir.walk(r) if isinstance(n, Reduce)}
 
 
-def _unify(pattern: ir.Node, node: ir.Node, free: frozenset[str], sub: dict[str, ir.Node]) -> bool:
+def _unify(pattern: ir.Node, node: ir.Node, free: frozenset[str], sub: dict[str, ir.Node],
+           done: set | None = None) -> bool:
     """Is `node` `pattern` with each index of an axis in `free` replaced by one expression (recorded in
-    `sub`, consistent across the term)?"""
+    `sub`, consistent across the term)? `done`: the pairs already unified (a shared subterm is walked
+    once, not once per path to it)."""
+    done = set() if done is None else done
+    if (id(pattern), id(node)) in done:
+        return True
     if isinstance(pattern, ir.Index) and pattern.axis in free:
         got = sub.setdefault(pattern.axis, node)
         return got == node
@@ -120,7 +125,10 @@ def _unify(pattern: ir.Node, node: ir.Node, free: frozenset[str], sub: dict[str,
         same = pattern.tensor == node.tensor and len(pattern.index) == len(node.index)
     else:
         same = False
-    return same and all(_unify(p, n, free, sub) for p, n in zip(pattern.children(), node.children()))
+    if not (same and all(_unify(p, n, free, sub, done) for p, n in zip(pattern.children(), node.children()))):
+        return False
+    done.add((id(pattern), id(node)))
+    return True
 
 
 def _shifted_read(node: ir.Node, stats: dict[Reduce, Load]) -> ir.Node | None:
