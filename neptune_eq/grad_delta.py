@@ -35,8 +35,10 @@ def _call(op: str, *args: ir.Node) -> Call:
 
 
 def _index_only(n: ir.Node) -> bool:
-    return all(isinstance(m, Index | Const) or (isinstance(m, Call) and m.op in ("add", "sub", "neg"))
-               for m in ir.walk(n))
+    """An integer index expression: axes and integer constants added and subtracted (k = b + 0.5 has no
+    solution; it must not become a fractional index)."""
+    return all(isinstance(m, Index) or (isinstance(m, Const) and float(m.value).is_integer())
+               or (isinstance(m, Call) and m.op in ("add", "sub", "neg")) for m in ir.walk(n))
 
 
 def _solve(pred: ir.Node, axis: str) -> tuple[ir.Node, int] | None:

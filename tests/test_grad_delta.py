@@ -27,6 +27,8 @@ def _c(op, *args):
 
 
 def test_a_one_hot_sum_becomes_its_term_guarded_and_clamped():
+    """Σ_k where(k + 4 = b ∧ x[k] > 0, g[k], 0) over k < 4, for every b < 8: no sum left, the same value
+    (0 where b < 4, the one term otherwise), every load in range at every b."""
     k, b = Index("k"), Index("b")
     body = _c("where", _c("and", _c("eq", _c("add", k, Const(4)), b), _c("gt", Load("x", (k,)), Const(0))),
               Load("g", (k,)), Const(0.0))
@@ -39,6 +41,13 @@ def test_a_one_hot_sum_becomes_its_term_guarded_and_clamped():
         assert abs(_eval(out, env, {"x": x, "g": g}) - want) < 1e-12
 
 
+def test_an_equality_with_no_integer_solution_keeps_its_sum():
+    k, b = Index("k"), Index("b")
+    body = _c("where", _c("eq", _c("add", k, Const(4)), _c("add", b, Const(0.5))), Load("g", (k,)), Const(0.0))
+    r = Reduce("sum", "k", body)
+    assert eliminate_deltas(r, {"k": 4, "b": 8}) == r
+
+
 def _eval(n, env, tensors):
     """A scalar evaluator of index expressions and loads (what the guard and the clamp compute)."""
     if isinstance(n, Const):
@@ -46,7 +55,9 @@ def _eval(n, env, tensors):
     if isinstance(n, Index):
         return env[n.axis]
     if isinstance(n, Load):
-        return float(tensors[n.tensor][tuple(int(_eval(e, env, tensors)) for e in n.index)])
+        idx = tuple(int(_eval(e, env, tensors)) for e in n.index)
+        assert all(0 <= i < d for i, d in zip(idx, tensors[n.tensor].shape)), (n, idx)  # (computed at every b)
+        return float(tensors[n.tensor][idx])
     a = [_eval(x, env, tensors) for x in n.args]
     ops = {"add": lambda p, q: p + q, "eq": lambda p, q: p == q, "gt": lambda p, q: p > q,
            "ge": lambda p, q: p >= q, "le": lambda p, q: p <= q, "and": lambda p, q: p and q,
