@@ -288,7 +288,7 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         outputs.append(ir.Output(out, axes, expr, spec.dtype))
     kept = None
     if saved:
-        exprs, more, kept = save(program, [o.expr for o in outputs], taken)
+        exprs, more, kept = save(program, [o.expr for o in outputs], taken, {**program.axes, **fresh})
         outputs = [replace(o, expr=e) for o, e in zip(outputs, exprs)]
         inputs.update(more)
     extents = {**program.axes, **fresh}

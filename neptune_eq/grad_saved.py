@@ -31,6 +31,7 @@ from . import ir
 from .grad_fold import fold
 from .index_shift import clamped_shift
 from .ir import Call, Const, Load, Reduce
+from .numeric import bounds
 
 
 def hoist(node: ir.Node) -> ir.Node:
@@ -131,10 +132,12 @@ def _unify(pattern: ir.Node, node: ir.Node, free: frozenset[str], sub: dict[str,
     return True
 
 
-def _shifted_read(node: ir.Node, stats: dict[Reduce, Load]) -> ir.Node | None:
+def _shifted_read(node: ir.Node, stats: dict[Reduce, Load], axes: dict[str, int],
+                  extents: dict[str, int]) -> ir.Node | None:
     """A reduction of the backward that is a saved statistic read at other indices (the row statistics of
     the batch's second half logits[k + 4] read as logits[max(b − 4, 0) + 4] by the gradient of that
-    half, b over the whole batch): the statistic's load at those indices, or None."""
+    half, b over the whole batch): the statistic's load at those indices, or None — also where an index
+    may leave the statistic's extent (`axes`: the forward's; `extents`: every axis of the backward)."""
     if not isinstance(node, Reduce):
         return None
     for r, load in stats.items():
@@ -146,6 +149,8 @@ def _shifted_read(node: ir.Node, stats: dict[Reduce, Load]) -> ir.Node | None:
         bound = _bound_axes(r)
         if any(not v.axes.isdisjoint(bound) for v in sub.values()):
             continue  # (an index of a summed axis: not a read of the statistic)
+        if any(not ((b := bounds(v, extents))[0] >= 0 and b[1] <= axes[a] - 1) for a, v in sub.items()):
+            continue  # (it would read the statistic out of its range: left to recompute)
         return Load(load.tensor, tuple(sub.get(i.axis, i) for i in load.index))
     return None
 
@@ -161,9 +166,11 @@ class Saved:
     outputs: tuple[str, ...]
 
 
-def save(program: ir.Program, exprs: list[ir.Node], taken: set[str]) -> tuple[list[ir.Node], dict, Saved]:
+def save(program: ir.Program, exprs: list[ir.Node], taken: set[str],
+         extents: dict[str, int] | None = None) -> tuple[list[ir.Node], dict, Saved]:
     """The backward expressions `exprs` reading saved values: returns them rewritten, the new backward
-    inputs (name → TensorSpec) and the Saved record. `program` is the hoisted forward."""
+    inputs (name → TensorSpec) and the Saved record. `program` is the hoisted forward; `extents`: the
+    axes of `exprs` (the forward's by default)."""
     order = list(program.axes)
     loads: dict[ir.Node, ir.Node] = {}
     guarded: dict[ir.Node, ir.Node] = {}
@@ -181,7 +188,9 @@ def save(program: ir.Program, exprs: list[ir.Node], taken: set[str]) -> tuple[li
         stats[name] = r
         loads[r] = Load(name, tuple(ir.Index(a) for a in sorted(r.axes, key=order.index)))
     shifted = {r: loads[r] for r in stats.values()}
-    rewritten = [_replace(e, loads, guarded, shifted) for e in exprs]
+    extents = dict(program.axes) if extents is None else extents
+    rewritten = [_replace(e, loads, guarded, lambda n: _shifted_read(n, shifted, program.axes, extents))
+                 for e in exprs]
 
     def fresh(stem: str) -> str:
         name = _fresh(stem, taken)
@@ -224,16 +233,17 @@ def _only_parent(program: ir.Program, node: ir.Node, parent: ir.Node) -> bool:
     return True
 
 
-def _replace(expr: ir.Node, loads: dict, guarded: dict, shifted: dict) -> ir.Node:
-    """Saved values for forward subterms, and for the statistics read at shifted indices (`shifted`:
-    statistic → its load). A guarded output's inner value x is replaced everywhere but as a divisor:
-    it occurs in the backward only in its own local derivative, times its adjoint, which is 0 where
-    the guard holds (and the saved output there is 0, not x)."""
+def _replace(expr: ir.Node, loads: dict, guarded: dict, shifted) -> ir.Node:
+    """Saved values for forward subterms, and for the statistics read at shifted indices (`shifted`: a
+    reduction of the backward → the statistic's load at those indices, or None). A guarded output's
+    inner value x is replaced everywhere but as a divisor: it occurs in the backward only in its own
+    local derivative, times its adjoint, which is 0 where the guard holds (and the saved output there
+    is 0, not x)."""
 
     def step(old, new):
         got = loads.get(old)
         if got is None:
-            got = _shifted_read(old, shifted)
+            got = shifted(old)
         if got is not None:
             return got
         if isinstance(new, Call) and any(o in guarded for o in old.args):

@@ -476,3 +476,22 @@ def test_other_preference_losses_save_their_halves_statistics_too():
             if leaf.is_floating_point():
                 want = leaf.grad.reshape(c.program.input_shape(name))
                 assert torch.allclose(got[back.grads[name]], want, rtol=1e-9, atol=1e-12), (fn.__name__, name)
+
+
+def test_a_statistic_is_read_at_shifted_rows_only_inside_its_extent():
+    """max_d x[k + 4, d] over k < 4 saved: the backward's max_d x[min(max(b − 4, 0), 3) + 4, d] reads it at
+    that clamped row; max_d x[(b − 4) + 4, d] over b < 8 would read it at −4..3 and is left alone."""
+    from neptune_eq.grad_saved import _shifted_read
+
+    def c(op, *a):
+        return ir.Call(op, a)
+
+    k, b, d = Index("k"), Index("b"), Index("d")
+    stat = Reduce("max", "d", Load("x", (c("add", k, ir.Const(4)), d)))
+    load = Load("saved_0", (k,))
+    axes, extents = {"k": 4, "d": 3}, {"k": 4, "d": 3, "b": 8}
+    clamped = c("min2", c("max2", c("add", b, ir.Const(-4)), ir.Const(0)), ir.Const(3))
+    inside = Reduce("max", "d", Load("x", (c("add", clamped, ir.Const(4)), d)))
+    assert _shifted_read(inside, {stat: load}, axes, extents) == Load("saved_0", (clamped,))
+    outside = Reduce("max", "d", Load("x", (c("add", c("add", b, ir.Const(-4)), ir.Const(4)), d)))
+    assert _shifted_read(outside, {stat: load}, axes, extents) is None
