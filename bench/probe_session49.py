@@ -101,9 +101,9 @@ def _kernels(name: str, step, n: int = 5) -> None:
         print(f"    {count:4.0f}x {us:9.1f} us  {kname[:100]}", flush=True)
 
 
-def dpo_profile() -> None:
-    """DPO fwd+bwd (bench/sweep_fourth.py's row, 8 × 1024 × 32000 bf16): 0.18x torch.compile in the
-    sweep; which kernels take the time."""
+def dpo_step():
+    """(compiled DPO, a fwd+bwd step of it) at bench/sweep_fourth.py's row, 8 × 1024 × 32000 bf16, on the
+    same tensors every step."""
     from sweep_fourth import dpo_loss
 
     logits = torch.randn(8, 1024, 32000, device="cuda", dtype=torch.bfloat16)
@@ -117,6 +117,12 @@ def dpo_profile() -> None:
         x.grad = None
         prog(x, labels, ref).backward()
 
+    return prog, step
+
+
+def dpo_profile() -> None:
+    """DPO fwd+bwd: 0.18x torch.compile in the sweep; which kernels take the time."""
+    prog, step = dpo_step()
     _kernels("dpo fwd+bwd", step)
     print("    " + prog.explain().splitlines()[0][:300], flush=True)
 

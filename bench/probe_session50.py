@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 import triton
-from probe_session49 import _kernels  # (run from bench/)
+from probe_session49 import _kernels, dpo_step  # (run from bench/)
 
 import neptune_eq
 from neptune_eq.autograd import training_report
@@ -26,19 +26,7 @@ def _report(prog) -> None:
 
 
 def dpo_profile() -> None:
-    from sweep_fourth import dpo_loss
-
-    logits = torch.randn(8, 1024, 32000, device="cuda", dtype=torch.bfloat16)
-    labels = torch.randint(0, 32000, (8, 1024), device="cuda")
-    labels[:, :128] = -100
-    ref = torch.randn(8, device="cuda")
-    x = logits.clone().requires_grad_()
-    prog = neptune_eq.compile(dpo_loss, x, labels, ref)
-
-    def step():
-        x.grad = None
-        prog(x, labels, ref).backward()
-
+    prog, step = dpo_step()
     _kernels("dpo fwd+bwd", step, n=5)
     _report(prog)
 
@@ -64,19 +52,7 @@ def dpo_host() -> None:
     import cProfile
     import pstats
 
-    from sweep_fourth import dpo_loss
-
-    logits = torch.randn(8, 1024, 32000, device="cuda", dtype=torch.bfloat16)
-    labels = torch.randint(0, 32000, (8, 1024), device="cuda")
-    labels[:, :128] = -100
-    ref = torch.randn(8, device="cuda")
-    x = logits.clone().requires_grad_()
-    prog = neptune_eq.compile(dpo_loss, x, labels, ref)
-
-    def step():
-        x.grad = None
-        prog(x, labels, ref).backward()
-
+    _, step = dpo_step()
     for _ in range(5):
         step()
     torch.cuda.synchronize()
