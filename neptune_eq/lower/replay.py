@@ -38,30 +38,13 @@ class Replayer:
     def __init__(self, fn: Callable[..., Any], limit: int = MAX_GRAPHS):
         self.fn = fn
         self.limit = limit
-        self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, Any] | None] = OrderedDict()
+        # key → (graph, its outputs, its staged input copies or None), None where recording failed
+        self._graphs: OrderedDict[tuple, tuple | None] = OrderedDict()
         self._seen: tuple | None = None
         self.recorded = 0  # graphs recorded (for tests and stats)
 
     def __call__(self, layout: tuple, *args) -> Any:
-        key = (layout, torch.cuda.current_stream().cuda_stream)
-        if key in self._graphs:
-            self._graphs.move_to_end(key)
-            entry = self._graphs[key]
-            if entry is not None:
-                entry[0].replay()
-                return entry[1]
-            return self.fn(*args)  # recording failed for this layout: eager
-        if key != self._seen or torch.cuda.get_sync_debug_mode() != 0:
-            self._seen = key
-            return self.fn(*args)
-        entry = self._record(*args)
-        self._graphs[key] = entry
-        while len(self._graphs) > self.limit:
-            self._graphs.popitem(last=False)
-        if entry is None:
-            return self.fn(*args)
-        entry[0].replay()
-        return entry[1]
+        return self._run((layout, torch.cuda.current_stream().cuda_stream), args, None)
 
     def staged(self, layout: tuple, tensors: dict[str, torch.Tensor], *rest) -> Any:
         """`fn(tensors, *rest)` replayed per `layout` of `tensors` whatever their addresses: the graph
@@ -70,25 +53,35 @@ class Replayer:
         serving step's document ids — which an address-keyed graph never sees twice (a DPO training
         step with fresh labels evaluated its index checks eagerly: 0.37 ms of host a call, H200)."""
         key = ("staged", layout, torch.cuda.current_stream().cuda_stream)
+        return self._run(key, (tensors, *rest), tensors)
+
+    def _run(self, key: tuple, args: tuple, staged: dict[str, torch.Tensor] | None) -> Any:
+        """The graph of `key` replayed (its staged copies refreshed first), recorded on the key's second
+        call in a row, else `fn(*args)`."""
         if key in self._graphs:
             self._graphs.move_to_end(key)
             entry = self._graphs[key]
             if entry is None:
-                return self.fn(tensors, *rest)
+                return self.fn(*args)  # recording failed for this layout: eager
             graph, out, static = entry
-            for n, t in tensors.items():
+            for n, t in (staged or {}).items():
                 static[n].copy_(t)
             graph.replay()
             return out
         if key != self._seen or torch.cuda.get_sync_debug_mode() != 0:
             self._seen = key
-            return self.fn(tensors, *rest)
-        static = {n: t.clone(memory_format=torch.contiguous_format) for n, t in tensors.items()}
-        got = self._record(static, *rest)
+            return self.fn(*args)
+        static = None
+        if staged is not None:
+            static = {n: t.clone(memory_format=torch.contiguous_format) for n, t in staged.items()}
+        got = self._record(*args if static is None else (static, *args[1:]))
         self._graphs[key] = None if got is None else (*got, static)
         while len(self._graphs) > self.limit:
             self._graphs.popitem(last=False)
-        return self.fn(tensors, *rest) if got is None else got[1]
+        if got is None:
+            return self.fn(*args)
+        got[0].replay()  # (a capture records the work without running it)
+        return got[1]
 
     def _record(self, *args) -> tuple[torch.cuda.CUDAGraph, Any] | None:
         side = torch.cuda.Stream()
