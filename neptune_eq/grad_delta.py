@@ -25,13 +25,10 @@ from __future__ import annotations
 import math
 
 from . import ir
+from .grad_gather import _call
 from .index_shift import clamped_shift
 from .ir import Call, Const, Index, Load, Reduce
 from .masks import affine, conjunction, conjuncts
-
-
-def _call(op: str, *args: ir.Node) -> Call:
-    return Call(op, tuple(args))
 
 
 def _index_only(n: ir.Node) -> bool:
