@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from neptune_eq import ir
 from neptune_eq.ops import OPS
+from neptune_eq.terms import LEAVES
 
 from .view import EGraphView, ENode
 
@@ -38,7 +39,7 @@ OVERFLOW_RISK = 64.0
 # costs this many ops more per point summed, so a centred equivalent (rules.algebra.STABILITY:
 # Σa²/n − (Σa/n)² = Σ(a − Σa/n)²/n) wins over it despite the pass it adds.
 CANCEL_RISK = 64.0
-_LEAF_COST = {"const": 0.0, "index": 0.5, "load": 1.0, "sym": 0.0}
+_LEAF_COST = {"const": 0.0, "index": 0.5, "load": 1.0, "sym": 0.0, "length": 0.0}
 
 
 def op_cost(op: str) -> float:
@@ -223,7 +224,7 @@ class TermExtractor:
     def _child_classes(n: ENode) -> list[int]:
         if n.op == "red":
             return [n.args[2]]
-        if n.op in ("const", "load", "index", "sym"):
+        if n.op in LEAVES:
             return []
         return list(n.args)
 
@@ -251,6 +252,8 @@ class TermExtractor:
                 out = ir.Index(n.args[0])
             elif n.op == "sym":
                 out = self.syms[n.args[0]]
+            elif n.op == "length":
+                out = ir.Length(n.args[0])
             elif n.op == "red":
                 out = ir.Reduce(n.args[0], n.args[1], go(n.args[2]))
             else:

@@ -116,7 +116,8 @@ class _Variant:
 
     def _with_op(self) -> _Variant:
         if self._op_of is not self.run.compiled:  # (re)built outside dynamo: registering an op cannot be traced
-            self.op = _custom_op(self.captured, self.run.compiled, self.compile_fn)
+            self.op = _custom_op(self.captured.program, self.captured.output_dtypes, self.run.compiled,
+                                 self.compile_fn)
             self._op_of = self.run.compiled
         return self
 
@@ -191,7 +192,7 @@ class Compiled:
             from .frontend.dynamic import DynamicFunction, example_signature, resolve
 
             try:
-                captured = capture(self.fn, *args, merge=False)
+                captured = capture(self.fn, *args, merge=False, symbolic_lengths=True)
             except ZeroSizeCapture:
                 return None
             finally:
@@ -200,8 +201,13 @@ class Compiled:
             if not lengths.groups:
                 return None
             compile_fn = lambda program: compile_cached(program, self.options, self.cache, self.counts)  # noqa: E731
-            self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args))
+            self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args),
+                                          training_op=lambda program, prog: _custom_op(
+                                              program, captured.output_dtypes, prog, compile_fn))
             self.family.op = _dynamic_op(self.family)
+            from .train_dynamic import register
+
+            register(self.family)
         return self.family
 
     def _first(self) -> _Variant:
@@ -237,7 +243,8 @@ class Compiled:
         backward was chosen (what the forward saves) and the alternative's prediction."""
         from .autograd import training_report
 
-        report = training_report(self._first().op.qualname)
+        first = self._first()
+        report = training_report(first.trained_op() if self.family is first else first.op.qualname)
         return self.program.explain() + (f"\n{report}" if report else "")
 
     def verify(self, **kw):
@@ -275,7 +282,7 @@ class Compiled:
                                "or there is no CUDA device)")
         family = self._family_for(args)
         ns = family.serves(args) if family is not None else None
-        if ns is not None and not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        if ns is not None and family.trains(args):
             # a dynamic compile: the plan of these lengths' range of their bucket, timed at them
             inputs = {n: x.detach() for n, x in family.inputs(args, ns).items()}
             base = family.program_for(ns)
@@ -283,6 +290,10 @@ class Compiled:
             best = base.pin(base.choice) if best is base else best  # its own schedules, not the bucket's
             autotune(best, inputs, progress=progress, cache_file=cache_path(self.cache.directory))
             family.tuned(ns, best)
+            wrt = {n for n, x in family.inputs(args, ns, cached=False).items() if x.requires_grad}
+            if wrt:  # the bucket's training forward and chosen backward, at these lengths
+                tune_training(family.bucket_training(ns).qualname, inputs, lambda compiled, feed: autotune(
+                    compiled, feed, progress=progress, cache_file=cache_path(self.cache.directory)), wrt)
             return self
         variant = self._variant(args)
         if not isinstance(variant, _Variant):
@@ -311,20 +322,22 @@ class Compiled:
                 return self.family.traced(args, self.family.op)
             return self._first()(args)
         family = self._family_for(args)
-        if family is not None and not family.captured.needs_grad(args):
-            ns = family.serves(args)
-            if ns is not None:
-                from .frontend.capture import StaleCapture
+        ns = family.serves(args) if family is not None else None
+        if ns is not None and family.trains(args):
+            from .frontend.capture import StaleCapture
+            from .frontend.dynamic import StaticTraining
 
-                self.counts.calls += 1
-                try:
+            self.counts.calls += 1
+            try:
+                return family(args, ns)
+            except StaleCapture:  # fn's environment changed: capture and resolve its lengths again
+                self.family = None
+                family = self._family_for(args)
+                if family is not None and family.serves(args) is not None and family.trains(args):
                     return family(args, ns)
-                except StaleCapture:  # fn's environment changed: capture and resolve its lengths again
-                    self.family = None
-                    family = self._family_for(args)
-                    if family is not None and family.serves(args) is not None:
-                        return family(args, ns)
-                    self.counts.calls -= 1
+                self.counts.calls -= 1
+            except StaticTraining:  # no backward for every length: this call compiles for its own
+                self.counts.calls -= 1
         variant = self._variant(args)
         before = getattr(variant, "captured", None)
         out = variant(args)
@@ -356,12 +369,12 @@ def _positional_args(fn, args: tuple, kwargs: dict) -> tuple:
     return tuple(given[k] for k in names)
 
 
-def _custom_op(captured, prog: CompiledProgram, compile_fn=None):
-    """A torch.library op running `prog` on the program's inputs (in program order), with a fake kernel
-    and the derived backward (neptune_eq.autograd; `compile_fn` compiles the backward program)."""
-    program = captured.program
+def _custom_op(program: ir.Program, output_dtypes, prog: CompiledProgram, compile_fn=None):
+    """A torch.library op running `prog` (the compile of `program`, whose outputs have torch dtypes
+    `output_dtypes`) on the program's inputs (in program order), with a fake kernel and the derived
+    backward (neptune_eq.autograd; `compile_fn` compiles the backward program)."""
     names = list(program.inputs)
-    outs = [(o.name, program.output_shape(o), dt) for o, dt in zip(program.outputs, captured.output_dtypes)]
+    outs = [(o.name, program.output_shape(o), dt) for o, dt in zip(program.outputs, output_dtypes)]
     digest = hashlib.sha256(f"{program.text(exact=True)}|{prog.alternative.structure}".encode()).hexdigest()[:16]
     qualname = f"neptune_eq::p{digest}"
     _RUNNERS[qualname] = prog

@@ -134,6 +134,22 @@ def _derive_whole(program: ir.Program, wrt: list[str]) -> _Training:
 _FILL = 1e3  # the fp32 ulp of a constant this large is 6e-5, of 1e4 already 1e-3
 
 
+def _lengths(program: ir.Program, named: dict[str, torch.Tensor]) -> dict[str, int]:
+    """The lengths of `program`'s dynamic axes in a call, read off the tensors `named` (input name →
+    tensor) that have them ({} for a program compiled for one length)."""
+    out = {}
+    for a in program.dynamic:
+        got = next(((n, s.axes.index(a)) for n, s in program.inputs.items() if a in s.axes and n in named), None)
+        if got is not None:
+            out[a] = named[got[0]].shape[got[1]]
+    return out
+
+
+def _shape(program: ir.Program, axes, at: dict[str, int]) -> tuple[int, ...]:
+    """The shape over `axes` of a call with dynamic axes at lengths `at`."""
+    return tuple(at.get(a, program.axes[a]) for a in axes)
+
+
 def _large_fill(program: ir.Program) -> bool:
     """Does a finite constant of magnitude `_FILL` or more appear in the program (a mask's fill:
     `masked_fill(~m, -1e9)`, BERT's −10000, finfo.min)?"""
@@ -328,64 +344,97 @@ def _training_key(qualname: str, requires: tuple[bool, ...]) -> str:
     return key
 
 
-def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple], compile_fn):
-    got = _BACKWARD_OPS.get(qualname + "_train")
+@dataclass
+class _Parts:
+    """What the training op of one program runs: `impl(xs)` its forward, writing the outputs, then the
+    statistics `stats`, then the operands `made` of a split training; `gradients(by_name, grads, eager)`
+    the inputs' gradients (None where there is none) from the tensors the forward read and wrote, by
+    name, and the outputs' cotangents."""
+
+    impl: Callable[[list[torch.Tensor]], list[torch.Tensor]]
+    gradients: Callable[[dict[str, torch.Tensor], list, bool], list]
+    outputs: list[str]
+    stats: list[str]
+    made: list[str]
+    kept: Callable[[], list[str]]  # the outputs and statistics the chosen backward reads (it chooses at first use)
+    specs: list[tuple]  # (shape, dtype) of each statistic, then each operand, at the program's extents
+    axes: list[tuple[str, ...]]  # the axes of each statistic, then each operand (of `program`)
+    program: ir.Program  # the program the op was derived from (its extents, its dynamic axes)
+    no_gradient: Callable[[], set[str]]  # the outputs no gradient reaches (known once the backward is chosen)
+
+
+_PARTS: dict[str, _Parts] = {}  # training key → its parts
+
+
+def _parts(qualname: str, t: _Training, names: list[str], outs: list[tuple], compile_fn) -> _Parts:
+    got = _PARTS.get(qualname)
     if got is not None:
         return got
     forward, stats = t.forward, t.stats
-    stat_specs = [(forward.output_shape(o), getattr(torch, o.dtype)) for o in forward.outputs if o.name in stats]
-    dtypes = {n: dt for n, _, dt in outs} | {s: dt for s, (_, dt) in zip(stats, stat_specs)}
+    dtypes = {n: dt for n, _, dt in outs} | {o.name: getattr(torch, o.dtype) for o in forward.outputs
+                                                if o.name in stats}
     split = _Split(qualname, t, names, compile_fn)
-
     key = f"{qualname}:forward"
+    axes = {o.name: o.axes for o in t.program.outputs}
 
     def impl(xs: list[torch.Tensor]) -> list[torch.Tensor]:
         by, made = split.operands({n: t.split(n, x) for n, x in zip(names, xs)})
         res = _run(key, _compiled(key, forward, compile_fn), {n: by[n] for n in split.core_names}, dtypes)
         return [t.merged(n, res[n]) for n, _, _ in outs] + [res[s] for s in stats] + made
 
+    def kept() -> list[str]:
+        back = _choose(qualname, t, compile_fn)
+        return [*back.saved.outputs, *back.saved.stats] if back.saved is not None else []
+
+    def gradients(by_name: dict[str, torch.Tensor], grads, eager: bool) -> list:
+        if torch.is_grad_enabled():
+            raise NoBackward(f"{t.program.name}: a second derivative (create_graph=True) is not derived")
+        back = _choose(qualname, t, compile_fn)
+        by = {c: t.split(c, by_name[c]) for c in names} | {m: by_name[m] for m in split.made}
+        device = by_name[names[0]].device
+        at = _lengths(t.program, {c: by_name[c] for c in names if c in t.program.inputs})
+        cots = [t.split(name, g if g is not None else torch.zeros(
+                    _shape(t.program, axes[name], at) if at else shape, dtype=dt, device=device))
+                for g, (name, shape, dt) in zip(grads, outs) if name in back.cotangents]
+        op, direct = _backward_op(qualname, back, split.core_names, outs, compile_fn)
+        res = (direct if eager else op)([by[c] for c in split.core_names]
+                                        + [t.split(k, by_name[k]) for k in kept()] + cots)
+        got = dict(zip([c for c in split.core_names if c in back.grads], res))
+        got = split.carried(got, by, eager)
+        return [t.merged(name, got.get(name)) for name in names]
+
+    specs = [(forward.output_shape(o), getattr(torch, o.dtype)) for o in forward.outputs if o.name in stats]
+    specs += [(shape, dt) for _, shape, dt in split.specs]
+    made_axes = [o.axes for o in t.prologue[0].maps.outputs] if t.prologue is not None else []
+    got = _PARTS[qualname] = _Parts(impl, gradients, [n for n, _, _ in outs], list(stats), list(split.made), kept,
+                                    specs, [o.axes for o in forward.outputs if o.name in stats] + made_axes,
+                                    t.program, lambda: t.no_gradient)
+    return got
+
+
+def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple], compile_fn):
+    got = _BACKWARD_OPS.get(qualname + "_train")
+    if got is not None:
+        return got
+    p = _parts(qualname, t, names, outs, compile_fn)
+
     @torch.library.custom_op(qualname + "_train", mutates_args=())
     def top(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return impl(xs)
+        return p.impl(xs)
 
     @top.register_fake
     def _(xs):
         return ([xs[0].new_empty(shape, dtype=dt) for _, shape, dt in outs]
-                + [xs[0].new_empty(shape, dtype=dt) for shape, dt in stat_specs]
-                + [xs[0].new_empty(shape, dtype=dt) for _, shape, dt in split.specs])
-
-    out_names = [n for n, _, _ in outs]
+                + [xs[0].new_empty(shape, dtype=dt) for shape, dt in p.specs])
 
     def setup(ctx, inputs, output):
-        back = _choose(qualname, t, compile_fn)
-        kept = []
-        if back.saved is not None:
-            by = dict(zip(out_names + stats, output))
-            kept = [by[n] for n in (*back.saved.outputs, *back.saved.stats)]
-        ctx.back, ctx.kept = back, len(kept)
-        ctx.save_for_backward(*inputs[0], *kept, *output[len(out_names) + len(stats):])
-        # an output no gradient reaches (computed from detached values, a comparison's mean) does not
-        # require grad, as torch's; the statistics and operands are the backward's own
-        none = [o for n, o in zip(out_names, output) if n in t.no_gradient]
-        if none or len(output) > len(out_names):
-            ctx.mark_non_differentiable(*none, *output[len(out_names):])
+        by = dict(zip(p.outputs + p.stats, output))
+        ctx.kept = p.kept()
+        ctx.save_for_backward(*inputs[0], *(by[n] for n in ctx.kept), *output[len(p.outputs) + len(p.stats):])
+        _non_differentiable(ctx, p, output)
 
     def backward(ctx, grads):
-        if torch.is_grad_enabled():
-            raise NoBackward(f"{t.program.name}: a second derivative (create_graph=True) is not derived")
-        back, eager = ctx.back, getattr(ctx, "eager", False)
-        xs = list(ctx.saved_tensors)
-        n = len(names)
-        by = {c: t.split(c, x) for c, x in zip(names, xs[:n])} | dict(zip(split.made, xs[n + ctx.kept:]))
-        kept = [*back.saved.outputs, *back.saved.stats] if back.saved is not None else []
-        cots = [t.split(name, g if g is not None else torch.zeros(shape, dtype=dt, device=xs[0].device))
-                for g, (name, shape, dt) in zip(grads, outs) if name in back.cotangents]
-        op, direct = _backward_op(qualname, back, split.core_names, outs, compile_fn)
-        res = (direct if eager else op)([by[c] for c in split.core_names]
-                                        + [t.split(k, x) for k, x in zip(kept, xs[n:n + ctx.kept])] + cots)
-        got = dict(zip([c for c in split.core_names if c in back.grads], res))
-        got = split.carried(got, by, eager)
-        return [t.merged(name, got.get(name)) for name in names]
+        return p.gradients(dict(zip(names + ctx.kept + p.made, ctx.saved_tensors)), grads, getattr(ctx, "eager", False))
 
     top.register_autograd(backward, setup_context=setup)
 
@@ -395,10 +444,18 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
         # at L 3000; bench/probe_step_host.py): an autograd.Function of the same functions
         if torch.compiler.is_compiling():
             return top(xs)
-        return list(_Eager.apply((impl, setup, backward), *xs))
+        return list(_Eager.apply((p.impl, setup, backward), *xs))
 
     _BACKWARD_OPS[qualname + "_train"] = train
     return train
+
+
+def _non_differentiable(ctx, p: _Parts, output) -> None:
+    """An output no gradient reaches (computed from detached values, a comparison's mean) does not
+    require grad, as torch's; the statistics and operands are the backward's own."""
+    none = [o for n, o in zip(p.outputs, output) if n in p.no_gradient()]
+    if none or len(output) > len(p.outputs):
+        ctx.mark_non_differentiable(*none, *output[len(p.outputs):])
 
 
 class _Split:
@@ -473,14 +530,17 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
     cots = [(name, back.program.input_shape(name), getattr(torch, spec[name].dtype)) for name in cot_names]
     run_key, given = f"{qualname}:{mode}", names + extra
     got_names = [back.grads[n] for n in wrt]
+    program = back.program
 
     def direct(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        run = _compiled(run_key, back.program, compile_fn)
+        run = _compiled(run_key, program, compile_fn)
         inputs = dict(zip(given, xs))
+        at = _lengths(program, inputs)  # (a dynamic program: shapes at the call's lengths)
         for (name, shape, want), g in zip(cots, xs[len(given):]):
-            inputs[name] = g.reshape(shape).to(want).contiguous()
+            inputs[name] = g.reshape(_shape(program, spec[name].axes, at) if at else shape).to(want).contiguous()
         res = _run(run_key, run, inputs)
-        return [res[n].reshape(shape) for n, shape in zip(got_names, shapes)]
+        return [res[n].reshape(_shape(program, spec[w].axes, at) if at else shape)
+                for n, w, shape in zip(got_names, wrt, shapes)]
 
     @torch.library.custom_op(key, mutates_args=())
     def bop(xs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -31,6 +31,7 @@ class FormatError(ValueError):
 _NODES: dict[str, tuple[type, tuple]] = {
     "Const": (ir.Const, (float,)),
     "Index": (ir.Index, (ir.Axis,)),
+    "Length": (ir.Length, (str,)),
     "Load": (ir.Load, (str, tuple[ir.Node, ...])),
     "Call": (ir.Call, (str, tuple[ir.Node, ...])),
     "Reduce": (ir.Reduce, (str, str, ir.Node)),

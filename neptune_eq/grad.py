@@ -213,11 +213,8 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         summed = c.axes - node.axes
         if summed and not _gathered(node, wanted):
             c = sum_over(c, summed, order)
-        for a in sorted(over - summed - node.axes, key=order.index):
-            if a in program.dynamic:
-                raise NoBackward(f"{program.name}: the gradient of {ir.show(node)} counts the length of the "
-                                 f"dynamic axis '{a}' (a constant along it is summed over it)")
-            c = _call("mul", c, _c(program.axes[a]))
+        for a in sorted(over - summed - node.axes, key=order.index):  # (a dynamic axis: its length, len(a))
+            c = _call("mul", c, ir.Length(a) if a in program.dynamic else _c(program.axes[a]))
         contribs.setdefault(node, []).append(c)
 
     cotangents: dict[str, str] = {}
@@ -294,7 +291,8 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
     extents = {**program.axes, **fresh}
     dims = {n: tuple(extents[a] for a in s.axes) for n, s in inputs.items()}
     outputs = [replace(o, expr=unclamp_guarded(eliminate_deltas(o.expr, extents), extents, dims)) for o in outputs]
-    back = ir.Program(f"{program.name}_backward", extents, inputs, outputs).validate()
+    # (a dynamic forward's backward takes the same lengths: every axis it adds is a static one's copy)
+    back = ir.Program(f"{program.name}_backward", extents, inputs, outputs, program.dynamic).validate()
     return Backward(back, cotangents, names, kept)
 
 

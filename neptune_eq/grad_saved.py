@@ -210,7 +210,7 @@ def save(program: ir.Program, exprs: list[ir.Node], taken: set[str],
     for k, r in stats.items():
         inputs[k] = spec(k, r)
     outs = list(program.outputs) + [ir.Output(k, inputs[k].axes, r, wide) for k, r in stats.items()]
-    forward = ir.Program(program.name, dict(program.axes), dict(program.inputs), outs).validate()
+    forward = ir.Program(program.name, dict(program.axes), dict(program.inputs), outs, program.dynamic).validate()
     return rewritten, inputs, Saved(forward, stats, read)
 
 

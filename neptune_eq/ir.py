@@ -151,6 +151,23 @@ class Index(Node):
         return frozenset((self.axis,))
 
 
+class Length(Node):
+    """The length of an axis as a number (a mean's divisor, a count of equal terms): the axis's extent
+    where the program is compiled for one length, the kernel's length argument where the axis is
+    dynamic. It varies over no axis (its value is the same at every index point)."""
+
+    __slots__ = ("axis",)
+
+    def __init__(self, axis: str):
+        _init(self, axis=axis)
+
+    def _args(self):
+        return (self.axis,)
+
+    def _key(self):
+        return (self.axis,)
+
+
 class Load(Node):
     """An element of an input tensor; each index entry is an integer-valued node (gather if not an Index)."""
 
@@ -379,7 +396,7 @@ class Program:
 
     def _check_node(self, n: Node, out: str) -> None:
         where = f"output '{out}'"
-        if isinstance(n, Index):
+        if isinstance(n, Index | Length):
             self._check_axis(n.axis, where)
         elif isinstance(n, Load):
             spec = self.inputs.get(n.tensor)
@@ -435,6 +452,15 @@ class Program:
     def with_dynamic(self, axes) -> Program:
         """The same program with the lengths of `axes` only known at the call (up to their extents here)."""
         return Program(self.name, dict(self.axes), dict(self.inputs), list(self.outputs), frozenset(axes)).validate()
+
+    def with_static_lengths(self) -> Program:
+        """The same program with the length of every axis that is not dynamic written as its extent
+        (`len(d)` → 64): only a dynamic axis's length is left for the kernels to take as an argument."""
+        fixed = {Length(a): Const(float(n)) for a, n in self.axes.items() if a not in self.dynamic}
+        if not any(isinstance(n, Length) for o in self.outputs for n in walk(o.expr)):
+            return self
+        outs = [Output(o.name, o.axes, substitute(o.expr, fixed), o.dtype) for o in self.outputs]
+        return Program(self.name, dict(self.axes), dict(self.inputs), outs, self.dynamic).validate()
 
     def with_dtypes(self, dtypes: dict[str, str], outputs: str | None = None) -> Program:
         """The same program with other input dtypes (and, if given, one dtype for every output)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .ir import Call, Const, Index, Load, Node, Reduce, StateRef, walk
+from .ir import Call, Const, Index, Length, Load, Node, Reduce, StateRef, walk
 from .ops import OPS
 
 _PREC = {"or": 1, "and": 2, "lt": 3, "le": 3, "gt": 3, "ge": 3, "eq": 3, "ne": 3, "add": 4, "sub": 4,
@@ -78,6 +78,8 @@ def _text(n: Node, wrap, exact: bool = False) -> tuple[str, float]:
         return s, (4 if s.startswith("-") else 100)
     if isinstance(n, Index):
         return str(n.axis), 100
+    if isinstance(n, Length):
+        return f"len({n.axis})", 100
     if isinstance(n, StateRef):
         return n.key, 100
     if isinstance(n, Load):

@@ -43,6 +43,8 @@ def _integral_here(n: ir.Node, memo: dict[int, bool], int_leaf) -> bool:
         return math.isfinite(n.value) and float(n.value).is_integer() and abs(n.value) < 2**63
     if isinstance(n, ir.Index):
         return True
+    if isinstance(n, ir.Length):  # (a float in the kernels: a mean's divisor)
+        return False
     if isinstance(n, ir.Load | ir.StateRef):
         return int_leaf(n)
     if isinstance(n, ir.Reduce):
@@ -78,6 +80,8 @@ def bounds(n: ir.Node, extents: dict[str, int], dtypes: dict[str, str] | None = 
         return (0, extents[n.axis] - 1) if n.axis in extents else (-math.inf, math.inf)
     if isinstance(n, ir.Load):
         return (0, 1) if (dtypes or {}).get(n.tensor) == "bool" else (-math.inf, math.inf)
+    if isinstance(n, ir.Length):
+        return 1, extents.get(n.axis, math.inf)
     if not isinstance(n, ir.Call):
         return -math.inf, math.inf
     args = [bounds(a, extents, dtypes) for a in n.args]

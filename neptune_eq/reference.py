@@ -98,6 +98,8 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
             # (filled on the device: torch.tensor(v, device=cuda) copies from the host and waits for the
             # stream, a synchronisation per call of the index checks and data bounds that evaluate here)
             return _Val(torch.full((), n.value, dtype=dtype, device=device), ())
+        if isinstance(n, ir.Length):  # (the axis's length, also where `restrict` evaluates a few of its indices)
+            return _Val(torch.full((), float(program.axes[n.axis]), dtype=dtype, device=device), ())
         if isinstance(n, ir.Index):
             return arange(n.axis)
         if isinstance(n, ir.Load):

@@ -45,6 +45,9 @@ class Term(Expr):
     @classmethod
     def sym(cls, name: StringLike) -> Term: ...  # an ir.StateRef by its key: "cur:r1", "old:r1", "fin:r1"
 
+    @classmethod
+    def length(cls, axis: StringLike) -> Term: ...  # a dynamic axis's length (ir.Length): positive, finite
+
     def __add__(self, other: Term) -> Term: ...
 
     def __sub__(self, other: Term) -> Term: ...
@@ -63,6 +66,8 @@ class Term(Expr):
 
     def __rtruediv__(self, other: Term) -> Term: ...
 
+
+LEAVES = ("const", "load", "index", "sym", "length")  # the e-node ops with no Term children
 
 converter(float, Term, lambda x: Term(f64(x)))
 converter(int, Term, lambda x: Term(f64(float(x))))
@@ -399,6 +404,13 @@ class Encoder:
             t = Term.load(key)
             self._pending.append(set_(deps(t)).to(i64(self.mask(n.axes))))
             return t
+        if isinstance(n, ir.Length):
+            if n.axis not in self.dynamic:  # (a length known at compile time is its extent)
+                return Term(f64(float(self.extents[n.axis])))
+            # a dynamic axis's length: a leaf the e-graph knows only as positive and finite (≥ 1)
+            t = Term.length(n.axis)
+            self._pending += [set_(deps(t)).to(i64(0)), pos(t), nonneg(t), finite(t)]
+            return t
         if isinstance(n, ir.StateRef):
             self.syms[n.key] = n
             t = Term.sym(n.key)
@@ -413,6 +425,6 @@ class Encoder:
 
 
 __all__ = [
-    "BINARY", "CONSTRUCTORS", "UNARY", "Comp", "Comps", "Encoder", "Loop", "Term", "Unit", "axis_bit", "deps",
+    "BINARY", "CONSTRUCTORS", "LEAVES", "UNARY", "Comp", "Comps", "Encoder", "Loop", "Term", "Unit", "axis_bit", "deps",
     "extent", "get", "nonneg", "op_of_callable", "pos", "red", "split_factor",
 ]

@@ -106,6 +106,6 @@ def pretty(p: PNode) -> str:
     if p.name == "red":
         op, ax, body = p.args
         return f"{pretty(op).strip(chr(39))}_{pretty(ax)}({pretty(body)})"
-    if p.name in ("index", "load", "sym"):
+    if p.name in ("index", "load", "sym", "length"):
         return f"{p.name}({pretty(p.args[0])})"
     return f"{p.name}({', '.join(pretty(a) for a in p.args)})"

@@ -405,8 +405,10 @@ def describe(rule) -> str:
 
 def eval_ir_sampled(node: ir.Node, env: dict[str, np.ndarray]) -> np.ndarray:
     """Evaluate an IR expression elementwise; leaves (state refs, loads, indices) are looked up by
-    their printed form (`cur:m`, `x[i, j]`)."""
+    their printed form (`cur:m`, `x[i, j]`). A dynamic axis's length (`len(i)`) not in `env` takes the
+    values 2 … 65 in turn: any length a dynamic compile serves."""
     memo: dict[int, np.ndarray] = {}
+    points = max((np.size(v) for v in env.values()), default=1)
 
     def go(n: ir.Node) -> np.ndarray:
         hit = memo.get(id(n))
@@ -416,6 +418,8 @@ def eval_ir_sampled(node: ir.Node, env: dict[str, np.ndarray]) -> np.ndarray:
             out = np.asarray(n.value)
         elif isinstance(n, ir.StateRef | ir.Load | ir.Index):
             out = env[ir.show(n)]
+        elif isinstance(n, ir.Length):
+            out = env.get(ir.show(n), np.resize(np.arange(2.0, 66.0), points))
         elif isinstance(n, ir.Call):
             out = OPS[n.op].numpy(*(go(a) for a in n.args))
         else:

@@ -391,13 +391,20 @@ def test_a_max_over_an_axis_gathered_by_data_is_shift_invariant_at_full_size():
     assert not ties, ties
 
 
-def test_counting_a_dynamic_axis_is_refused_by_name():
-    """The count of a dynamic axis is only known at the call: such a backward is refused, naming it."""
+def test_counting_a_dynamic_axis_reads_its_length():
+    """A constant adjoint summed over a dynamic axis counts its length, known only at the call: the
+    backward reads len(axis) (it had been refused), and is exact at another length."""
     x = _randn(3, 7)
-    c = capture(lambda x: -torch.log_softmax(x, -1).sum(-1).mean(), x)
+    fn = lambda x: -torch.log_softmax(x, -1).sum(-1).mean()  # noqa: E731
+    c = capture(fn, x)
     d = next(a for a in c.program.axes if c.program.axes[a] == 7)
-    with pytest.raises(NoBackward, match=f"dynamic axis '{d}'"):
-        backward_program(c.program.with_dynamic({d}))
+    back = backward_program(c.program.with_dynamic({d}))
+    assert f"len({d})" in back.program.text()
+    x5 = _randn(3, 5).requires_grad_()
+    (want,) = torch.autograd.grad(fn(x5), x5)
+    name = back.cotangents[c.program.outputs[0].name]
+    got = evaluate(back.program.with_extents({d: 5}), {"x": x5.detach(), name: torch.ones((), dtype=torch.float64)})
+    torch.testing.assert_close(got[back.grads["x"]].double(), want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("fn", [lambda x: torch.softmax(x, -1).amax(-1), lambda x: (x @ x.T).amax(-1)],

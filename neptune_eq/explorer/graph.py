@@ -28,6 +28,7 @@ from ..extract.view import EGraphView, ENode, class_of
 from ..ir import NeptuneError
 from ..ops import OPS
 from ..pipeline import Alternative, Compilation
+from ..terms import LEAVES
 from .derivation import comp_plans, loop_candidate
 
 _SYMBOL = {name: op.infix for name, op in OPS.items() if op.infix}
@@ -48,7 +49,7 @@ class Highlight:
 def _children(n: ENode) -> list[int]:
     if n.op == "red":
         return [n.args[2]]
-    if n.op in ("const", "load", "index", "sym"):
+    if n.op in LEAVES:
         return []
     if n.op == "split":
         return [n.args[0]]
@@ -69,7 +70,7 @@ def _realize(view: EGraphView, cid: int, node: ir.Node, hl: Highlight, memo: dic
             kids = [] if en.args[0] == ir.show(node) else None
         elif isinstance(node, ir.StateRef) and en.op == "sym":
             kids = [] if en.args[0] == node.key else None
-        elif isinstance(node, ir.Index) and en.op == "index":
+        elif isinstance(node, ir.Index | ir.Length) and en.op == ("index" if isinstance(node, ir.Index) else "length"):
             kids = [] if en.args[0] == node.axis else None
         elif isinstance(node, ir.Reduce) and en.op == "red":
             kids = [node.body] if en.args[0] == node.op and en.args[1] == node.axis else None
@@ -154,8 +155,8 @@ def _label(n: ENode) -> str:
         return f"{a[0]:g}" if isinstance(a[0], float) else str(a[0])
     if n.op in ("load", "sym"):
         return str(a[0])
-    if n.op == "index":
-        return f"index {a[0]}"
+    if n.op in ("index", "length"):
+        return f"{n.op} {a[0]}"
     if n.op == "red":
         return f"{a[0]}_{a[1]}"
     if n.op == "get":
@@ -193,7 +194,7 @@ def constant_classes(view: EGraphView) -> set[int]:
         for cid, ns in view.classes.items():
             if cid in const or view.deps.get(cid) != 0 or view.sort.get(cid) != "Term":
                 continue
-            if any(n.op not in ("load", "sym", "index", "red") and _children(n) and
+            if any(n.op not in ("load", "sym", "index", "length", "red") and _children(n) and
                    all(ch in const for ch in _children(n)) for n in ns):
                 const.add(cid)
                 changed = True

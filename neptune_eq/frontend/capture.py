@@ -270,14 +270,17 @@ def _same_device(first, name: str, t: torch.Tensor):
 # ---------------------------------------------------------------- capture
 
 
-def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool = True) -> Captured:
+def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool = True,
+            symbolic_lengths: bool = False) -> Captured:
     """Trace `fn(*example_inputs)` once and translate it to an ir.Program.
 
     Program inputs are named after fn's parameters (positional ones; *args get `name0`, `name1`);
     outputs are out0, out1, ... for the tensors fn returns (in pytree order), then the new values of
     the arguments fn writes in place. Raises CaptureError (a NeptuneError) naming the unsupported
     operation and the user's `file.py:line: code`. With `merge`, neighbouring dimensions reduced
-    together are one axis of the program (merge_axes; a dynamic capture keeps every dimension).
+    together are one axis of the program (merge_axes; a dynamic capture keeps every dimension). With
+    `symbolic_lengths` (a dynamic capture) a length the translation introduces — a mean's divisor, the
+    count of a sum over a broadcast dimension — is `len(axis)` rather than a number.
     """
     params = _parameter_names(fn, len(example_inputs))
     static = {k: a for k, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)}
@@ -324,7 +327,7 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
     constants = _constants(gm, env.names, taken=set(params))
     decls = [InputDecl(params[k], t.dtype) for k, t in zip(tensor_pos, tensors)]
     tx = Translator(gm.graph, decls, constants, HANDLERS, name=name or _function_name(fn),
-                    inexact_readers=INEXACT_READERS)
+                    inexact_readers=INEXACT_READERS, symbolic_lengths=symbolic_lengths)
     tr = tx.run()
     if merge:
         tr = replace(tr, program=merge_reduced_axes(tr.program))

@@ -54,6 +54,10 @@ class NotDynamic(NeptuneError):
     """A dimension named dynamic cannot be: the program depends on its length beyond its extent."""
 
 
+class StaticTraining(NeptuneError):
+    """No backward is derived for the dynamic program: calls needing gradients compile per length."""
+
+
 def arg_axes(b: ArgBinding, program: ir.Program) -> tuple[str | None, ...] | None:
     """The program axis of each dimension of tensor argument `b` (None for a size-1 dimension, which
     is no axis), or None where the program reshapes the argument otherwise."""
@@ -195,7 +199,8 @@ def _probe(c0: Captured, example, groups, maps, only: int | None = None) -> str 
     moved = _moved(c0, groups, only)
     try:
         with _quiet():
-            c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name, merge=False)
+            c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name, merge=False,
+                         symbolic_lengths=True)
     except NeptuneError as e:
         return f"the function does not trace at other lengths of it ({str(e).splitlines()[0]})"
     return _difference(c0, c1, moved, maps)
@@ -250,7 +255,8 @@ def _output_dims(c0: Captured, example, groups, maps) -> tuple[tuple[int, int, i
     """(output, dimension, group) of the output dimensions on a dynamic axis, from one more capture
     with every group moved (checked to be the same program by resolve)."""
     moved = _moved(c0, groups)
-    c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name, merge=False)
+    c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name, merge=False,
+                 symbolic_lengths=True)
     length = {moved[g[0]]: k for k, g in enumerate(groups)}
     out = []
     for k, (s0, s1) in enumerate(zip(c0.output_shapes, c1.output_shapes)):
@@ -276,6 +282,11 @@ class DynamicFunction:
     example: tuple  # the example's signature of every argument (shape, dtype, device) or its value
     programs: dict[tuple[int, ...], object] = field(default_factory=dict)  # bucket bounds → CompiledProgram
     op: object = None  # the torch.library op of calls dynamo traces (api._dynamic_op)
+    # (bucket program, its compile) → the call of its training op (api._custom_op): a call needing
+    # gradients runs it; its autograd formula runs the backward derived from the bucket's program
+    training_op: object = None
+    no_training: str | None = None  # why no backward is derived for the buckets (calls then compile per length)
+    _train: dict = field(default_factory=dict, repr=False)  # bucket bounds → its training call
     _out_dtypes: dict = field(default_factory=dict, repr=False)
     # layout key of a call's arguments (their shapes, so the lengths) → (launcher, BoundCall or None):
     # a length called again goes straight to the kernels, as a static compile's calls do
@@ -295,13 +306,16 @@ class DynamicFunction:
         self._shapes = [(b.position, b.input, [(group.get(a), p0.axes[a]) for a in p0.inputs[b.input].axes])
                         for b in self.captured.args if b.input is not None]
 
-    @property
-    def prog(self):
-        """The compile serving the example's lengths."""
+    def example_lengths(self) -> tuple[int, ...]:
         ns = [0] * len(self.lengths.groups)
         for pos, d, g in self.lengths.dims:
             ns[g] = self.example[pos][1][d]
-        return self.program_for(tuple(ns))
+        return tuple(ns)
+
+    @property
+    def prog(self):
+        """The compile serving the example's lengths."""
+        return self.program_for(self.example_lengths())
 
     def serves(self, args) -> tuple[int, ...] | None:
         """The groups' lengths of a call this function serves (every other dimension, dtype, device and
@@ -336,15 +350,58 @@ class DynamicFunction:
         key = tuple(bucket(n) for n in ns)
         prog = self.programs.get(key)
         if prog is None:
-            p0 = self.captured.program
-            bound = {a: b for group, b in zip(self.lengths.groups, key) for a in group}
-            prog = self.programs[key] = self.compile_fn(p0.with_extents(bound).with_dynamic(self.lengths.axes))
+            prog = self.programs[key] = self.compile_fn(self.bucket_program(ns))
         if len(key) > MAX_RANGED_GROUPS:
             return prog
         ranged = self._ranged.get(key)
         if ranged is None:
             ranged = self._ranged[key] = plans_by_range(prog, self.lengths.groups, key)
         return ranged[tuple(length_range(n, b) for n, b in zip(ns, key))]
+
+    def bucket_program(self, ns: tuple[int, ...]) -> ir.Program:
+        """The program compiled for the bucket of lengths `ns`: the dynamic axes at its bounds."""
+        bound = {a: bucket(n) for group, n in zip(self.lengths.groups, ns) for a in group}
+        return _tie_lengths(self.captured.program, self.lengths.groups).with_extents(bound).with_dynamic(
+            self.lengths.axes)
+
+    def trains(self, args) -> bool:
+        """Does this function serve the call (no gradient needed, or a backward derived for every length)?"""
+        return self.no_training is None or not self.captured.needs_grad(args)
+
+    def train(self, args, ns):
+        """fn(*args) at lengths `ns` through the training op of their bucket: its forward writes what the
+        backward reads, its backward is derived from the bucket's program and compiled once for every
+        length of the bucket. StaticTraining where no backward is derived (then no_training says why)."""
+        from ..grad import NoBackward
+
+        cap = self.captured
+        call = self.bucket_training(ns)
+        inputs = self.inputs(args, ns, cached=False)  # (a module's parameters themselves: their gradients)
+        run_checks(cap.index_checks, inputs)
+        cap.check_aliases(args)
+        try:
+            results = call(inputs)
+        except NoBackward as e:
+            self.no_training = str(e)
+            raise StaticTraining(str(e)) from e
+        outs = [results[o.name] for o in cap.program.outputs]
+        outs = [r if r.shape == s else r.reshape(s) for r, s in zip(outs, self.output_shapes(ns))]
+        return cap.finish(args, outs)
+
+    def bucket_training(self, ns: tuple[int, ...]):
+        """The call of the training op of the bucket of lengths `ns` (program inputs → outputs, by name)."""
+        key = tuple(bucket(n) for n in ns)
+        call = self._train.get(key)
+        if call is None:
+            self.program_for(ns)  # (the bucket's compile)
+            call = self._train[key] = self.training_op(self.bucket_program(ns), self.programs[key])
+        return call
+
+    def trained_op(self) -> str:
+        """The qualname of the training op of the example's bucket once a call trained there, else the
+        op of the function's inference calls (what explain() reports on)."""
+        call = self._train.get(tuple(bucket(n) for n in self.example_lengths()))
+        return call.qualname if call is not None else self.op.qualname
 
     def tuned(self, ns: tuple[int, ...], prog) -> None:
         """Run `prog` (prog.tune() measured it at lengths `ns`) for every length of ns's range of its
@@ -395,6 +452,8 @@ class DynamicFunction:
     def __call__(self, args, ns):
         cap = self.captured
         cap.follow_environment()
+        if cap.needs_grad(args):
+            return self.train(args, ns)
         inputs = None
         if cap.index_checks or cap.mutations:
             inputs = self.inputs(args, ns)
@@ -473,7 +532,13 @@ class DynamicFunction:
             raise NeptuneError("the dynamic dimensions of this call do not keep the lengths the function ties together")
         inputs = self.inputs(args, ns, cached=False)
         run_checks(cap.index_checks, inputs)
-        outs = op([inputs[n] for n in self.names()])
+        xs = [inputs[n] for n in self.names()]
+        if cap.needs_grad(args):  # (one op over every bucket: neptune_eq.train_dynamic)
+            from ..train_dynamic import call
+
+            outs = call(op.qualname, xs)
+        else:
+            outs = op(xs)
         outs = [r.reshape(s) for r, s in zip(outs, self.output_shapes(ns))]
         return cap.finish(args, outs)
 
@@ -493,6 +558,21 @@ class DynamicFunction:
     def digest(self) -> str:
         text = f"{self.captured.program.text(exact=True)}|{self.lengths.groups}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _tie_lengths(program: ir.Program, groups) -> ir.Program:
+    """`program` with the length of an axis no input has read as that of an axis of its group one has
+    (x[0].expand_as(x).sum(0) sums over an axis of x's length that nothing reads: the kernels know x's)."""
+    read = {a for s in program.inputs.values() for a in s.axes}
+    tied = {}
+    for group in groups:
+        rep = next((a for a in group if a in read), None)
+        if rep is not None:
+            tied.update({ir.Length(a): ir.Length(rep) for a in group if a not in read})
+    if not tied:
+        return program
+    outs = [ir.Output(o.name, o.axes, ir.substitute(o.expr, tied), o.dtype) for o in program.outputs]
+    return ir.Program(program.name, dict(program.axes), dict(program.inputs), outs, program.dynamic).validate()
 
 
 def example_signature(args) -> tuple:

@@ -45,14 +45,14 @@ def power(x: ir.Node, n: int) -> ir.Node:
     return out
 
 
-def reduce(op: str, body: ir.Node, axes: list[str], extents: dict[str, int]) -> ir.Node:
+def reduce(op: str, body: ir.Node, axes: list[str], length: Callable[[str], ir.Node]) -> ir.Node:
     """`op` over each of `axes` in turn; an axis the body does not vary along is a repeated
-    element: n·body for sum, body for max/min."""
+    element: n·body for sum (n = `length(axis)`), body for max/min."""
     for a in reversed(axes):
         if a in body.axes:
             body = ir.Reduce(op, a, body)
         elif op == "sum":
-            body = mul(body, const(extents[a]))
+            body = mul(body, length(a))
     return body
 
 

@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 
 from .. import ir, library
-from .exprs import call, const, power
+from .exprs import call, const, is_const, power
 from .source import CaptureError
 from .translate import Unavailable, norm_dim
 
@@ -63,19 +63,26 @@ class Reduction:
         if kind in ("sum", "max", "min"):
             out = tx.reduce(kind, e, vs)
         elif kind == "mean":
-            out = call("div", tx.reduce("sum", e, vs), const(n))
+            out = call("div", tx.reduce("sum", e, vs), tx.count(vs))
         elif kind in ("var", "std", "var_mean", "std_mean"):
             if not x.dtype.is_floating_point:  # (the fake trace gives an integer result; eager raises)
                 raise CaptureError(f"{c.op_name} of a {x.dtype} tensor is not supported by torch (std and var "
                                    "take floating tensors); convert to float first")
             corr = c.kwargs.get("correction", 1)
             corr = 1 if corr is None else corr
-            mean = call("div", tx.reduce("sum", e, vs), const(n))
+            count = tx.count(vs)
+            mean = call("div", tx.reduce("sum", e, vs), count)
             d = call("sub", e, mean)
             # torch divides by max(0, n − correction): with no degree of freedom S/0, NaN where S = 0 (a
-            # single element), ∞ where S > 0, written S·∞ (a division by the constant 0 folds away)
+            # single element), ∞ where S > 0, written S·∞ (a division by the constant 0 folds away). A
+            # symbolic count n − c is positive at every length a dynamic axis serves (≥ 2) where c ≤ 1;
+            # a larger correction keeps the number (and the axis static)
             ss = tx.reduce("sum", call("mul", d, d), vs)
-            var = call("div", ss, const(n - corr)) if n > corr else call("mul", ss, const(math.inf))
+            if n > corr:
+                dof = call("sub", count, const(corr)) if corr <= 1 and not is_const(count) else const(n - corr)
+                var = call("div", ss, dof) if corr else call("div", ss, count)
+            else:
+                var = call("mul", ss, const(math.inf))
             out = _root(var) if kind in ("std", "std_mean") else var
             if kind in ("var_mean", "std_mean"):
                 return out, mean
@@ -90,7 +97,8 @@ class Reduction:
                 if a in out.axes:
                     out = library.logsumexp(tx.dsl(out), a).node
                 else:  # n equal terms (a matmul by a constant weight): log(n·eˣ) = x + log n, ±inf and NaN too
-                    out = call("add", out, const(math.log(tx.res.extents[a])))
+                    n_a = tx.length(a)
+                    out = call("add", out, call("log", n_a) if not is_const(n_a) else const(math.log(n_a.value)))
         else:  # max.dim / min.dim: values and (untranslatable) indices
             return tx.reduce(kind.removesuffix("_dim"), e, vs), None
         return out

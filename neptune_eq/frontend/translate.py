@@ -150,6 +150,7 @@ class Translator:
     narrowed: dict = field(default_factory=dict)  # rounding.narrowed's memo
     inexact_readers: frozenset = frozenset()  # aten ops that read a narrowed value unrounded (rounding.py)
     compute_rank: int = 2  # the kernels' float precision (rounding.RANK): float64 programs compute in it
+    symbolic_lengths: bool = False  # lengths as len(axis), not numbers (a dynamic function's capture)
     res: Resolution | None = None
     checks: list[IndexCheck] = field(default_factory=list)
     storage_reads: set[str] = field(default_factory=set)  # inputs as_strided reads (they must be contiguous)
@@ -376,7 +377,19 @@ class Translator:
 
     def reduce(self, op: str, body: ir.Node, dims: list[Dim]) -> ir.Node:
         axes = [a for v in dims for a in self.res.axes(v)]
-        return reduce_expr(op, body, axes, self.res.extents)
+        return reduce_expr(op, body, axes, self.length)
+
+    def length(self, axis: str) -> ir.Node:
+        """The length of `axis` as a value: its extent, or `len(axis)` in a capture with symbolic
+        lengths (a dynamic function's: the program is then the same at every length of the axis)."""
+        return ir.Length(axis) if self.symbolic_lengths else const(self.res.extents[axis])
+
+    def count(self, dims: list[Dim]) -> ir.Node:
+        """The number of index points of `dims` (a mean's divisor): the product of their axes' lengths."""
+        out = None
+        for a in (a for v in dims for a in self.res.axes(v)):
+            out = self.length(a) if out is None else call("mul", out, self.length(a))
+        return const(1) if out is None else out
 
     def single_axis(self, v: Dim, what: str) -> str:
         axes = self.res.axes(v)
@@ -459,7 +472,7 @@ class Translator:
         for o in outputs:
             used |= set(o.axes)
             for n in ir.walk(o.expr):
-                if isinstance(n, ir.Index | ir.Reduce):
+                if isinstance(n, ir.Index | ir.Reduce | ir.Length):
                     used.add(n.axis)
         axes = {a: n for a, n in self.res.extents.items() if a in used}
         program = ir.Program(self.name, axes, specs, outputs).validate()

@@ -452,8 +452,12 @@ def call_lengths(program: ir.Program, inputs: dict[str, torch.Tensor], sources=N
 
 
 def length_sources(program: ir.Program) -> dict[str, tuple[str, int]]:
-    """length_source of every dynamic axis, in program order (the first one named in an error is stable)."""
-    return {a: length_source(program, a) for a in program.axes if a in program.dynamic}
+    """length_source of every dynamic axis the program uses, in program order (the first one named in an
+    error is stable)."""
+    used = {a for s in program.inputs.values() for a in s.axes} | {a for o in program.outputs for a in o.axes}
+    used |= {n.axis for o in program.outputs for n in ir.walk(o.expr)
+             if isinstance(n, ir.Index | ir.Reduce | ir.Length)}
+    return {a: length_source(program, a) for a in program.axes if a in program.dynamic and a in used}
 
 
 def length_source(program: ir.Program, axis: str) -> tuple[str, int]:

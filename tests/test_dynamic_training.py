@@ -1,0 +1,135 @@
+"""Training at every length from one compile (issues 13 and 14): a mean, variance or count over a
+dynamic axis keeps it dynamic (its length is len(axis), a kernel argument), and a call needing
+gradients runs its bucket's training op, whose backward is derived once per bucket — eagerly and
+inside torch.compile(dynamic=True). Interpreter, small shapes, float64 against torch's autograd."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neptune_eq
+from neptune_eq import autograd
+
+LENGTHS = (24, 19, 30)  # one bucket (32): no lengths a tile divides
+
+
+def causal(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    L, S = s.shape[-2:]
+    keep = torch.arange(S)[None, :] <= torch.arange(L)[:, None]
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+
+def rms_matmul(x, w, W):
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w) @ W
+
+
+def cross_entropy(x, t):
+    return F.cross_entropy(x, t)
+
+
+def _randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+CASES = {  # name → (fn, inputs at length n, the inputs that require grad)
+    "causal": (causal, lambda n: [_randn(2, n, 8, seed=n + k) for k in range(3)], (0, 1, 2)),
+    "rms_matmul": (rms_matmul, lambda n: [_randn(n, 16, seed=n), _randn(16, seed=1), _randn(16, 12, seed=2)],
+                   (0, 1, 2)),
+    "cross_entropy": (cross_entropy, lambda n: [_randn(n, 24, seed=n),
+                                                torch.randint(0, 24, (n,), generator=torch.Generator().manual_seed(n))],
+                      (0,)),
+}
+
+
+def _grads(fn, xs, wrt, scale=1.5):
+    xs = [x.detach().requires_grad_(k in wrt) for k, x in enumerate(xs)]
+    out = fn(*xs)
+    return torch.autograd.grad(out.sum() * scale, [xs[k] for k in wrt])
+
+
+def _compiles(prog) -> int:
+    s = prog.stats()
+    return s["captures"] + s["compiles"] + s["cache_hits"]
+
+
+@pytest.mark.parametrize("fn", [lambda x, y: F.mse_loss(x, y), lambda x, y: (x * y).mean(0),
+                                lambda x, y: (x.var(0), y.std(0, correction=0)),
+                                lambda x, y: (y[0].expand_as(x).sum(0), torch.logsumexp(x[0].expand_as(y), 0))],
+                         ids=["mse_loss", "mean", "var_std", "broadcast_sum_logsumexp"])
+def test_a_length_the_translation_divides_by_stays_dynamic(fn):
+    """mean, var, std and a sum over a broadcast dimension divide or multiply by a length: written as
+    len(axis) the row axis stays dynamic (it had been specialised: a compile per length)."""
+    xs = [_randn(24, 6, seed=1), _randn(24, 6, seed=2)]
+    prog = neptune_eq.compile(fn, *xs, dynamic=True)
+    assert prog.family is not None and prog.family.lengths.groups
+    assert "len(" in prog.family.captured.program.text()
+    before = _compiles(prog)
+    for n in LENGTHS:
+        ys = [_randn(n, 6, seed=n), _randn(n, 6, seed=n + 1)]
+        got, want = fn(*ys), prog(*ys)
+        for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert _compiles(prog) == before
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_training_at_new_lengths_compiles_nothing(name):
+    """The first call needing gradients derives and compiles the bucket's backward; later lengths of
+    the bucket train on it (no capture, no compile), with float64-exact gradients."""
+    fn, make, wrt = CASES[name]
+    prog = neptune_eq.compile(fn, *make(LENGTHS[0]), dynamic=True)
+    seen = None
+    for n in LENGTHS:
+        xs = make(n)
+        got = _grads(prog, xs, wrt)
+        for a, b in zip(got, _grads(fn, xs, wrt)):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+        seen = _compiles(prog) if seen is None else seen
+        assert _compiles(prog) == seen, prog.stats()
+    assert prog.stats()["signatures"] == 0 and prog.family.no_training is None
+
+
+def test_torch_compile_trains_across_lengths_in_one_graph():
+    """torch.compile(dynamic=True) around a dynamic function traces one graph whose training op runs
+    each call's bucket; its gradients match eager torch's at every length."""
+    from torch._dynamo.utils import counters
+
+    fn, make, wrt = CASES["causal"]
+    prog = neptune_eq.compile(fn, *make(LENGTHS[0]), dynamic=True)
+    step = torch.compile(lambda *xs: prog(*xs) * 1.5, dynamic=True, fullgraph=True)
+    counters.clear()
+    seen = None
+    for n in LENGTHS:
+        xs = make(n)
+        for a, b in zip(_grads(step, xs, wrt, scale=1.0), _grads(fn, xs, wrt)):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+        seen = _compiles(prog) if seen is None else seen
+        assert _compiles(prog) == seen
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_no_backward_at_every_length_trains_per_length(monkeypatch):
+    """Where no backward is derived for the dynamic program, a call needing gradients compiles for its
+    own length, as before (correct, and said in `family.no_training`), never a detached result."""
+    real = autograd._derive
+
+    def refuse_dynamic(program, wrt):
+        if program.dynamic:
+            raise autograd.NoBackward(f"{program.name}: (test) no backward at every length")
+        return real(program, wrt)
+
+    monkeypatch.setattr(autograd, "_derive", refuse_dynamic)
+    _, make, wrt = CASES["cross_entropy"]
+    fn = lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1)  # noqa: E731  (derived by no other test)
+    prog = neptune_eq.compile(fn, *make(LENGTHS[0]), dynamic=True)
+    xs = make(LENGTHS[1])
+    for a, b in zip(_grads(prog, xs, wrt), _grads(fn, xs, wrt)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    assert "no backward at every length" in prog.family.no_training
+    assert prog.stats()["signatures"] == 1
+    torch.testing.assert_close(prog(*make(21)), fn(*make(21)))  # (inference still serves every length)
