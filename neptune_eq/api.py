@@ -450,22 +450,36 @@ def compile(fn, *example_inputs, rules=(), cache_dir: str | Path | None = None, 
 
 
 _ATTENTION: dict[tuple, _Variant] = {}  # (mods, signature, options) → neptune_eq.attention's variant
+_ATTENTION_DYNAMIC: dict[tuple, Compiled] = {}  # (mods, head dims, dtype, options) → a dynamic compile
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod=None, mask_mod=None,
               enable_gqa: bool = False, scale: float | None = None, *, return_lse: bool = False, cache_dir=None,
-              **options):
+              dynamic=None, **options):
     """FlexAttention-compatible attention: `score_mod(score, b, h, q_idx, kv_idx)` rewrites the
     scaled score, `mask_mod(b, h, q_idx, kv_idx)` keeps a pair when True. q is [B, Hq, L, D], k and v
     [B, Hkv, S, D] (Hkv may divide Hq with enable_gqa=True). A query row with no kept key gives 0.
     With return_lse=True the result is (out, lse), lse [B, Hq, L] float32 the natural log-sum-exp of
     each row's modified, masked scores (-inf for a row with no kept key), computed by the same
-    kernels (the e-graph shares the row max and sum between the two outputs)."""
+    kernels (the e-graph shares the row max and sum between the two outputs). `dynamic=True` (or
+    {argument: [dimensions]}, as neptune_eq.compile takes it) serves every length from one compile
+    per bucket, gradients included; the head dimensions stay specialised."""
     from .frontend import attention_capture
     from .frontend.capture import ZeroSizeCapture
     from .frontend.compiled import EagerFunction
     from .frontend.flex import attention_function
 
+    if dynamic:
+        key = (score_mod, mask_mod, enable_gqa, scale, return_lse, repr(dynamic), q.dim(), q.shape[-1], v.shape[-1],
+               q.dtype, k.dtype, v.dtype, q.device.type, repr(sorted(options.items())), str(cache_dir))
+        got = _ATTENTION_DYNAMIC.get(key)
+        if got is None:
+            if torch.compiler.is_compiling():
+                raise NeptuneError("neptune_eq.attention: call it once outside torch.compile with these modifiers "
+                                   "first (capturing cannot run while dynamo traces)")
+            fn = attention_function(q, k, v, score_mod, mask_mod, enable_gqa, scale, return_lse)
+            got = _ATTENTION_DYNAMIC[key] = compile(fn, q, k, v, cache_dir=cache_dir, dynamic=dynamic, **options)
+        return got(q, k, v)
     key = (score_mod, mask_mod, enable_gqa, scale, return_lse, _signature((q, k, v)), repr(sorted(options.items())),
            str(cache_dir))
     got = _ATTENTION.get(key)

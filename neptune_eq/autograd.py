@@ -139,14 +139,20 @@ def _lengths(program: ir.Program, named: dict[str, torch.Tensor]) -> dict[str, i
     tensor) that have them ({} for a program compiled for one length)."""
     out = {}
     for a in program.dynamic:
-        got = next(((n, s.axes.index(a)) for n, s in program.inputs.items() if a in s.axes and n in named), None)
+        got = next(((n, s.axes.index(a)) for n, s in program.inputs.items()
+                    if a in s.axes and n in named and named[n].dim() == len(s.axes)), None)
         if got is not None:
             out[a] = named[got[0]].shape[got[1]]
     return out
 
 
 def _shape(program: ir.Program, axes, at: dict[str, int]) -> tuple[int, ...]:
-    """The shape over `axes` of a call with dynamic axes at lengths `at`."""
+    """The shape over `axes` of a call with dynamic axes at lengths `at` (each dynamic one must be there:
+    a compile's bound in its place would reshape a tensor of the call's lengths wrongly)."""
+    missing = [a for a in axes if a in program.dynamic and a not in at]
+    if missing:
+        raise ir.NeptuneError(f"{program.name}: the length of dynamic axis '{missing[0]}' is read by none of the "
+                              "tensors at hand (a training call cannot shape its gradients)")
     return tuple(at.get(a, program.axes[a]) for a in axes)
 
 
@@ -267,8 +273,9 @@ def tune_training(qualname: str, inputs: dict[str, torch.Tensor], tune: Callable
     if back.saved is not None:
         feed |= {n: written[n] for n in (*back.saved.outputs, *back.saved.stats)}
     gen = torch.Generator(device=next(iter(inputs.values())).device).manual_seed(0)
+    at = _lengths(back.program, feed)  # (a dynamic program's cotangents at the lengths of `inputs`)
     for name in back.cotangents.values():
-        feed[name] = torch.randn(back.program.input_shape(name), generator=gen, device=gen.device,
+        feed[name] = torch.randn(_shape(back.program, spec[name].axes, at), generator=gen, device=gen.device,
                                  dtype=getattr(torch, spec[name].dtype))
     tune(_compiled(f"{qualname}:{mode}", back.program, t.compile_fn), feed)
     return mode
@@ -392,9 +399,9 @@ def _parts(qualname: str, t: _Training, names: list[str], outs: list[tuple], com
         back = _choose(qualname, t, compile_fn)
         by = {c: t.split(c, by_name[c]) for c in names} | {m: by_name[m] for m in split.made}
         device = by_name[names[0]].device
-        at = _lengths(t.program, {c: by_name[c] for c in names if c in t.program.inputs})
+        at = _lengths(t.program, {c: x for c, x in by.items() if c in t.program.inputs})
         cots = [t.split(name, g if g is not None else torch.zeros(
-                    _shape(t.program, axes[name], at) if at else shape, dtype=dt, device=device))
+                    _shape(t.program, axes[name], at) if t.program.dynamic else shape, dtype=dt, device=device))
                 for g, (name, shape, dt) in zip(grads, outs) if name in back.cotangents]
         op, direct = _backward_op(qualname, back, split.core_names, outs, compile_fn)
         res = (direct if eager else op)([by[c] for c in split.core_names]
@@ -535,11 +542,13 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
     def direct(xs: list[torch.Tensor]) -> list[torch.Tensor]:
         run = _compiled(run_key, program, compile_fn)
         inputs = dict(zip(given, xs))
-        at = _lengths(program, inputs)  # (a dynamic program: shapes at the call's lengths)
+        # (a dynamic program: shapes at the call's lengths, read off its inputs and the cotangents)
+        at = _lengths(program, inputs | {name: g for (name, _, _), g in zip(cots, xs[len(given):])})
         for (name, shape, want), g in zip(cots, xs[len(given):]):
-            inputs[name] = g.reshape(_shape(program, spec[name].axes, at) if at else shape).to(want).contiguous()
+            shape = _shape(program, spec[name].axes, at) if program.dynamic else shape
+            inputs[name] = g.reshape(shape).to(want).contiguous()
         res = _run(run_key, run, inputs)
-        return [res[n].reshape(_shape(program, spec[w].axes, at) if at else shape)
+        return [res[n].reshape(_shape(program, spec[w].axes, at) if program.dynamic else shape)
                 for n, w, shape in zip(got_names, wrt, shapes)]
 
     @torch.library.custom_op(key, mutates_args=())

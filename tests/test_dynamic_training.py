@@ -133,3 +133,51 @@ def test_no_backward_at_every_length_trains_per_length(monkeypatch):
     assert "no backward at every length" in prog.family.no_training
     assert prog.stats()["signatures"] == 1
     torch.testing.assert_close(prog(*make(21)), fn(*make(21)))  # (inference still serves every length)
+
+
+def test_tuning_a_bucket_feeds_its_kernels_the_call_lengths():
+    """tune() at a length of a bucket times the bucket's training kernels on tensors of that length
+    (the backward's cotangents too; a run stands in for the GPU's timing here)."""
+    fn, make, wrt = CASES["cross_entropy"]
+    prog = neptune_eq.compile(fn, *make(LENGTHS[0]), dynamic=True)
+    xs = make(LENGTHS[1])
+    ns = prog.family.serves(xs)
+    inputs = prog.family.inputs(xs, ns)
+    ran = []
+    mode = autograd.tune_training(prog.family.bucket_training(ns).qualname, inputs,
+                                  lambda compiled, feed: ran.append(compiled.run(feed)), {"x"})
+    assert mode in ("saved", "recompute") and len(ran) == 2
+    assert all(t.shape[0] == LENGTHS[1] for t in ran[1].values())  # (dx at the call's length, not the bucket's)
+
+
+def test_flex_attention_with_dynamic_serves_every_length():
+    """neptune_eq.attention(..., dynamic=True): one compile per bucket for a score_mod and mask_mod
+    (FlexAttention recompiles, or needs its own dynamic shapes), with return_lse and gradients."""
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + 0.25 * (kv_idx - q_idx)
+
+    def causal_mask(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def ref(q, k, v):
+        i, j = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+        s = alibi(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), None, None, i, j)
+        keep = j <= i
+        s = s.masked_fill(~keep, float("-inf"))
+        return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+    def attn(q, k, v):
+        return neptune_eq.attention(q, k, v, score_mod=alibi, mask_mod=causal_mask, return_lse=True, dynamic=True)
+
+    counts = None
+    for n in LENGTHS[:2]:
+        q, k, v = (_randn(1, 2, n, 8, seed=n + s).requires_grad_() for s in range(3))
+        (out, lse), (ro, rl) = attn(q, k, v), ref(q, k, v)
+        torch.testing.assert_close(lse.double(), rl, rtol=1e-6, atol=1e-6)  # (float32, as FlexAttention's)
+        got = torch.autograd.grad(out.sum() * 1.5, (q, k, v))
+        want = torch.autograd.grad(ro.sum() * 1.5, (q, k, v))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+        compiled = next(c for c in neptune_eq.api._ATTENTION_DYNAMIC.values() if c.fn.__name__ == "flex_attention")
+        counts = _compiles(compiled) if counts is None else counts
+        assert _compiles(compiled) == counts
