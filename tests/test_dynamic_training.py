@@ -138,7 +138,7 @@ def test_no_backward_at_every_length_trains_per_length(monkeypatch):
 def test_tuning_a_bucket_feeds_its_kernels_the_call_lengths():
     """tune() at a length of a bucket times the bucket's training kernels on tensors of that length
     (the backward's cotangents too; a run stands in for the GPU's timing here)."""
-    fn, make, wrt = CASES["cross_entropy"]
+    fn, make, _ = CASES["cross_entropy"]
     prog = neptune_eq.compile(fn, *make(LENGTHS[0]), dynamic=True)
     xs = make(LENGTHS[1])
     ns = prog.family.serves(xs)
