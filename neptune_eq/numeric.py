@@ -43,8 +43,8 @@ def _integral_here(n: ir.Node, memo: dict[int, bool], int_leaf) -> bool:
         return math.isfinite(n.value) and float(n.value).is_integer() and abs(n.value) < 2**63
     if isinstance(n, ir.Index):
         return True
-    if isinstance(n, ir.Length):  # (a float in the kernels: a mean's divisor)
-        return False
+    if isinstance(n, ir.Length):  # (the kernel's integer length argument)
+        return True
     if isinstance(n, ir.Load | ir.StateRef):
         return int_leaf(n)
     if isinstance(n, ir.Reduce):

@@ -99,7 +99,7 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
             # stream, a synchronisation per call of the index checks and data bounds that evaluate here)
             return _Val(torch.full((), n.value, dtype=dtype, device=device), ())
         if isinstance(n, ir.Length):  # (the axis's length, also where `restrict` evaluates a few of its indices)
-            return _Val(torch.full((), float(program.axes[n.axis]), dtype=dtype, device=device), ())
+            return _Val(torch.full((), program.axes[n.axis], dtype=torch.int64, device=device), ())
         if isinstance(n, ir.Index):
             return arange(n.axis)
         if isinstance(n, ir.Load):

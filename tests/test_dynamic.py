@@ -71,20 +71,60 @@ def test_tied_lengths_move_together_and_untied_calls_compile_their_own():
 
 
 def test_a_length_read_as_a_number_is_refused_or_kept_static():
-    def centred(x):  # x.shape[1] enters the program as a constant
-        return x - x.sum(1, keepdim=True) / x.shape[1]
+    def last(x):  # x[:, -1] reads the column at n − 1: an index the program depends on
+        return x - x[:, -1:]
 
     x = torch.randn(4, 6, dtype=torch.float64)
     with pytest.raises(NotDynamic, match=r"dimension 1 of argument 'x'.*depends on its length"):
-        neptune_eq.compile(centred, x, dynamic={0: [1]})
-    prog = neptune_eq.compile(centred, torch.randn(4, 6), dynamic={0: [0]})  # the rows may change
+        neptune_eq.compile(last, x, dynamic={0: [1]})
+    prog = neptune_eq.compile(last, torch.randn(4, 6), dynamic={0: [0]})  # the rows may change
     for n in (3, 9):
         y = torch.randn(n, 6)
-        _close(prog(y), centred(y.double()))
+        _close(prog(y), last(y.double()))
     assert prog.stats()["signatures"] == 0
     y = torch.randn(4, 7)  # another row length: a compile of its own (correct, counted)
-    _close(prog(y), centred(y.double()))
+    _close(prog(y), last(y.double()))
     assert prog.stats()["signatures"] == 1
+
+
+def test_a_length_computed_from_a_size_is_written_with_it():
+    """x.shape[1] in a division (session 51: it had kept the axis static) and L − 1 in an index offset
+    are expressions of len(axis), from a second trace with symbolic sizes: one compile serves them."""
+    def centred(x):
+        return x - x.sum(1, keepdim=True) / x.shape[1]
+
+    def ramp(x):
+        L = x.shape[1]
+        return x * (torch.arange(L) - (L - 1))
+
+    for fn in (centred, ramp):
+        prog = neptune_eq.compile(fn, torch.randn(4, 6, dtype=torch.float64), dynamic={0: [1]})
+        for n in (5, 9, 31):
+            y = torch.randn(4, n, dtype=torch.float64)
+            _close(prog(y), fn(y), tol=1e-12)
+        assert prog.stats()["signatures"] == 0
+    # a square example: the divisor is the columns' length, not the rows' (one symbol per dimension)
+    prog = neptune_eq.compile(centred, torch.randn(6, 6, dtype=torch.float64), dynamic={0: [0]})
+    y = torch.randn(11, 6, dtype=torch.float64)
+    _close(prog(y), centred(y), tol=1e-12)
+    assert prog.stats()["signatures"] == 0
+
+
+def test_a_function_that_tests_its_length_keeps_it_static():
+    """`if n > 1000:` holds at the example and the probes' lengths: the axis had been made dynamic and
+    a call at 2000 ran the example's branch, silently wrong. The symbolic trace's guard keeps it static."""
+    def branchy(x):
+        s = x.sum(0)
+        if x.shape[0] > 1000:
+            s = s * 2
+        return s
+
+    x = torch.randn(40, 3, dtype=torch.float64)
+    with pytest.raises(NotDynamic, match=r"tests its length \(n <= 1000\)"):
+        neptune_eq.compile(branchy, x, dynamic={0: [0]})
+    prog = neptune_eq.compile(branchy, x, dynamic=True)
+    y = torch.randn(2000, 3, dtype=torch.float64)
+    _close(prog(y), branchy(y), tol=1e-10)
 
 
 def test_the_egraph_holds_no_extent_for_a_dynamic_axis():

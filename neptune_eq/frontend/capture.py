@@ -50,6 +50,7 @@ from .narrow_ints import guard_narrow
 from .results import Mutation, OutputStructure, find_mutations
 from .sdpa import SdpaAsMath
 from .source import CaptureError, SourceLocator, location
+from .symsizes import SizeTrace, trace_sizes
 from .tracing import RESTORED, ZeroSizeCapture, check_sizes, trace, untouched
 from .translate import InputDecl, Translator, dtype_name
 
@@ -109,6 +110,9 @@ class Captured:
     index_checks: tuple[IndexCheck, ...] = ()
     mutations: tuple[Mutation, ...] = ()
     grad_off: str | None = None  # where fn turns gradients off (no gradient is derived for such a call)
+    # a dynamic capture's sizes (frontend/symsizes.py) and the size symbol of each (argument, dimension)
+    sizes: SizeTrace | None = field(repr=False, default=None)
+    size_of: dict = field(repr=False, default_factory=dict)
     # str(device) -> `constants` there (see _constants_on)
     _device_constants: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
@@ -323,11 +327,12 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
     untouched(env.guards.tensors, small)
     check_sizes(gm)
     spec, leaves = returned
+    sizes = trace_sizes(lambda: trace(traced, tensors, mode="symbolic"), gm) if symbolic_lengths else None
     mutations = find_mutations(gm, [params[k] for k in tensor_pos], tensor_pos, example_inputs)
     constants = _constants(gm, env.names, taken=set(params))
     decls = [InputDecl(params[k], t.dtype) for k, t in zip(tensor_pos, tensors)]
     tx = Translator(gm.graph, decls, constants, HANDLERS, name=name or _function_name(fn),
-                    inexact_readers=INEXACT_READERS, symbolic_lengths=symbolic_lengths)
+                    inexact_readers=INEXACT_READERS, symbolic_lengths=symbolic_lengths, sizes=sizes)
     tr = tx.run()
     if merge:
         tr = replace(tr, program=merge_reduced_axes(tr.program))
@@ -362,7 +367,24 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
         index_checks=tr.checks,
         mutations=mutations,
         grad_off=locator.grad_off,
+        sizes=sizes,
+        size_of=_size_symbols(sizes, example_inputs, tensor_pos, tensors),
     )
+
+
+def _size_symbols(sizes: SizeTrace | None, example_inputs, tensor_pos, tensors) -> dict:
+    """(argument position, dimension) → its size symbol in `sizes` (the traced tensors are the distinct
+    arguments: one passed twice is one placeholder)."""
+    if sizes is None:
+        return {}
+    by = {(p, d): s for s, (p, d) in sizes.sizes.items()}
+    out = {}
+    for k in tensor_pos:
+        p = next(i for i, t in enumerate(tensors) if t is example_inputs[k])
+        for d in range(example_inputs[k].dim()):
+            if (p, d) in by:
+                out[(k, d)] = by[(p, d)]
+    return out
 
 
 def _reshaped(program: ir.Program, name: str, shape) -> tuple[int, ...] | None:

@@ -45,6 +45,7 @@ from .capture import ArgBinding, Captured, capture
 from .checks import composed, run_checks
 from .compiled import bind_after, call_layout
 from .guards import same_value
+from .symsizes import restricting
 
 MAX_BOUND_LAYOUTS = 64  # call layouts (so lengths) a dynamic function keeps bound launches for
 _SEEN = object()  # a layout called once (bound on its second call)
@@ -145,8 +146,8 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
         if a in taken:
             continue
         same = tuple(x for x in p0.axes if x not in taken and p0.axes[x] == p0.axes[a])
-        why = None
-        for group in dict.fromkeys([(a,), same]):
+        why = _tested(c0, maps, a)
+        for group in dict.fromkeys([(a,), same]) if why is None else ():
             why = probe([*groups, group], only=len(groups))
             if why is None:
                 groups.append(group)
@@ -166,6 +167,20 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
         stats.captures += 1
     outs = _output_dims(c0, example, groups, maps) if groups else ()
     return Lengths(tuple(groups), dims, outs, tuple(static))
+
+
+def _tested(c0: Captured, maps, axis: str) -> str | None:
+    """How fn's Python tests the length of `axis` (`if L > 1000:`), a test that does not hold at every
+    length ≥ 2 (frontend/symsizes.py), else None: such a dimension stays specialised."""
+    if c0.sizes is None:
+        return None
+    for pos, axes in maps.items():
+        for d, a in enumerate(axes or ()):
+            symbol = c0.size_of.get((pos, d)) if a == axis else None
+            test = restricting(c0.sizes, symbol) if symbol is not None else None
+            if test is not None:
+                return f"the function tests its length ({test.replace(str(symbol), 'n')})"
+    return None
 
 
 def _moved(c0: Captured, groups, only: int | None = None) -> dict[str, int]:

@@ -39,7 +39,9 @@ class Pointwise:
         return tx.broadcast(c, ops, len(c.out.shape))
 
     def build(self, tx, c):
-        args = [_value(a) for a in c.args[: self.arity]]
+        # (a number the function computed from its arguments' sizes is their len(axis) expression)
+        args = [e if (e := tx.size_value(c.node, k)) is not None else _value(a)
+                for k, a in enumerate(c.args[: self.arity])]
         if c.out.dtype.is_floating_point:  # torch promotes integer operands: the arithmetic is float
             args = [call("float", e) if k in self.data and isinstance(a, Operand) and not a.dtype.is_floating_point
                     else e for k, (a, e) in enumerate(zip(c.args, args))]

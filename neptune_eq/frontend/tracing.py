@@ -35,12 +35,14 @@ class ZeroSizeCapture(CaptureError):
     """An argument or intermediate value has a zero-size dimension: nothing to compile."""
 
 
-def trace(traced, tensors) -> torch.fx.GraphModule:
+def trace(traced, tensors, mode: str = "fake") -> torch.fx.GraphModule:
+    """`traced(*tensors)` as an aten graph, on fake tensors of the same sizes (or, with mode "symbolic",
+    of symbolic sizes: frontend/symsizes.py)."""
     try:
         with fx_traceback.preserve_node_meta():
             # functionalize: in-place updates (s.masked_fill_(...), s += b) become value semantics;
             # writes into arguments are replayed as copy_(argument, new value) at the end
-            return make_fx(functionalize(traced, remove="mutations"), tracing_mode="fake",
+            return make_fx(functionalize(traced, remove="mutations"), tracing_mode=mode,
                            decomposition_table=_DECOMPOSITIONS, _allow_non_fake_inputs=True)(*tensors)
     except CaptureError:
         raise

@@ -30,6 +30,7 @@ from .exprs import add, call, const, negate, select, substitute
 from .exprs import reduce as reduce_expr
 from .inplace import functional_twin
 from .source import CaptureError, located, location
+from .symsizes import SizeTrace, size_expression
 
 TEMPLATES = {1: "i", 2: "id", 3: "bid", 4: "bhid", 5: "bhgid"}
 
@@ -151,6 +152,7 @@ class Translator:
     inexact_readers: frozenset = frozenset()  # aten ops that read a narrowed value unrounded (rounding.py)
     compute_rank: int = 2  # the kernels' float precision (rounding.RANK): float64 programs compute in it
     symbolic_lengths: bool = False  # lengths as len(axis), not numbers (a dynamic function's capture)
+    sizes: SizeTrace | None = None  # which numbers of the graph are sizes (frontend/symsizes.py)
     res: Resolution | None = None
     checks: list[IndexCheck] = field(default_factory=list)
     storage_reads: set[str] = field(default_factory=set)  # inputs as_strided reads (they must be contiguous)
@@ -383,6 +385,21 @@ class Translator:
         """The length of `axis` as a value: its extent, or `len(axis)` in a capture with symbolic
         lengths (a dynamic function's: the program is then the same at every length of the axis)."""
         return ir.Length(axis) if self.symbolic_lengths else const(self.res.extents[axis])
+
+    def size_value(self, node: fx.Node, k: int) -> ir.Node | None:
+        """Argument `k` of `node` written with len(axis) where the function computed it from its
+        arguments' sizes (x.sum() / x.shape[0]; a dynamic capture), else None."""
+        e = self.sizes.values.get((node, k)) if self.sizes is not None else None
+        if e is None:
+            return None
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+
+        def length(symbol) -> ir.Node:
+            p, d = self.sizes.sizes[symbol]
+            v = self.infos[placeholders[p]].dims[d]
+            return const(1) if v is None else self.count([v])
+
+        return size_expression(e, length)
 
     def count(self, dims: list[Dim]) -> ir.Node:
         """The number of index points of `dims` (a mean's divisor): the product of their axes' lengths."""

@@ -297,8 +297,8 @@ class KernelWriter(MemoryOps, ContractOps):
             raise KeyError(f"axis {n.axis} has no index in kernel {self.k.name}")
         if isinstance(n, ir.Length):  # a dynamic axis's length is the kernel's argument n_<axis>
             if n.axis not in self.program.dynamic:
-                return Val(_fmt_float(float(self.program.axes[n.axis])), (), "f")
-            return self.f32(Val(self.extent(n.axis), (), "i"))
+                return Val(str(self.program.axes[n.axis]), (), "i")
+            return Val(self.extent(n.axis), (), "i")
         if isinstance(n, ir.StateRef):
             if n.kind is ir.RefKind.INLINE and n.name in self.plan.inline:
                 return self.value(self.plan.inline[n.name])
