@@ -365,3 +365,22 @@ def test_a_row_tile_under_a_runtime_length_is_read_clamped_not_masked():
     stores = [ln for ln in src.splitlines() if "tl.store(" in ln]
     assert loads and all("offs_i < n_i" not in ln and "tl.minimum(offs_i, n_i - 1)" in ln for ln in loads), loads
     assert stores and all("(offs_i < n_i)" in ln for ln in stores), stores
+
+
+def test_alibi_decode_serves_every_key_length():
+    """alibi_dc's query sits at S − 1 and its slopes divide by H: both are len(axis) expressions now
+    (the key axis had stayed static), so one compile serves each bucket of key lengths."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from neptune_ops import alibi_dc
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 1, 16, generator=g)
+    prog = neptune_eq.compile(alibi_dc, q, *(torch.randn(1, 4, 40, 16, generator=g) for _ in range(2)), dynamic=True)
+    assert any("j" in group for group in prog.family.lengths.groups)
+    for S in (40, 33, 57):
+        k, v = (torch.randn(1, 4, S, 16, generator=g) for _ in range(2))
+        _close(prog(q, k, v), alibi_dc(q.double(), k.double(), v.double()))
+    assert prog.stats()["signatures"] == 0

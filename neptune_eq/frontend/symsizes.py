@@ -70,6 +70,11 @@ def trace_sizes(trace_symbolic, gm: fx.GraphModule) -> SizeTrace | None:
 
 
 _VIEWS = (torch.ops.aten.slice.Tensor, torch.ops.aten.alias.default)  # (x[:, None]'s full slice: kept symbolically)
+_SAME = {torch.ops.aten._unsafe_view.default: torch.ops.aten.view.default}  # (a matmul's reshape, traced either way)
+
+
+def _target(n: fx.Node):
+    return _SAME.get(n.target, n.target)
 
 
 def _aligned(ops: list[fx.Node], sops: list[fx.Node]) -> list[tuple[fx.Node, fx.Node]] | None:
@@ -78,9 +83,9 @@ def _aligned(ops: list[fx.Node], sops: list[fx.Node]) -> list[tuple[fx.Node, fx.
     differ otherwise."""
     out, k = [], 0
     for a in ops:
-        while k < len(sops) and sops[k].target != a.target and sops[k].target in _VIEWS:
+        while k < len(sops) and _target(sops[k]) != _target(a) and sops[k].target in _VIEWS:
             k += 1
-        if k == len(sops) or sops[k].target != a.target:
+        if k == len(sops) or _target(sops[k]) != _target(a):
             return None
         out.append((a, sops[k]))
         k += 1
