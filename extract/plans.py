@@ -413,7 +413,7 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
     for ki, k in enumerate(kernels):
         refs = _syms_needed(k)
         needed, pending, loads = set(refs), {}, []
-        for name in needed:
+        for name in refs:  # (in the order the kernel reads them, not a set's: buffers and stores alike everywhere)
             if name in inline or name in computed[ki] or name not in by_name:
                 continue
             src = owner_kernel.get(name)

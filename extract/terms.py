@@ -23,6 +23,7 @@ from neptune_eq import ir
 from neptune_eq.ops import OPS
 from neptune_eq.terms import LEAVES
 
+from .canonical import StableHashes
 from .view import EGraphView, ENode
 
 # cost of one op per element, in FMA-pipe instruction equivalents (special functions count as 4:
@@ -192,29 +193,57 @@ class TermExtractor:
         leaves = leaves or {}
         shared = shared or {}
         entries, parents = self._index()
+        labels, written = self._labels()
         best: dict[int, tuple[float, ENode | None]] = {c: (0.0, None) for c in leaves}
         for c, n in shared.items():
             best.setdefault(c, (0.0, n))
         final: set[int] = set()
+        hashes = StableHashes()  # a hash of each final class's term (of a leaf: its printed value)
+        spelled = {c: hashes.of(ir.show(leaves[c]) if c in leaves else shared[c].op) for c in best}
         waiting = [len(kids) for _, _, _, kids in entries]  # children not final yet, per entry
         ok = [c not in best and (allow is None or allow(c, n)) and own < math.inf
               for c, n, own, _ in entries]
-        heap = [(0.0, c, -1) for c in best]
-        heap += [(own, c, k) for k, (c, _, own, kids) in enumerate(entries) if ok[k] and not kids]
+        # a tie in cost goes to the node as written, then to a constant on the right (x·c, as people write
+        # it), then to the smaller hash of the term it spells: the same term in every process and every
+        # e-graph holding the same candidates (two corrections found in two searches agree on e^(a−b)
+        # against 2^((a−b)·log₂e), and the cost model sees one)
+        heap = [(0.0, 0, 0, spelled[c], c, -1) for c in best]
+        heap += [(own, written[k], 0, hash((labels[k],)), c, k) for k, (c, _, own, kids) in enumerate(entries)
+                 if ok[k] and not kids]
         heapq.heapify(heap)
+
+        def constant_first(kids: list[int]) -> int:
+            first = best[kids[0]][1]
+            return int(len(kids) == 2 and first is not None and first.op == "const")
+
         while heap:
-            total, c, k = heapq.heappop(heap)
+            total, _, _, term, c, k = heapq.heappop(heap)
             if c in final:
                 continue
             final.add(c)
+            spelled[c] = term
             if k >= 0:
                 best[c] = (total, entries[k][1])
             for p in parents.get(c, ()):
                 waiting[p] -= 1
                 if waiting[p] == 0 and ok[p] and entries[p][0] not in final:
                     pc, _, own, kids = entries[p]
-                    heapq.heappush(heap, (own + sum(best[a][0] for a in kids), pc, p))
+                    # (fsum: exactly rounded, so a·b and b·a cost the same to the last bit and tie)
+                    total = math.fsum([own, *(best[a][0] for a in kids)])
+                    term = hash((labels[p], tuple(spelled[a] for a in kids)))
+                    heapq.heappush(heap, (total, written[p], constant_first(kids), term, pc, p))
         return best
+
+    def _labels(self) -> tuple[list[int], list[int]]:
+        """Per entry of _index: a hash of its op and primitive arguments, the same in every process; and
+        0 where the view marks it written, else 1."""
+        if not hasattr(self, "_label_cache"):
+            entries, _ = self._index()
+            hashes = StableHashes()
+            labels = [hashes.label(n.op, n.sort, n.args[:len(n.args) - len(kids)]) for _, n, _, kids in entries]
+            written = [0 if (c, n) in self.view.written else 1 for c, n, _, _ in entries]
+            self._label_cache = (labels, written)
+        return self._label_cache
 
     def _looped(self, bit: dict[str, int]) -> int:
         """Bits of the axes reductions run as loops (longer than a tile: a shorter one is a tile dot)."""

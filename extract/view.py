@@ -2,21 +2,31 @@
 
 Built from egglog's frozen dump, so extraction can use costs that egglog's tree extractor cannot
 express (work weighted by iteration space, axis-free terms for corrections, shared loops).
+
+The view is numbered canonically: its class ids and the order of each class's nodes follow from the
+e-graph's structure alone, not from egglog's ids or the order of its function tables. Those differ
+between processes for the same input (egglog-python turns shared subterms into let bindings in the
+order it pops them from a Python set, which moves its function declarations, rows and ids), and every
+tie an extraction breaks by position (two spellings of equal cost: e^x against 2^(x·log₂e)) would
+then be broken differently in each process: the same program got plans whose predictions differed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from egglog import EGraph
 
+from neptune_eq import ir
 from neptune_eq.terms import op_of_callable
+
+from .canonical import canonical_order
 
 _PRIMS = {"String": "value_to_string", "i64": "value_to_i64", "f64": "value_to_f64", "bool": "value_to_bool"}
 
 
-@dataclass(frozen=True)
-class ENode:
+class ENode(NamedTuple):  # (a tuple: views are built often, and a frozen dataclass is slow to make)
     op: str
     args: tuple  # e-class ids (int) for term-like arguments, python values for primitives
     sort: str
@@ -32,6 +42,9 @@ class EGraphView:
     nonpos: set[int] = field(default_factory=set)  # ≤ 0: an exponent that cannot overflow
     _ids: dict = field(default_factory=dict)
     n_nodes: int = 0
+    # (class, node) pairs encoded from IR (the program as written, a representative, a quotient): among
+    # spellings of equal cost extraction keeps these, so a plan reads a·b where the program wrote a·b
+    written: set[tuple[int, ENode]] = field(default_factory=set)
 
     def nodes(self, cid: int) -> list[ENode]:
         return self.classes.get(cid, [])
@@ -47,7 +60,10 @@ def _sort_name(s: str) -> str:
     return s.rsplit(".", 1)[-1]
 
 
-def build_view(egraph: EGraph) -> EGraphView:
+def build_view(egraph: EGraph, written: dict | None = None, *, canonical: bool = True) -> EGraphView:
+    """The view of `egraph`; `written` (an Encoder's memo, IR node → Term) marks the nodes as written.
+    canonical=False keeps egglog's numbering, which differs between processes: for questions whose answer
+    does not depend on it (does a term exist?), where the numbering's cost is paid too often."""
     view = EGraphView()
     raw = egraph._egraph  # the bindings-level e-graph (pinned egglog version)
     state = egraph._state
@@ -59,6 +75,7 @@ def build_view(egraph: EGraph) -> EGraphView:
             got = view._ids[v] = len(view._ids)
         return got
 
+    is_class: dict[str, tuple[bool, ...]] = {}  # per op: which arguments are classes (the others primitives)
     for name, fn in frozen.functions.items():
         if fn.is_let_binding:
             continue
@@ -69,14 +86,13 @@ def build_view(egraph: EGraph) -> EGraphView:
         if op is None:
             continue
         in_sorts = [_sort_name(s) for s in fn.input_sorts]
+        convs = [_PRIMS.get(s) for s in in_sorts]
+        is_class[op] = tuple(conv is None for conv in convs)
         out_sort = _sort_name(fn.output_sort)
         for row in fn.rows:
             if row.subsumed:
                 continue
-            args = []
-            for s, v in zip(in_sorts, row.inputs):
-                conv = _PRIMS.get(s)
-                args.append(getattr(raw, conv)(v) if conv else cid(v))
+            args = [getattr(raw, conv)(v) if conv else cid(v) for conv, v in zip(convs, row.inputs)]
             if op == "deps":
                 view.deps[args[0]] = raw.value_to_i64(row.output)
             elif op == "nonneg":
@@ -92,7 +108,61 @@ def build_view(egraph: EGraph) -> EGraphView:
                 view.classes.setdefault(c, []).append(ENode(op, tuple(args), out_sort))
                 view.sort[c] = out_sort
                 view.n_nodes += 1
+    if canonical:
+        view = _renumbered(view, is_class)
+    if written:
+        mark_written(egraph, view, written)
     return view
+
+
+def _renumbered(raw: EGraphView, is_class: dict[str, tuple[bool, ...]]) -> EGraphView:
+    """`raw` (numbered as egglog's tables met its classes) numbered as extract.canonical orders it."""
+    facts = {c: (raw.deps.get(c, -1), c in raw.nonneg, c in raw.finite, c in raw.nonpos)
+             for c in raw.classes}  # (bools as ints)
+    order, ranked = canonical_order(raw.classes, is_class, facts, len(raw._ids))
+    new = {c: i for i, c in enumerate(order)}
+    for c in raw._ids.values():  # classes only seen as arguments: no nodes, no ties to break
+        new.setdefault(c, len(new))
+    view = EGraphView(deps={new[c]: d for c, d in raw.deps.items()}, nonneg={new[c] for c in raw.nonneg},
+                      finite={new[c] for c in raw.finite}, nonpos={new[c] for c in raw.nonpos},
+                      _ids={v: new[c] for v, c in raw._ids.items()}, n_nodes=raw.n_nodes)
+    plain = {op for op, mask in is_class.items() if all(mask)}  # (ops over classes alone: most nodes)
+
+    def renamed(op: str, args: tuple) -> tuple:
+        return tuple(map(new.__getitem__, args)) if op in plain else tuple(
+            new[a] if m else a for a, m in zip(args, is_class[op]))
+
+    for c in order:
+        ns = raw.classes[c]
+        view.classes[new[c]] = [ENode(op, renamed(op, args), sort) for op, args, sort in (ns[k] for k in ranked[c])]
+        view.sort[new[c]] = raw.sort[c]
+    return view
+
+
+def mark_written(egraph: EGraph, view: EGraphView, memo: dict) -> None:
+    """Add to view.written the node of each IR call and reduction in `memo` (an Encoder's IR node → Term)."""
+    classes: dict = {}
+
+    def of(node) -> int:
+        c = classes.get(node)
+        if c is None:
+            c = classes[node] = class_of(egraph, view, memo[node])
+        return c
+
+    for node in memo:
+        if isinstance(node, ir.Call):
+            op, prims = node.op, ()
+        elif isinstance(node, ir.Reduce):
+            op, prims = "red", (node.op, node.axis)
+        else:
+            continue
+        try:
+            c, args = of(node), prims + tuple(of(ch) for ch in node.children())
+        except KeyError:  # (a term the view does not hold, e.g. encoded after it was built)
+            continue
+        n = next((n for n in view.nodes(c) if n.op == op and n.args == args), None)
+        if n is not None:
+            view.written.add((c, n))
 
 
 def class_of(egraph: EGraph, view: EGraphView, expr) -> int:

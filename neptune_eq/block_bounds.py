@@ -117,10 +117,10 @@ def cap_blocks(tiles: dict[str, int], exprs: list[ir.Node], k: KernelPlan, inner
     stepped axes stay whole; no tile goes below `floor`."""
     tiles = dict(tiles)
 
-    def tiled(n: ir.Node) -> list[str]:
-        return [a for a in n.axes if tiles.get(a, 1) > 1]
+    def tiled(n: ir.Node) -> list[str]:  # (in the tiles' order, not the axis set's: ties alike in every process)
+        return [a for a in tiles if a in n.axes and tiles[a] > 1]
 
-    nodes = {n for e in exprs for n in ir.walk(e)}
+    nodes = list(dict.fromkeys(n for e in exprs for n in ir.walk(e)))  # (in walk order: halvings too)
     sums = [r.body for r in nodes if isinstance(r, ir.Reduce) and r.op == "sum"]
     sums += [c.core for p in k.passes() for c in p.comps if c.op == "sum"]  # (a pass's sums: over its axis)
     dots: set[ir.Node] = set()

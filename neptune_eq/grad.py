@@ -16,7 +16,8 @@ extra axes. Local derivatives, one per operator:
     log, log2         ḡ/a, ḡ/(a·ln 2)       tanh            ḡ·(1 − tanh²a)
     sin, cos          ḡ·cos a, −ḡ·sin a
     sqrt, rsqrt       ḡ/(2√a), −ḡ·a^{-3/2}/2  abs           ḡ·sign(a)
-    Σ_d body          ḡ to every element    max_d / min_d  ḡ shared by the elements equal to it (torch's amax)
+    Σ_d body          ḡ to every element    max_d / min_d  ḡ shared by the elements equal to it (torch's amax;
+                                                           a row holding NaN: NaN, as torch's amax gives)
 
 A max or min the outputs are invariant to — the shift of a softmax, a log-sum-exp, attention —
 has adjoint 0: it is dropped rather than computed as a sum that cancels (and its ties counted).
@@ -269,7 +270,9 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
                 count = _call("where", hit, _c(1.0), _c(0.0))
                 for a in reversed(axes):
                     count = Reduce("sum", a, count)
-                add(body, _call("where", hit, _call("div", g, count), _c(0.0)))
+                # the others get 0/count: 0, or NaN where no element attains the max (a NaN in the row:
+                # NaN == NaN is false), torch's (g/count)·mask = ∞·0 = NaN; per row, not per element
+                add(body, _call("where", hit, _call("div", g, count), _call("div", _c(0.0), count)))
     outputs, names, fresh = [], {}, {}
     for name in wrt:
         spec = program.inputs[name]

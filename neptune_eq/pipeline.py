@@ -309,7 +309,7 @@ def _extractor(c: Compilation, view: EGraphView) -> TermExtractor:
 
 def _represent(c: Compilation) -> None:
     """The cheapest program in the e-graph; every distinct reduction in it becomes a binding."""
-    view = build_view(c.egraph)
+    view = build_view(c.egraph, c.encoder.encoded)
     tx = _extractor(c, view)
     names = list(c.roots)
     terms, classes = tx.best_shared([class_of(c.egraph, view, c.roots[n]) for n in names])
@@ -385,7 +385,7 @@ def _plans(c: Compilation) -> None:
     c.encoder.flush()
     if binding_terms:
         c.egraph.register(*binding_terms)
-    view = c.view = build_view(c.egraph)
+    view = c.view = build_view(c.egraph, c.encoder.encoded)
     tx = _extractor(c, view)
     cid = lambda t: class_of(c.egraph, view, t)  # noqa: E731
     no_red = lambda _c, n: n.op != "red"  # noqa: E731

@@ -203,7 +203,7 @@ def default_schedule(k: KernelPlan, program: ir.Program, plan: Plan) -> KernelSc
         n = program.axes[p.axis]  # query heads of a kv group summed in 16-wide masked tiles)
         if p.axis not in tiles:
             tiles[p.axis] = min(64 if has_dot else 256, max(16 if has_dot else 1, next_pow2(n)))
-    for a in inner_axes(k, plan):
+    for a in sorted(inner_axes(k, plan), key=list(program.axes).index):
         tiles[a] = max(16, next_pow2(program.axes[a]))
     if not has_dot:
         one_group_per_program(tiles, k)

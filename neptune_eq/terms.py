@@ -364,6 +364,11 @@ class Encoder:
         out.loads, out.syms, out._memo, out._pending, out._size, out._lets = {}, {}, {}, [], {}, self._lets
         return out
 
+    @property
+    def encoded(self) -> dict[ir.Node, Term]:
+        """Every IR node this encoder has encoded, with its term (build_view marks these as written)."""
+        return self._memo
+
     def mask(self, axes) -> int:
         m = 0
         for a in axes:

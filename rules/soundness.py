@@ -279,7 +279,7 @@ def _sample(rng, sorts: dict[str, str], keys: set[str], conds, ctx: _Context, mo
             ints[var] = monoids.get(var, 0.0)
         elif sort == "i64":
             ints[var] = 0.0
-    for k in keys:
+    for k in sorted(keys):  # (sorted: each key draws the same values in every process)
         env[k] = special_values(rng, full)
     for c in conds:
         v = env.get(c.var)

@@ -222,3 +222,15 @@ def test_a_learnable_scalar_from_the_environment_gets_its_gradient():
     with torch.no_grad():
         temp.add_(0.3)  # an optimizer step: the next call reads the new value
     torch.testing.assert_close(prog(x), torch.logsumexp(x / temp, -1).sum())
+
+
+def test_a_row_holding_nan_gives_the_max_and_min_gradients_torch_gives():
+    """torch's amax / amin share the gradient among the elements equal to the result, (g/count)·mask: on
+    a row holding NaN no element equals it (NaN == NaN is false), count is 0 and ∞·0 makes the whole
+    row's gradient NaN. Ours gave 0 there, silently. Rows of ties, of +∞ and of −∞ keep theirs."""
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[1.0, nan, 3.0, 3.0], [1.0, 2.0, 3.0, 3.0], [-inf, -inf, -inf, -inf], [1.0, inf, 2.0, 0.0],
+                      [nan, 0.0, -1.0, -1.0]])
+    ours, ref = _grad(lambda t: t.amax(-1) + (t - t.amin(-1, keepdim=True)).sum(-1), x)
+    assert torch.equal(ours.isnan(), ref.isnan()) and ref[0].isnan().all() and ref[4].isnan().all(), (ours, ref)
+    assert torch.allclose(ours[~ref.isnan()], ref[~ref.isnan()], atol=1e-6), (ours, ref)

@@ -495,3 +495,27 @@ def test_a_statistic_is_read_at_shifted_rows_only_inside_its_extent():
     assert _shifted_read(inside, {stat: load}, axes, extents) == Load("saved_0", (clamped,))
     outside = Reduce("max", "d", Load("x", (c("add", c("add", b, ir.Const(-4)), ir.Const(4)), d)))
     assert _shifted_read(outside, {stat: load}, axes, extents) is None
+
+
+def test_orpo_on_a_sequence_with_no_scored_token_keeps_its_gradient_zero():
+    """A deliberate difference from torch. A sequence with no scored token has log-probability 0, so
+    ORPO's log(1 − e⁰) is −∞ and its log-odds +∞: the loss is finite and does not depend on that
+    sequence's logits at all (each token is masked), so their gradient is 0. torch gives NaN there: its
+    chain rule multiplies logsigmoid's derivative at +∞, 0, by log1p(−eᶜ)'s, −∞, and the mask's 0 by
+    that NaN, and the NaN would reach every weight in a training step. Ours is the mask's 0 (a select,
+    not a product), and agrees with torch everywhere torch's gradient is a number."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 5, 11, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 11, (4, 5), generator=gen)
+    labels[:, :2] = -100
+    labels[1, :] = -100  # the second chosen sequence scores no token
+    leaf = logits.clone().requires_grad_()
+    _orpo(leaf, labels).backward()
+    c = capture(_orpo, logits, labels)
+    back = backward_program(c.program, saved=True)
+    feed = _saved_feed(back, {**c.inputs(logits, labels), back.cotangents["out0"]: torch.ones((), dtype=torch.float64)})
+    got = evaluate(back.program, feed)[back.grads["logits"]].reshape(leaf.shape)
+    want = leaf.grad
+    assert want[1].isnan().all() and not want[[0, 2, 3]].isnan().any()
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    assert torch.allclose(got[[0, 2, 3]], want[[0, 2, 3]], rtol=1e-9, atol=1e-12)

@@ -216,7 +216,10 @@ class AffineSearcher:
             found: list[ir.Node] = []
 
             def done() -> bool:
-                view = build_view(eg)
+                # (egglog's numbering, not the canonical one: this runs every iteration, and the canonical
+                # view of a 40 000-node e-graph costs a second; the coefficients' terms are extracted alike
+                # in every process, only two linear forms of equal cost could be taken in either order)
+                view = build_view(eg, enc.encoded, canonical=False)
                 tx = TermExtractor(view, self.axis_order, self.extents, enc.loads, enc.syms)
                 leaves = {class_of(eg, view, t): k for k, t in basis_terms.items()}
                 term = linear_term(view, tx, class_of(eg, view, g), leaves, bit,

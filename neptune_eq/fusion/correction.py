@@ -66,7 +66,7 @@ class CorrectionSearcher:
             sat.phase("correction", self.schedule, stop_when=done)
             if not done():
                 return None, sat
-            view = build_view(eg)
+            view = build_view(eg, enc.encoded)
             tx = TermExtractor(view, self.axis_order, self.extents, enc.loads, enc.syms)
             allow = lambda c, n: view.free_of(c, bit) and n.op != "red"  # noqa: E731
             return tx.best_term(class_of(eg, view, t), allow=allow), sat
@@ -154,7 +154,7 @@ def numeric_correction_check(body: ir.Node, corr: ir.Node, dist: str, producers:
     for name in sorted(refs):
         env[name] = rng.normal(0, 3, samples)
     loads = {ir.show(n) for n in ir.walk(body) if isinstance(n, ir.Load | ir.Index)}
-    for name in loads:  # (some equal: a mask comparing two loads must hold at some samples)
+    for name in sorted(loads):  # (some equal: a mask comparing two loads must hold at some samples)
         env[name] = some_equal(rng, rng.normal(0, 3, samples))
     old_body = ir.substitute(body, {p.ref(ir.RefKind.CURRENT): p.ref(ir.RefKind.OLD) for p in producers})
     g_new = eval_ir_sampled(body, env)
