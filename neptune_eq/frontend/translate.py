@@ -29,8 +29,9 @@ from .checks import IndexCheck, analyse, index_program
 from .exprs import add, call, const, negate, select, substitute
 from .exprs import reduce as reduce_expr
 from .inplace import functional_twin
+from .lengths import LengthValues
 from .source import CaptureError, located, location
-from .symsizes import SizeTrace, size_expression
+from .symsizes import SizeTrace
 
 TEMPLATES = {1: "i", 2: "id", 3: "bid", 4: "bhid", 5: "bhgid"}
 
@@ -134,7 +135,7 @@ class Translation:
 
 
 @dataclass
-class Translator:
+class Translator(LengthValues):
     """Translates one traced graph; `handlers` maps aten overloads to objects with
     infer(translator, call) -> dims and build(translator, call) -> ir.Node (see ops_*.py)."""
 
@@ -380,33 +381,6 @@ class Translator:
     def reduce(self, op: str, body: ir.Node, dims: list[Dim]) -> ir.Node:
         axes = [a for v in dims for a in self.res.axes(v)]
         return reduce_expr(op, body, axes, self.length)
-
-    def length(self, axis: str) -> ir.Node:
-        """The length of `axis` as a value: its extent, or `len(axis)` in a capture with symbolic
-        lengths (a dynamic function's: the program is then the same at every length of the axis)."""
-        return ir.Length(axis) if self.symbolic_lengths else const(self.res.extents[axis])
-
-    def size_value(self, node: fx.Node, k: int) -> ir.Node | None:
-        """Argument `k` of `node` written with len(axis) where the function computed it from its
-        arguments' sizes (x.sum() / x.shape[0]; a dynamic capture), else None."""
-        e = self.sizes.values.get((node, k)) if self.sizes is not None else None
-        if e is None:
-            return None
-        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
-
-        def length(symbol) -> ir.Node:
-            p, d = self.sizes.sizes[symbol]
-            v = self.infos[placeholders[p]].dims[d]
-            return const(1) if v is None else self.count([v])
-
-        return size_expression(e, length)
-
-    def count(self, dims: list[Dim]) -> ir.Node:
-        """The number of index points of `dims` (a mean's divisor): the product of their axes' lengths."""
-        out = None
-        for a in (a for v in dims for a in self.res.axes(v)):
-            out = self.length(a) if out is None else call("mul", out, self.length(a))
-        return const(1) if out is None else out
 
     def single_axis(self, v: Dim, what: str) -> str:
         axes = self.res.axes(v)

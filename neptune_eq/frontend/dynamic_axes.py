@@ -1,0 +1,260 @@
+"""Which dimensions of a captured function's arguments may change length between calls
+(neptune_eq.compile(..., dynamic=...)): `resolve`.
+
+A dimension is a program axis; the program must be the same at every length of it, up to that axis's
+extent. That is tested, not assumed: fn is captured again (on fake tensors, milliseconds) with the
+axis one length moved, and the two programs, their index checks, return structure and output shapes
+are compared. A length the program computes with is `len(axis)` (a mean's divisor, a number fn
+computed from its arguments' sizes: frontend/symsizes.py), the same at every length; one used as a
+shape or an index (x[:, -1], a slice to L // 2) changes the program, and the axis stays specialised
+(or, when the user named it, the compile is refused naming the difference), as does one fn's Python
+tests (`if L > 1000:`). Axes fn keeps equal (torch.ones(L, L).tril() against scores [L, S]) move
+together as one group; a final capture moves every group at once by different amounts. A size-1
+dimension is no axis (it broadcasts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from dataclasses import dataclass
+
+import torch
+
+from .. import ir
+from ..ir import NeptuneError
+from .capture import ArgBinding, Captured, capture
+from .checks import composed
+from .symsizes import restricting
+
+
+class NotDynamic(NeptuneError):
+    """A dimension named dynamic cannot be: the program depends on its length beyond its extent."""
+
+
+def arg_axes(b: ArgBinding, program: ir.Program) -> tuple[str | None, ...] | None:
+    """The program axis of each dimension of tensor argument `b` (None for a size-1 dimension, which
+    is no axis), or None where the program reshapes the argument otherwise."""
+    if not b.is_tensor or b.input is None:
+        return None
+    axes = program.inputs[b.input].axes
+    if b.program_shape is None:
+        return tuple(axes)
+    kept = [k for k, n in enumerate(b.shape) if n != 1]
+    if len(kept) != len(axes) or tuple(b.shape[k] for k in kept) != tuple(b.program_shape):
+        return None
+    out: list[str | None] = [None] * len(b.shape)
+    for k, a in zip(kept, axes):
+        out[k] = a
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """The dynamic axes of a capture: `groups` of program axes that keep one length, `dims` the
+    (argument, dimension, group) of every tensor argument dimension on them, `outputs` the (output,
+    dimension, group) of fn's outputs' dimensions on them, `static` why other candidates stay fixed."""
+
+    groups: tuple[tuple[str, ...], ...]
+    dims: tuple[tuple[int, int, int], ...]
+    outputs: tuple[tuple[int, int, int], ...]
+    static: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def axes(self) -> frozenset[str]:
+        return frozenset(a for g in self.groups for a in g)
+
+    def of(self, args) -> tuple[int, ...] | None:
+        """Each group's length in a call, or None where the call's dimensions of one group differ."""
+        out: list[int | None] = [None] * len(self.groups)
+        for pos, d, g in self.dims:
+            n = args[pos].shape[d]
+            if out[g] is None:
+                out[g] = n
+            elif out[g] != n:
+                return None
+        return tuple(out)
+
+
+def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
+    """The dynamic axes of capture `c0` (of fn at `example`): `spec` True (every dimension that can
+    be) or {argument index: [dimensions]} (each must be: NotDynamic otherwise). Each probe capture
+    is counted in `stats.captures`."""
+    def probe(groups, only=None):
+        if stats is not None:
+            stats.captures += 1
+        return _probe(c0, example, groups, maps, only)
+
+    p0 = c0.program
+    maps = {b.position: arg_axes(b, p0) for b in c0.args if b.is_tensor}
+    named: dict[str, str] = {}  # axis → how the user named it
+    if not (spec is True or isinstance(spec, dict)):
+        raise NeptuneError(f"dynamic={spec!r}: expected True or a dict {{argument index: [dimensions]}}")
+    if spec is True:  # every axis but the innermost dimension of a matrix (a head or model dimension)
+        inner = {axes[-1] for axes in maps.values() if axes is not None and len(axes) >= 2}
+        for axes in maps.values():
+            for a in axes or ():
+                if a is not None and a not in inner:
+                    named.setdefault(a, "")
+    else:
+        for pos, dims in dict(spec).items():
+            b = c0.args[pos] if isinstance(pos, int) and 0 <= pos < len(c0.args) else None
+            if b is None or not b.is_tensor:
+                raise NeptuneError(f"dynamic={spec!r}: argument {pos!r} is not a tensor argument of the function")
+            for d in dims:
+                what = f"dimension {d} of argument '{b.parameter}'"
+                if not -len(b.shape) <= d < len(b.shape):
+                    raise NeptuneError(f"dynamic: {what} does not exist (shape {b.shape})")
+                axes = maps.get(pos)
+                a = axes[d] if axes is not None else None
+                if a is None:
+                    why = ("has length 1 in the example (a size-1 dimension broadcasts; give an example of length "
+                           "≥ 2)" if b.shape[d] == 1 else "is reshaped with others inside the function")
+                    raise NotDynamic(f"dynamic: {what} {why}")
+                named.setdefault(a, what)
+    groups: list[tuple[str, ...]] = []
+    static: list[tuple[str, str]] = []
+    taken: set[str] = set()
+    for a in [a for a in p0.axes if a in named]:
+        if a in taken:
+            continue
+        same = tuple(x for x in p0.axes if x not in taken and p0.axes[x] == p0.axes[a])
+        why = _tested(c0, maps, a)
+        for group in dict.fromkeys([(a,), same]) if why is None else ():
+            why = probe([*groups, group], only=len(groups))
+            if why is None:
+                groups.append(group)
+                taken.update(group)
+                break
+        if why is not None:
+            if named[a]:
+                raise NotDynamic(f"dynamic: {named[a]} (axis '{a}') cannot change length: {why}")
+            static.append((a, why))
+    if len(groups) > 1:
+        why = probe(groups)
+        if why is not None:
+            raise NotDynamic(f"dynamic: axes {groups} cannot change length together: {why}")
+    index = {a: g for g, group in enumerate(groups) for a in group}
+    dims = tuple((pos, d, index[a]) for pos, axes in maps.items() for d, a in enumerate(axes or ()) if a in index)
+    if groups and stats is not None:
+        stats.captures += 1
+    outs = _output_dims(c0, example, groups, maps) if groups else ()
+    return Lengths(tuple(groups), dims, outs, tuple(static))
+
+
+def _tested(c0: Captured, maps, axis: str) -> str | None:
+    """How fn's Python tests the length of `axis` (`if L > 1000:`), a test that does not hold at every
+    length ≥ 2 (frontend/symsizes.py), else None: such a dimension stays specialised."""
+    if c0.sizes is None:
+        return None
+    for pos, axes in maps.items():
+        for d, a in enumerate(axes or ()):
+            symbol = c0.size_of.get((pos, d)) if a == axis else None
+            test = restricting(c0.sizes, symbol) if symbol is not None else None
+            if test is not None:
+                return f"the function tests its length ({test.replace(str(symbol), 'n')})"
+    return None
+
+
+def _moved(c0: Captured, groups, only: int | None = None) -> dict[str, int]:
+    """New extents for a probe: group g (or only group `only`) moves by 3 + 2g, clear of every other extent."""
+    taken = set(c0.program.axes.values())
+    out: dict[str, int] = {}
+    for g, group in enumerate(groups):
+        if only is not None and g != only:
+            continue
+        n = c0.program.axes[group[0]] + 3 + 2 * g
+        while n in taken:
+            n += 1
+        taken.add(n)
+        out.update({a: n for a in group})
+    return out
+
+
+def _probe_args(c0: Captured, example, maps, moved: dict[str, int]) -> list:
+    args = list(example)
+    for pos, axes in maps.items():
+        if axes is None or not any(a in moved for a in axes):
+            continue
+        x = example[pos]
+        shape = [moved.get(a, n) if a is not None else n for a, n in zip(axes, x.shape)]
+        args[pos] = torch.empty(shape, dtype=x.dtype, device=x.device)  # values are never read: traced fake
+    return args
+
+
+def _probe(c0: Captured, example, groups, maps, only: int | None = None) -> str | None:
+    """Why fn's program is not the same with `groups` moved (None: it is)."""
+    moved = _moved(c0, groups, only)
+    try:
+        with _quiet():
+            c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name, merge=False,
+                         symbolic_lengths=True)
+    except NeptuneError as e:
+        return f"the function does not trace at other lengths of it ({str(e).splitlines()[0]})"
+    return _difference(c0, c1, moved, maps)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """A probe that fails to trace is an answer, not an error to log (fake tensors log their own)."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _readable(line: str) -> str:
+    """A line of exact program text with its hexadecimal floats written as decimals."""
+    return re.sub(r"-?0x[0-9a-f.]+p[+-]\d+", lambda m: f"{float.fromhex(m.group(0)):g}", line)
+
+
+def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps) -> str | None:
+    try:
+        want = c0.program.with_extents(moved).text(exact=True).splitlines()
+    except ir.ProgramError as e:  # another axis reads a tensor along it: they must move together
+        return f"it is tied to another axis ({e})"
+    got = c1.program.text(exact=True).splitlines()
+    if want != got:
+        k = next((k for k, (x, y) in enumerate(zip(want, got)) if x != y), min(len(want), len(got)))
+        a = _readable(want[k]) if k < len(want) else "(nothing)"
+        b = _readable(got[k]) if k < len(got) else "(nothing)"
+        return f"the program depends on its length (at {_lengths(moved)} it reads `{b.strip()}` for `{a.strip()}`)"
+    if {b.position: arg_axes(b, c1.program) for b in c1.args if b.is_tensor} != maps:
+        return "the function reshapes an argument by its length"
+    key = [(c.op, str(c.index), c.size, c.wraps, c.ignore) for c in c0.index_checks]
+    if key != [(c.op, str(c.index), c.size, c.wraps, c.ignore) for c in c1.index_checks] or any(
+            set(moved) & (set(c.program.axes) if c.program is not None else composed(c)) for c in c0.index_checks):
+        return "an index check depends on it (a gather or index along it)"
+    if (c0.structure, c0.mutations, c0.output_dtypes) != (c1.structure, c1.mutations, c1.output_dtypes):
+        return "what the function returns depends on it"
+    if {n: t.shape for n, t in c0.constants.items()} != {n: t.shape for n, t in c1.constants.items()}:
+        return "a tensor the function reads from its environment depends on it"
+    return None
+
+
+def _lengths(moved: dict[str, int]) -> str:
+    return ", ".join(f"{a}={n}" for a, n in moved.items())
+
+
+def _output_dims(c0: Captured, example, groups, maps) -> tuple[tuple[int, int, int], ...]:
+    """(output, dimension, group) of the output dimensions on a dynamic axis, from one more capture
+    with every group moved (checked to be the same program by resolve)."""
+    moved = _moved(c0, groups)
+    c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name, merge=False,
+                 symbolic_lengths=True)
+    length = {moved[g[0]]: k for k, g in enumerate(groups)}
+    out = []
+    for k, (s0, s1) in enumerate(zip(c0.output_shapes, c1.output_shapes)):
+        for d, (n0, n1) in enumerate(zip(s0, s1)):
+            if n0 == n1:
+                continue
+            g = length.get(n1)
+            if g is None or c0.program.axes[groups[g][0]] != n0:
+                raise NotDynamic(f"dynamic: dimension {d} of output {k} changes from {n0} to {n1} when the lengths "
+                                 f"move to {_lengths(moved)}: it is not one of them (a flatten of a dynamic axis)")
+            out.append((k, d, g))
+    return tuple(out)

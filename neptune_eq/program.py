@@ -1,0 +1,184 @@
+"""A reduction program: its axes, inputs and outputs (expressions over the nodes of neptune_eq.ir),
+what is computed independent of how. Re-exported by neptune_eq.ir (`ir.Program`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from .ir import Call, Const, Index, Length, Load, Node, ProgramError, Reduce, substitute, walk
+from .irtext import show_shared
+from .ops import MONOIDS, OPS
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "bool", "uint8", "int8", "int16")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "bool": 1,
+               "uint8": 1, "int8": 1, "int16": 2}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    axes: tuple[str, ...]
+    dtype: str = "float32"
+    # the value the input holds, when a program computed it (a saved row max of the forward): the
+    # e-graph knows the load equals it (what the numerics analysis proves of the one holds for the other)
+    holds: Node | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    axes: tuple[str, ...]
+    expr: Node
+    dtype: str | None = None  # None: float32
+
+
+@dataclass
+class Program:
+    """A reduction program: what is computed, independent of how (the schedule)."""
+
+    name: str
+    axes: dict[str, int] = field(default_factory=dict)
+    inputs: dict[str, TensorSpec] = field(default_factory=dict)
+    outputs: list[Output] = field(default_factory=list)
+    # axes whose length is only known at the call: `axes` holds the largest length the compile serves
+    # (a bucket's bound); the e-graph holds no value for them and the kernels take them as arguments
+    dynamic: frozenset[str] = frozenset()
+
+    def validate(self) -> Program:
+        """Raise ProgramError naming the first problem found."""
+        for ax, n in self.axes.items():
+            if not isinstance(n, int) or n < 1:
+                raise ProgramError(f"axis '{ax}' of program '{self.name}' has extent {n!r}; expected an int >= 1")
+        for ax in self.dynamic:
+            self._check_axis(ax, "the dynamic axes")
+        for spec in self.inputs.values():
+            for ax in spec.axes:
+                self._check_axis(ax, f"input '{spec.name}'")
+            if spec.dtype not in DTYPES:
+                raise ProgramError(f"input '{spec.name}' has unknown dtype {spec.dtype!r} (known: {DTYPES})")
+        if not self.outputs:
+            raise ProgramError(f"program '{self.name}' has no outputs")
+        seen = set()
+        for out in self.outputs:
+            if out.name in seen or out.name in self.inputs:
+                raise ProgramError(f"output name '{out.name}' is used twice")
+            seen.add(out.name)
+            for ax in out.axes:
+                self._check_axis(ax, f"output '{out.name}'")
+            if len(set(out.axes)) != len(out.axes):
+                raise ProgramError(f"output '{out.name}' repeats an axis: {out.axes}")
+            for n in walk(out.expr):
+                self._check_node(n, out.name)
+            extra = out.expr.axes - set(out.axes)
+            if extra:
+                raise ProgramError(
+                    f"output '{out.name}' is declared over axes {out.axes} but its expression also varies "
+                    f"over {sorted(extra)}; reduce over them or add them to the output axes"
+                )
+        return self
+
+    def _check_axis(self, ax: str, where: str) -> None:
+        if ax not in self.axes:
+            known = ", ".join(self.axes) or "none"
+            raise ProgramError(f"unknown axis '{ax}' in {where} of program '{self.name}' (declared: {known})")
+
+    def _check_node(self, n: Node, out: str) -> None:
+        where = f"output '{out}'"
+        if isinstance(n, Index | Length):
+            self._check_axis(n.axis, where)
+        elif isinstance(n, Load):
+            spec = self.inputs.get(n.tensor)
+            if spec is None:
+                raise ProgramError(f"{where} reads unknown input '{n.tensor}' (inputs: {', '.join(self.inputs)})")
+            if len(n.index) != len(spec.axes):
+                raise ProgramError(
+                    f"{where} indexes input '{n.tensor}' with {len(n.index)} indices; it has axes {spec.axes}"
+                )
+            for ax, idx in zip(spec.axes, n.index):
+                if isinstance(idx, Index) and self.axes.get(idx.axis) != self.axes[ax]:
+                    self._check_axis(idx.axis, where)
+                    raise ProgramError(
+                        f"shape mismatch in {where}: input '{n.tensor}' has axis '{ax}' of extent "
+                        f"{self.axes[ax]} but is indexed by axis '{idx.axis}' of extent {self.axes[idx.axis]}"
+                    )
+        elif isinstance(n, Const) and n.value == 0.0 and math.copysign(1.0, n.value) < 0:
+            # egglog's f64 (like the IR's hash) holds one zero: x / -0.0 would become x / 0.0
+            raise ProgramError(f"{where} uses the constant -0.0, which the e-graph cannot tell from 0.0 (the sign "
+                               "of x / -0.0 would be lost); write x / -0.0 as -(x / 0.0))")
+        elif isinstance(n, Call):
+            op = OPS.get(n.op)
+            if op is None:
+                raise ProgramError(f"{where} uses unknown operator '{n.op}' (known: {', '.join(OPS)})")
+            if len(n.args) != op.arity:
+                raise ProgramError(f"{where}: '{n.op}' takes {op.arity} arguments, got {len(n.args)}")
+        elif isinstance(n, Reduce):
+            if n.op not in MONOIDS:
+                raise ProgramError(f"{where} reduces with unknown monoid '{n.op}' (known: {', '.join(MONOIDS)})")
+            self._check_axis(n.axis, where)
+            if n.axis not in n.body.axes:
+                have = ", ".join(sorted(n.body.axes)) or "none"
+                raise ProgramError(
+                    f"{where}: {n.op} over axis '{n.axis}' but the body does not depend on '{n.axis}' "
+                    f"(its axes: {have})"
+                )
+
+    def input_shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.axes[a] for a in self.inputs[name].axes)
+
+    def output_shape(self, out: Output) -> tuple[int, ...]:
+        return tuple(self.axes[a] for a in out.axes)
+
+    def with_extents(self, extents: dict[str, int]) -> Program:
+        """The same program specialised to other axis extents."""
+        axes = dict(self.axes)
+        for k, v in extents.items():
+            if k not in axes:
+                self._check_axis(k, "with_extents")
+            axes[k] = v
+        return Program(self.name, axes, dict(self.inputs), list(self.outputs), self.dynamic).validate()
+
+    def with_dynamic(self, axes) -> Program:
+        """The same program with the lengths of `axes` only known at the call (up to their extents here)."""
+        return Program(self.name, dict(self.axes), dict(self.inputs), list(self.outputs), frozenset(axes)).validate()
+
+    def with_static_lengths(self) -> Program:
+        """The same program with the length of every axis that is not dynamic written as its extent
+        (`len(d)` → 64): only a dynamic axis's length is left for the kernels to take as an argument."""
+        fixed = {Length(a): Const(float(n)) for a, n in self.axes.items() if a not in self.dynamic}
+        if not any(isinstance(n, Length) for o in self.outputs for n in walk(o.expr)):
+            return self
+        outs = [Output(o.name, o.axes, substitute(o.expr, fixed), o.dtype) for o in self.outputs]
+        return Program(self.name, dict(self.axes), dict(self.inputs), outs, self.dynamic).validate()
+
+    def with_dtypes(self, dtypes: dict[str, str], outputs: str | None = None) -> Program:
+        """The same program with other input dtypes (and, if given, one dtype for every output)."""
+        inputs = dict(self.inputs)
+        for k, v in dtypes.items():
+            if k not in inputs:
+                raise ProgramError(f"with_dtypes: unknown input '{k}' (inputs: {', '.join(inputs)})")
+            inputs[k] = replace(inputs[k], dtype=v)
+        outs = [Output(o.name, o.axes, o.expr, outputs or o.dtype) for o in self.outputs]
+        return Program(self.name, dict(self.axes), inputs, outs, self.dynamic).validate()
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def text(self, *, exact: bool = False) -> str:
+        """The program, readable; `exact` (the compile cache's key) writes constants bit for bit and
+        every output's dtype, so programs that differ in either never share a key."""
+        lines = [f"program {self.name}"]
+        lines.append("  axes: " + ", ".join(f"{a}{'<=' if a in self.dynamic else '='}{n}"
+                                            for a, n in self.axes.items()))
+        for s in self.inputs.values():
+            lines.append(f"  input {s.name}[{', '.join(s.axes)}]: {s.dtype}"
+                         + (f" = {show_shared([s.holds], exact=exact)[1][0]}" if s.holds is not None else ""))
+        lets, texts = show_shared([o.expr for o in self.outputs], exact=exact)
+        lines += [f"  {k} = {v}" for k, v in lets]
+        for o, text in zip(self.outputs, texts):
+            dtype = f": {o.dtype or 'float32'}" if exact else ""
+            lines.append(f"  {o.name}[{', '.join(o.axes)}]{dtype} = {text}")
+        return "\n".join(lines)
+
+
