@@ -111,6 +111,12 @@ def test_torch_compile_trains_across_lengths_in_one_graph():
         seen = _compiles(prog) if seen is None else seen
         assert _compiles(prog) == seen
     assert counters["stats"]["unique_graphs"] == 1
+    from neptune_eq import train_dynamic
+
+    name = train_dynamic.training_key(prog.family.op.qualname, (True, True, True))
+    xs = [x.requires_grad_() for x in make(21)]
+    checks = torch.library.opcheck(train_dynamic._TRAIN_OPS[name], (xs,))
+    assert set(checks.values()) == {"SUCCESS"}, checks
 
 
 def test_no_backward_at_every_length_trains_per_length(monkeypatch):
