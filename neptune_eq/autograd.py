@@ -388,6 +388,14 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
         return [t.merged(name, got.get(name)) for name in names]
 
     top.register_autograd(backward, setup_context=setup)
+    # every backward op a traced graph may call, registered with the training op: AOTAutograd's cache
+    # (warm in any process after the first) replays a compiled backward calling its op by name without
+    # tracing `backward`, which would register it (until session 51: AttributeError in that backward)
+    for back in (t.recompute, t.saved):
+        if back is not None:
+            _backward_op(qualname, back, split.core_names, outs, compile_fn)
+    if split.pro is not None:
+        _backward_op(f"{qualname}_operands", split.pro[1], split.maps_names, split.specs, compile_fn)
 
     def train(xs: list[torch.Tensor]) -> list[torch.Tensor]:
         # the custom op is what dynamo and AOTAutograd trace; an eager call skips its dispatch, whose
