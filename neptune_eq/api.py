@@ -160,45 +160,54 @@ class Compiled:
     def _variant(self, args):
         sig = signature(args)
         got = self.variants.get(sig)
-        if got is None:
-            from .frontend import capture
-            from .frontend.capture import ZeroSizeCapture
-            from .frontend.compiled import EagerFunction
+        return got if got is not None else self._new_variant(args, sig)
 
-            try:
-                captured = capture(self.fn, *args)
-            except ZeroSizeCapture:
-                got = self.variants[sig] = EagerFunction(self.fn)
-                return got
-            finally:
-                self.counts.captures += 1
-            prog = compile_cached(captured.program, self.options, self.cache, self.counts)
-            got = self.variants[sig] = _Variant.of(captured, prog, self.options, self.cache, self.counts)
-            if self.first is None:
-                self.first = sig
+    # (capturing runs make_fx, compiling runs egglog and registers ops: never in frames dynamo converts.
+    # A call dynamo runs eagerly inside a torch.compile'd region, after it gave up on Compiled.__call__,
+    # had its capture's frames converted one by one: a functorch internal assert, session 51)
+    @torch.compiler.disable
+    def _new_variant(self, args, sig):
+        from .frontend import capture
+        from .frontend.capture import ZeroSizeCapture
+        from .frontend.compiled import EagerFunction
+
+        try:
+            captured = capture(self.fn, *args)
+        except ZeroSizeCapture:
+            got = self.variants[sig] = EagerFunction(self.fn)
+            return got
+        finally:
+            self.counts.captures += 1
+        prog = compile_cached(captured.program, self.options, self.cache, self.counts)
+        got = self.variants[sig] = _Variant.of(captured, prog, self.options, self.cache, self.counts)
+        if self.first is None:
+            self.first = sig
         return got
 
     def _family_for(self, args):
         """The dynamic function serving `args`, built (captured, its lengths resolved) on first use."""
         if self.dynamic is None or self.dynamic is False:
             return None
-        if self.family is None:
-            from .frontend import capture  # (imported here, not per call: a call's host time counts)
-            from .frontend.capture import ZeroSizeCapture
-            from .frontend.dynamic import DynamicFunction, example_signature, resolve
+        return self.family if self.family is not None else self._new_family(args)
 
-            try:
-                captured = capture(self.fn, *args, merge=False)
-            except ZeroSizeCapture:
-                return None
-            finally:
-                self.counts.captures += 1
-            lengths = resolve(captured, self.dynamic, args, self.counts)
-            if not lengths.groups:
-                return None
-            compile_fn = lambda program: compile_cached(program, self.options, self.cache, self.counts)  # noqa: E731
-            self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args))
-            self.family.op = _dynamic_op(self.family)
+    @torch.compiler.disable  # (as _new_variant)
+    def _new_family(self, args):
+        from .frontend import capture  # (imported here, not per call: a call's host time counts)
+        from .frontend.capture import ZeroSizeCapture
+        from .frontend.dynamic import DynamicFunction, example_signature, resolve
+
+        try:
+            captured = capture(self.fn, *args, merge=False)
+        except ZeroSizeCapture:
+            return None
+        finally:
+            self.counts.captures += 1
+        lengths = resolve(captured, self.dynamic, args, self.counts)
+        if not lengths.groups:
+            return None
+        compile_fn = lambda program: compile_cached(program, self.options, self.cache, self.counts)  # noqa: E731
+        self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args))
+        self.family.op = _dynamic_op(self.family)
         return self.family
 
     def _first(self) -> _Variant:

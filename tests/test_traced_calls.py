@@ -94,3 +94,34 @@ def test_the_backward_ops_are_registered_with_the_training_op(tmp_path):
     lib, name = train.split("::")
     base = name.removesuffix("_train")
     assert all(hasattr(getattr(torch.ops, lib), f"{base}_{mode}_backward") for mode in ("saved", "recompute"))
+
+
+class _Annealed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tau = 0.7
+        self.f = neptune_eq.compile(self.core, torch.randn(3, 8))
+
+    def core(self, x):
+        return torch.logsumexp(x / self.tau, -1)
+
+    def forward(self, x):
+        return self.f(x)
+
+
+def test_a_capture_under_an_active_torch_compile_runs_outside_dynamo(tmp_path):
+    """After dynamo gave up on Compiled.__call__ (a module's temperature changed under torch.compile),
+    it ran that call eagerly and converted the capture's frames one by one (a functorch internal
+    assert, in the full suite). Capturing and compiling a signature now run with dynamo disabled."""
+    x = torch.randn(3, 8)
+    m = _Annealed()
+    run = torch.compile(m, backend="aot_eager")
+    with torch.no_grad():
+        run(x)
+        m.tau = 0.4
+        assert torch.allclose(run(x), m.core(x), atol=1e-6)
+    prog = neptune_eq.compile(softmax, torch.randn(4, 8), cache_dir=tmp_path)
+    y = torch.randn(6, 8)
+    out = torch.compile(lambda x: prog(x) * 2, backend="aot_eager")(y)
+    assert torch.allclose(out, softmax(y) * 2, atol=1e-6)
+    torch._dynamo.reset()
