@@ -16,7 +16,8 @@ What fn reads besides its arguments (globals, closures, a score_mod's captured v
 attributes) is guarded: when it changes, the next call captures and compiles again. Shapes with a
 zero-size dimension run fn itself (nothing to fuse). See neptune_eq.frontend.capture for the rest.
 Inside torch.compile'd code the call becomes a torch.library custom op with a fake implementation,
-so dynamo keeps it as one node. Compiles are cached by the program and options, in memory and on
+so dynamo keeps it as one node; a call no eager call has compiled a signature for runs outside the graph
+(neptune_eq.signatures). Compiles are cached by the program and options, in memory and on
 disk (the cache directory: `cache_dir=` or ~/.cache/neptune_eq).
 """
 
@@ -37,6 +38,7 @@ from .ir import NeptuneError
 from .lower.launch import default_cache_dir
 from .pipeline import Options, compile_program
 from .runtime import CompiledProgram, with_user_rules
+from .signatures import matches, outside_the_graph, signature
 
 _OPTION_FIELDS = {f.name for f in fields(Options)}
 # Process-wide caches (not configuration): one compile cache per cache directory, the custom ops
@@ -89,11 +91,6 @@ def compile_cached(program: ir.Program, options: Options, cache: CompileCache,
     elif stats is not None:
         stats.cache_hits += 1
     return CompiledProgram(hit, compile_fn=lambda p: compile_cached(p, options, cache, stats))
-
-
-def _signature(args) -> tuple:
-    return tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor) else ("static", repr(a))
-                 for a in args)
 
 
 @dataclass
@@ -149,7 +146,7 @@ class Compiled:
     fn: object
     options: Options
     cache: CompileCache
-    variants: dict[tuple, _Variant] = field(default_factory=dict)  # by signature (_signature)
+    variants: dict[tuple, _Variant] = field(default_factory=dict)  # by signature (signatures.signature)
     first: tuple | None = None
     counts: Stats = field(default_factory=Stats)
     dynamic: object = None  # compile(dynamic=...): True or {argument index: [dimensions]}
@@ -162,52 +159,60 @@ class Compiled:
 
     # ---- the example signature's program (what the attributes describe)
     def _variant(self, args):
-        sig = _signature(args)
+        sig = signature(args)
         got = self.variants.get(sig)
-        if got is None:
-            from .frontend import capture
-            from .frontend.capture import ZeroSizeCapture
-            from .frontend.compiled import EagerFunction
+        return got if got is not None else self._new_variant(args, sig)
 
-            try:
-                captured = capture(self.fn, *args)
-            except ZeroSizeCapture:
-                got = self.variants[sig] = EagerFunction(self.fn)
-                return got
-            finally:
-                self.counts.captures += 1
-            prog = compile_cached(captured.program, self.options, self.cache, self.counts)
-            got = self.variants[sig] = _Variant.of(captured, prog, self.options, self.cache, self.counts)
-            if self.first is None:
-                self.first = sig
+    # (capturing runs make_fx, compiling runs egglog and registers ops: never in frames dynamo converts.
+    # A call dynamo runs eagerly inside a torch.compile'd region, after it gave up on Compiled.__call__,
+    # had its capture's frames converted one by one: a functorch internal assert, session 51)
+    @torch.compiler.disable
+    def _new_variant(self, args, sig):
+        from .frontend import capture
+        from .frontend.capture import ZeroSizeCapture
+        from .frontend.compiled import EagerFunction
+
+        try:
+            captured = capture(self.fn, *args)
+        except ZeroSizeCapture:
+            got = self.variants[sig] = EagerFunction(self.fn)
+            return got
+        finally:
+            self.counts.captures += 1
+        prog = compile_cached(captured.program, self.options, self.cache, self.counts)
+        got = self.variants[sig] = _Variant.of(captured, prog, self.options, self.cache, self.counts)
+        if self.first is None:
+            self.first = sig
         return got
 
     def _family_for(self, args):
         """The dynamic function serving `args`, built (captured, its lengths resolved) on first use."""
         if self.dynamic is None or self.dynamic is False:
             return None
-        if self.family is None:
-            from .frontend import capture  # (imported here, not per call: a call's host time counts)
-            from .frontend.capture import ZeroSizeCapture
-            from .frontend.dynamic import DynamicFunction, example_signature, resolve
+        return self.family if self.family is not None else self._new_family(args)
 
-            try:
-                captured = capture(self.fn, *args, merge=False, symbolic_lengths=True)
-            except ZeroSizeCapture:
-                return None
-            finally:
-                self.counts.captures += 1
-            lengths = resolve(captured, self.dynamic, args, self.counts)
-            if not lengths.groups:
-                return None
-            compile_fn = lambda program: compile_cached(program, self.options, self.cache, self.counts)  # noqa: E731
-            self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args),
-                                          training_op=lambda program, prog: _custom_op(
-                                              program, captured.output_dtypes, prog, compile_fn))
-            self.family.op = _dynamic_op(self.family)
-            from .train_dynamic import register
+    @torch.compiler.disable  # (as _new_variant)
+    def _new_family(self, args):
+        from .frontend import capture  # (imported here, not per call: a call's host time counts)
+        from .frontend.capture import ZeroSizeCapture
+        from .frontend.dynamic import DynamicFunction, example_signature, resolve
+        from .train_dynamic import register
 
-            register(self.family)
+        try:
+            captured = capture(self.fn, *args, merge=False, symbolic_lengths=True)
+        except ZeroSizeCapture:
+            return None
+        finally:
+            self.counts.captures += 1
+        lengths = resolve(captured, self.dynamic, args, self.counts)
+        if not lengths.groups:
+            return None
+        compile_fn = lambda program: compile_cached(program, self.options, self.cache, self.counts)  # noqa: E731
+        self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args),
+                                      training_op=lambda program, prog: _custom_op(
+                                          program, captured.output_dtypes, prog, compile_fn))
+        self.family.op = _dynamic_op(self.family)
+        register(self.family)
         return self.family
 
     def _first(self) -> _Variant:
@@ -301,7 +306,7 @@ class Compiled:
         inputs = {n: x.detach() for n, x in variant.captured.inputs(*args).items()}
         best = choose_plan(variant.prog, inputs, candidates=candidates, progress=progress)
         autotune(best, inputs, progress=progress, cache_file=cache_path(self.cache.directory))
-        tuned = self.variants[_signature(args)] = _Variant.of(variant.captured, best, self.options, self.cache,
+        tuned = self.variants[signature(args)] = _Variant.of(variant.captured, best, self.options, self.cache,
                                                               self.counts)
         wrt = {n for n, x in variant.captured.inputs(*args).items() if x.requires_grad}
         if wrt:
@@ -310,6 +315,23 @@ class Compiled:
         return self
 
     # ---- calling
+    def _traced(self, args):
+        """A call dynamo traces: tensor reshapes and one custom op built by an eager call (capturing
+        and registering an op cannot be traced). The dynamic function's op where it serves the call
+        (same dtypes, static values and specialised dimensions; a call needing gradients, its training
+        op over every bucket), else the op of the signature an eager call compiled; with neither, the
+        call runs outside the graph (an eager call, which compiles its signature). Until session 51
+        every traced call took the first signature's op: another shape was refused (CaptureError; under
+        fullgraph=True a dynamo crash), a dynamic function's op ran with another static value's
+        constants (silently wrong) and crashed in training (its op had no backward)."""
+        family = self.family
+        if family is not None and family.traceable(args):
+            return family.traced(args, family.op)
+        for sig, variant in self.variants.items():
+            if matches(sig, args):
+                return variant(args)
+        return outside_the_graph(self, args)
+
     def _positional(self, args: tuple, kwargs: dict) -> tuple:
         return _positional_args(self.fn, args, kwargs)
 
@@ -317,10 +339,7 @@ class Compiled:
         if kwargs:
             args = self._positional(args, kwargs)
         if torch.compiler.is_compiling():
-            # traced by dynamo: only tensor reshapes and one custom op (the example signature's)
-            if self.family is not None:
-                return self.family.traced(args, self.family.op)
-            return self._first()(args)
+            return self._traced(args)
         family = self._family_for(args)
         ns = family.serves(args) if family is not None else None
         if ns is not None and family.trains(args):
@@ -480,7 +499,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod=None,
             fn = attention_function(q, k, v, score_mod, mask_mod, enable_gqa, scale, return_lse)
             got = _ATTENTION_DYNAMIC[key] = compile(fn, q, k, v, cache_dir=cache_dir, dynamic=dynamic, **options)
         return got(q, k, v)
-    key = (score_mod, mask_mod, enable_gqa, scale, return_lse, _signature((q, k, v)), repr(sorted(options.items())),
+    key = (score_mod, mask_mod, enable_gqa, scale, return_lse, signature((q, k, v)), repr(sorted(options.items())),
            str(cache_dir))
     got = _ATTENTION.get(key)
     if got is None:

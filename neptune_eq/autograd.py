@@ -282,6 +282,14 @@ def _parts(qualname: str, t: _Training, names: list[str], outs: list[tuple], com
     dtypes = {n: dt for n, _, dt in outs} | {o.name: getattr(torch, o.dtype) for o in forward.outputs
                                                 if o.name in stats}
     split = _Split(qualname, t, names, compile_fn)
+    # every backward op a traced graph may call, registered with the training: AOTAutograd's cache
+    # (warm in any process after the first) replays a compiled backward calling its op by name without
+    # tracing `backward`, which would register it (until session 51: AttributeError in that backward)
+    for back in (t.recompute, t.saved):
+        if back is not None:
+            _backward_op(qualname, back, split.core_names, outs, compile_fn)
+    if split.pro is not None:
+        _backward_op(f"{qualname}_operands", split.pro[1], split.maps_names, split.specs, compile_fn)
     key = f"{qualname}:forward"
     axes = {o.name: o.axes for o in t.program.outputs}
 

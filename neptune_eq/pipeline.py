@@ -198,11 +198,11 @@ def _algebra(c: Compilation, algebra) -> None:
     """Saturate the algebra. An iteration that took the e-graph past the node budget is undone (the
     program is encoded again and the iterations before it are replayed: egglog cannot drop a
     snapshot), so the budget holds exactly and the result does not depend on how far it overshot."""
-    rep = c.saturator.phase("algebra", algebra, analysis=analysis.ANALYSIS)
+    rep = c.saturator.phase("algebra", algebra, analysis=analysis.ANALYSIS, seed=analysis.SEED)
     if rep.stop == "node budget" and rep.iterations > 1 and rep.nodes > c.options.budget.max_nodes:
         fresh = _encode(c.program, c.options, c.saturator.progress, started=c.saturator.started)
         fresh.saturator.rule_names = c.saturator.rule_names
-        again = fresh.saturator.phase("algebra", algebra, analysis=analysis.ANALYSIS,
+        again = fresh.saturator.phase("algebra", algebra, analysis=analysis.ANALYSIS, seed=analysis.SEED,
                                       max_iterations=rep.iterations - 1)
         again.stop = f"node budget (iteration {rep.iterations} undone: {rep.nodes} e-nodes)"
         c.egraph, c.encoder, c.roots, c.saturator = fresh.egraph, fresh.encoder, fresh.roots, fresh.saturator
@@ -226,7 +226,7 @@ def _stabilise(c: Compilation, rules: list[Rule]) -> None:
     use = [*STABILITY, *(r for r in rules if simplifies(r) or r.name in STABILITY_HELPERS)]
     stabilise = ruleset(*[r.egglog() for r in use], name=f"stabilise_{len(use)}")
     sat.rule_names.update({r.egglog().decl: r.name for r in STABILITY})
-    c.saturator.reports.append(sat.phase("stabilise", stabilise, analysis=analysis.ANALYSIS))
+    c.saturator.reports.append(sat.phase("stabilise", stabilise, analysis=analysis.ANALYSIS, seed=analysis.SEED))
     _simplify(c, rules)
     _represent(c)
     c.numerics_notes = stability_notes(names, old, c.representative, before, c.numerics_risks)
@@ -252,6 +252,7 @@ def _simplify(c: Compilation, rules: list[Rule]) -> None:
                                  or egraph_size(c.egraph) > 1.5 * c.options.budget.max_nodes)
 
     c.saturator.reports.append(sat.phase("simplify", _simplify_ruleset(rules), analysis=analysis.ANALYSIS,
+                                         seed=analysis.SEED,
                                          stop_when=enough))
 
 

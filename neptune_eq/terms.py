@@ -6,7 +6,8 @@
     Loop    one pass over an axis carrying a tuple state; Loop.split(n) cuts the pass into n chunks
 
 Analyses (rules/analysis.py): deps(t), the bitmask of axes t varies over (merged by AND: an
-e-class is independent of an axis if any of its members is); nonneg(t); pos(t); finite(t); nonpos(t).
+e-class is independent of an axis if any of its members is); nonneg(t); pos(t); finite(t); nonpos(t);
+bounded(t).
 """
 
 from __future__ import annotations
@@ -266,6 +267,9 @@ nonneg = relation("nonneg", Term)
 pos = relation("pos", Term)  # t > 0 or NaN, bounded away from 0 (no rounding of data takes it to 0)
 finite = relation("finite", Term)  # no syntactic ±inf or NaN can reach this term
 nonpos = relation("nonpos", Term)  # t ≤ 0 or NaN (a − maxⱼ a): exp(t) ≤ 1 cannot overflow
+# no finite constant of magnitude past FLT_MAX / 2 reaches t (finfo.min is one): float32 holds a multiple of
+# t by a constant ≤ 2 (log₂e) wherever it holds t
+bounded = relation("bounded", Term)
 split_factor = relation("split_factor", String, i64)  # (axis, n): n chunks allowed along axis
 
 # elementwise constructors by op name (the op table's vocabulary)
@@ -295,7 +299,8 @@ _FUNCTION_OPS = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "lo
                  "get": "get",
                  "deps": "deps", "axis_bit": "axis_bit", "extent": "extent", "nonneg": "nonneg", "pos": "pos",
                  "finite": "finite",
-                 "nonpos": "nonpos", "split_factor": "split_factor", "pow_": "pow", "hypot": "hypot",
+                 "nonpos": "nonpos", "bounded": "bounded", "split_factor": "split_factor", "pow_": "pow",
+                 "hypot": "hypot",
                  "floor_": "floor", "ceil_": "ceil", "trunc_": "trunc", "rint": "rint"}
 
 

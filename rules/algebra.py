@@ -42,6 +42,7 @@ from .base import (
     birw,
     extent_of,
     free_of,
+    is_bounded,
     is_finite,
     is_nonneg,
     nonzero,
@@ -98,7 +99,8 @@ ARITHMETIC = [
     rw("sub_add_cancel", (a - b) + b, a, is_finite(b)),  # (a − b) + b → a
     rw("mul_sub_factor", a * c - b * c, (a - b) * c, is_finite(c)),  # a·c − b·c → (a − b)·c
     rw("mul_add_factor", a * c + b * c, (a + b) * c, is_finite(c)),  # a·c + b·c → (a + b)·c
-    rw("mul_sub_dist", (a - b) * Term(x), a * Term(x) - b * Term(x), positive(x)),  # (a − b)·k → a·k − b·k
+    rw("mul_sub_dist", (a - b) * Term(x), a * Term(x) - b * Term(x), positive(x),  # (a − b)·k → a·k − b·k
+       is_bounded(a), is_bounded(b)),  # (float32 holds (K − K)·log₂e, not K·log₂e, at K = finfo.min)
     rw("div_mul_common", (a * b) / (a * c), b / c, is_finite(a), not_zero(a)),  # (a·b)/(a·c) → b/c
     rw("mul_div_cancel", (a * b) / b, a, is_finite(b), not_zero(b)),  # (a·b)/b → a
     rw("div_mul_swap", (a / b) * c, (a * c) / b),  # (a/b)·c → (a·c)/b

@@ -1,5 +1,6 @@
 """Analyses the other rulesets consult: which axes a term varies over, which terms are ≥ 0 or > 0,
-and which are finite (no syntactic ±inf or NaN can reach them).
+which are finite (no syntactic ±inf or NaN can reach them), and which are bounded (no finite constant
+past float32's half range reaches them).
 
 deps(t) is a bitmask of axes merged by AND, so an e-class counts as independent of an axis as soon
 as one of its members is (e.g. exp(s − m′)/exp(s − m) once it is shown equal to exp(m − m′)).
@@ -15,9 +16,11 @@ from egglog import String, eq, f64, i64, rule, ruleset, set_, var, vars_
 from neptune_eq.terms import (
     BINARY,
     UNARY,
+    Loop,
     Term,
     abs_,
     axis_bit,
+    bounded,
     deps,
     eq_,
     exp,
@@ -41,6 +44,7 @@ da, db, dc = vars_("da db dc", i64)
 x = var("x", f64)
 s = var("s", String)
 op, ax, name = vars_("op ax name", String)
+loop = var("loop", Loop)
 
 
 def _deps_rules():
@@ -143,4 +147,28 @@ NONPOS = ruleset(
     name="nonpos",
 )
 
-ANALYSIS = DEPS | NONNEG | POS | FINITE | NONPOS
+# bounded(t): no finite constant of magnitude past FLT_MAX / 2 reaches t. A mask filled with finfo.min
+# (−3.4e38, Hugging Face's) is not: float32 holds (s − m)·log₂e but not s·log₂e − m·log₂e there, where
+# a fully masked row's scores are all the fill (session 51: exp2's distributed form made that row 0,
+# torch's softmax of equal values is uniform). Infinite constants are bounded: −∞·log₂e is −∞.
+HALF_FLT_MAX = 1.7e38
+BOUNDED = ruleset(
+    rule(eq(t).to(Term(x)), x >= f64(-HALF_FLT_MAX), x <= f64(HALF_FLT_MAX)).then(bounded(t)),
+    rule(eq(t).to(Term(x)), eq(x).to(f64(math.inf))).then(bounded(t)),
+    rule(eq(t).to(Term(x)), eq(x).to(f64(-math.inf))).then(bounded(t)),
+    rule(eq(t).to(Term.load(s))).then(bounded(t)),  # inputs are finite: read, they are what torch holds
+    rule(eq(t).to(Term.index(s))).then(bounded(t)),
+    rule(eq(t).to(Term.sym(s))).then(bounded(t)),
+    rule(eq(t).to(get(loop, s))).then(bounded(t)),  # a fused loop's result: its reductions were judged
+    *[rule(eq(t).to(fn(a)), bounded(a)).then(bounded(t)) for fn in UNARY.values()],
+    *[rule(eq(t).to(fn(a, b)), bounded(a), bounded(b)).then(bounded(t)) for fn in BINARY.values()],
+    rule(eq(t).to(where_(c, a, b)), bounded(c), bounded(a), bounded(b)).then(bounded(t)),
+    rule(eq(t).to(red(op, ax, a)), bounded(a)).then(bounded(t)),
+    name="bounded",
+)
+
+ANALYSIS = DEPS | NONNEG | POS | FINITE | NONPOS | BOUNDED
+# derived before a phase's first iteration (Saturator.phase's seed): mul_sub_dist, which reads bounded,
+# fires from the first iteration as it did before it had the condition (the other analyses run after
+# each iteration, and a budget that stops after three would otherwise see a different e-graph)
+SEED = BOUNDED

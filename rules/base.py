@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from egglog import Fact, RewriteOrRule, String, birewrite, eq, f64, i64, ne, rewrite
 
-from neptune_eq.terms import Term, axis_bit, deps, extent, finite, nonneg
+from neptune_eq.terms import Term, axis_bit, bounded, deps, extent, finite, nonneg
 
 from .patterns import PNode, pattern_of, pretty
 
@@ -78,6 +78,12 @@ def nonzero(x: f64) -> Cond:
 def is_finite(t: Term) -> Cond:
     """t is built from finite constants and inputs only (no syntactic ±inf, no division)."""
     return Cond("finite", _name(t), None, (finite(t),))
+
+
+def is_bounded(t: Term) -> Cond:
+    """No finite constant past float32's half range reaches t (rules/analysis.py BOUNDED): a syntactic
+    guard, like is_finite."""
+    return Cond("bounded", _name(t), None, (bounded(t),))
 
 
 def not_zero(t: Term) -> Cond:

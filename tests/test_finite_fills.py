@@ -43,6 +43,19 @@ def test_softmax_and_attention_of_a_fully_masked_row_with_a_finite_fill():
     _check(attend, *(torch.randn(2, 7, 8) for _ in range(3)), m)  # (dV: the saved log-sum-exp lost log n)
 
 
+def test_attention_of_a_fully_masked_row_filled_with_finfo_min():
+    """Hugging Face's fill, torch.finfo(dtype).min, after a scale: exp(s − m) written as exp2 distributed
+    its log₂e over the difference, s·log₂e − m·log₂e, and finfo.min·log₂e is −∞ in float32, so a fully
+    masked row came out 0 (session 51; torch's is the mean of v). The distribution now needs both sides
+    free of such constants (rules/analysis.py BOUNDED); −1e9 and −∞ masks keep their plans."""
+    m, fill = _mask(), torch.finfo(torch.float32).min
+
+    def attend(q, k, v, m):
+        return torch.softmax((q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(~m, fill), -1) @ v
+
+    _check(attend, *(torch.randn(2, 7, 8) for _ in range(3)), m)
+
+
 def test_logsumexp_log_softmax_and_an_additive_mask_with_a_finite_fill():
     m, x = _mask(), torch.randn(3, 7, 7)
     # (fp32 holds −1e9 to 64 and x − 10⁴ to 1e-3: relative tolerances; a wrong row is off by 1 or ∞)

@@ -11,6 +11,8 @@ the compiled function checks them before the kernels run:
            the first offending value
     CUDA   torch._assert_async: no host synchronisation per call; a bad index stops the process
            with a device-side assertion, as eager's CUDA kernels do
+    traced (torch.compile) torch._assert_async on every device: a host test of the values would
+           be a data-dependent branch, which dynamo cannot put in a graph (fullgraph=True failed)
 
 An index computed from axes alone (x[arange(n) - 1]) is checked once, at capture.
 """
@@ -18,7 +20,7 @@ An index computed from axes alone (x[arange(n) - 1]) is checked once, at capture
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,6 +47,12 @@ class IndexCheck:
     wraps: bool = False
     ignore: int | None = None
     program: ir.Program | None = None  # evaluates `index` where it is not a whole input tensor
+    # message() without a value, written at construction: a traced call asserts with it, and dynamo
+    # (dynamic=True) reads the int fields as symbolic lengths, which it cannot format
+    traced_message: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "traced_message", _literal_safe(self.message()))
 
     @property
     def valid(self) -> str:
@@ -80,10 +88,16 @@ class IndexCheck:
     def run(self, inputs: dict[str, torch.Tensor]) -> None:
         v = self.values(inputs)
         ok = self.in_range(v)
-        if v.is_cuda:
-            torch._assert_async(ok.all(), self.message())
+        if v.is_cuda or torch.compiler.is_compiling():  # (traced: a host test of the values cannot be)
+            torch._assert_async(ok.all(), self.traced_message)
         elif not bool(ok.all()):
             raise IndexOutOfRange(self.message(int(v[~ok].flatten()[0])))
+
+
+def _literal_safe(message: str) -> str:
+    """`message` without the characters that break the string literal inductor writes it into (its C++
+    and Triton asserts do not escape them: a user's line holding a quote failed to compile)."""
+    return "".join("'" if c == '"' else "/" if c == "\\" else c for c in message if c.isprintable())
 
 
 def run_checks(checks: tuple[IndexCheck, ...], inputs: dict[str, torch.Tensor]) -> None:

@@ -92,23 +92,34 @@ class DynamicFunction:
     def serves(self, args) -> tuple[int, ...] | None:
         """The groups' lengths of a call this function serves (every other dimension, dtype, device and
         baked value as in the example; no length 1), else None."""
-        if len(args) != len(self.example):
+        if not self._like_example(args):
             return None
+        ns = self.lengths.of(args)
+        return ns if ns is not None and all(n >= 2 for n in ns) else None
+
+    def traceable(self, args) -> bool:
+        """Can a call dynamo traces take this function's ops (`traced`)? As `serves`, a length of 1
+        included; a call needing gradients where a backward is derived for every length (its op pair
+        over the buckets: neptune_eq.train_dynamic), else it takes a static signature's op."""
+        return self._like_example(args) and self.lengths.of(args) is not None and self.trains(args)
+
+    def _like_example(self, args) -> bool:
+        """Dtypes, devices, ranks, baked values and specialised dimensions as in the example."""
+        if len(args) != len(self.example):
+            return False
         device = None
         for a, ex in zip(args, self.example):
             if ex[0] == "tensor":
                 if not isinstance(a, torch.Tensor) or (a.dim(), a.dtype, a.device.type) != ex[2:]:
-                    return None
+                    return False
                 if device is None:
                     device = a.device
                 elif a.device != device:
-                    return None  # (the checked path names the mixed devices)
+                    return False  # (the checked path names the mixed devices)
             elif isinstance(a, torch.Tensor) or not same_value(a, ex[1]):
-                return None
-        if self.static_mismatch(args) is not None:
-            return None
-        ns = self.lengths.of(args)
-        return ns if ns is not None and all(n >= 2 for n in ns) else None
+                return False
+        # (compared one by one, not through static_mismatch's words: dynamo cannot format a symbolic length)
+        return not any(args[pos].shape[d] != self.example[pos][1][d] for pos, dims in self._static_dims for d in dims)
 
     def static_mismatch(self, args) -> str | None:
         """Which specialised dimension of the call differs from the example's, said in words; None."""

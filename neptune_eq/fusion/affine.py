@@ -229,7 +229,7 @@ class AffineSearcher:
                 return term is not None
 
             if not done():
-                sat.phase("affine", self.schedule, stop_when=done)
+                sat.phase("affine", self.schedule, seed=analysis.SEED, stop_when=done)
             rep = sat.reports[-1] if sat.reports else None
             its, nodes = (rep.iterations, rep.nodes) if rep else (0, 0)
             if not found:

@@ -63,7 +63,7 @@ class CorrectionSearcher:
                     return False
                 return not need_nonneg or eg.check_bool(nonneg(t))
 
-            sat.phase("correction", self.schedule, stop_when=done)
+            sat.phase("correction", self.schedule, seed=analysis.SEED, stop_when=done)
             if not done():
                 return None, sat
             view = build_view(eg, enc.encoded)
