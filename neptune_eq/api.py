@@ -154,6 +154,9 @@ class Compiled:
     counts: Stats = field(default_factory=Stats)
     dynamic: object = None  # compile(dynamic=...): True or {argument index: [dimensions]}
     family: object = None  # frontend.dynamic.DynamicFunction serving every length of the dynamic axes
+    # which dimensions had length 1 in the calls whose capture found no dimension that can change (a
+    # later call is captured again for its family only where a dimension of length 1 became longer)
+    _static_patterns: set = field(default_factory=set, repr=False)
 
     def stats(self) -> dict[str, int]:
         """{'captures', 'compiles', 'cache_hits', 'calls', 'signatures'}: e.g. whether a call at a new
@@ -187,6 +190,9 @@ class Compiled:
         if self.dynamic is None or self.dynamic is False:
             return None
         if self.family is None:
+            pattern = tuple(tuple(n == 1 for n in a.shape) for a in args if isinstance(a, torch.Tensor))
+            if pattern in self._static_patterns:
+                return None
             from .frontend import capture  # (imported here, not per call: a call's host time counts)
             from .frontend.capture import ZeroSizeCapture
             from .frontend.dynamic import DynamicFunction, example_signature, resolve
@@ -199,6 +205,7 @@ class Compiled:
                 self.counts.captures += 1
             lengths = resolve(captured, self.dynamic, args, self.counts)
             if not lengths.groups:
+                self._static_patterns.add(pattern)
                 return None
             compile_fn = lambda program: compile_cached(program, self.options, self.cache, self.counts)  # noqa: E731
             self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args),

@@ -3,6 +3,8 @@ launch; buckets; torch.compile(dynamic=True). Interpreter, small shapes, float64
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -125,6 +127,46 @@ def test_a_function_that_tests_its_length_keeps_it_static():
     prog = neptune_eq.compile(branchy, x, dynamic=True)
     y = torch.randn(2000, 3, dtype=torch.float64)
     _close(prog(y), branchy(y), tol=1e-10)
+
+
+def test_a_test_true_at_every_probe_length_but_one_keeps_it_static():
+    """`L == 20` (and `math.sqrt(L) > 5`, which specialises L in the symbolic trace) had not counted
+    as tests of L: compiled at 17 (at 20 for the sqrt), a call at 20 (32) ran the example's branch,
+    silently wrong. The lengths where a test changes its answer are probed too."""
+    def at20(x):
+        return x.sum(0) if x.shape[0] == 20 else x.mean(0)
+
+    def rooted(x):
+        return x * 2 if math.sqrt(x.shape[0]) > 5 else x
+
+    for fn, n, m in ((at20, 17, 20), (rooted, 20, 32)):
+        prog = neptune_eq.compile(fn, torch.randn(n, 3, dtype=torch.float64), dynamic=True)
+        y = torch.randn(m, 3, dtype=torch.float64)
+        _close(prog(y), fn(y), tol=1e-12)
+
+
+def test_a_function_with_no_dynamic_dimension_is_not_captured_again_per_call():
+    """A dynamic=True function whose lengths all stay static had been captured (and its lengths
+    resolved) again on every call, however often its signature was seen."""
+    prog = neptune_eq.compile(lambda x: x[: x.shape[0] // 2].sum(0), torch.randn(6, 3), dynamic=True)
+    captures = prog.stats()["captures"]
+    for _ in range(2):
+        prog(torch.randn(6, 3))
+    assert prog.stats()["captures"] == captures
+
+
+def test_a_size_of_an_argument_the_program_never_reads():
+    """y only gives its length (x.sum() / (len(x) · len(y))): the capture had crashed with a KeyError;
+    y's length stays specialised, x's changes."""
+    def f(x, y):
+        return x.sum() / (x.shape[0] * y.shape[0])
+
+    y = torch.randn(5, 3, dtype=torch.float64)
+    prog = neptune_eq.compile(f, torch.randn(8, 3, dtype=torch.float64), y, dynamic=True)
+    for n in (3, 11):
+        x = torch.randn(n, 3, dtype=torch.float64)
+        _close(prog(x, y), f(x, y), tol=1e-12)
+    assert prog.stats()["signatures"] == 0
 
 
 def test_the_egraph_holds_no_extent_for_a_dynamic_axis():
