@@ -310,7 +310,7 @@ def _adjoints(program: ir.Program, reads: list[tuple[Load, ir.Node]], fresh: dic
                                                     for (n, _), (_, axes) in zip(reads, parts)):
         fresh.update(trial)
         return parts
-    return [load_grad(program, n, g) for n, g in reads]
+    return [load_grad(program, n, g, fresh, split=False) for n, g in reads]
 
 
 def _gathered(n: ir.Node, wanted: set[str]) -> bool:

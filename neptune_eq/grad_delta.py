@@ -64,6 +64,8 @@ def _eliminated(r: Reduce, extents: dict[str, int]) -> ir.Node | None:
         if got is None:
             continue
         e, c = got
+        if e.axes & {m.axis for m in ir.walk(body) if isinstance(m, Reduce)}:
+            return None  # (k̂ would be read inside a reduction binding an axis of it: captured)
         at = _call("add", e, Const(-c)) if c else e
         n = extents[r.axis]
         hat = _call("min2", _call("max2", at, Const(0)), Const(n - 1))

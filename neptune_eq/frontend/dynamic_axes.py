@@ -153,7 +153,7 @@ def _tested(c0: Captured, maps, axis: str) -> str | None:
             symbol = c0.size_of.get((pos, d)) if a == axis else None
             test = restricting(c0.sizes, symbol) if symbol is not None else None
             if test is not None:
-                return f"the function tests its length ({test.replace(str(symbol), 'n')})"
+                return f"the function tests its length ({test})"
     return None
 
 

@@ -155,13 +155,15 @@ _PROBES = (2, 3, 5, 7, 16, 17, 31, 100, 127, 1000, 1001, 2048, 4096, 4097, 10000
 
 
 def restricting(sizes: SizeTrace, symbol) -> str | None:
-    """A test the function made of size `symbol` that does not hold at every length ≥ 2 (its text),
-    else None. An equality of two sizes (x − y: their lengths are one) ties them, and they move
-    together; other sizes stay at the example's lengths."""
-    tied = {symbol}
-    for g in sizes.guards:
-        if isinstance(g, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in g.args) and tied & g.free_symbols:
-            tied |= g.free_symbols
+    """A test the function made of size `symbol` that does not hold at every length ≥ 2 (its text, of
+    that length n), else None. An equality of two sizes (x − y: their lengths are one) ties them, and
+    they move together; other sizes stay at the example's lengths."""
+    tied, more = set(), {symbol}
+    while more - tied:  # (ties are transitive: a = b, b = c in any order)
+        tied |= more
+        for g in sizes.guards:
+            if isinstance(g, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in g.args) and tied & g.free_symbols:
+                more |= g.free_symbols
     for g in sizes.guards:
         if not g.free_symbols & tied or (isinstance(g, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in g.args)):
             continue
@@ -171,8 +173,8 @@ def restricting(sizes: SizeTrace, symbol) -> str | None:
                 holds = bool(g.subs({**rest, **dict.fromkeys(tied, n)}))
             except TypeError:  # (not decided by numbers: keep the dimension specialised)
                 holds = False
-            if not holds:
-                return str(g)
+            if not holds:  # (said of n, the length of every size tied to this one)
+                return str(g.subs(dict.fromkeys(tied, sympy.Symbol("n"))))
     return None
 
 
