@@ -249,30 +249,12 @@ def _fresh_axis(name: str, program: ir.Program, fresh: dict[str, int], n: int) -
     return name
 
 
-def rebound(program: ir.Program, g: ir.Node, axes: set[str], fresh: dict[str, int]) -> ir.Node:
-    """g with each reduction over one of `axes` made over a fresh axis of its extent (added to
-    `fresh`), so that `axes` read outside it are not captured: the adjoint of x[i, e] (x over [i, d])
-    read at x's own d holds Σ_d x[i, d]·w[d, e] (its d another one). A reduction nested in one over
-    the same axis binds its own occurrences: renaming inner first, outer after, captures nothing."""
-    def alpha(_old, new):
-        if isinstance(new, Reduce) and new.axis in axes:
-            if new.axis in program.dynamic:  # (a fresh copy would hold the bucket's bound, not the length)
-                raise NoBackward(f"{program.name}: the adjoint {ir.show(g)[:160]} would rename the dynamic axis "
-                                 f"'{new.axis}' its reduction binds")
-            ax = _fresh_axis(f"{new.axis}2", program, fresh, program.axes[new.axis])
-            return Reduce(new.op, ax, substitute_free(new.body, new.axis, Index(ax)))
-        return new
-
-    return ir.rebuild(g, alpha)
-
-
-def load_grad(program: ir.Program, n: Load, g: ir.Node, fresh: dict[str, int] | None = None,
-              split: bool = True) -> tuple[ir.Node, tuple[str, ...]]:
+def load_grad(program: ir.Program, n: Load, g: ir.Node, fresh: dict[str, int] | None = None
+              ) -> tuple[ir.Node, tuple[str, ...]]:
     """The adjoint g of the element n = x[idx] as a value over axes naming x's positions: the load's
     own axis where a position is indexed by one (no renaming: the forward's subterms stay shared), the
     digits of a split position (more axes than x has dimensions: its gradient is reshaped), x's axis
-    where it is gathered otherwise (see the module docstring for the forms). New axes go in `fresh`
-    (digits of a split position only where `split`)."""
+    where it is gathered otherwise (see the module docstring for the forms). New axes go in `fresh`."""
     spec = program.inputs[n.tensor]
     plain = [i.axis for i in n.index if isinstance(i, Index)]
     gathered = [(e, s) for e, s in zip(n.index, spec.axes) if not isinstance(e, Index)]
@@ -281,8 +263,8 @@ def load_grad(program: ir.Program, n: Load, g: ir.Node, fresh: dict[str, int] | 
     axes = tuple(i.axis if isinstance(i, Index) else s for i, s in zip(n.index, spec.axes))
     if not gathered:
         return g, axes
-    if fresh is not None and split and (digits := _split_adjoint(program, n, g, fresh)) is not None:
-        return digits
+    if fresh is not None and (split := _split_adjoint(program, n, g, fresh)) is not None:
+        return split
     order = list(program.axes)
     if len(set(axes)) == len(axes):
         shifts = [(clamped_shift(e), s) for e, s in gathered]
@@ -310,10 +292,6 @@ def load_grad(program: ir.Program, n: Load, g: ir.Node, fresh: dict[str, int] | 
     if len(set(axes)) != len(axes) or free & {s for _, s in gathered}:
         raise NoBackward(f"{program.name}: the gradient of the gathered {ir.show(n)} would reuse an axis of "
                          "its expression for the gathered position")
-    if (clash := {s for _, s in gathered} & {m.axis for m in ir.walk(g) if isinstance(m, Reduce)}):
-        if fresh is None:
-            raise NoBackward(f"{program.name}: the gradient of the gathered {ir.show(n)} needs a fresh axis")
-        g = rebound(program, g, clash, fresh)
     cond = None
     for e, s in gathered:
         test = _call("eq", e, Index(s))
