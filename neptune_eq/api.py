@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -317,6 +318,14 @@ class Compiled:
         return self
 
     # ---- calling
+    @partial(torch.compiler.disable, reason="neptune_eq: a value the compiled function bakes in (a number or flag "
+             "argument) differs from the one it was captured with; this call compiles its own, outside the graph")
+    def _outside_the_graph(self, *args):
+        """A call dynamo traces that no compile serves (a value the program bakes in differs from the
+        example's): dynamo breaks its graph here and the call compiles its own, eagerly. Under
+        fullgraph=True dynamo refuses it; DynamicFunction.value_changed says why."""
+        return self(*args)
+
     def _positional(self, args: tuple, kwargs: dict) -> tuple:
         return _positional_args(self.fn, args, kwargs)
 
@@ -326,6 +335,8 @@ class Compiled:
         if torch.compiler.is_compiling():
             # traced by dynamo: only tensor reshapes and one custom op (the example signature's)
             if self.family is not None:
+                if self.family.value_changed(args) is not None:  # (a value the program bakes in differs)
+                    return self._outside_the_graph(*args)
                 return self.family.traced(args, self.family.op)
             return self._first()(args)
         family = self._family_for(args)

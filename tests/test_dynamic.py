@@ -222,6 +222,41 @@ def test_torch_compile_dynamic_across_three_lengths_without_a_new_capture():
     assert prog.stats()["captures"] == captures
 
 
+def test_torch_compile_fullgraph_runs_the_index_checks_of_cpu_tensors():
+    """cross_entropy's target check had branched on the values (bool(ok.all())): under
+    torch.compile(fullgraph=True) on CPU tensors dynamo refused it (data-dependent guard). Traced, the
+    check asserts like on CUDA; a bad target still raises, naming the op."""
+    def loss(x, t):
+        return F.cross_entropy(x, t)
+
+    prog = neptune_eq.compile(loss, torch.randn(12, 6), torch.randint(0, 6, (12,)), dynamic=True)
+    run = torch.compile(lambda x, t: prog(x, t), dynamic=True, fullgraph=True, backend="eager")
+    for n in (9, 13):
+        x, t = torch.randn(n, 6), torch.randint(0, 6, (n,))
+        _close(run(x, t), loss(x.double(), t))
+    t[2] = 6
+    with pytest.raises(RuntimeError, match=r"cross_entropy / nll_loss target: valid indices are \[0, 6\)"):
+        run(x, t)
+
+
+def test_torch_compile_with_another_value_of_a_baked_in_argument():
+    """fn(x, scale, flag) bakes scale and flag in; inside torch.compile the dynamic function had run
+    the example's program whatever their values (x·2 for a call with 3.0: silently wrong). Such a call
+    now leaves the graph and compiles its own; fullgraph=True refuses it, saying why."""
+    def fn(x, scale, flag):
+        y = torch.softmax(x, 0) * scale
+        return y + 1 if flag else y
+
+    prog = neptune_eq.compile(fn, torch.randn(20, 3), 2.0, True, dynamic=True)
+    run = torch.compile(lambda x, s, f: prog(x, s, f), dynamic=True, backend="eager")
+    x = torch.randn(17, 3)
+    for s, f in ((2.0, True), (3.0, True), (2.0, False)):
+        _close(run(x, s, f), fn(x.double(), s, f))
+    strict = torch.compile(lambda x, s, f: prog(x, s, f), dynamic=True, fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="bakes in"):
+        strict(x, 3.0, True)
+
+
 def test_torch_compile_at_another_specialised_dimension_is_refused_by_name():
     """dynamic=True keeps a matrix's innermost dimension specialised; under torch.compile a call that
     changes it had crashed in dynamo (a reshape to the old size, hunt8): the traced call refuses it

@@ -10,7 +10,8 @@ the compiled function checks them before the kernels run:
     CPU    the values are compared on the host; IndexOutOfRange names the op, the user's line and
            the first offending value
     CUDA   torch._assert_async: no host synchronisation per call; a bad index stops the process
-           with a device-side assertion, as eager's CUDA kernels do
+           with a device-side assertion, as eager's CUDA kernels do (so too inside torch.compile on
+           the CPU, where a bad index raises RuntimeError naming the check)
 
 An index computed from axes alone (x[arange(n) - 1]) is checked once, at capture.
 """
@@ -46,6 +47,11 @@ class IndexCheck:
     ignore: int | None = None
     program: ir.Program | None = None  # evaluates `index` where it is not a whole input tensor
 
+    def __post_init__(self) -> None:
+        # (the message of a failed assertion, built now: dynamo tracing run() with dynamic=True reads the
+        # check's ints as symbols, which a format string cannot hold)
+        object.__setattr__(self, "_assertion", self.message())
+
     @property
     def valid(self) -> str:
         lo = -self.size if self.wraps else 0
@@ -80,8 +86,8 @@ class IndexCheck:
     def run(self, inputs: dict[str, torch.Tensor]) -> None:
         v = self.values(inputs)
         ok = self.in_range(v)
-        if v.is_cuda:
-            torch._assert_async(ok.all(), self.message())
+        if v.is_cuda or torch.compiler.is_compiling():  # (dynamo cannot trace a branch on the values)
+            torch._assert_async(ok.all(), self._assertion)
         elif not bool(ok.all()):
             raise IndexOutOfRange(self.message(int(v[~ok].flatten()[0])))
 

@@ -77,6 +77,12 @@ class DynamicFunction:
         p0 = self.captured.program
         self._shapes = [(b.position, b.input, [(group.get(a), p0.axes[a]) for a in p0.inputs[b.input].axes])
                         for b in self.captured.args if b.input is not None]
+        # (what a call dynamo traces is told when a value the program bakes in differs: built here, as
+        # dynamo cannot format a string holding what it traces symbolically)
+        self._value_changed = {k: f"inside torch.compile a dynamic function serves the values it was captured "
+                                  f"with: argument {k} is not {ex[1]!r} (call it once outside torch.compile with "
+                                  "this value to compile it, or pass it as a tensor)"
+                               for k, ex in enumerate(self.example) if ex[0] == "value"}
 
     def example_lengths(self) -> tuple[int, ...]:
         ns = [0] * len(self.lengths.groups)
@@ -294,6 +300,9 @@ class DynamicFunction:
         if changed is not None and changed.stale:
             raise StaleCapture("a value the function reads from its environment changed since it was captured; "
                                "call the compiled function once outside torch.compile to capture it again")
+        changed = self.value_changed(args)
+        if changed is not None:  # (the program bakes the example's value in: eagerly a compile of its own)
+            raise NeptuneError(changed)
         other = self.static_mismatch(args)
         if other is not None:  # (eagerly such a call gets a compile of its own; dynamo cannot make one)
             raise NeptuneError(f"inside torch.compile a dynamic function serves its dynamic dimensions only: {other} "
@@ -314,6 +323,12 @@ class DynamicFunction:
         outs = [r.reshape(s) for r, s in zip(outs, self.output_shapes(ns))]
         return cap.finish(args, outs)
 
+    def value_changed(self, args) -> str | None:
+        """Why a call dynamo traces is not served (a value the program bakes in differs from the
+        example's: an eager call compiles it), else None."""
+        return next((self._value_changed[k] for k, (a, ex) in enumerate(zip(args, self.example))
+                     if ex[0] == "value" and _differs(a, ex[1])), None)
+
     def reference(self, *args):
         """fn(*args) by the float64 reference evaluator at the call's lengths."""
         from ..reference import evaluate
@@ -330,6 +345,14 @@ class DynamicFunction:
     def digest(self) -> str:
         text = f"{self.captured.program.text(exact=True)}|{self.lengths.groups}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _differs(a, value) -> bool:
+    """Does argument `a` of a call dynamo traces differ from the example's `value` (a number dynamo
+    made symbolic is compared by value: dynamo keeps the comparison as a guard)?"""
+    if isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return not (type(value) in (int, float, bool) and bool(a == value))
+    return isinstance(a, torch.Tensor) or not same_value(a, value)
 
 
 def _tie_lengths(program: ir.Program, groups) -> ir.Program:
