@@ -169,6 +169,21 @@ def test_a_size_of_an_argument_the_program_never_reads():
     assert prog.stats()["signatures"] == 0
 
 
+def test_an_index_proved_in_range_at_the_example_length_only_keeps_it_static():
+    """x[arange(L) + 5] of x's 30 rows is in range at L = 20 and at the probes' lengths: the capture
+    dropped its check, the axis was made dynamic, and a call at L = 26 read past x's end silently
+    (torch raises IndexError). A check proved at the example's lengths only keeps its axes static."""
+    def fn(x, y):
+        return x[torch.arange(y.shape[0]) + 5] * y
+
+    x = torch.randn(30, 3, dtype=torch.float64)
+    prog = neptune_eq.compile(fn, x, torch.randn(20, 3, dtype=torch.float64), dynamic=True)
+    y = torch.randn(25, 3, dtype=torch.float64)
+    _close(prog(x, y), fn(x, y), tol=1e-12)
+    with pytest.raises(NeptuneError, match="out of range"):
+        prog(x, torch.randn(26, 3, dtype=torch.float64))
+
+
 def test_the_egraph_holds_no_extent_for_a_dynamic_axis():
     # Σⱼ (3·x[i] − y[i, j]): with a known extent the algebra writes 3n·x[i] − Σⱼ y; a dynamic j must not
     def f(x, y):
