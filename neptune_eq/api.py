@@ -23,7 +23,6 @@ disk (the cache directory: `cache_dir=` or ~/.cache/neptune_eq).
 from __future__ import annotations
 
 import hashlib
-import inspect
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
@@ -327,7 +326,9 @@ class Compiled:
         return self(*args)
 
     def _positional(self, args: tuple, kwargs: dict) -> tuple:
-        return _positional_args(self.fn, args, kwargs)
+        from .frontend.signature import positional_args
+
+        return positional_args(self.fn, args, kwargs)
 
     def __call__(self, *args, **kwargs):
         if kwargs:
@@ -363,28 +364,6 @@ class Compiled:
             self.counts.captures += 1
         self.counts.calls += 1
         return out
-
-
-def _positional_args(fn, args: tuple, kwargs: dict) -> tuple:
-    """fn's arguments given by keyword (`prog(q, k, v=v)`) in their positions: the compiled function is
-    captured on positional arguments, the first len(args) + len(kwargs) of fn's parameters."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        raise NeptuneError(f"keyword arguments {sorted(kwargs)}: the signature of {fn!r} cannot be read; "
-                           "pass them by position") from None
-    n = len(args) + len(kwargs)
-    names = [p.name for p in params[:n] if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    given = dict(zip(names, args))
-    for k, v in kwargs.items():
-        if k not in names[len(args):]:
-            raise NeptuneError(f"keyword argument '{k}' is not one of the function's first {n} positional "
-                               f"parameters ({', '.join(names)}) after the {len(args)} given by position")
-        given[k] = v
-    if len(names) != n:
-        raise NeptuneError(f"the function's first {n} parameters ({', '.join(p.name for p in params[:n])}) "
-                           "must all be positional to be given by keyword")
-    return tuple(given[k] for k in names)
 
 
 def _custom_op(program: ir.Program, output_dtypes, prog: CompiledProgram, compile_fn=None):
