@@ -24,7 +24,6 @@ disk (the cache directory: `cache_dir=` or ~/.cache/neptune_eq).
 from __future__ import annotations
 
 import hashlib
-import inspect
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -151,6 +150,9 @@ class Compiled:
     counts: Stats = field(default_factory=Stats)
     dynamic: object = None  # compile(dynamic=...): True or {argument index: [dimensions]}
     family: object = None  # frontend.dynamic.DynamicFunction serving every length of the dynamic axes
+    # which dimensions had length 1 in the calls whose capture found no dimension that can change (a
+    # later call is captured again for its family only where a dimension of length 1 became longer)
+    _static_patterns: set = field(default_factory=set, repr=False)
 
     def stats(self) -> dict[str, int]:
         """{'captures', 'compiles', 'cache_hits', 'calls', 'signatures'}: e.g. whether a call at a new
@@ -189,10 +191,15 @@ class Compiled:
         """The dynamic function serving `args`, built (captured, its lengths resolved) on first use."""
         if self.dynamic is None or self.dynamic is False:
             return None
-        return self.family if self.family is not None else self._new_family(args)
+        if self.family is not None:
+            return self.family
+        pattern = tuple(tuple(n == 1 for n in a.shape) for a in args if isinstance(a, torch.Tensor))
+        if pattern in self._static_patterns:  # (captured once: every dimension stays static)
+            return None
+        return self._new_family(args, pattern)
 
     @torch.compiler.disable  # (as _new_variant)
-    def _new_family(self, args):
+    def _new_family(self, args, pattern: tuple):
         from .frontend import capture  # (imported here, not per call: a call's host time counts)
         from .frontend.capture import ZeroSizeCapture
         from .frontend.dynamic import DynamicFunction, example_signature, resolve
@@ -206,6 +213,7 @@ class Compiled:
             self.counts.captures += 1
         lengths = resolve(captured, self.dynamic, args, self.counts)
         if not lengths.groups:
+            self._static_patterns.add(pattern)
             return None
         compile_fn = lambda program: compile_cached(program, self.options, self.cache, self.counts)  # noqa: E731
         self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args),
@@ -333,7 +341,9 @@ class Compiled:
         return outside_the_graph(self, args)
 
     def _positional(self, args: tuple, kwargs: dict) -> tuple:
-        return _positional_args(self.fn, args, kwargs)
+        from .frontend.signature import positional_args
+
+        return positional_args(self.fn, args, kwargs)
 
     def __call__(self, *args, **kwargs):
         if kwargs:
@@ -364,28 +374,6 @@ class Compiled:
             self.counts.captures += 1
         self.counts.calls += 1
         return out
-
-
-def _positional_args(fn, args: tuple, kwargs: dict) -> tuple:
-    """fn's arguments given by keyword (`prog(q, k, v=v)`) in their positions: the compiled function is
-    captured on positional arguments, the first len(args) + len(kwargs) of fn's parameters."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        raise NeptuneError(f"keyword arguments {sorted(kwargs)}: the signature of {fn!r} cannot be read; "
-                           "pass them by position") from None
-    n = len(args) + len(kwargs)
-    names = [p.name for p in params[:n] if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    given = dict(zip(names, args))
-    for k, v in kwargs.items():
-        if k not in names[len(args):]:
-            raise NeptuneError(f"keyword argument '{k}' is not one of the function's first {n} positional "
-                               f"parameters ({', '.join(names)}) after the {len(args)} given by position")
-        given[k] = v
-    if len(names) != n:
-        raise NeptuneError(f"the function's first {n} parameters ({', '.join(p.name for p in params[:n])}) "
-                           "must all be positional to be given by keyword")
-    return tuple(given[k] for k in names)
 
 
 def _custom_op(program: ir.Program, output_dtypes, prog: CompiledProgram, compile_fn=None):

@@ -291,9 +291,10 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         exprs, more, kept = save(program, [o.expr for o in outputs], taken, {**program.axes, **fresh})
         outputs = [replace(o, expr=e) for o, e in zip(outputs, exprs)]
         inputs.update(more)
-    extents = {**program.axes, **fresh}
+    extents = {**program.axes, **fresh}  # (eliminate_deltas adds the fresh axes it binds)
     dims = {n: tuple(extents[a] for a in s.axes) for n, s in inputs.items()}
-    outputs = [replace(o, expr=unclamp_guarded(eliminate_deltas(o.expr, extents), extents, dims)) for o in outputs]
+    outputs = [replace(o, expr=eliminate_deltas(o.expr, extents, program.dynamic)) for o in outputs]
+    outputs = [replace(o, expr=unclamp_guarded(o.expr, extents, dims)) for o in outputs]
     # (a dynamic forward's backward takes the same lengths: every axis it adds is a static one's copy)
     back = ir.Program(f"{program.name}_backward", extents, inputs, outputs, program.dynamic).validate()
     return Backward(back, cotangents, names, kept)

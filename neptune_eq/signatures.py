@@ -1,7 +1,7 @@
 """A call's signature — what a static compile of a function is specialised to — and what a call that
 torch.compile traces does when no compile serves it.
 
-    signature(args)          (shape, dtype, device type) of each tensor, ("static", repr) of the rest
+    signature(args)          (shape, dtype, device type) of each tensor, ("static", repr, type) of the rest
     matches(sig, args)       the same test, dimension by dimension: under dynamo a symbolic length is
                              guarded (compared), never hashed
     outside_the_graph(c, a)  c(*a) run eagerly: torch.compiler.disable'd, so dynamo breaks its graph
@@ -17,8 +17,8 @@ import torch
 
 
 def signature(args) -> tuple:
-    return tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor) else ("static", repr(a))
-                 for a in args)
+    return tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor)
+                 else ("static", repr(a), type(a).__name__) for a in args)
 
 
 def matches(sig: tuple, args) -> bool:
@@ -26,13 +26,35 @@ def matches(sig: tuple, args) -> bool:
     if len(sig) != len(args):
         return False
     for s, a in zip(sig, args):
-        if not isinstance(a, torch.Tensor):
-            if s != ("static", repr(a)):
+        if traced_number(a):
+            if s[0] != "static" or s[2] != type(a).__name__ or not same_traced_number(a, _number(s[1], type(a))):
+                return False
+        elif not isinstance(a, torch.Tensor):
+            if s != ("static", repr(a), type(a).__name__):
                 return False
         elif (s[0] == "static" or (a.dtype, a.device.type) != s[1:] or a.dim() != len(s[0])
               or any(n != m for n, m in zip(a.shape, s[0]))):
             return False
     return True
+
+
+def traced_number(a) -> bool:
+    """A number argument of a call dynamo traces (with dynamic=True a symbolic one: its repr cannot be
+    traced, its value is compared)."""
+    return type(a) in (int, float, bool) and torch.compiler.is_compiling()
+
+
+def same_traced_number(a, value) -> bool:
+    """Is a number dynamo traces the baked-in `value`? Compared by value (dynamo keeps the comparison
+    as a guard: another value re-traces); a zero is never the same (0.0 and -0.0 compare equal, and
+    x / scale tells them apart), nor is a NaN."""
+    return type(value) is type(a) and value != 0 and bool(a == value)
+
+
+def _number(text: str, kind: type):
+    """The number of type `kind` whose repr is `text` (str methods and float/int of a constant:
+    dynamo traces them)."""
+    return text == "True" if kind is bool else kind(text)
 
 
 NOT_IN_GRAPH = ("neptune_eq: nothing compiled serves this call inside torch.compile (a new shape, dtype or "

@@ -3,6 +3,8 @@ launch; buckets; torch.compile(dynamic=True). Interpreter, small shapes, float64
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -127,6 +129,61 @@ def test_a_function_that_tests_its_length_keeps_it_static():
     _close(prog(y), branchy(y), tol=1e-10)
 
 
+def test_a_test_true_at_every_probe_length_but_one_keeps_it_static():
+    """`L == 20` (and `math.sqrt(L) > 5`, which specialises L in the symbolic trace) had not counted
+    as tests of L: compiled at 17 (at 20 for the sqrt), a call at 20 (32) ran the example's branch,
+    silently wrong. The lengths where a test changes its answer are probed too."""
+    def at20(x):
+        return x.sum(0) if x.shape[0] == 20 else x.mean(0)
+
+    def rooted(x):
+        return x * 2 if math.sqrt(x.shape[0]) > 5 else x
+
+    for fn, n, m in ((at20, 17, 20), (rooted, 20, 32)):
+        prog = neptune_eq.compile(fn, torch.randn(n, 3, dtype=torch.float64), dynamic=True)
+        y = torch.randn(m, 3, dtype=torch.float64)
+        _close(prog(y), fn(y), tol=1e-12)
+
+
+def test_a_function_with_no_dynamic_dimension_is_not_captured_again_per_call():
+    """A dynamic=True function whose lengths all stay static had been captured (and its lengths
+    resolved) again on every call, however often its signature was seen."""
+    prog = neptune_eq.compile(lambda x: x[: x.shape[0] // 2].sum(0), torch.randn(6, 3), dynamic=True)
+    captures = prog.stats()["captures"]
+    for _ in range(2):
+        prog(torch.randn(6, 3))
+    assert prog.stats()["captures"] == captures
+
+
+def test_a_size_of_an_argument_the_program_never_reads():
+    """y only gives its length (x.sum() / (len(x) · len(y))): the capture had crashed with a KeyError;
+    y's length stays specialised, x's changes."""
+    def f(x, y):
+        return x.sum() / (x.shape[0] * y.shape[0])
+
+    y = torch.randn(5, 3, dtype=torch.float64)
+    prog = neptune_eq.compile(f, torch.randn(8, 3, dtype=torch.float64), y, dynamic=True)
+    for n in (3, 11):
+        x = torch.randn(n, 3, dtype=torch.float64)
+        _close(prog(x, y), f(x, y), tol=1e-12)
+    assert prog.stats()["signatures"] == 0
+
+
+def test_an_index_proved_in_range_at_the_example_length_only_keeps_it_static():
+    """x[arange(L) + 5] of x's 30 rows is in range at L = 20 and at the probes' lengths: the capture
+    dropped its check, the axis was made dynamic, and a call at L = 26 read past x's end silently
+    (torch raises IndexError). A check proved at the example's lengths only keeps its axes static."""
+    def fn(x, y):
+        return x[torch.arange(y.shape[0]) + 5] * y
+
+    x = torch.randn(30, 3, dtype=torch.float64)
+    prog = neptune_eq.compile(fn, x, torch.randn(20, 3, dtype=torch.float64), dynamic=True)
+    y = torch.randn(25, 3, dtype=torch.float64)
+    _close(prog(x, y), fn(x, y), tol=1e-12)
+    with pytest.raises(NeptuneError, match="out of range"):
+        prog(x, torch.randn(26, 3, dtype=torch.float64))
+
+
 def test_the_egraph_holds_no_extent_for_a_dynamic_axis():
     # Σⱼ (3·x[i] − y[i, j]): with a known extent the algebra writes 3n·x[i] − Σⱼ y; a dynamic j must not
     def f(x, y):
@@ -178,6 +235,43 @@ def test_torch_compile_dynamic_across_three_lengths_without_a_new_capture():
         _close(run(q, k, v), causal(q.double() * 2, k.double(), v.double()) + 1)
     assert counter.frame_count == 1  # one dynamo graph for the three lengths
     assert prog.stats()["captures"] == captures
+
+
+def test_torch_compile_fullgraph_runs_the_index_checks_of_cpu_tensors():
+    """cross_entropy's target check had branched on the values (bool(ok.all())): under
+    torch.compile(fullgraph=True) on CPU tensors dynamo refused it (data-dependent guard). Traced, the
+    check asserts like on CUDA; a bad target still raises, naming the op."""
+    def loss(x, t):
+        return F.cross_entropy(x, t)
+
+    prog = neptune_eq.compile(loss, torch.randn(12, 6), torch.randint(0, 6, (12,)), dynamic=True)
+    run = torch.compile(lambda x, t: prog(x, t), dynamic=True, fullgraph=True, backend="eager")
+    for n in (9, 13):
+        x, t = torch.randn(n, 6), torch.randint(0, 6, (n,))
+        _close(run(x, t), loss(x.double(), t))
+    t[2] = 6
+    with pytest.raises(RuntimeError, match=r"cross_entropy / nll_loss target: valid indices are \[0, 6\)"):
+        run(x, t)
+
+
+def test_torch_compile_with_another_value_of_a_baked_in_argument():
+    """fn(x, scale, flag) bakes scale and flag in; inside torch.compile the dynamic function had run
+    the example's program whatever their values (x·2 for a call with 3.0: silently wrong). Such a call
+    now leaves the graph and compiles its own (which a later traced call with that value takes);
+    fullgraph=True refuses a value nothing compiled, saying why."""
+    def fn(x, scale, flag):
+        y = torch.softmax(x, 0) * scale
+        return y + 1 if flag else y
+
+    prog = neptune_eq.compile(fn, torch.randn(20, 3), 2.0, True, dynamic=True)
+    run = torch.compile(lambda x, s, f: prog(x, s, f), dynamic=True, backend="eager")
+    x = torch.randn(17, 3)
+    for s, f in ((2.0, True), (3.0, True), (2.0, False)):
+        _close(run(x, s, f), fn(x.double(), s, f))
+    strict = torch.compile(lambda x, s, f: prog(x, s, f), dynamic=True, fullgraph=True, backend="eager")
+    _close(strict(x, 3.0, True), fn(x.double(), 3.0, True))  # (the eager call above compiled it)
+    with pytest.raises(Exception, match="static value"):
+        strict(x, 4.0, True)
 
 
 def test_torch_compile_at_another_specialised_dimension_is_refused_by_name():

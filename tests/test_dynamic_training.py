@@ -187,3 +187,19 @@ def test_flex_attention_with_dynamic_serves_every_length():
         compiled = next(c for c in neptune_eq.api._ATTENTION_DYNAMIC.values() if c.fn.__name__ == "flex_attention")
         counts = _compiles(compiled) if counts is None else counts
         assert _compiles(compiled) == counts
+
+
+def test_a_sliced_read_beside_a_contraction_over_its_dimension():
+    """((x @ w) * x[:, :3]): the adjoint of x[i, e] is read at x's own axis d, and it holds Σ_d x[i, d]·
+    w[d, e]; the one-hot sum's elimination had substituted e → d under that Σ_d (captured), so x's
+    gradient was silently wrong — statically and at every length. The inner sum binds a fresh axis."""
+    def fn(x, w):
+        return (x @ w) * x[:, :3]
+
+    w = _randn(5, 3, seed=1)
+    for dynamic in (None, True):
+        prog = neptune_eq.compile(fn, _randn(20, 5), w, dynamic=dynamic)
+        for n in (20, 17) if dynamic else (20,):
+            xs = [_randn(n, 5, seed=n), w]
+            for a, b in zip(_grads(prog, xs, (0, 1)), _grads(fn, xs, (0, 1))):
+                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)

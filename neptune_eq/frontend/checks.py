@@ -123,6 +123,20 @@ def analyse(check: IndexCheck, extents: dict[str, int], dtypes: dict[str, str]) 
     return False, bool((v < 0).any())
 
 
+def holds_at_every_length(check: IndexCheck, extents: dict[str, int], dtypes: dict[str, str]) -> bool:
+    """Do the interval bounds prove `check` in range with every axis its index reads at any length
+    (its dimension's size as captured)? A dynamic capture's check proved at the example's lengths
+    alone (x[arange(L) + 5] of 30 rows, at L = 20) must run: the dynamic axes keep it static there."""
+    if not check.index.axes:
+        return True
+    lo, hi = bounds(check.index, {a: (_ANY_LENGTH if a in check.index.axes else n) for a, n in extents.items()},
+                    dtypes)
+    return lo >= (-check.size if check.wraps else 0) and hi < check.size
+
+
+_ANY_LENGTH = 1 << 30  # the length an axis is bounded at to prove a check for every length
+
+
 def index_program(index: ir.Node, program_axes: dict[str, int], specs: dict[str, ir.TensorSpec]) -> ir.Program | None:
     """None where the values of `index` are those of a whole input tensor: read at distinct axes,
     or at any index that reaches every element of it (`reads_whole`: a paged cache's

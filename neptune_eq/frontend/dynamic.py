@@ -28,6 +28,7 @@ import torch
 
 from .. import ir
 from ..ir import NeptuneError
+from ..signatures import same_traced_number, traced_number
 from .buckets import MAX_RANGED_GROUPS, bucket, length_range, plans_by_range
 from .capture import Captured
 from .checks import run_checks
@@ -116,6 +117,9 @@ class DynamicFunction:
                     device = a.device
                 elif a.device != device:
                     return False  # (the checked path names the mixed devices)
+            elif traced_number(a):
+                if not same_traced_number(a, ex[1]):
+                    return False
             elif isinstance(a, torch.Tensor) or not same_value(a, ex[1]):
                 return False
         # (compared one by one, not through static_mismatch's words: dynamo cannot format a symbolic length)

@@ -152,8 +152,10 @@ def _tested(c0: Captured, maps, axis: str) -> str | None:
         for d, a in enumerate(axes or ()):
             symbol = c0.size_of.get((pos, d)) if a == axis else None
             test = restricting(c0.sizes, symbol) if symbol is not None else None
+            if test is not None and re.fullmatch(r"Eq\(n, -?\d+\)", test):  # (math.sqrt(L), int(L), L == 20)
+                return f"the function specialises its length ({test}: math.sqrt, int() or float() of it, or a test)"
             if test is not None:
-                return f"the function tests its length ({test.replace(str(symbol), 'n')})"
+                return f"the function tests its length ({test})"
     return None
 
 

@@ -32,7 +32,10 @@ class LengthValues:
 
         def length(symbol) -> ir.Node:
             p, d = self.sizes.sizes[symbol]
-            v = self.infos[placeholders[p]].dims[d]
+            info = self.infos.get(placeholders[p])
+            if info is None:  # an argument fn reads only the size of: its dimensions stay specialised
+                return const(self.sizes.example[symbol])
+            v = info.dims[d]
             return const(1) if v is None else self.count([v])
 
         return size_expression(e, length)

@@ -61,9 +61,12 @@ def trace_sizes(trace_symbolic, gm: fx.GraphModule) -> SizeTrace | None:
         if not isinstance(val, torch.Tensor):
             continue
         for d, (n, m) in enumerate(zip(val.shape, real.meta["val"].shape)):
-            if isinstance(n, torch.SymInt) and isinstance(n.node.expr, sympy.Symbol):
-                sizes.setdefault(n.node.expr, (p, d))
-                example[n.node.expr] = int(m)
+            # (the symbol the dimension was traced with: one the function's Python specialised, by
+            # math.sqrt(L) or int(L), now reads as its number, and its guard names the symbol)
+            symbol = n.node._expr if isinstance(n, torch.SymInt) else None
+            if isinstance(symbol, sympy.Symbol):
+                sizes.setdefault(symbol, (p, d))
+                example[symbol] = int(m)
                 env = n.node.shape_env
     guards = tuple(g.expr for g in env.guards) if env is not None else ()
     return SizeTrace(values, sizes, guards, example)
@@ -152,25 +155,46 @@ _PROBES = (2, 3, 5, 7, 16, 17, 31, 100, 127, 1000, 1001, 2048, 4096, 4097, 10000
 
 
 def restricting(sizes: SizeTrace, symbol) -> str | None:
-    """A test the function made of size `symbol` that does not hold at every length ≥ 2 (its text),
-    else None. An equality of two sizes (x − y: their lengths are one) ties them, and they move
-    together; other sizes stay at the example's lengths."""
-    tied = {symbol}
-    for g in sizes.guards:
-        if isinstance(g, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in g.args) and tied & g.free_symbols:
-            tied |= g.free_symbols
+    """A test the function made of size `symbol` that does not hold at every length ≥ 2 (its text, of
+    that length n), else None. An equality of two sizes (x − y: their lengths are one) ties them, and
+    they move together; other sizes stay at the example's lengths."""
+    tied, more = set(), {symbol}
+    while more - tied:  # (ties are transitive: a = b, b = c in any order)
+        tied |= more
+        for g in sizes.guards:
+            if isinstance(g, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in g.args) and tied & g.free_symbols:
+                more |= g.free_symbols
     for g in sizes.guards:
         if not g.free_symbols & tied or (isinstance(g, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in g.args)):
             continue
         rest = {s: sizes.example.get(s, 2) for s in g.free_symbols - tied}
-        for n in _PROBES:
+        for n in sorted({*_PROBES, *_near(g, rest, tied)}):
             try:
                 holds = bool(g.subs({**rest, **dict.fromkeys(tied, n)}))
             except TypeError:  # (not decided by numbers: keep the dimension specialised)
                 holds = False
-            if not holds:
-                return str(g)
+            if not holds:  # (said of n, the length of every size tied to this one)
+                return str(g.subs(dict.fromkeys(tied, sympy.Symbol("n"))))
     return None
+
+
+def _near(g, rest: dict, tied: set) -> set[int]:
+    """Lengths ≥ 2 where test `g` may change its answer: next to the numbers it names and to where
+    its two sides meet (`L == 20`, `L != 17`, `2 * L > 40` hold at every probe length but one)."""
+    out = set()
+    for c in g.atoms(sympy.Number):
+        if c.is_finite and c.is_real:
+            out.update(range(int(sympy.floor(c)) - 1, int(sympy.floor(c)) + 2))
+    if isinstance(g, sympy.core.relational.Relational):
+        n = sympy.Symbol("n")
+        try:
+            roots = sympy.solve((g.lhs - g.rhs).subs({**rest, **dict.fromkeys(tied, n)}), n)
+        except Exception:  # (a form sympy cannot solve: the numbers it names are probed still)
+            roots = []
+        for r in roots:
+            if r.is_real and r.is_finite:
+                out.update(range(int(sympy.floor(r)) - 1, int(sympy.floor(r)) + 2))
+    return {n for n in out if n >= 2}
 
 
 __all__ = ["SizeTrace", "restricting", "size_expression", "trace_sizes"]

@@ -25,7 +25,7 @@ from torch import fx
 from .. import dsl, ir
 from . import rounding
 from .axes import AxisTable, Dim, Resolution
-from .checks import IndexCheck, analyse, index_program
+from .checks import IndexCheck, analyse, holds_at_every_length, index_program
 from .exprs import add, call, const, negate, select, substitute
 from .exprs import reduce as reduce_expr
 from .inplace import functional_twin
@@ -408,6 +408,8 @@ class Translator(LengthValues):
         check = IndexCheck(op, location(c.node), index, size, wraps, ignore)
         dtypes = {n: dtype_name(dt) for n, dt in self.input_dtypes.items()}
         at_run_time, negative = analyse(check, self.res.extents, dtypes)
+        if not at_run_time and self.symbolic_lengths and not holds_at_every_length(check, self.res.extents, dtypes):
+            at_run_time = True  # (proved at these lengths only: a check, so the axes it reads stay static)
         if at_run_time and check not in self.checks:
             self.checks.append(check)
         if wraps and negative:
