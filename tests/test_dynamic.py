@@ -122,7 +122,7 @@ def test_a_function_that_tests_its_length_keeps_it_static():
         return s
 
     x = torch.randn(40, 3, dtype=torch.float64)
-    with pytest.raises(NotDynamic, match=r"tests its length \(n <= 1000\)"):
+    with pytest.raises(NotDynamic, match=r"tests its length \(n <= 1000;"):
         neptune_eq.compile(branchy, x, dynamic={0: [0]})
     prog = neptune_eq.compile(branchy, x, dynamic=True)
     y = torch.randn(2000, 3, dtype=torch.float64)
@@ -132,7 +132,7 @@ def test_a_function_that_tests_its_length_keeps_it_static():
 def test_a_test_true_at_every_probe_length_but_one_keeps_it_static():
     """`L == 20` (and `math.sqrt(L) > 5`, which specialises L in the symbolic trace) had not counted
     as tests of L: compiled at 17 (at 20 for the sqrt), a call at 20 (32) ran the example's branch,
-    silently wrong. The lengths where a test changes its answer are probed too."""
+    silently wrong. Such tests are not proved for every length (test_a_length_test_is_proved_...)."""
     def at20(x):
         return x.sum(0) if x.shape[0] == 20 else x.mean(0)
 
@@ -143,6 +143,86 @@ def test_a_test_true_at_every_probe_length_but_one_keeps_it_static():
         prog = neptune_eq.compile(fn, torch.randn(n, 3, dtype=torch.float64), dynamic=True)
         y = torch.randn(m, 3, dtype=torch.float64)
         _close(prog(y), fn(y), tol=1e-12)
+
+
+def test_a_length_test_is_proved_for_every_length_not_sampled():
+    """`L // 3 == 400` is false at the example, at every fixed probe length and next to the numbers it
+    names (399–401, 2–4), and true at 1200–1202 only: the sampled check made L dynamic and a call at
+    1200 took the example's branch (silently wrong). A dimension now changes length only where each
+    test of it is proved for every length ≥ 2."""
+    def thirds(x):
+        y = torch.softmax(x, 0)
+        return y * 2 if x.shape[0] // 3 == 400 else y
+
+    with pytest.raises(NotDynamic, match="not proved for every length"):
+        neptune_eq.compile(thirds, torch.randn(20, 3, dtype=torch.float64), dynamic={0: [0]})
+    prog = neptune_eq.compile(thirds, torch.randn(20, 3, dtype=torch.float64), dynamic=True)
+    y = torch.randn(1200, 3, dtype=torch.float64)
+    _close(prog(y), thirds(y), tol=1e-12)
+
+
+def test_a_number_of_a_length_held_as_a_constant_keeps_it_static():
+    """(L // 8) ** 1.5 is no len(axis) expression: the program held it as a number, the same at the
+    example (20) and the probe (23) lengths, and L was made dynamic: at 24 the result was off by 14.
+    Such a number (not linear in its length, so a probe need not see it change) keeps L static."""
+    def powered(x):
+        return x.sum(0) * (x.shape[0] // 8) ** 1.5
+
+    x = torch.randn(20, 3, dtype=torch.float64)
+    with pytest.raises(NotDynamic, match=r"computes .*n//8.* from its length"):
+        neptune_eq.compile(powered, x, dynamic={0: [0]})
+    prog = neptune_eq.compile(powered, x, dynamic=True)
+    y = torch.randn(24, 3, dtype=torch.float64)
+    _close(prog(y), powered(y), tol=1e-12)
+
+
+def test_tests_that_hold_at_every_length_keep_it_dynamic():
+    """Tests true at every length ≥ 2 do not cost the dimension its symbol: `L > 1`, `L * L + 7 > 5 * L`
+    (no real root), `2 * L != 7` (its root is no integer), `max(L, 1) == L`."""
+    def fine(x):
+        n = x.shape[0]
+        ok = n > 1 and n * n + 7 > 5 * n and 2 * n != 7 and max(n, 1) == n
+        return x.sum(0) / n if ok else x.sum(0)
+
+    prog = neptune_eq.compile(fine, torch.randn(20, 3, dtype=torch.float64), dynamic={0: [0]})
+    for m in (2, 17, 33):
+        y = torch.randn(m, 3, dtype=torch.float64)
+        _close(prog(y), fine(y), tol=1e-12)
+    assert prog.stats()["signatures"] == 0 and prog.stats()["captures"] == 1 + 2  # (the probes at other lengths)
+
+
+def test_the_length_proof_unit():
+    """symsizes.proved: interval bounds, exact univariate solutions, every size moving jointly."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Max, PythonMod
+
+    from neptune_eq.frontend.symsizes import proved
+
+    a, b = sympy.symbols("s0 s1", integer=True, positive=True)
+    yes = [a > 1, sympy.Ne(a, 1), sympy.Eq(Max(1, a), a), FloorDiv(a, 64) >= 0, a**2 - 5 * a + 7 > 0,
+           sympy.Ne(2 * a, 7), a + b > 3]
+    no = [a <= 1000, sympy.Eq(a, 20), sympy.Ne(PythonMod(a, 1009), 0), sympy.Ne(FloorDiv(a, 3), 400),
+          a**2 - 5 * a + 5 > 0, sympy.Ne(a * a, 49), a + b < 1000, sympy.Ne(a, b)]
+    for g in yes:
+        assert proved(g, [{a}, {b}], {}), g
+    for g in no:
+        assert not proved(g, [{a}, {b}], {}), g
+    assert proved(b > a, [{b}], {a: 1})  # (a fixed at its example's length)
+    assert not proved(b > a, [{a}, {b}], {})
+
+
+def test_unknown_length_tests_keep_every_dimension_static(monkeypatch):
+    """Where fn does not trace with symbolic sizes its tests of them are unknown: no dimension is made
+    dynamic on the strength of a probe at one other length (a named one is refused, saying why)."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["neptune_eq.frontend.capture"], "trace_sizes", lambda *a, **k: None)
+    x = torch.randn(20, 3, dtype=torch.float64)
+    with pytest.raises(NotDynamic, match="does not trace with symbolic lengths"):
+        neptune_eq.compile(lambda x: torch.softmax(x, 0), x, dynamic={0: [0]})
+    prog = neptune_eq.compile(lambda x: torch.softmax(x, 0), x, dynamic=True)
+    prog(x)
+    assert prog.family is None
 
 
 def test_a_function_with_no_dynamic_dimension_is_not_captured_again_per_call():

@@ -8,9 +8,11 @@ are compared. A length the program computes with is `len(axis)` (a mean's diviso
 computed from its arguments' sizes: frontend/symsizes.py), the same at every length; one used as a
 shape or an index (x[:, -1], a slice to L // 2) changes the program, and the axis stays specialised
 (or, when the user named it, the compile is refused naming the difference), as does one fn's Python
-tests (`if L > 1000:`). Axes fn keeps equal (torch.ones(L, L).tril() against scores [L, S]) move
-together as one group; a final capture moves every group at once by different amounts. A size-1
-dimension is no axis (it broadcasts).
+tests (`if L > 1000:`) unless the test is proved for every length, and one the program holds as a
+number not linear in it (the probe's one other length need not show it). Where fn's tests of its sizes
+are unknown (it does not trace with symbolic sizes) every dimension stays specialised. Axes fn keeps
+equal (torch.ones(L, L).tril() against scores [L, S]) move together as one group; a final capture
+moves every group at once by different amounts. A size-1 dimension is no axis (it broadcasts).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .. import ir
 from ..ir import NeptuneError
 from .capture import ArgBinding, Captured, capture
 from .checks import composed
-from .symsizes import restricting
+from .symsizes import restricting, ties
 
 
 class NotDynamic(NeptuneError):
@@ -120,7 +122,7 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
         if a in taken:
             continue
         same = tuple(x for x in p0.axes if x not in taken and p0.axes[x] == p0.axes[a])
-        why = _tested(c0, maps, a)
+        why = _tested(c0, maps, a, {x for g in groups for x in g})
         for group in dict.fromkeys([(a,), same]) if why is None else ():
             why = probe([*groups, group], only=len(groups))
             if why is None:
@@ -143,19 +145,35 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
     return Lengths(tuple(groups), dims, outs, tuple(static))
 
 
-def _tested(c0: Captured, maps, axis: str) -> str | None:
-    """How fn's Python tests the length of `axis` (`if L > 1000:`), a test that does not hold at every
-    length ≥ 2 (frontend/symsizes.py), else None: such a dimension stays specialised."""
+def _tested(c0: Captured, maps, axis: str, dynamic) -> str | None:
+    """How fn's Python tests the length of `axis` (`if L > 1000:`): a test not proved to hold at every
+    length ≥ 2 while the `dynamic` axes (those made so before it) move too, the rest at the example's
+    lengths (frontend/symsizes.py), else None. So a test of several sizes is proved once with every
+    one of them that ends dynamic moving (when the last of them is decided). Such a dimension
+    stays specialised; so does every one where fn's tests of its sizes are unknown (fn does not trace
+    with symbolic sizes, or that dimension has no symbol there): a probe at other lengths cannot show
+    a branch the example's lengths do not take."""
     if c0.sizes is None:
-        return None
+        return "the function does not trace with symbolic lengths, so the tests it makes of them are unknown"
+    axis_of = {(pos, d): a for pos, axes in maps.items() for d, a in enumerate(axes or ())}
+    moving = {s for key, s in c0.size_of.items() if axis_of.get(key) in dynamic}
     for pos, axes in maps.items():
         for d, a in enumerate(axes or ()):
-            symbol = c0.size_of.get((pos, d)) if a == axis else None
-            test = restricting(c0.sizes, symbol) if symbol is not None else None
+            if a != axis:
+                continue
+            symbol = c0.size_of.get((pos, d))
+            if symbol is None:
+                return f"dimension {d} of argument {pos} has no symbol in the symbolic trace (its tests are unknown)"
+            held = next((c0.sizes.fixed[s] for s in sorted(ties(c0.sizes, symbol), key=str) if s in c0.sizes.fixed),
+                        None)
+            if held is not None:
+                return (f"the function computes {held} from its length, which the program holds as a number (a "
+                        "form len(axis) does not write, not linear in n)")
+            test = restricting(c0.sizes, symbol, moving)
             if test is not None and re.fullmatch(r"Eq\(n, -?\d+\)", test):  # (math.sqrt(L), int(L), L == 20)
                 return f"the function specialises its length ({test}: math.sqrt, int() or float() of it, or a test)"
             if test is not None:
-                return f"the function tests its length ({test})"
+                return f"the function tests its length ({test}; not proved for every length ≥ 2)"
     return None
 
 

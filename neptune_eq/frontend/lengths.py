@@ -15,7 +15,8 @@ from .symsizes import size_expression
 
 
 class LengthValues:
-    """Translator methods (frontend/translate.py: its fields symbolic_lengths, sizes, res, infos, graph)."""
+    """Translator methods (frontend/translate.py: its fields symbolic_lengths, sizes, res, infos, graph,
+    written_sizes)."""
 
     def length(self, axis: str) -> ir.Node:
         """The length of `axis` as a value: its extent, or `len(axis)` in a capture with symbolic
@@ -38,7 +39,10 @@ class LengthValues:
             v = info.dims[d]
             return const(1) if v is None else self.count([v])
 
-        return size_expression(e, length)
+        out = size_expression(e, length)
+        if out is not None:
+            self.written_sizes.add((node, k))
+        return out
 
     def count(self, dims: list[Dim]) -> ir.Node:
         """The number of index points of `dims` (a mean's divisor): the product of their axes' lengths."""

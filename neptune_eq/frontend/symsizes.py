@@ -6,14 +6,17 @@ number and the symbolic one a size expression (`x.sum() / x.shape[0]`, `torch.ar
 kl_div's `batchmean`), the translation writes that argument with `len(axis)` (SizeTrace.values), so
 the program no longer depends on the length and its axis can stay dynamic. The symbolic trace also
 records the tests the function's Python made of its sizes (`if L > 1000:`, the shape guards): a
-dimension such a test constrains cannot change length without changing the program, however the
-probe captures at nearby lengths come out (`restricting`).
+dimension changes length only where each test of it is proved to hold at every length ≥ 2
+(`restricting`, `proved`: never sampled, as `L // 3 == 400` holds at all lengths but three), and
+where every number computed from it that the program holds as a constant is linear in it, so that
+the probe capture at another length sees it change (`SizeTrace.fix`: `(L // 8) ** 1.5` is the same
+at 20 and 23).
 """
 
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import sympy
 import torch
@@ -31,6 +34,23 @@ class SizeTrace:
     sizes: dict  # size symbol → (placeholder number, dimension) it stands for
     guards: tuple  # the tests the function made of its sizes (sympy relations)
     example: dict  # size symbol → its length in the example
+    # every number computed from sizes that a tensor operation takes: (its `values` key, or None where
+    # the graphs are not aligned or it sits in a list or keyword; its size expression, None if unknown)
+    numbers: tuple = ()
+    fixed: dict = field(default_factory=dict)  # size → a number of it the program holds as a constant (`fix`)
+
+    def fix(self, written: set) -> SizeTrace:
+        """This trace with `fixed` known: the translation wrote the numbers at keys `written` with
+        len(axis); any other number of a size is a constant of the program, which a probe at one other
+        length shows only where it changes there. So a size may change length only where each such
+        number is linear in it (then it changes at every other length: `arange(L)`, `L - 1`); one
+        like `(L // 8) ** 1.5` or `L * L` keeps it specialised."""
+        fixed = {}
+        for key, e in self.numbers:
+            if key not in written and (e is None or not _linear(e)):
+                for s in set(self.sizes) if e is None else e.free_symbols:  # (an expression not recorded: any)
+                    fixed.setdefault(s, "a number not recorded" if e is None else str(e.subs(s, sympy.Symbol("n"))))
+        return replace(self, fixed=fixed)
 
 
 def trace_sizes(trace_symbolic, gm: fx.GraphModule) -> SizeTrace | None:
@@ -69,7 +89,43 @@ def trace_sizes(trace_symbolic, gm: fx.GraphModule) -> SizeTrace | None:
                 example[symbol] = int(m)
                 env = n.node.shape_env
     guards = tuple(g.expr for g in env.guards) if env is not None else ()
-    return SizeTrace(values, sizes, guards, example)
+    return SizeTrace(values, sizes, guards, example, _numbers(sym, dict((b, a) for a, b in pairs or ())))
+
+
+def _numbers(sym: fx.GraphModule, twin: dict) -> tuple:
+    """(key, size expression) of every number computed from sizes that a tensor operation of the
+    symbolic graph takes (`values`' key where it is a positional argument of an aligned operation)."""
+    out = []
+    for b in sym.graph.nodes:
+        if b.op != "call_function" or _is_size(b):
+            continue
+        for k, arg in [*enumerate(b.args), *((None, v) for v in b.kwargs.values())]:
+            for leaf in _leaves(arg):
+                if isinstance(leaf, fx.Node) and _is_size(leaf):
+                    key = (twin[b], k) if leaf is arg and b in twin and k is not None else None
+                    val = leaf.meta.get("val")
+                    out.append((key, _expr(val) if val is not None else None))  # (None: not recorded)
+    return tuple(out)
+
+
+def _leaves(arg):
+    if isinstance(arg, list | tuple):
+        for a in arg:
+            yield from _leaves(a)
+    else:
+        yield arg
+
+
+def _linear(e) -> bool:
+    """Is size expression e a constant, or linear in its sizes (a different number at every other length
+    of each)?"""
+    e = _plain(e)
+    if not e.free_symbols:
+        return True
+    try:
+        return sympy.Poly(e, *sorted(e.free_symbols, key=str)).total_degree() == 1
+    except sympy.PolynomialError:
+        return False
 
 
 _VIEWS = (torch.ops.aten.slice.Tensor, torch.ops.aten.alias.default)  # (x[:, None]'s full slice: kept symbolically)
@@ -151,50 +207,91 @@ def _ir(e, length) -> ir.Node:
     raise _NotAnExpression(name)
 
 
-_PROBES = (2, 3, 5, 7, 16, 17, 31, 100, 127, 1000, 1001, 2048, 4096, 4097, 10000, 65536, 1 << 20)
+def restricting(sizes: SizeTrace, symbol, moving=None) -> str | None:
+    """A test the function made of size `symbol` that is not proved to hold at every length ≥ 2 (its
+    text, of that length n), else None. An equality of two sizes (x − y: their lengths are one) ties
+    them, and they move together; the other sizes in `moving` (every size, by default) move too,
+    each over every length ≥ 2, and the rest stay at the example's lengths. Proved, never sampled
+    (`proved`): a test it cannot decide keeps the dimension specialised."""
+    tied = ties(sizes, symbol)
+    for g in sizes.guards:
+        if not g.free_symbols & tied or _tie(g):
+            continue
+        free = g.free_symbols - tied
+        fixed = {s: sizes.example[s] for s in free if s in sizes.example and moving is not None and s not in moving}
+        groups = [tied]
+        for s in sorted(free - set(fixed), key=str):  # (each other moving size with those tied to it)
+            if not any(s in group for group in groups):
+                groups.append(ties(sizes, s))
+        if not proved(g, groups, fixed):  # (said of n, the tied lengths)
+            return str(g.subs(dict.fromkeys(tied, sympy.Symbol("n"))))
+    return None
 
 
-def restricting(sizes: SizeTrace, symbol) -> str | None:
-    """A test the function made of size `symbol` that does not hold at every length ≥ 2 (its text, of
-    that length n), else None. An equality of two sizes (x − y: their lengths are one) ties them, and
-    they move together; other sizes stay at the example's lengths."""
+def ties(sizes: SizeTrace, symbol) -> set:
+    """The sizes an equality of two sizes ties to `symbol` (one length: they move together), itself included."""
     tied, more = set(), {symbol}
     while more - tied:  # (ties are transitive: a = b, b = c in any order)
         tied |= more
         for g in sizes.guards:
-            if isinstance(g, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in g.args) and tied & g.free_symbols:
+            if _tie(g) and tied & g.free_symbols:
                 more |= g.free_symbols
-    for g in sizes.guards:
-        if not g.free_symbols & tied or (isinstance(g, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in g.args)):
-            continue
-        rest = {s: sizes.example.get(s, 2) for s in g.free_symbols - tied}
-        for n in sorted({*_PROBES, *_near(g, rest, tied)}):
-            try:
-                holds = bool(g.subs({**rest, **dict.fromkeys(tied, n)}))
-            except TypeError:  # (not decided by numbers: keep the dimension specialised)
-                holds = False
-            if not holds:  # (said of n, the length of every size tied to this one)
-                return str(g.subs(dict.fromkeys(tied, sympy.Symbol("n"))))
-    return None
+    return tied
 
 
-def _near(g, rest: dict, tied: set) -> set[int]:
-    """Lengths ≥ 2 where test `g` may change its answer: next to the numbers it names and to where
-    its two sides meet (`L == 20`, `L != 17`, `2 * L > 40` hold at every probe length but one)."""
-    out = set()
-    for c in g.atoms(sympy.Number):
-        if c.is_finite and c.is_real:
-            out.update(range(int(sympy.floor(c)) - 1, int(sympy.floor(c)) + 2))
-    if isinstance(g, sympy.core.relational.Relational):
-        n = sympy.Symbol("n")
-        try:
-            roots = sympy.solve((g.lhs - g.rhs).subs({**rest, **dict.fromkeys(tied, n)}), n)
-        except Exception:  # (a form sympy cannot solve: the numbers it names are probed still)
-            roots = []
-        for r in roots:
-            if r.is_real and r.is_finite:
-                out.update(range(int(sympy.floor(r)) - 1, int(sympy.floor(r)) + 2))
-    return {n for n in out if n >= 2}
+def _tie(g) -> bool:
+    return isinstance(g, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in g.args)
 
 
-__all__ = ["SizeTrace", "restricting", "size_expression", "trace_sizes"]
+def proved(g, groups: list[set], fixed: dict) -> bool:
+    """Does test `g` hold wherever the sizes of each group (one length per group) are any lengths
+    ≥ 2, the sizes in `fixed` at those numbers? Each length is written m + 2 with m a nonnegative
+    integer, and the test decided by sympy's own evaluation (`Mod(1, m + 2)` is 1), else by sound
+    interval bounds (torch's value ranges: Max, Min, FloorDiv, Mod included), else, for a single
+    length, by the exact real solution set of the relation (`x**2 - 5*x + 7 > 0`, `Ne(2*x, 7)`).
+    Anything else is not proved."""
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+
+    ms = [sympy.Symbol(f"m{k}", integer=True, nonnegative=True) for k in range(len(groups))]
+    h = g.subs({**fixed, **{s: m + 2 for m, group in zip(ms, groups) for s in group}})
+    if h is sympy.true or h is sympy.false:
+        return bool(h)
+    try:
+        bounds = bound_sympy(h, {m: ValueRanges(0, int_oo) for m in ms})
+        if bounds.lower is sympy.true or bounds.lower is True:
+            return True
+    except Exception:  # (a form the value ranges do not bound: tried exactly below)
+        pass
+    free = [m for m in ms if m in h.free_symbols]
+    return len(free) == 1 and _holds_from_zero(h, free[0])
+
+
+def _holds_from_zero(h, m) -> bool:
+    """Does relation h(m) hold at every integer m ≥ 0? From its exact real solution set: an inequality
+    holding on all of [0, ∞); an inequation whose roots there are not integers; an identity."""
+    if not isinstance(h, sympy.core.relational.Relational):
+        return False
+    x = sympy.Symbol("x", real=True)
+    try:
+        d = _plain(h.lhs - h.rhs).subs(m, x)
+        if isinstance(h, sympy.Eq):
+            return sympy.simplify(d) == 0
+        if isinstance(h, sympy.Ne):
+            roots = sympy.solveset(sympy.Eq(d, 0), x, sympy.Interval(0, sympy.oo))
+            return isinstance(roots, sympy.FiniteSet) and all(r.is_integer is False for r in roots)
+        where = sympy.solveset(type(h)(d, 0), x, sympy.S.Reals)
+        return sympy.Interval(0, sympy.oo).is_subset(where) is True
+    except Exception:  # (a form sympy cannot solve: not proved)
+        return False
+
+
+def _plain(e):
+    """e with torch's size functions that are plain arithmetic on reals (ToFloat, true division)
+    written as such; FloorDiv, Mod and the rest are kept (and then not solved)."""
+    names = {"ToFloat": lambda a: a, "TruncToFloat": lambda a: a, "IntTrueDiv": lambda a, b: a / b,
+             "FloatTrueDiv": lambda a, b: a / b}
+    return e.replace(lambda x: type(x).__name__ in names, lambda x: names[type(x).__name__](*x.args))
+
+
+__all__ = ["SizeTrace", "proved", "restricting", "size_expression", "ties", "trace_sizes"]

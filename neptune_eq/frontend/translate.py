@@ -154,6 +154,7 @@ class Translator(LengthValues):
     compute_rank: int = 2  # the kernels' float precision (rounding.RANK): float64 programs compute in it
     symbolic_lengths: bool = False  # lengths as len(axis), not numbers (a dynamic function's capture)
     sizes: SizeTrace | None = None  # which numbers of the graph are sizes (frontend/symsizes.py)
+    written_sizes: set = field(default_factory=set)  # the keys of sizes.values written with len(axis)
     res: Resolution | None = None
     checks: list[IndexCheck] = field(default_factory=list)
     storage_reads: set[str] = field(default_factory=set)  # inputs as_strided reads (they must be contiguous)
