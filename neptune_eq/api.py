@@ -23,15 +23,14 @@ disk (the cache directory: `cache_dir=` or ~/.cache/neptune_eq).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 
 from . import ir
-from .autograd import attach
 from .cache import CompileCache, key_of, snapshot
+from .custom_ops import custom_op, dynamic_op
 from .device import from_torch
 from .ir import NeptuneError
 from .lower.launch import default_cache_dir
@@ -40,11 +39,9 @@ from .runtime import CompiledProgram, with_user_rules
 from .signatures import matches, outside_the_graph, signature
 
 _OPTION_FIELDS = {f.name for f in fields(Options)}
-# Process-wide caches (not configuration): one compile cache per cache directory, the custom ops
-# already registered (torch.library's own registry is process-wide), compiled attention variants.
+# Process-wide caches (not configuration): one compile cache per cache directory, compiled attention
+# variants (the custom ops already registered: neptune_eq.custom_ops).
 _CACHES: dict[str, CompileCache] = {}
-_OPS: dict[str, tuple] = {}  # qualname → (inference op, training call)
-_RUNNERS: dict[str, CompiledProgram] = {}  # op → the program it runs (tune() swaps in tuned schedules)
 
 
 def _cache_for(directory: Path | None) -> CompileCache:
@@ -112,7 +109,7 @@ class _Variant:
 
     def _with_op(self) -> _Variant:
         if self._op_of is not self.run.compiled:  # (re)built outside dynamo: registering an op cannot be traced
-            self.op = _custom_op(self.captured.program, self.captured.output_dtypes, self.run.compiled,
+            self.op = custom_op(self.captured.program, self.captured.output_dtypes, self.run.compiled,
                                  self.compile_fn)
             self._op_of = self.run.compiled
         return self
@@ -217,9 +214,9 @@ class Compiled:
             return None
         compile_fn = lambda program: compile_cached(program, self.options, self.cache, self.counts)  # noqa: E731
         self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args),
-                                      training_op=lambda program, prog: _custom_op(
+                                      training_op=lambda program, prog: custom_op(
                                           program, captured.output_dtypes, prog, compile_fn))
-        self.family.op = _dynamic_op(self.family)
+        self.family.op = dynamic_op(self.family)
         register(self.family)
         return self.family
 
@@ -374,60 +371,6 @@ class Compiled:
             self.counts.captures += 1
         self.counts.calls += 1
         return out
-
-
-def _custom_op(program: ir.Program, output_dtypes, prog: CompiledProgram, compile_fn=None):
-    """A torch.library op running `prog` (the compile of `program`, whose outputs have torch dtypes
-    `output_dtypes`) on the program's inputs (in program order), with a fake kernel and the derived
-    backward (neptune_eq.autograd; `compile_fn` compiles the backward program)."""
-    names = list(program.inputs)
-    outs = [(o.name, program.output_shape(o), dt) for o, dt in zip(program.outputs, output_dtypes)]
-    digest = hashlib.sha256(f"{program.text(exact=True)}|{prog.alternative.structure}".encode()).hexdigest()[:16]
-    qualname = f"neptune_eq::p{digest}"
-    _RUNNERS[qualname] = prog
-    if qualname not in _OPS:
-        @torch.library.custom_op(qualname, mutates_args=())
-        def op(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-            res = _RUNNERS[qualname].run(dict(zip(names, xs)), {n: dt for n, _, dt in outs})
-            return [res[n] for n, _, _ in outs]
-
-        @op.register_fake
-        def _(xs):
-            return [xs[0].new_empty(shape, dtype=dt) for _, shape, dt in outs]
-
-        train = attach(op, qualname, program, names, outs,
-                       compile_fn or (lambda p: compile_cached(p, Options(), _cache_for(None))))
-        _OPS[qualname] = (op, train)
-    op, train = _OPS[qualname]
-
-    def call(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        xs = [inputs[n] for n in names]
-        grad = torch.is_grad_enabled() and any(x.requires_grad for x in xs)
-        res = train(xs) if grad else op(xs)  # (the training op also writes what its backward reads)
-        return {n: r for (n, _, _), r in zip(outs, res)}
-
-    call.qualname = qualname
-    return call
-
-
-def _dynamic_op(family):
-    """A torch.library op running a dynamic function's program at the lengths of its inputs (each
-    bucket's compile chosen at the call), with a fake kernel shaped by those lengths."""
-    qualname = f"neptune_eq::d{family.digest()}"
-    _RUNNERS[qualname] = family
-    if qualname not in _OPS:
-        @torch.library.custom_op(qualname, mutates_args=())
-        def op(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-            return _RUNNERS[qualname].run_inputs(xs)
-
-        @op.register_fake
-        def _(xs):
-            return _RUNNERS[qualname].fake_outputs(xs)
-
-        _OPS[qualname] = (op, None)
-    op = _OPS[qualname][0]
-    op.qualname = qualname
-    return op
 
 
 def compile(fn, *example_inputs, rules=(), cache_dir: str | Path | None = None, dynamic=None,

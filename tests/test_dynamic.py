@@ -161,6 +161,20 @@ def test_a_length_test_is_proved_for_every_length_not_sampled():
     _close(prog(y), thirds(y), tol=1e-12)
 
 
+def test_a_traced_call_at_length_1_does_not_take_the_dynamic_op():
+    """The symbolic trace takes every length ≥ 2: `L > 1` is decided there without a test. A call
+    torch.compile traced at length 1 had taken the dynamic op (x.sum(0) · 2 where fn gives x.sum(0));
+    it now takes a signature of its own (here outside the graph: an eager call compiles it)."""
+    def doubled(x):
+        return x.sum(0) * 2 if x.shape[0] > 1 else x.sum(0)
+
+    prog = neptune_eq.compile(doubled, torch.randn(20, 3, dtype=torch.float64), dynamic=True)
+    run = torch.compile(lambda x: prog(x), dynamic=True, backend="eager")
+    for n in (7, 1):
+        y = torch.randn(n, 3, dtype=torch.float64)
+        _close(run(y), doubled(y), tol=1e-12)
+
+
 def test_a_number_of_a_length_held_as_a_constant_keeps_it_static():
     """(L // 8) ** 1.5 is no len(axis) expression: the program held it as a number, the same at the
     example (20) and the probe (23) lengths, and L was made dynamic: at 24 the result was off by 14.

@@ -54,8 +54,8 @@ class DynamicFunction:
     compile_fn: object
     example: tuple  # the example's signature of every argument (shape, dtype, device) or its value
     programs: dict[tuple[int, ...], object] = field(default_factory=dict)  # bucket bounds → CompiledProgram
-    op: object = None  # the torch.library op of calls dynamo traces (api._dynamic_op)
-    # (bucket program, its compile) → the call of its training op (api._custom_op): a call needing
+    op: object = None  # the torch.library op of calls dynamo traces (custom_ops.dynamic_op)
+    # (bucket program, its compile) → the call of its training op (custom_ops.custom_op): a call needing
     # gradients runs it; its autograd formula runs the backward derived from the bucket's program
     training_op: object = None
     no_training: str | None = None  # why no backward is derived for the buckets (calls then compile per length)
@@ -99,10 +99,12 @@ class DynamicFunction:
         return ns if ns is not None and all(n >= 2 for n in ns) else None
 
     def traceable(self, args) -> bool:
-        """Can a call dynamo traces take this function's ops (`traced`)? As `serves`, a length of 1
-        included; a call needing gradients where a backward is derived for every length (its op pair
-        over the buckets: neptune_eq.train_dynamic), else it takes a static signature's op."""
-        return self._like_example(args) and self.lengths.of(args) is not None and self.trains(args)
+        """Can a call dynamo traces take this function's ops (`traced`)? As `serves` (no length 1: the
+        symbolic trace takes every length ≥ 2 and decides `L > 1` without a test, so a function
+        branching on it would run the other branch), and a call needing gradients where a backward is
+        derived for every length (its op pair over the buckets: neptune_eq.train_dynamic); else it
+        takes a static signature's op, or runs outside the graph."""
+        return self.serves(args) is not None and self.trains(args)
 
     def _like_example(self, args) -> bool:
         """Dtypes, devices, ranks, baked values and specialised dimensions as in the example."""

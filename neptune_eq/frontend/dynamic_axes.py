@@ -122,9 +122,8 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
         if a in taken:
             continue
         same = tuple(x for x in p0.axes if x not in taken and p0.axes[x] == p0.axes[a])
-        why = _tested(c0, maps, a, {x for g in groups for x in g})
-        for group in dict.fromkeys([(a,), same]) if why is None else ():
-            why = probe([*groups, group], only=len(groups))
+        for group in dict.fromkeys([(a,), same]):
+            why = _tested(c0, maps, group, {x for g in groups for x in g}) or probe([*groups, group], only=len(groups))
             if why is None:
                 groups.append(group)
                 taken.update(group)
@@ -145,8 +144,13 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
     return Lengths(tuple(groups), dims, outs, tuple(static))
 
 
-def _tested(c0: Captured, maps, axis: str, dynamic) -> str | None:
-    """How fn's Python tests the length of `axis` (`if L > 1000:`): a test not proved to hold at every
+def _symbols(c0: Captured, axis_of: dict, group) -> set:
+    """The size symbols of the argument dimensions on the axes of `group` (one length)."""
+    return {s for key, s in c0.size_of.items() if axis_of.get(key) in group}
+
+
+def _tested(c0: Captured, maps, group: tuple[str, ...], dynamic) -> str | None:
+    """How fn's Python tests the length of `group` (`if L > 1000:`): a test not proved to hold at every
     length ≥ 2 while the `dynamic` axes (those made so before it) move too, the rest at the example's
     lengths (frontend/symsizes.py), else None. So a test of several sizes is proved once with every
     one of them that ends dynamic moving (when the last of them is decided). Such a dimension
@@ -159,7 +163,7 @@ def _tested(c0: Captured, maps, axis: str, dynamic) -> str | None:
     moving = {s for key, s in c0.size_of.items() if axis_of.get(key) in dynamic}
     for pos, axes in maps.items():
         for d, a in enumerate(axes or ()):
-            if a != axis:
+            if a not in group:
                 continue
             symbol = c0.size_of.get((pos, d))
             if symbol is None:
@@ -169,7 +173,7 @@ def _tested(c0: Captured, maps, axis: str, dynamic) -> str | None:
             if held is not None:
                 return (f"the function computes {held} from its length, which the program holds as a number (a "
                         "form len(axis) does not write, not linear in n)")
-            test = restricting(c0.sizes, symbol, moving)
+            test = restricting(c0.sizes, symbol, moving, together=_symbols(c0, axis_of, group))
             if test is not None and re.fullmatch(r"Eq\(n, -?\d+\)", test):  # (math.sqrt(L), int(L), L == 20)
                 return f"the function specialises its length ({test}: math.sqrt, int() or float() of it, or a test)"
             if test is not None:

@@ -207,13 +207,14 @@ def _ir(e, length) -> ir.Node:
     raise _NotAnExpression(name)
 
 
-def restricting(sizes: SizeTrace, symbol, moving=None) -> str | None:
+def restricting(sizes: SizeTrace, symbol, moving=None, together=()) -> str | None:
     """A test the function made of size `symbol` that is not proved to hold at every length ≥ 2 (its
-    text, of that length n), else None. An equality of two sizes (x − y: their lengths are one) ties
-    them, and they move together; the other sizes in `moving` (every size, by default) move too,
-    each over every length ≥ 2, and the rest stay at the example's lengths. Proved, never sampled
-    (`proved`): a test it cannot decide keeps the dimension specialised."""
-    tied = ties(sizes, symbol)
+    text, of that length n), else None. An equality of two sizes (x − y: their lengths are one)
+    ties them, and they move together, as do the sizes `together` (one length); the other sizes in
+    `moving` (every size, by default) move too, each over every length ≥ 2, and the rest stay at the
+    example's lengths. Proved, never sampled (`proved`): a test it cannot decide keeps the dimension
+    specialised."""
+    tied = set().union(*(ties(sizes, s) for s in {symbol, *together}))
     for g in sizes.guards:
         if not g.free_symbols & tied or _tie(g):
             continue
@@ -245,11 +246,11 @@ def _tie(g) -> bool:
 
 def proved(g, groups: list[set], fixed: dict) -> bool:
     """Does test `g` hold wherever the sizes of each group (one length per group) are any lengths
-    ≥ 2, the sizes in `fixed` at those numbers? Each length is written m + 2 with m a nonnegative
-    integer, and the test decided by sympy's own evaluation (`Mod(1, m + 2)` is 1), else by sound
-    interval bounds (torch's value ranges: Max, Min, FloorDiv, Mod included), else, for a single
-    length, by the exact real solution set of the relation (`x**2 - 5*x + 7 > 0`, `Ne(2*x, 7)`).
-    Anything else is not proved."""
+    ≥ 2, the sizes in `fixed` at those numbers? (The symbolic trace itself takes every length ≥ 2.)
+    Each length is written m + 2 with m a nonnegative integer, and the test decided by sympy's own
+    evaluation (`Mod(1, m + 2)` is 1), else by sound interval bounds (torch's value ranges: Max,
+    Min, FloorDiv, Mod included), else, for a single length, by the exact real solution set of the
+    relation (`x**2 - 5*x + 7 > 0`, `Ne(2*x, 7)`). Anything else is not proved."""
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
