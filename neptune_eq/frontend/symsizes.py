@@ -218,12 +218,15 @@ def restricting(sizes: SizeTrace, symbol, moving=None, together=()) -> str | Non
     for g in sizes.guards:
         if not g.free_symbols & tied or _tie(g):
             continue
-        free = g.free_symbols - tied
-        fixed = {s: sizes.example[s] for s in free if s in sizes.example and moving is not None and s not in moving}
-        groups = [tied]
-        for s in sorted(free - set(fixed), key=str):  # (each other moving size with those tied to it)
-            if not any(s in group for group in groups):
-                groups.append(ties(sizes, s))
+        groups, fixed = [tied], {}
+        for s in sorted(g.free_symbols - tied, key=str):  # (each other size with those tied to it)
+            if any(s in group for group in groups) or s in fixed:
+                continue
+            group = ties(sizes, s)
+            if moving is not None and not group & set(moving) and all(x in sizes.example for x in group):
+                fixed.update({x: sizes.example[x] for x in group})  # (it stays at the example's length)
+            else:
+                groups.append(group)
         if not proved(g, groups, fixed):  # (said of n, the tied lengths)
             return str(g.subs(dict.fromkeys(tied, sympy.Symbol("n"))))
     return None
