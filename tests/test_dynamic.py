@@ -190,6 +190,23 @@ def test_a_number_of_a_length_held_as_a_constant_keeps_it_static():
     _close(prog(y), powered(y), tol=1e-12)
 
 
+def test_an_axis_tested_by_the_function_does_not_move_in_another_axis_group():
+    """Sliding-window attention whose window depends on the length (HF style: `window = 64 if L > 24
+    else 4`): the query axis was kept static for its test, then made dynamic as part of the key axis's
+    group of equal extent (only the group's first axis was tested): at 30 the window stayed 4 (error
+    1.7 on the sweep's row). Every axis of a group is tested now."""
+    def sliding(q, k, v):
+        L = q.shape[2]
+        window = 64 if L > 24 else 4
+        i = torch.arange(L)
+        keep = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+    prog = neptune_eq.compile(sliding, *_qkv(12), dynamic=True)
+    xs = _qkv(30, seed=3)
+    _close(prog(*xs), sliding(*[x.double() for x in xs]))
+
+
 def test_tests_that_hold_at_every_length_keep_it_dynamic():
     """Tests true at every length ≥ 2 do not cost the dimension its symbol: `L > 1`, `L * L + 7 > 5 * L`
     (no real root), `2 * L != 7` (its root is no integer), `max(L, 1) == L`."""

@@ -367,7 +367,7 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
         index_checks=tr.checks,
         mutations=mutations,
         grad_off=locator.grad_off,
-        sizes=sizes.fix(tx.written_sizes) if sizes is not None else None,
+        sizes=sizes.hold(tx.written_sizes) if sizes is not None else None,
         size_of=_size_symbols(sizes, example_inputs, tensor_pos, tensors),
     )
 

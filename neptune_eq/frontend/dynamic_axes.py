@@ -123,7 +123,9 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
             continue
         same = tuple(x for x in p0.axes if x not in taken and p0.axes[x] == p0.axes[a])
         for group in dict.fromkeys([(a,), same]):
-            why = _tested(c0, maps, group, {x for g in groups for x in g}) or probe([*groups, group], only=len(groups))
+            why = (_tested(c0, maps, group, {x for g in groups for x in g})
+                   or _unseen(c0, maps, group, _moved(c0, [*groups, group], len(groups))[group[0]])
+                   or probe([*groups, group], only=len(groups)))
             if why is None:
                 groups.append(group)
                 taken.update(group)
@@ -142,6 +144,18 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
         stats.captures += 1
     outs = _output_dims(c0, example, groups, maps) if groups else ()
     return Lengths(tuple(groups), dims, outs, tuple(static))
+
+
+def _unseen(c0: Captured, maps, group: tuple[str, ...], moved: int) -> str | None:
+    """A number fn computes from the length of `group` that the program holds as it is (not as
+    len(axis)) and that is the same at the probe's length `moved`: the probe cannot show its part."""
+    if c0.sizes is None:
+        return None  # (_tested said so)
+    axis_of = {(pos, d): a for pos, axes in maps.items() for d, a in enumerate(axes or ())}
+    symbols = set().union(*(ties(c0.sizes, s) for s in _symbols(c0, axis_of, group)))
+    held = c0.sizes.unseen(symbols, moved)
+    return (f"the function computes {held} from its length, a number the program holds that is the same at the "
+            f"probe's length {moved} and changes at others" if held is not None else None)
 
 
 def _symbols(c0: Captured, axis_of: dict, group) -> set:
@@ -168,11 +182,6 @@ def _tested(c0: Captured, maps, group: tuple[str, ...], dynamic) -> str | None:
             symbol = c0.size_of.get((pos, d))
             if symbol is None:
                 return f"dimension {d} of argument {pos} has no symbol in the symbolic trace (its tests are unknown)"
-            held = next((c0.sizes.fixed[s] for s in sorted(ties(c0.sizes, symbol), key=str) if s in c0.sizes.fixed),
-                        None)
-            if held is not None:
-                return (f"the function computes {held} from its length, which the program holds as a number (a "
-                        "form len(axis) does not write, not linear in n)")
             test = restricting(c0.sizes, symbol, moving, together=_symbols(c0, axis_of, group))
             if test is not None and re.fullmatch(r"Eq\(n, -?\d+\)", test):  # (math.sqrt(L), int(L), L == 20)
                 return f"the function specialises its length ({test}: math.sqrt, int() or float() of it, or a test)"

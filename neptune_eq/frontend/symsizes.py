@@ -8,15 +8,15 @@ the program no longer depends on the length and its axis can stay dynamic. The s
 records the tests the function's Python made of its sizes (`if L > 1000:`, the shape guards): a
 dimension changes length only where each test of it is proved to hold at every length ≥ 2
 (`restricting`, `proved`: never sampled, as `L // 3 == 400` holds at all lengths but three), and
-where every number computed from it that the program holds as a constant is linear in it, so that
-the probe capture at another length sees it change (`SizeTrace.fix`: `(L // 8) ** 1.5` is the same
-at 20 and 23).
+where every number computed from it that the program holds as it is changes at the probe's length,
+so that the probe capture there sees its part in the program (`SizeTrace.unseen`: `(L // 8) ** 1.5`
+is the same at 20 and 23).
 """
 
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import sympy
 import torch
@@ -37,20 +37,32 @@ class SizeTrace:
     # every number computed from sizes that a tensor operation takes: (its `values` key, or None where
     # the graphs are not aligned or it sits in a list or keyword; its size expression, None if unknown)
     numbers: tuple = ()
-    fixed: dict = field(default_factory=dict)  # size → a number of it the program holds as a constant (`fix`)
+    held: tuple = ()  # the numbers' expressions the program holds as they are, not as len(axis) (`hold`)
 
-    def fix(self, written: set) -> SizeTrace:
-        """This trace with `fixed` known: the translation wrote the numbers at keys `written` with
-        len(axis); any other number of a size is a constant of the program, which a probe at one other
-        length shows only where it changes there. So a size may change length only where each such
-        number is linear in it (then it changes at every other length: `arange(L)`, `L - 1`); one
-        like `(L // 8) ** 1.5` or `L * L` keeps it specialised."""
-        fixed = {}
-        for key, e in self.numbers:
-            if key not in written and (e is None or not _linear(e)):
-                for s in set(self.sizes) if e is None else e.free_symbols:  # (an expression not recorded: any)
-                    fixed.setdefault(s, "a number not recorded" if e is None else str(e.subs(s, sympy.Symbol("n"))))
-        return replace(self, fixed=fixed)
+    def hold(self, written: set) -> SizeTrace:
+        """This trace with `held` known: the translation wrote the numbers at keys `written` with
+        len(axis); every other number of a size is in the program as it is (a constant, an extent)."""
+        return replace(self, held=tuple(e for key, e in self.numbers if key not in written))
+
+    def unseen(self, symbols: set, moved: int) -> str | None:
+        """A number the program holds that depends on the sizes `symbols` (one length) and is the same
+        with them at `moved` as at the example's length (`(L // 8) ** 1.5` at 20 and 23), said of that
+        length n; else None. A probe capture at `moved` cannot see how the program depends on such a
+        number, which changes at other lengths; every other number it holds changes there, so the probe
+        sees any part it has in the program."""
+        for e in self.held:
+            if e is None:
+                return "a number not recorded"
+            if not e.free_symbols & symbols:
+                continue
+            at = dict(self.example)
+            try:
+                same = bool(sympy.Eq(e.subs(at), e.subs({**at, **dict.fromkeys(symbols, moved)})))
+            except TypeError:  # (not decided by numbers)
+                same = True
+            if same:
+                return str(e.subs(dict.fromkeys(symbols, sympy.Symbol("n"))))
+        return None
 
 
 def trace_sizes(trace_symbolic, gm: fx.GraphModule) -> SizeTrace | None:
@@ -114,18 +126,6 @@ def _leaves(arg):
             yield from _leaves(a)
     else:
         yield arg
-
-
-def _linear(e) -> bool:
-    """Is size expression e a constant, or linear in its sizes (a different number at every other length
-    of each)?"""
-    e = _plain(e)
-    if not e.free_symbols:
-        return True
-    try:
-        return sympy.Poly(e, *sorted(e.free_symbols, key=str)).total_degree() == 1
-    except sympy.PolynomialError:
-        return False
 
 
 _VIEWS = (torch.ops.aten.slice.Tensor, torch.ops.aten.alias.default)  # (x[:, None]'s full slice: kept symbolically)
