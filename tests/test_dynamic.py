@@ -295,6 +295,26 @@ def test_an_index_proved_in_range_at_the_example_length_only_keeps_it_static():
         prog(x, torch.randn(26, 3, dtype=torch.float64))
 
 
+def test_an_index_of_axes_alone_proved_at_every_length_needs_no_check():
+    """CLIP's loss: cross-entropy of a @ bᵀ against arange(N). The target arange(N) is within the N
+    classes at every N, the class axis moving with the rows; proved from the index's bounds as
+    expressions of the lengths, the check is dropped and N stays dynamic (a check kept for it had
+    made N static)."""
+    def clip(a, b):
+        logits = a @ b.T
+        labels = torch.arange(a.shape[0])
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+
+    g = torch.Generator().manual_seed(0)
+    prog = neptune_eq.compile(clip, *(torch.randn(12, 8, generator=g, dtype=torch.float64) for _ in range(2)),
+                              dynamic=True)
+    assert prog.family is not None and prog.family.lengths.groups
+    for n in (20, 33):
+        xs = [torch.randn(n, 8, generator=g, dtype=torch.float64) for _ in range(2)]
+        _close(prog(*xs), clip(*xs), tol=1e-12)
+    assert prog.stats()["signatures"] == 0
+
+
 def test_the_egraph_holds_no_extent_for_a_dynamic_axis():
     # Σⱼ (3·x[i] − y[i, j]): with a known extent the algebra writes 3n·x[i] − Σⱼ y; a dynamic j must not
     def f(x, y):

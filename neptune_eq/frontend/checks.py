@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import sympy
 import torch
 
 from .. import ir
@@ -47,6 +48,7 @@ class IndexCheck:
     wraps: bool = False
     ignore: int | None = None
     program: ir.Program | None = None  # evaluates `index` where it is not a whole input tensor
+    along: str | None = None  # the program axis of the indexed dimension, where it is one
     # message() without a value, written at construction: a traced call asserts with it, and dynamo
     # (dynamic=True) reads the int fields as symbolic lengths, which it cannot format
     traced_message: str = field(init=False, repr=False, compare=False)
@@ -135,6 +137,47 @@ def holds_at_every_length(check: IndexCheck, extents: dict[str, int], dtypes: di
 
 
 _ANY_LENGTH = 1 << 30  # the length an axis is bounded at to prove a check for every length
+
+
+def length_bounds(n: ir.Node):
+    """[lo, hi] of an index of axes alone as sympy expressions in the axes' lengths (`len_<axis>`), or
+    None for a form this does not follow (a load, a product of two axes): x[arange(L)]'s index is
+    in [0, len_i - 1], which is within a dimension whose length moves with L (`along`)."""
+    if isinstance(n, ir.Const):
+        return (sympy.Integer(int(n.value)),) * 2 if math.isfinite(n.value) and float(n.value).is_integer() else None
+    if isinstance(n, ir.Index):
+        return sympy.Integer(0), length_symbol(n.axis) - 1
+    if isinstance(n, ir.Length):
+        return (length_symbol(n.axis),) * 2
+    if not isinstance(n, ir.Call):
+        return None
+    if n.op == "where":
+        a, b = length_bounds(n.args[1]), length_bounds(n.args[2])
+        ok = a is not None and b is not None and not any(isinstance(m, ir.Load) for m in ir.walk(n.args[0]))
+        return (sympy.Min(a[0], b[0]), sympy.Max(a[1], b[1])) if ok else None
+    args = [length_bounds(a) for a in n.args]
+    if any(a is None for a in args):
+        return None
+    if n.op == "add":
+        return args[0][0] + args[1][0], args[0][1] + args[1][1]
+    if n.op == "sub":
+        return args[0][0] - args[1][1], args[0][1] - args[1][0]
+    if n.op == "neg":
+        return -args[0][1], -args[0][0]
+    if n.op in ("max2", "min2"):
+        f = sympy.Max if n.op == "max2" else sympy.Min
+        return f(args[0][0], args[1][0]), f(args[0][1], args[1][1])
+    if n.op == "mul":
+        (a, b), (c, d) = args
+        if a == b and a.is_number:  # (a constant factor)
+            return (a * c, a * d) if a >= 0 else (a * d, a * c)
+        if c == d and c.is_number:
+            return (c * a, c * b) if c >= 0 else (c * b, c * a)
+    return None
+
+
+def length_symbol(axis: str):
+    return sympy.Symbol(f"len_{axis}", integer=True, positive=True)
 
 
 def index_program(index: ir.Node, program_axes: dict[str, int], specs: dict[str, ir.TensorSpec]) -> ir.Program | None:

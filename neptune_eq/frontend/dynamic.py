@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -33,7 +33,7 @@ from .buckets import MAX_RANGED_GROUPS, bucket, length_range, plans_by_range
 from .capture import Captured
 from .checks import run_checks
 from .compiled import bind_after, call_layout
-from .dynamic_axes import Lengths, NotDynamic, arg_axes, resolve  # noqa: F401  (also imported from here)
+from .dynamic_axes import Lengths, NotDynamic, arg_axes, proved_checks, resolve  # noqa: F401  (also imported here)
 from .guards import same_value
 
 MAX_BOUND_LAYOUTS = 64  # call layouts (so lengths) a dynamic function keeps bound launches for
@@ -69,6 +69,10 @@ class DynamicFunction:
     _warm: set = field(default_factory=set, repr=False)  # buckets whose alternatives ran on CUDA
 
     def __post_init__(self) -> None:
+        unchecked = proved_checks(self.captured, self.lengths.groups)  # (in range at every length: resolve)
+        if unchecked:
+            self.captured = replace(self.captured, index_checks=tuple(
+                c for k, c in enumerate(self.captured.index_checks) if k not in unchecked))
         self._out_dtypes = {o.name: dt for o, dt in zip(self.captured.program.outputs, self.captured.output_dtypes)}
         dynamic = {(pos, d) for pos, d, _ in self.lengths.dims}
         self._static_dims = [(b.position, [d for d in range(len(b.shape)) if (b.position, d) not in dynamic])

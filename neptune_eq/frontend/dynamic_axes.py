@@ -22,13 +22,14 @@ import logging
 import re
 from dataclasses import dataclass
 
+import sympy
 import torch
 
 from .. import ir
 from ..ir import NeptuneError
 from .capture import ArgBinding, Captured, capture
-from .checks import composed
-from .symsizes import restricting, ties
+from .checks import composed, length_bounds, length_symbol
+from .symsizes import proved, restricting, ties
 
 
 class NotDynamic(NeptuneError):
@@ -225,7 +226,7 @@ def _probe(c0: Captured, example, groups, maps, only: int | None = None) -> str 
                          symbolic_lengths=True)
     except NeptuneError as e:
         return f"the function does not trace at other lengths of it ({str(e).splitlines()[0]})"
-    return _difference(c0, c1, moved, maps)
+    return _difference(c0, c1, moved, maps, groups)
 
 
 @contextlib.contextmanager
@@ -245,7 +246,26 @@ def _readable(line: str) -> str:
     return re.sub(r"-?0x[0-9a-f.]+p[+-]\d+", lambda m: f"{float.fromhex(m.group(0)):g}", line)
 
 
-def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps) -> str | None:
+def proved_checks(c0: Captured, groups) -> set[int]:
+    """The index checks of c0 whose index is of axes alone (x[arange(L)], cross-entropy against
+    arange(N)) proved in range at every length ≥ 2 of each of `groups`, the indexed dimension's
+    length moving with its axis's group and the other axes at their extents: they need not run."""
+    sets = [{length_symbol(a) for a in group} for group in groups]
+    moving = set().union(*sets)
+    fixed = {length_symbol(a): n for a, n in c0.program.axes.items() if length_symbol(a) not in moving}
+    out = set()
+    for k, c in enumerate(c0.index_checks):
+        b = length_bounds(c.index)
+        if b is None:
+            continue
+        along = c.along if c0.program.axes.get(c.along) == c.size else None
+        size = length_symbol(along) if along is not None else sympy.Integer(c.size)
+        if proved(b[0] >= (-size if c.wraps else 0), sets, fixed) and proved(b[1] <= size - 1, sets, fixed):
+            out.add(k)
+    return out
+
+
+def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps, groups) -> str | None:
     try:
         want = c0.program.with_extents(moved).text(exact=True).splitlines()
     except ir.ProgramError as e:  # another axis reads a tensor along it: they must move together
@@ -258,9 +278,11 @@ def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps) -> str 
         return f"the program depends on its length (at {_lengths(moved)} it reads `{b.strip()}` for `{a.strip()}`)"
     if {b.position: arg_axes(b, c1.program) for b in c1.args if b.is_tensor} != maps:
         return "the function reshapes an argument by its length"
-    key = [(c.op, str(c.index), c.size, c.wraps, c.ignore) for c in c0.index_checks]
-    if key != [(c.op, str(c.index), c.size, c.wraps, c.ignore) for c in c1.index_checks] or any(
-            set(moved) & (set(c.program.axes) if c.program is not None else composed(c)) for c in c0.index_checks):
+    skip = proved_checks(c0, groups)  # (their sizes move with their axes)
+    key0, key1 = ([(c.op, str(c.index), None if k in skip else c.size, c.wraps, c.ignore) for k, c in enumerate(cs)]
+                  for cs in (c0.index_checks, c1.index_checks))
+    if key0 != key1 or any(set(moved) & (set(c.program.axes) if c.program is not None else composed(c))
+                           for k, c in enumerate(c0.index_checks) if k not in skip):
         return "an index check depends on it (a gather or index along it)"
     if (c0.structure, c0.mutations, c0.output_dtypes) != (c1.structure, c1.mutations, c1.output_dtypes):
         return "what the function returns depends on it"

@@ -205,7 +205,7 @@ class Index:
     def build(self, tx, c):
         x, indices = c.args[0], list(c.args[1])
         # x[t] counts negative t from the end, as eager does; beyond [-n, n) it raises
-        pairs = [(x.dims[p], tx.check_index(c, "indexing x[t]", t.expr, x.shape[p], wraps=True))
+        pairs = [(x.dims[p], tx.check_index(c, "indexing x[t]", t.expr, x.shape[p], wraps=True, along=x.dims[p]))
                  for p, t in enumerate(indices) if t is not None]
         return _substitute_axes(tx, x.expr, pairs)
 
@@ -234,7 +234,7 @@ class Gather:
     def build(self, tx, c):
         x, idx = c.args[0], c.args[2]
         d = norm_dim(c.arg(1, "dim"), x.ndim)
-        pairs = [(x.dims[d], tx.check_index(c, "gather", idx.expr, x.shape[d]))]
+        pairs = [(x.dims[d], tx.check_index(c, "gather", idx.expr, x.shape[d], along=x.dims[d]))]
         pairs += [(x.dims[k], const(0)) for k in range(x.ndim) if k != d and idx.shape[k] == 1]
         return _substitute_axes(tx, x.expr, pairs)
 
@@ -267,7 +267,8 @@ class IndexSelect:
 
     def build(self, tx, c):
         x, d, idx = self._args(c)
-        index = tx.check_index(c, "embedding" if self.embedding else "index_select", idx.expr, x.shape[d])
+        index = tx.check_index(c, "embedding" if self.embedding else "index_select", idx.expr, x.shape[d],
+                               along=x.dims[d])
         out = _substitute_axes(tx, x.expr, [(x.dims[d], index)])
         if self.embedding:
             pad, by_freq = c.arg(2, "padding_idx", -1), c.arg(3, "scale_grad_by_freq", False)

@@ -269,7 +269,7 @@ class NllLoss:
         cls = x.dims[-1]
         ignore = c.arg(4, "ignore_index", -100)
         n = x.shape[-1]
-        index = tx.check_index(c, "cross_entropy / nll_loss target", t.expr, n, ignore=ignore)
+        index = tx.check_index(c, "cross_entropy / nll_loss target", t.expr, n, ignore=ignore, along=cls)
         # rows whose target is ignore_index read class 0 or n - 1 instead (their loss is 0): every
         # read stays inside the row (valid targets are checked)
         if ignore < 0:

@@ -402,11 +402,13 @@ class Translator(LengthValues):
         return {name for name, dt in self.input_dtypes.items() if not dt.is_floating_point}
 
     def check_index(self, c: OpCall, op: str, index: ir.Node, size: int, *, wraps: bool = False,
-                    ignore: int | None = None) -> ir.Node:
-        """`index` reads a dimension of `size` elements for `op`: where it may leave the valid range
-        [0, size) (or [-size, size) with `wraps`; `ignore` allowed too) a check runs on every call.
-        Returns the index to read at: with `wraps`, negative values count from the end."""
-        check = IndexCheck(op, location(c.node), index, size, wraps, ignore)
+                    ignore: int | None = None, along: Dim | None = None) -> ir.Node:
+        """`index` reads a dimension (`along`) of `size` elements for `op`: where it may leave the valid
+        range [0, size) (or [-size, size) with `wraps`; `ignore` allowed too) a check runs on every
+        call. Returns the index to read at: with `wraps`, negative values count from the end."""
+        axes = self.res.axes(along) if along is not None else ()
+        check = IndexCheck(op, location(c.node), index, size, wraps, ignore,
+                           along=axes[0] if len(axes) == 1 else None)
         dtypes = {n: dtype_name(dt) for n, dt in self.input_dtypes.items()}
         at_run_time, negative = analyse(check, self.res.extents, dtypes)
         if not at_run_time and self.symbolic_lengths and not holds_at_every_length(check, self.res.extents, dtypes):
