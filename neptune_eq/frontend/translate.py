@@ -413,8 +413,12 @@ class Translator(LengthValues):
         at_run_time, negative = analyse(check, self.res.extents, dtypes)
         if not at_run_time and self.symbolic_lengths and not holds_at_every_length(check, self.res.extents, dtypes):
             at_run_time = True  # (proved at these lengths only: a check, so the axes it reads stay static)
-        if at_run_time and check not in self.checks:
+        plain = replace(check, along=None)
+        same = next((k for k, d in enumerate(self.checks) if replace(d, along=None) == plain), None)
+        if at_run_time and same is None:
             self.checks.append(check)
+        elif at_run_time and self.checks[same].along != check.along:  # (one index into two dimensions: a
+            self.checks[same] = replace(check, along=None)              # size proved with neither moving)
         if wraps and negative:
             # t in [-n, n) (checked): (t + n) mod n is t + n for t < 0, t otherwise; the dividend is
             # never negative, so floor and truncating remainders (torch's, Triton's) agree
