@@ -55,3 +55,16 @@ def test_an_output_flattening_a_length_keeps_only_that_axis_static():
     assert prog.stats()["signatures"] == 0
     with pytest.raises(NotDynamic, match="output's shape depends on it"):
         neptune_eq.compile(lambda x: x.reshape(-1) * 2, x, dynamic={0: [0]})
+
+
+def test_an_index_reading_a_length_is_checked_at_capture():
+    """x[(arange(L) + 1) % L] (a roll written as a gather): with symbolic lengths the index reads
+    len(axis), which the capture's range check evaluated without that axis (KeyError: the dynamic
+    compile crashed; the static one worked). The gather keeps its axis static, each length correct."""
+    def rolled(x):
+        return x[(torch.arange(x.shape[0]) + 1) % x.shape[0]]
+
+    prog = neptune_eq.compile(rolled, torch.randn(20, 4, dtype=torch.float64), dynamic=True)
+    for n in (20, 2, 17):
+        y = torch.randn(n, 4, dtype=torch.float64)
+        _close(prog(y), rolled(y))
