@@ -117,12 +117,18 @@ def analyse(check: IndexCheck, extents: dict[str, int], dtypes: dict[str, str]) 
         return False, lo < 0
     if any(isinstance(n, ir.Load) for n in ir.walk(check.index)):
         return True, lo < 0
-    program = ir.Program("index", {a: extents[a] for a in check.index.axes}, {}, [])
+    program = ir.Program("index", {a: extents[a] for a in check.index.axes | _lengths_read(check.index)}, {}, [])
     v = evaluate(program, {}, nodes=[check.index])["0"]
     ok = check.in_range(v)
     if not bool(ok.all()):
         raise CaptureError(check.message(int(v[~ok].flatten()[0]), located=False), check.where)
     return False, bool((v < 0).any())
+
+
+def _lengths_read(index: ir.Node) -> set[str]:
+    """The axes whose length `index` reads (len(axis): `(arange(L) + 1) % L`), which its evaluation
+    needs though it varies over none of them."""
+    return {n.axis for n in ir.walk(index) if isinstance(n, ir.Length)}
 
 
 def holds_at_every_length(check: IndexCheck, extents: dict[str, int], dtypes: dict[str, str]) -> bool:
@@ -212,7 +218,7 @@ def reads_whole(load: ir.Load, program_axes: dict[str, int], spec: ir.TensorSpec
         seen |= used
         if any(program_axes[u] > MAX_COVER_CHECK for u in used):
             return False
-        program = ir.Program("index", {u: program_axes[u] for u in used}, {}, [])
+        program = ir.Program("index", {u: program_axes[u] for u in used | _lengths_read(e)}, {}, [])
         values = evaluate(program, {}, nodes=[e])["0"].flatten().to(torch.float64)  # (the evaluator's dtype)
         if not torch.equal(torch.unique(values), torch.arange(program_axes[a], dtype=torch.float64)):
             return False

@@ -33,7 +33,7 @@ from .buckets import MAX_RANGED_GROUPS, bucket, length_range, plans_by_range
 from .capture import Captured
 from .checks import run_checks
 from .compiled import bind_after, call_layout
-from .dynamic_axes import Lengths, NotDynamic, arg_axes, proved_checks, resolve  # noqa: F401  (also imported here)
+from .dynamic_axes import Lengths, NotDynamic, arg_axes, proved_checks, resolve, tie_lengths  # noqa: F401  (also imported from here)
 from .guards import same_value
 
 MAX_BOUND_LAYOUTS = 64  # call layouts (so lengths) a dynamic function keeps bound launches for
@@ -154,7 +154,7 @@ class DynamicFunction:
     def bucket_program(self, ns: tuple[int, ...]) -> ir.Program:
         """The program compiled for the bucket of lengths `ns`: the dynamic axes at its bounds."""
         bound = {a: bucket(n) for group, n in zip(self.lengths.groups, ns) for a in group}
-        return _tie_lengths(self.captured.program, self.lengths.groups).with_extents(bound).with_dynamic(
+        return tie_lengths(self.captured.program, self.lengths.groups).with_extents(bound).with_dynamic(
             self.lengths.axes)
 
     def trains(self, args) -> bool:
@@ -351,21 +351,6 @@ class DynamicFunction:
     def digest(self) -> str:
         text = f"{self.captured.program.text(exact=True)}|{self.lengths.groups}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _tie_lengths(program: ir.Program, groups) -> ir.Program:
-    """`program` with the length of an axis no input has read as that of an axis of its group one has
-    (x[0].expand_as(x).sum(0) sums over an axis of x's length that nothing reads: the kernels know x's)."""
-    read = {a for s in program.inputs.values() for a in s.axes}
-    tied = {}
-    for group in groups:
-        rep = next((a for a in group if a in read), None)
-        if rep is not None:
-            tied.update({ir.Length(a): ir.Length(rep) for a in group if a not in read})
-    if not tied:
-        return program
-    outs = [ir.Output(o.name, o.axes, ir.substitute(o.expr, tied), o.dtype) for o in program.outputs]
-    return ir.Program(program.name, dict(program.axes), dict(program.inputs), outs, program.dynamic).validate()
 
 
 def example_signature(args) -> tuple:

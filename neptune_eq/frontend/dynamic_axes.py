@@ -125,6 +125,7 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
         same = tuple(x for x in p0.axes if x not in taken and p0.axes[x] == p0.axes[a])
         for group in dict.fromkeys([(a,), same]):
             why = (_tested(c0, maps, group, {x for g in groups for x in g})
+                   or _unsourced(p0, [*groups, group])
                    or _unseen(c0, maps, group, _moved(c0, [*groups, group], len(groups))[group[0]])
                    or probe([*groups, group], only=len(groups)))
             if why is None:
@@ -157,6 +158,19 @@ def _unseen(c0: Captured, maps, group: tuple[str, ...], moved: int) -> str | Non
     held = c0.sizes.unseen(symbols, moved)
     return (f"the function computes {held} from its length, a number the program holds that is the same at the "
             f"probe's length {moved} and changes at others" if held is not None else None)
+
+
+def _unsourced(program: ir.Program, groups) -> str | None:
+    """Why the kernels could not know the length of an axis of `groups` at a call: one no input reads
+    (the key axis of `torch.arange(L)[:, None] - torch.arange(L)`, tied to the rows' only by their
+    example's length) that the program loops or indexes over; None where each has an input's."""
+    from ..lower.launch import length_sources
+
+    try:
+        length_sources(tie_lengths(program, groups).with_dynamic({a for g in groups for a in g}))
+    except NeptuneError as e:
+        return str(e)
+    return None
 
 
 def _symbols(c0: Captured, axis_of: dict, group) -> set:
@@ -286,6 +300,10 @@ def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps, groups)
         return "an index check depends on it (a gather or index along it)"
     if (c0.structure, c0.mutations, c0.output_dtypes) != (c1.structure, c1.mutations, c1.output_dtypes):
         return "what the function returns depends on it"
+    now = {(c0.program.axes[a], n) for a, n in moved.items()}  # (an output dimension moves as an axis or not at all)
+    if any(len(s0) != len(s1) or any(n0 != n1 and (n0, n1) not in now for n0, n1 in zip(s0, s1))
+           for s0, s1 in zip(c0.output_shapes, c1.output_shapes)):
+        return "an output's shape depends on it otherwise than as its length (a flatten of it)"
     if {n: t.shape for n, t in c0.constants.items()} != {n: t.shape for n, t in c1.constants.items()}:
         return "a tensor the function reads from its environment depends on it"
     return None
@@ -313,3 +331,18 @@ def _output_dims(c0: Captured, example, groups, maps) -> tuple[tuple[int, int, i
                                  f"move to {_lengths(moved)}: it is not one of them (a flatten of a dynamic axis)")
             out.append((k, d, g))
     return tuple(out)
+
+
+def tie_lengths(program: ir.Program, groups) -> ir.Program:
+    """`program` with the length of an axis no input has read as that of an axis of its group one has
+    (x[0].expand_as(x).sum(0) sums over an axis of x's length that nothing reads: the kernels know x's)."""
+    read = {a for s in program.inputs.values() for a in s.axes}
+    tied = {}
+    for group in groups:
+        rep = next((a for a in group if a in read), None)
+        if rep is not None:
+            tied.update({ir.Length(a): ir.Length(rep) for a in group if a not in read})
+    if not tied:
+        return program
+    outs = [ir.Output(o.name, o.axes, ir.substitute(o.expr, tied), o.dtype) for o in program.outputs]
+    return ir.Program(program.name, dict(program.axes), dict(program.inputs), outs, program.dynamic).validate()
