@@ -271,14 +271,21 @@ def proved(g, groups: list[set], fixed: dict) -> bool:
     return len(free) == 1 and _holds_from_zero(h, free[0])
 
 
+MAX_DEGREE = 4  # the relations solved exactly: rational functions of a length up to this degree
+
+
 def _holds_from_zero(h, m) -> bool:
-    """Does relation h(m) hold at every integer m ≥ 0? From its exact real solution set: an inequality
-    holding on all of [0, ∞); an inequation whose roots there are not integers; an identity."""
+    """Does relation h(m) hold at every integer m ≥ 0? From its exact real solution set, for a rational
+    function of m of low degree: an inequality holding on all of [0, ∞); an inequation whose roots
+    there are not integers; an identity."""
     if not isinstance(h, sympy.core.relational.Relational):
         return False
     x = sympy.Symbol("x", real=True)
     try:
         d = _plain(h.lhs - h.rhs).subs(m, x)
+        top, bottom = sympy.fraction(sympy.together(d))
+        if any(not p.is_polynomial(x) or sympy.degree(p, x) > MAX_DEGREE for p in (top, bottom)):
+            return False  # (beyond a rational function of low degree: not solved, so never slow)
         if isinstance(h, sympy.Eq):
             return sympy.simplify(d) == 0
         if isinstance(h, sympy.Ne):
