@@ -242,6 +242,21 @@ def test_the_length_proof_unit():
     assert not proved(b > a, [{a}, {b}], {})
 
 
+def test_sizes_of_one_length_are_proved_on_the_diagonal():
+    """`2a − b > 0` holds wherever a = b (the sizes of one group, or tied by `Eq(a, b)`), not with b
+    held at its example's 20 while a moves: restricting proves it on the lengths the sizes take."""
+    import sympy
+
+    from neptune_eq.frontend.symsizes import SizeTrace, restricting
+
+    a, b = sympy.symbols("s0 s1", integer=True, positive=True)
+    test = 2 * a - b > 0
+    trace = SizeTrace({}, {a: (0, 0), b: (1, 0)}, (test,), {a: 20, b: 20})
+    assert restricting(trace, a, moving=set()) == "2*n - s1 > 0"
+    assert restricting(trace, a, moving=set(), together={b}) is None
+    assert restricting(SizeTrace({}, trace.sizes, (sympy.Eq(a, b), test), trace.example), a, moving=set()) is None
+
+
 def test_unknown_length_tests_keep_every_dimension_static(monkeypatch):
     """Where fn does not trace with symbolic sizes its tests of them are unknown: no dimension is made
     dynamic on the strength of a probe at one other length (a named one is refused, saying why)."""
