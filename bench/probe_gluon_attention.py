@@ -145,24 +145,6 @@ def _consumer(o_desc, q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, k_empty, v
 
 
 @gluon.jit
-def _consumer0(o_desc, q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-               q_row, row0, n_tiles, first_masked, qk_scale,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-               CAUSAL: gl.constexpr):
-    _consumer(o_desc, q_smem, k_smem, v_smem, o_smem.index(0), q_bar, k_ready, k_empty, v_ready, v_empty,
-              q_row, row0, n_tiles, first_masked, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL)
-
-
-@gluon.jit
-def _consumer1(o_desc, q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-               q_row, row0, n_tiles, first_masked, qk_scale,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-               CAUSAL: gl.constexpr):
-    _consumer(o_desc, q_smem, k_smem, v_smem, o_smem.index(1), q_bar, k_ready, k_empty, v_ready, v_empty,
-              q_row, row0, n_tiles, first_masked, qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL)
-
-
-@gluon.jit
 def attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, L, qk_scale,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                 CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
@@ -197,10 +179,10 @@ def attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, L, qk_scale,
 
     # (the tuples inline: a tuple bound to a name first loses its constexprs in triton 3.6)
     gl.warp_specialize([
-        (_consumer0, (o_desc, q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                      q_row, row0, n_tiles, first_masked, qk_scale, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL)),
-        (_consumer1, (o_desc, q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                      q_row, row0, n_tiles, first_masked, qk_scale, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL)),
+        (_consumer, (o_desc, q_smem, k_smem, v_smem, o_smem.index(0), q_bar, k_ready, k_empty, v_ready, v_empty,
+                     q_row, row0, n_tiles, first_masked, qk_scale, 0, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL)),
+        (_consumer, (o_desc, q_smem, k_smem, v_smem, o_smem.index(1), q_bar, k_ready, k_empty, v_ready, v_empty,
+                     q_row, row0, n_tiles, first_masked, qk_scale, 1, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CAUSAL)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                    q_row, kv_row, n_tiles, BLOCK_N, STAGES)),
     ], [4, 1], [CONSUMER_REGS, 24])

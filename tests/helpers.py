@@ -5,6 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+import neptune_eq
 from neptune_eq import dsl as ne
 from neptune_eq.library import softmax
 
@@ -46,3 +49,19 @@ def run_cli(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
     """`neptune-eq ARGS` in a fresh interpreter (text output captured)."""
     return subprocess.run([sys.executable, "-m", "neptune_eq.cli", *args], input=stdin, capture_output=True,
                           text=True, timeout=600)
+
+
+
+class Annealed(torch.nn.Module):
+    """A module whose compiled logsumexp reads a temperature attribute (`tau`, guarded by the capture)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tau = 0.7
+        self.f = neptune_eq.compile(self.core, torch.randn(3, 8))
+
+    def core(self, x):
+        return torch.logsumexp(x / self.tau, -1)
+
+    def forward(self, x):
+        return self.f(x)

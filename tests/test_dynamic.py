@@ -112,6 +112,17 @@ def test_a_length_computed_from_a_size_is_written_with_it():
     assert prog.stats()["signatures"] == 0
 
 
+def _kept_static(fn, example: int, call: int, why: str, tol: float = 1e-12) -> None:
+    """fn's rows, named dynamic, are refused saying `why`; with dynamic=True they stay static and a
+    call at `call` rows (example: `example` rows) matches fn in float64."""
+    x = torch.randn(example, 3, dtype=torch.float64)
+    with pytest.raises(NotDynamic, match=why):
+        neptune_eq.compile(fn, x, dynamic={0: [0]})
+    prog = neptune_eq.compile(fn, x, dynamic=True)
+    y = torch.randn(call, 3, dtype=torch.float64)
+    _close(prog(y), fn(y), tol=tol)
+
+
 def test_a_function_that_tests_its_length_keeps_it_static():
     """`if n > 1000:` holds at the example and the probes' lengths: the axis had been made dynamic and
     a call at 2000 ran the example's branch, silently wrong. The symbolic trace's guard keeps it static."""
@@ -121,12 +132,7 @@ def test_a_function_that_tests_its_length_keeps_it_static():
             s = s * 2
         return s
 
-    x = torch.randn(40, 3, dtype=torch.float64)
-    with pytest.raises(NotDynamic, match=r"tests its length \(n <= 1000;"):
-        neptune_eq.compile(branchy, x, dynamic={0: [0]})
-    prog = neptune_eq.compile(branchy, x, dynamic=True)
-    y = torch.randn(2000, 3, dtype=torch.float64)
-    _close(prog(y), branchy(y), tol=1e-10)
+    _kept_static(branchy, 40, 2000, r"tests its length \(n <= 1000;", tol=1e-10)
 
 
 def test_a_test_true_at_every_probe_length_but_one_keeps_it_static():
@@ -154,11 +160,7 @@ def test_a_length_test_is_proved_for_every_length_not_sampled():
         y = torch.softmax(x, 0)
         return y * 2 if x.shape[0] // 3 == 400 else y
 
-    with pytest.raises(NotDynamic, match="not proved for every length"):
-        neptune_eq.compile(thirds, torch.randn(20, 3, dtype=torch.float64), dynamic={0: [0]})
-    prog = neptune_eq.compile(thirds, torch.randn(20, 3, dtype=torch.float64), dynamic=True)
-    y = torch.randn(1200, 3, dtype=torch.float64)
-    _close(prog(y), thirds(y), tol=1e-12)
+    _kept_static(thirds, 20, 1200, "not proved for every length")
 
 
 def test_a_traced_call_at_length_1_does_not_take_the_dynamic_op():
@@ -178,16 +180,11 @@ def test_a_traced_call_at_length_1_does_not_take_the_dynamic_op():
 def test_a_number_of_a_length_held_as_a_constant_keeps_it_static():
     """(L // 8) ** 1.5 is no len(axis) expression: the program held it as a number, the same at the
     example (20) and the probe (23) lengths, and L was made dynamic: at 24 the result was off by 14.
-    Such a number (not linear in its length, so a probe need not see it change) keeps L static."""
+    Such a number (the same at the probe's length, which then cannot see its part) keeps L static."""
     def powered(x):
         return x.sum(0) * (x.shape[0] // 8) ** 1.5
 
-    x = torch.randn(20, 3, dtype=torch.float64)
-    with pytest.raises(NotDynamic, match=r"computes .*n//8.* from its length"):
-        neptune_eq.compile(powered, x, dynamic={0: [0]})
-    prog = neptune_eq.compile(powered, x, dynamic=True)
-    y = torch.randn(24, 3, dtype=torch.float64)
-    _close(prog(y), powered(y), tol=1e-12)
+    _kept_static(powered, 20, 24, r"computes .*n//8.* from its length")
 
 
 def test_an_axis_tested_by_the_function_does_not_move_in_another_axis_group():

@@ -14,6 +14,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import Annealed
 from test_frontend import check_capture, randn, rel_err
 
 import neptune_eq
@@ -589,29 +590,16 @@ def test_large_container_is_said_to_be_guarded_by_identity_only(tmp_path):
         neptune_eq.compile(lambda x: (x * BIG["k3"]).softmax(-1), torch.randn(3, 4), cache_dir=tmp_path)
 
 
-class _Annealed(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tau = 0.7
-        self.f = neptune_eq.compile(self.core, torch.randn(3, 8))
-
-    def core(self, x):
-        return torch.logsumexp(x / self.tau, -1)
-
-    def forward(self, x):
-        return self.f(x)
-
-
 def test_a_module_methods_attributes_are_guarded_eagerly_and_under_torch_compile():
     """neptune_eq.compile(self.core) reading self.tau: an annealed temperature changed between calls
     was not seen (a module method's owner was not scanned) — the old value, silently, also under
     torch.compile (no dynamo guard on a value only the captured program reads)."""
     x = torch.randn(3, 8)
-    m = _Annealed()
+    m = Annealed()
     m.f(x)
     m.tau = 1.0
     close(m.f(x), m.core(x))
-    m2 = _Annealed()
+    m2 = Annealed()
     cm = torch.compile(m2, backend="aot_eager")
     with torch.no_grad():
         close(cm(x), m2.core(x))

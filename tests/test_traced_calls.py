@@ -4,6 +4,7 @@ or refused by name, never answered by another signature's op. Interpreter, tiny 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import Annealed
 
 import neptune_eq
 
@@ -96,25 +97,12 @@ def test_the_backward_ops_are_registered_with_the_training_op(tmp_path):
     assert all(hasattr(getattr(torch.ops, lib), f"{base}_{mode}_backward") for mode in ("saved", "recompute"))
 
 
-class _Annealed(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tau = 0.7
-        self.f = neptune_eq.compile(self.core, torch.randn(3, 8))
-
-    def core(self, x):
-        return torch.logsumexp(x / self.tau, -1)
-
-    def forward(self, x):
-        return self.f(x)
-
-
 def test_a_capture_under_an_active_torch_compile_runs_outside_dynamo(tmp_path):
     """After dynamo gave up on Compiled.__call__ (a module's temperature changed under torch.compile),
     it ran that call eagerly and converted the capture's frames one by one (a functorch internal
     assert, in the full suite). Capturing and compiling a signature now run with dynamo disabled."""
     x = torch.randn(3, 8)
-    m = _Annealed()
+    m = Annealed()
     run = torch.compile(m, backend="aot_eager")
     with torch.no_grad():
         run(x)

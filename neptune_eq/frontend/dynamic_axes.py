@@ -153,8 +153,7 @@ def _unseen(c0: Captured, maps, group: tuple[str, ...], moved: int) -> str | Non
     len(axis)) and that is the same at the probe's length `moved`: the probe cannot show its part."""
     if c0.sizes is None:
         return None  # (_tested said so)
-    axis_of = {(pos, d): a for pos, axes in maps.items() for d, a in enumerate(axes or ())}
-    symbols = set().union(*(ties(c0.sizes, s) for s in _symbols(c0, axis_of, group)))
+    symbols = set().union(*(ties(c0.sizes, s) for s in _symbols(c0, maps, group)))
     held = c0.sizes.unseen(symbols, moved)
     return (f"the function computes {held} from its length, a number the program holds that is the same at the "
             f"probe's length {moved} and changes at others" if held is not None else None)
@@ -173,9 +172,13 @@ def _unsourced(program: ir.Program, groups) -> str | None:
     return None
 
 
-def _symbols(c0: Captured, axis_of: dict, group) -> set:
-    """The size symbols of the argument dimensions on the axes of `group` (one length)."""
-    return {s for key, s in c0.size_of.items() if axis_of.get(key) in group}
+def _symbols(c0: Captured, maps, axes) -> set:
+    """The size symbols of the argument dimensions on `axes` (`maps`: each argument's axes)."""
+    def axis(pos: int, d: int) -> str | None:
+        dims = maps.get(pos)
+        return dims[d] if dims is not None and d < len(dims) else None
+
+    return {s for (pos, d), s in c0.size_of.items() if axis(pos, d) in axes}
 
 
 def _tested(c0: Captured, maps, group: tuple[str, ...], dynamic) -> str | None:
@@ -188,8 +191,7 @@ def _tested(c0: Captured, maps, group: tuple[str, ...], dynamic) -> str | None:
     a branch the example's lengths do not take."""
     if c0.sizes is None:
         return "the function does not trace with symbolic lengths, so the tests it makes of them are unknown"
-    axis_of = {(pos, d): a for pos, axes in maps.items() for d, a in enumerate(axes or ())}
-    moving = {s for key, s in c0.size_of.items() if axis_of.get(key) in dynamic}
+    moving, together = _symbols(c0, maps, dynamic), _symbols(c0, maps, group)
     for pos, axes in maps.items():
         for d, a in enumerate(axes or ()):
             if a not in group:
@@ -197,7 +199,7 @@ def _tested(c0: Captured, maps, group: tuple[str, ...], dynamic) -> str | None:
             symbol = c0.size_of.get((pos, d))
             if symbol is None:
                 return f"dimension {d} of argument {pos} has no symbol in the symbolic trace (its tests are unknown)"
-            test = restricting(c0.sizes, symbol, moving, together=_symbols(c0, axis_of, group))
+            test = restricting(c0.sizes, symbol, moving, together=together)
             if test is not None and re.fullmatch(r"Eq\(n, -?\d+\)", test):  # (math.sqrt(L), int(L), L == 20)
                 return f"the function specialises its length ({test}: math.sqrt, int() or float() of it, or a test)"
             if test is not None:
