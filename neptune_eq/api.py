@@ -200,6 +200,7 @@ class Compiled:
         from .frontend import capture  # (imported here, not per call: a call's host time counts)
         from .frontend.capture import ZeroSizeCapture
         from .frontend.dynamic import DynamicFunction, example_signature, resolve
+        from .frontend.offsets import pad
         from .train_dynamic import register
 
         try:
@@ -212,6 +213,7 @@ class Compiled:
         if not lengths.groups:
             self._static_patterns.add(pattern)
             return None
+        captured = pad(captured, lengths.offsets)  # (an axis shorter than a dynamic one by a constant: padded)
         compile_fn = lambda program: compile_cached(program, self.options, self.cache, self.counts)  # noqa: E731
         self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args),
                                       training_op=lambda program, prog: custom_op(

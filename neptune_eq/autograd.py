@@ -48,6 +48,10 @@ def _lengths(program: ir.Program, named: dict[str, torch.Tensor]) -> dict[str, i
     for a in program.dynamic:
         got = next(((n, s.axes.index(a)) for n, s in program.inputs.items()
                     if a in s.axes and n in named and named[n].dim() == len(s.axes)), None)
+        if got is None:  # (an axis no input is declared over, read along one's dimension: x[b, j] of x[b, i])
+            got = next(((n.tensor, d) for o in program.outputs for n in ir.walk(o.expr) if isinstance(n, ir.Load)
+                        and n.tensor in named and named[n.tensor].dim() == len(n.index)
+                        for d, e in enumerate(n.index) if isinstance(e, ir.Index) and e.axis == a), None)
         if got is not None:
             out[a] = named[got[0]].shape[got[1]]
     return out

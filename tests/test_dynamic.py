@@ -249,9 +249,9 @@ def test_sizes_of_one_length_are_proved_on_the_diagonal():
     a, b = sympy.symbols("s0 s1", integer=True, positive=True)
     test = 2 * a - b > 0
     trace = SizeTrace({}, {a: (0, 0), b: (1, 0)}, (test,), {a: 20, b: 20})
-    assert restricting(trace, a, moving=set()) == "2*n - s1 > 0"
-    assert restricting(trace, a, moving=set(), together={b}) is None
-    assert restricting(SizeTrace({}, trace.sizes, (sympy.Eq(a, b), test), trace.example), a, moving=set()) is None
+    assert restricting(trace, a, moving=[]) == "2*n - s1 > 0"
+    assert restricting(trace, a, moving=[], together={b}) is None
+    assert restricting(SizeTrace({}, trace.sizes, (sympy.Eq(a, b), test), trace.example), a, moving=[]) is None
 
 
 def test_unknown_length_tests_keep_every_dimension_static(monkeypatch):

@@ -113,6 +113,7 @@ class Captured:
     # a dynamic capture's sizes (frontend/symsizes.py) and the size symbol of each (argument, dimension)
     sizes: SizeTrace | None = field(repr=False, default=None)
     size_of: dict = field(repr=False, default_factory=dict)
+    extents: dict = field(repr=False, default_factory=dict)  # program axis → its symbolic extents (Translation)
     # str(device) -> `constants` there (see _constants_on)
     _device_constants: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
@@ -369,6 +370,7 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
         grad_off=locator.grad_off,
         sizes=sizes.hold(tx.written_sizes) if sizes is not None else None,
         size_of=_size_symbols(sizes, example_inputs, tensor_pos, tensors),
+        extents=tr.extents,
     )
 
 

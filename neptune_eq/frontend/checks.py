@@ -67,11 +67,16 @@ class IndexCheck:
         where = f" at {self.where}" if self.where and located else ""
         return f"{self.op}: {got}valid indices are {self.valid}{where}"
 
-    def values(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The index values this call reads (all of them, in any order)."""
+    def values(self, inputs: dict[str, torch.Tensor], at: dict | None = None) -> torch.Tensor:
+        """The index values this call reads (all of them, in any order); `at` the lengths of a dynamic
+        call's axes (the index is evaluated over the call's box, not the capture's)."""
         if self.program is None:
             return inputs[self.index.tensor]
-        return evaluate(self.program, {n: inputs[n] for n in self.program.inputs}, nodes=[self.index])["0"]
+        program = self.program
+        if at:
+            axes = {a: at.get(a, n) for a, n in program.axes.items()}
+            program = ir.Program(program.name, axes, dict(program.inputs), [])
+        return evaluate(program, {n: inputs[n] for n in program.inputs}, nodes=[self.index])["0"]
 
     def elements(self, inputs: dict[str, torch.Tensor]) -> int:
         """How many index values the check evaluates (over the index's axes)."""
@@ -87,8 +92,8 @@ class IndexCheck:
         ok = (v >= (-self.size if self.wraps else 0)) & (v < self.size)
         return ok | (v == self.ignore) if self.ignore is not None else ok
 
-    def run(self, inputs: dict[str, torch.Tensor]) -> None:
-        v = self.values(inputs)
+    def run(self, inputs: dict[str, torch.Tensor], at: dict | None = None) -> None:
+        v = self.values(inputs, at)
         ok = self.in_range(v)
         if v.is_cuda or torch.compiler.is_compiling():  # (traced: a host test of the values cannot be)
             torch._assert_async(ok.all(), self.traced_message)
@@ -102,10 +107,11 @@ def _literal_safe(message: str) -> str:
     return "".join("'" if c == '"' else "/" if c == "\\" else c for c in message if c.isprintable())
 
 
-def run_checks(checks: tuple[IndexCheck, ...], inputs: dict[str, torch.Tensor]) -> None:
-    """Raise IndexOutOfRange (CPU) or assert on the device (CUDA) for the first failing check."""
+def run_checks(checks: tuple[IndexCheck, ...], inputs: dict[str, torch.Tensor], at: dict | None = None) -> None:
+    """Raise IndexOutOfRange (CPU) or assert on the device (CUDA) for the first failing check (`at`: the
+    lengths of a dynamic call's axes)."""
     for c in checks:
-        c.run(inputs)
+        c.run(inputs, at)
 
 
 def analyse(check: IndexCheck, extents: dict[str, int], dtypes: dict[str, str]) -> tuple[bool, bool]:

@@ -96,11 +96,13 @@ class DynamicFunction:
 
     def serves(self, args) -> tuple[int, ...] | None:
         """The groups' lengths of a call this function serves (every other dimension, dtype, device and
-        baked value as in the example; no length 1), else None."""
+        baked value as in the example; no length 1, nor one at which an axis shorter than it by a
+        constant would have length 1 or none), else None."""
         if not self._like_example(args):
             return None
         ns = self.lengths.of(args)
-        return ns if ns is not None and all(n >= 2 for n in ns) else None
+        least = self.lengths.least or (2,) * len(self.lengths.groups)
+        return ns if ns is not None and all(n >= m for n, m in zip(ns, least)) else None
 
     def traceable(self, args) -> bool:
         """Can a call dynamo traces take this function's ops (`traced`)? As `serves` (no length 1: the
@@ -170,7 +172,7 @@ class DynamicFunction:
         cap = self.captured
         call = self.bucket_training(ns)
         inputs = self.inputs(args, ns, cached=False)  # (a module's parameters themselves: their gradients)
-        run_checks(cap.index_checks, inputs)
+        run_checks(cap.index_checks, inputs, self.at(ns))
         cap.check_aliases(args)
         try:
             results = call(inputs)
@@ -236,6 +238,10 @@ class DynamicFunction:
                         for n, t in cap.constants.items()})
         return out
 
+    def at(self, ns) -> dict[str, int]:
+        """Each dynamic axis's length in a call at group lengths `ns`."""
+        return {a: n for group, n in zip(self.lengths.groups, ns) for a in group}
+
     def output_shapes(self, ns) -> list[tuple[int, ...]]:
         shapes = [list(s) for s in self.captured.output_shapes]
         for k, d, g in self.lengths.outputs:
@@ -250,7 +256,7 @@ class DynamicFunction:
         inputs = None
         if cap.index_checks or cap.mutations:
             inputs = self.inputs(args, ns)
-            run_checks(cap.index_checks, inputs)
+            run_checks(cap.index_checks, inputs, self.at(ns))
             cap.check_aliases(args)
         prog = self.program_for(ns)
         layout = call_layout(cap, args) if prog.chunking is None else None  # (chunks: through run())
@@ -324,7 +330,7 @@ class DynamicFunction:
         if ns is None:
             raise NeptuneError("the dynamic dimensions of this call do not keep the lengths the function ties together")
         inputs = self.inputs(args, ns, cached=False)
-        run_checks(cap.index_checks, inputs)
+        run_checks(cap.index_checks, inputs, self.at(ns))
         xs = [inputs[n] for n in self.names()]
         if cap.needs_grad(args):  # (one op over every bucket: neptune_eq.train_dynamic)
             from ..train_dynamic import call
@@ -342,7 +348,7 @@ class DynamicFunction:
         ns = self.serves(args)
         if ns is None:
             raise NeptuneError("reference(): these arguments are not served by this dynamic function")
-        at = {a: n for group, n in zip(self.lengths.groups, ns) for a in group}
+        at = self.at(ns)
         inputs = self.inputs(args, ns)
         res = evaluate(self.captured.program.with_extents(at), inputs)
         outs = [res[o.name] for o in self.captured.program.outputs]

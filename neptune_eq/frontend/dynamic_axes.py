@@ -29,6 +29,7 @@ from .. import ir
 from ..ir import NeptuneError
 from .capture import ArgBinding, Captured, capture
 from .checks import composed, length_bounds, length_symbol
+from .offsets import Offset, pad, shorter
 from .symsizes import proved, restricting, ties
 
 
@@ -63,6 +64,8 @@ class Lengths:
     dims: tuple[tuple[int, int, int], ...]
     outputs: tuple[tuple[int, int, int], ...]
     static: tuple[tuple[str, str], ...] = ()
+    offsets: tuple[Offset, ...] = ()  # axes a constant shorter than a dynamic one, padded to it (frontend/offsets.py)
+    least: tuple[int, ...] = ()  # each group's least length served (2; more where an axis is shorter than it)
 
     @property
     def axes(self) -> frozenset[str]:
@@ -83,19 +86,22 @@ class Lengths:
 def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
     """The dynamic axes of capture `c0` (of fn at `example`): `spec` True (every dimension that can
     be) or {argument index: [dimensions]} (each must be: NotDynamic otherwise). Each probe capture
-    is counted in `stats.captures`."""
+    is counted in `stats.captures`. The program they are axes of is `pad(c0, offsets)`: an axis a
+    constant shorter than a candidate (`logits[:, :-1]`) is padded to it, in every capture compared."""
     def probe(groups, only=None):
         if stats is not None:
             stats.captures += 1
-        return _probe(c0, example, groups, maps, only)
+        return _probe(c0, example, groups, maps, only, candidates)
 
     p0 = c0.program
     maps = {b.position: arg_axes(b, p0) for b in c0.args if b.is_tensor}
     named: dict[str, str] = {}  # axis → how the user named it
     if not (spec is True or isinstance(spec, dict)):
         raise NeptuneError(f"dynamic={spec!r}: expected True or a dict {{argument index: [dimensions]}}")
-    if spec is True:  # every axis but the innermost dimension of a matrix (a head or model dimension)
-        inner = {axes[-1] for axes in maps.values() if axes is not None and len(axes) >= 2}
+    if spec is True:  # every axis but the innermost dimension of a floating matrix (a head or model dimension;
+        # an integer or boolean matrix's last dimension is its tokens': labels [B, L], a padding mask [B, S])
+        inner = {axes[-1] for pos, axes in maps.items()
+                 if axes is not None and len(axes) >= 2 and example[pos].is_floating_point()}
         for axes in maps.values():
             for a in axes or ():
                 if a is not None and a not in inner:
@@ -116,6 +122,13 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
                            "≥ 2)" if b.shape[d] == 1 else "is reshaped with others inside the function")
                     raise NotDynamic(f"dynamic: {what} {why}")
                 named.setdefault(a, what)
+    candidates = set(named)
+    offsets = _offsets(c0, maps, candidates)
+    c0 = pad(c0, offsets)
+    p0 = c0.program
+    least_of = {a: 2 + max(o.by for o in offsets if o.source == a) for a in {o.source for o in offsets}}
+    least = {s: least_of[maps[pos][d]] for (pos, d), s in c0.size_of.items()
+             if maps.get(pos) is not None and d < len(maps[pos]) and maps[pos][d] in least_of}
     groups: list[tuple[str, ...]] = []
     static: list[tuple[str, str]] = []
     taken: set[str] = set()
@@ -124,7 +137,7 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
             continue
         same = tuple(x for x in p0.axes if x not in taken and p0.axes[x] == p0.axes[a])
         for group in dict.fromkeys([(a,), same]):
-            why = (_tested(c0, maps, group, {x for g in groups for x in g})
+            why = (_tested(c0, maps, group, groups, least)
                    or _unsourced(p0, [*groups, group])
                    or _unseen(c0, maps, group, _moved(c0, [*groups, group], len(groups))[group[0]])
                    or probe([*groups, group], only=len(groups)))
@@ -144,8 +157,19 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
     dims = tuple((pos, d, index[a]) for pos, axes in maps.items() for d, a in enumerate(axes or ()) if a in index)
     if groups and stats is not None:
         stats.captures += 1
-    outs = _output_dims(c0, example, groups, maps) if groups else ()
-    return Lengths(tuple(groups), dims, outs, tuple(static))
+    outs = _output_dims(c0, example, groups, maps, candidates) if groups else ()
+    used = tuple(o for o in offsets if o.source in index)
+    if any(index.get(o.axis) != index[o.source] for o in used):  # (the probes compared them moving together)
+        raise NeptuneError(f"dynamic: a padded axis does not move with the length it is shorter than: {used}")
+    return Lengths(tuple(groups), dims, outs, tuple(static), used,
+                   tuple(max((least_of.get(a, 2) for a in group), default=2) for group in groups))
+
+
+def _offsets(c: Captured, maps, candidates) -> tuple[Offset, ...]:
+    """frontend/offsets.py's `shorter` axes of capture c (`maps`: each argument's axes)."""
+    symbol_axes = {s: maps[pos][d] for (pos, d), s in c.size_of.items()
+                   if maps.get(pos) is not None and d < len(maps[pos]) and maps[pos][d] is not None}
+    return shorter(c, symbol_axes, candidates)
 
 
 def _unseen(c0: Captured, maps, group: tuple[str, ...], moved: int) -> str | None:
@@ -181,17 +205,18 @@ def _symbols(c0: Captured, maps, axes) -> set:
     return {s for (pos, d), s in c0.size_of.items() if axis(pos, d) in axes}
 
 
-def _tested(c0: Captured, maps, group: tuple[str, ...], dynamic) -> str | None:
+def _tested(c0: Captured, maps, group: tuple[str, ...], dynamic, least=None) -> str | None:
     """How fn's Python tests the length of `group` (`if L > 1000:`): a test not proved to hold at every
     length ≥ 2 while the `dynamic` axes (those made so before it) move too, the rest at the example's
     lengths (frontend/symsizes.py), else None. So a test of several sizes is proved once with every
     one of them that ends dynamic moving (when the last of them is decided). Such a dimension
     stays specialised; so does every one where fn's tests of its sizes are unknown (fn does not trace
     with symbolic sizes, or that dimension has no symbol there): a probe at other lengths cannot show
-    a branch the example's lengths do not take."""
+    a branch the example's lengths do not take. `least`: size symbol → the least length it takes, where
+    more than 2 (frontend/symsizes.py: restricting)."""
     if c0.sizes is None:
         return "the function does not trace with symbolic lengths, so the tests it makes of them are unknown"
-    moving, together = _symbols(c0, maps, dynamic), _symbols(c0, maps, group)
+    moving, together = [_symbols(c0, maps, g) for g in dynamic], _symbols(c0, maps, group)
     for pos, axes in maps.items():
         for d, a in enumerate(axes or ()):
             if a not in group:
@@ -199,7 +224,7 @@ def _tested(c0: Captured, maps, group: tuple[str, ...], dynamic) -> str | None:
             symbol = c0.size_of.get((pos, d))
             if symbol is None:
                 return f"dimension {d} of argument {pos} has no symbol in the symbolic trace (its tests are unknown)"
-            test = restricting(c0.sizes, symbol, moving, together=together)
+            test = restricting(c0.sizes, symbol, moving, together=together, least=least)
             if test is not None and re.fullmatch(r"Eq\(n, -?\d+\)", test):  # (math.sqrt(L), int(L), L == 20)
                 return f"the function specialises its length ({test}: math.sqrt, int() or float() of it, or a test)"
             if test is not None:
@@ -233,7 +258,7 @@ def _probe_args(c0: Captured, example, maps, moved: dict[str, int]) -> list:
     return args
 
 
-def _probe(c0: Captured, example, groups, maps, only: int | None = None) -> str | None:
+def _probe(c0: Captured, example, groups, maps, only: int | None = None, candidates=()) -> str | None:
     """Why fn's program is not the same with `groups` moved (None: it is)."""
     moved = _moved(c0, groups, only)
     try:
@@ -242,7 +267,7 @@ def _probe(c0: Captured, example, groups, maps, only: int | None = None) -> str 
                          symbolic_lengths=True)
     except NeptuneError as e:
         return f"the function does not trace at other lengths of it ({str(e).splitlines()[0]})"
-    return _difference(c0, c1, moved, maps, groups)
+    return _difference(c0, pad(c1, _offsets(c1, maps, candidates)), moved, maps, groups)
 
 
 @contextlib.contextmanager
@@ -297,8 +322,9 @@ def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps, groups)
     skip = proved_checks(c0, groups)  # (their sizes move with their axes)
     key0, key1 = ([(c.op, str(c.index), None if k in skip else c.size, c.wraps, c.ignore) for k, c in enumerate(cs)]
                   for cs in (c0.index_checks, c1.index_checks))
-    if key0 != key1 or any(set(moved) & (set(c.program.axes) if c.program is not None else composed(c))
-                           for k, c in enumerate(c0.index_checks) if k not in skip):
+    # (a check with a program of its own is evaluated over each call's box; one of a whole input's values
+    # read through an expression of the axes reads that whole input at these lengths only)
+    if key0 != key1 or any(set(moved) & composed(c) for k, c in enumerate(c0.index_checks) if k not in skip):
         return "an index check depends on it (a gather or index along it)"
     if (c0.structure, c0.mutations, c0.output_dtypes) != (c1.structure, c1.mutations, c1.output_dtypes):
         return "what the function returns depends on it"
@@ -315,12 +341,13 @@ def _lengths(moved: dict[str, int]) -> str:
     return ", ".join(f"{a}={n}" for a, n in moved.items())
 
 
-def _output_dims(c0: Captured, example, groups, maps) -> tuple[tuple[int, int, int], ...]:
+def _output_dims(c0: Captured, example, groups, maps, candidates=()) -> tuple[tuple[int, int, int], ...]:
     """(output, dimension, group) of the output dimensions on a dynamic axis, from one more capture
     with every group moved (checked to be the same program by resolve)."""
     moved = _moved(c0, groups)
     c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name, merge=False,
                  symbolic_lengths=True)
+    c1 = pad(c1, _offsets(c1, maps, candidates))
     length = {moved[g[0]]: k for k, g in enumerate(groups)}
     out = []
     for k, (s0, s1) in enumerate(zip(c0.output_shapes, c1.output_shapes)):

@@ -16,7 +16,7 @@ is the same at 20 and 23).
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import sympy
 import torch
@@ -38,6 +38,7 @@ class SizeTrace:
     # the graphs are not aligned or it sits in a list or keyword; its size expression, None if unknown)
     numbers: tuple = ()
     held: tuple = ()  # the numbers' expressions the program holds as they are, not as len(axis) (`hold`)
+    shapes: dict = field(default_factory=dict)  # node of the concrete graph → its symbolic shape (sympy)
 
     def hold(self, written: set) -> SizeTrace:
         """This trace with `held` known: the translation wrote the numbers at keys `written` with
@@ -80,8 +81,11 @@ def trace_sizes(trace_symbolic, gm: fx.GraphModule) -> SizeTrace | None:
         return None
     pairs = _aligned([n for n in gm.graph.nodes if n.op == "call_function"],
                      [n for n in sym.graph.nodes if n.op == "call_function" and not _is_size(n)])
-    values = {}
+    values, shapes = {}, {}
     for a, b in pairs or ():
+        val = b.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            shapes[a] = tuple(_expr(n) for n in val.shape)
         for k, (x, y) in enumerate(zip(a.args, b.args)):
             if isinstance(x, int | float) and not isinstance(x, bool) and isinstance(y, fx.Node) and _is_size(y):
                 values[(a, k)] = _expr(y.meta["val"])
@@ -96,12 +100,14 @@ def trace_sizes(trace_symbolic, gm: fx.GraphModule) -> SizeTrace | None:
             # (the symbol the dimension was traced with: one the function's Python specialised, by
             # math.sqrt(L) or int(L), now reads as its number, and its guard names the symbol)
             symbol = n.node._expr if isinstance(n, torch.SymInt) else None
+            shapes[real] = tuple(_expr(n) for n in val.shape)
             if isinstance(symbol, sympy.Symbol):
                 sizes.setdefault(symbol, (p, d))
                 example[symbol] = int(m)
                 env = n.node.shape_env
     guards = tuple(g.expr for g in env.guards) if env is not None else ()
-    return SizeTrace(values, sizes, guards, example, _numbers(sym, dict((b, a) for a, b in pairs or ())))
+    return SizeTrace(values, sizes, guards, example, _numbers(sym, dict((b, a) for a, b in pairs or ())),
+                     shapes=shapes)
 
 
 def _numbers(sym: fx.GraphModule, twin: dict) -> tuple:
@@ -138,17 +144,28 @@ def _target(n: fx.Node):
 
 def _aligned(ops: list[fx.Node], sops: list[fx.Node]) -> list[tuple[fx.Node, fx.Node]] | None:
     """Each operation of the concrete graph with its twin of the symbolic one, in order (a view the
-    symbolic trace keeps where the concrete one saw it did nothing is passed over); None where they
-    differ otherwise."""
+    symbolic trace keeps where the concrete one saw it did nothing is passed over: `x[:, :-1]`'s full
+    slice of dimension 0, also a slice, is told from the slice of dimension 1 by its shape); None where
+    they differ otherwise."""
     out, k = [], 0
     for a in ops:
-        while k < len(sops) and _target(sops[k]) != _target(a) and sops[k].target in _VIEWS:
+        while k < len(sops) and not _twins(a, sops[k]) and sops[k].target in _VIEWS:
             k += 1
         if k == len(sops) or _target(sops[k]) != _target(a):
             return None
         out.append((a, sops[k]))
         k += 1
     return out if all(b.target in _VIEWS for b in sops[k:]) else None
+
+
+def _twins(a: fx.Node, b: fx.Node) -> bool:
+    """Same operation, and the symbolic value at the example's sizes has the concrete one's shape."""
+    if _target(a) != _target(b):
+        return False
+    x, y = a.meta.get("val"), b.meta.get("val")
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+        return True
+    return tuple(x.shape) == tuple(n.node.hint if isinstance(n, torch.SymInt) else n for n in y.shape)
 
 
 def _is_size(n: fx.Node) -> bool:
@@ -207,14 +224,18 @@ def _ir(e, length) -> ir.Node:
     raise _NotAnExpression(name)
 
 
-def restricting(sizes: SizeTrace, symbol, moving=None, together=()) -> str | None:
+def restricting(sizes: SizeTrace, symbol, moving=None, together=(), least=None) -> str | None:
     """A test the function made of size `symbol` that is not proved to hold at every length ≥ 2 (its
     text, of that length n), else None. An equality of two sizes (x − y: their lengths are one)
-    ties them, and they move together, as do the sizes `together` (one length); the other sizes in
-    `moving` (every size, by default) move too, each over every length ≥ 2, and the rest stay at the
-    example's lengths. Proved, never sampled (`proved`): a test it cannot decide keeps the dimension
-    specialised."""
+    ties them, and they move together, as do the sizes `together` (one length); the other sizes of
+    `moving` (sets of sizes, each set one length: the axes of one dynamic group; by default every
+    size on its own) move too, each over every length ≥ 2, and the rest stay at the example's
+    lengths. Proved, never sampled (`proved`): a test it cannot decide keeps the dimension
+    specialised. `least`: size → the least length it takes where that is more than 2 (one sliced
+    `x[:, :-1]` takes 3 and more: at 2 the slice has length 1, another program)."""
     tied = set().union(*(ties(sizes, s) for s in {symbol, *together}))
+    least = least or {}
+    lengths = None if moving is None else [set().union(*(ties(sizes, s) for s in group)) for group in moving]
     for g in sizes.guards:
         if not g.free_symbols & tied or _tie(g):
             continue
@@ -223,11 +244,12 @@ def restricting(sizes: SizeTrace, symbol, moving=None, together=()) -> str | Non
             if any(s in group for group in groups) or s in fixed:
                 continue
             group = ties(sizes, s)
-            if moving is not None and not group & set(moving) and all(x in sizes.example for x in group):
+            own = next((x for x in lengths if group & x), None) if lengths is not None else set()
+            if own is None and all(x in sizes.example for x in group):
                 fixed.update({x: sizes.example[x] for x in group})  # (it stays at the example's length)
             else:
-                groups.append(group)
-        if not proved(g, groups, fixed):  # (said of n, the tied lengths)
+                groups.append(group | (own or set()))
+        if not proved(g, groups, fixed, [max((least.get(x, 2) for x in group), default=2) for group in groups]):
             return str(g.subs(dict.fromkeys(tied, sympy.Symbol("n"))))
     return None
 
@@ -247,10 +269,11 @@ def _tie(g) -> bool:
     return isinstance(g, sympy.Eq) and all(isinstance(a, sympy.Symbol) for a in g.args)
 
 
-def proved(g, groups: list[set], fixed: dict) -> bool:
+def proved(g, groups: list[set], fixed: dict, least=None) -> bool:
     """Does test `g` hold wherever the sizes of each group (one length per group) are any lengths
-    ≥ 2, the sizes in `fixed` at those numbers? (The symbolic trace itself takes every length ≥ 2.)
-    Each length is written m + 2 with m a nonnegative integer, and the test decided by sympy's own
+    ≥ 2 (≥ `least[k]` for group k), the sizes in `fixed` at those numbers? (The symbolic trace itself
+    takes every length ≥ 2.) Each length is written m + 2 (m + least) with m a nonnegative integer,
+    and the test decided by sympy's own
     evaluation (`Mod(1, m + 2)` is 1), else by sound interval bounds (torch's value ranges: Max,
     Min, FloorDiv, Mod included), else, for a single length, by the exact real solution set of the
     relation (`x**2 - 5*x + 7 > 0`, `Ne(2*x, 7)`). Anything else is not proved."""
@@ -258,7 +281,8 @@ def proved(g, groups: list[set], fixed: dict) -> bool:
     from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
     ms = [sympy.Symbol(f"m{k}", integer=True, nonnegative=True) for k in range(len(groups))]
-    h = g.subs({**fixed, **{s: m + 2 for m, group in zip(ms, groups) for s in group}})
+    least = least or [2] * len(groups)
+    h = g.subs({**fixed, **{s: m + n for m, n, group in zip(ms, least, groups) for s in group}})
     if h is sympy.true or h is sympy.false:
         return bool(h)
     try:

@@ -1,0 +1,133 @@
+"""Axes a constant shorter than a length (`logits[:, :-1]` against `labels[:, 1:]`), padded to it so that
+they change length with it: `shorter`, `pad`.
+
+A causal language model's loss compares the logits of positions 0..L-2 with the labels of positions
+1..L-1: the program sums over an axis j of extent L - 1, which no argument has. A compile at one L
+would hold L - 1 as j's extent, and the sequence dimension could not be dynamic. The symbolic trace
+writes j's extent `s - k` (k > 0 a constant) for the size s of an argument dimension on axis a;
+`pad` then gives j the extent of a and keeps the program's value at every length of a:
+
+    Σ_j f(j)       →  Σ_j where(j < len(a) - k, f(j), 0)          (max: -inf, min: +inf beyond)
+    x[…, j + 1]    →  x[…, min(max(j + 1, 0), len(dim) - 1)]      (the masked steps read in range)
+
+An index that is j itself is left as it is: the IR's shape check then ties j to the dimension it
+reads (one length). j then has a's extent, so it moves with a's group, and its length at a call is
+a's. Only axes the program reduces over are padded: an output over j would come back k too long.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import sympy
+
+from .. import ir
+from ..ops import MONOIDS
+from .checks import index_program
+from .exprs import call, const
+
+
+@dataclass(frozen=True)
+class Offset:
+    """Program axis `axis` has extent len(`source`) - `by` at every length (by > 0)."""
+
+    axis: str
+    source: str
+    by: int
+
+
+def shorter(c, symbol_axes: dict, candidates) -> tuple[Offset, ...]:
+    """The axes of capture `c` that the symbolic trace writes as a constant shorter than the length of
+    an axis in `candidates` (`symbol_axes`: size symbol → the program axis of its argument dimension),
+    which the program only reduces over; each with the first such axis in program order."""
+    p = c.program
+    declared = {a for s in p.inputs.values() for a in s.axes} | {a for o in p.outputs for a in o.axes}
+    reduced = {}
+    for o in p.outputs:
+        for n in ir.walk(o.expr):
+            if isinstance(n, ir.Reduce):
+                reduced.setdefault(n.axis, set()).add(n.op)
+    order = list(p.axes)
+    out = []
+    for j, exprs in c.extents.items():
+        if j in declared or j not in reduced or not reduced[j] <= set(MONOIDS):
+            continue
+        found = set()
+        for e in exprs:
+            symbols = e.free_symbols if isinstance(e, sympy.Expr) else set()
+            if len(symbols) != 1:
+                break
+            s = next(iter(symbols))
+            k = -(e - s)
+            a = symbol_axes.get(s)
+            if not (k.is_Integer and k > 0) or a is None or p.axes[a] != p.axes[j] + int(k):
+                break
+            found.add((a, int(k)))
+        else:
+            sources = [a for a in order if a in {a for a, _ in found} and a in candidates]
+            if sources and len({k for _, k in found}) == 1:
+                out.append(Offset(j, sources[0], next(iter(found))[1]))
+    return tuple(out)
+
+
+def pad(c, offsets: tuple[Offset, ...]):
+    """Capture `c` with each of `offsets`' axes at its source's extent, its reductions masked and its
+    shifted reads clamped (module docstring); `c` itself where there are none."""
+    if not offsets:
+        return c
+    p = c.program
+    by = {o.axis: o for o in offsets}
+    axes = {a: (p.axes[by[a].source] if a in by else n) for a, n in p.axes.items()}
+    memo: dict = {}
+
+    def go(n: ir.Node) -> ir.Node:
+        hit = memo.get(n)
+        if hit is not None:
+            return hit
+        if isinstance(n, ir.Reduce) and n.axis in by:
+            o = by[n.axis]
+            inside = call("lt", ir.Index(o.axis), call("sub", ir.Length(o.source), const(o.by)))
+            out = ir.Reduce(n.op, n.axis, call("where", inside, go(n.body), const(MONOIDS[n.op].identity)))
+        elif isinstance(n, ir.Reduce):
+            out = ir.Reduce(n.op, n.axis, go(n.body))
+        elif isinstance(n, ir.Load):
+            out = ir.Load(n.tensor, tuple(_read(go(e), dim, by) for e, dim in zip(n.index, p.inputs[n.tensor].axes)))
+        elif isinstance(n, ir.Call):
+            out = ir.Call(n.op, tuple(go(a) for a in n.args))
+        else:
+            out = n
+        memo[n] = out
+        return out
+
+    outputs = [ir.Output(o.name, o.axes, go(o.expr), o.dtype) for o in p.outputs]
+    program = ir.Program(p.name, axes, dict(p.inputs), outputs, p.dynamic).validate()
+    checks = []
+    for ch in c.index_checks:
+        index = go(ch.index)
+        unchanged = index is ch.index and ch.program is None  # (a whole input's values)
+        checks.append(ch if unchanged else replace(ch, index=index, program=index_program(index, axes, program.inputs)))
+    return replace(c, program=program, index_checks=tuple(checks))
+
+
+def _read(e: ir.Node, dim: str, by: dict) -> ir.Node:
+    """Index `e` of a dimension on axis `dim`, in range at every step of the padded axes it reads."""
+    if (isinstance(e, ir.Call) and e.op == "add" and isinstance(e.args[0], ir.Index) and e.args[0].axis in by
+            and isinstance(e.args[1], ir.Const) and e.args[1].value == 0.0):
+        return e.args[0]  # (j + 0: a slice from 0)
+    if isinstance(e, ir.Index) or not _steps(e, by):
+        return e
+    last = call("sub", ir.Length(dim), const(1))
+    if (isinstance(e, ir.Call) and e.op == "add" and isinstance(e.args[0], ir.Index)
+            and isinstance(e.args[1], ir.Const) and e.args[1].value >= 0):
+        return call("min2", e, last)  # (j + k, k ≥ 0: never below 0)
+    return call("min2", call("max2", e, const(0)), last)
+
+
+def _steps(e: ir.Node, by: dict) -> bool:
+    """Does index `e` vary with a padded axis itself (not only through a value it loads)?"""
+    if isinstance(e, ir.Index):
+        return e.axis in by
+    return not isinstance(e, ir.Load) and any(_steps(a, by) for a in e.children())
+
+
+__all__ = ["Offset", "pad", "shorter"]
