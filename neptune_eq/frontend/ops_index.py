@@ -173,6 +173,53 @@ class Cat:
         return out
 
 
+class ConstantPad:
+    """F.pad(x, (l, r, …), value=v) (constant mode): along each padded dimension a new axis k of extent
+    l + n + r reads x at k − l where l ≤ k < l + n, and v elsewhere; the read is clamped into [0, n)
+    (the positions not selected read in bounds too). n is `len(axis)` in a dynamic capture, so the
+    program is the same at every length (Hugging Face's loss pads the labels by one ignore_index and
+    shifts them: `F.pad(labels, (0, 1), value=-100)[..., 1:]`). A negative amount crops."""
+
+    def _pads(self, c):
+        x = c.args[0]
+        amounts = list(c.arg(1, "pad"))
+        value = c.arg(2, "value", None)
+        return x, {x.ndim - 1 - k: (amounts[2 * k], amounts[2 * k + 1]) for k in range(len(amounts) // 2)
+                   if (amounts[2 * k], amounts[2 * k + 1]) != (0, 0)}, 0.0 if value is None else float(value)
+
+    def infer(self, tx, c):
+        x, pads, _ = self._pads(c)
+        dims = list(x.dims)
+        for d in pads:
+            tx.axes.mark_indexed(dims[d], by_tensor=False)
+            n = c.out.shape[d]
+            dims[d] = tx.axes.new(n) if n > 1 else None
+        return dims
+
+    def build(self, tx, c):
+        x, pads, value = self._pads(c)
+        inside, pairs = [], []
+        for d, (lo, hi) in pads.items():
+            new = tx.dims(c)[d]
+            k = tx.index(new) if new is not None else const(0)
+            n = tx.count([x.dims[d]]) if x.dims[d] is not None else const(1)
+            at = add(k, const(-lo))
+            if lo > 0:
+                inside.append(call("ge", k, const(lo)))
+                at = call("max2", at, const(0))
+            if hi > 0:
+                inside.append(call("lt", k, add(n, const(lo))))
+                at = call("min2", at, call("sub", n, const(1)))
+            pairs.append((x.dims[d], at))
+        out = _substitute_axes(tx, x.expr, pairs)
+        if not inside:
+            return out
+        cond = inside[0]
+        for more in inside[1:]:
+            cond = call("and", cond, more)
+        return tx.where(cond, out, const(value))
+
+
 class Index:
     """x[idx0, idx1, ...] with integer index tensors (None = a whole dimension)."""
 
@@ -311,6 +358,7 @@ HANDLERS = {
     aten.split_with_sizes.default: Split(),
     aten.unbind.int: Split(unbind=True),
     aten.cat.default: Cat(),
+    aten.constant_pad_nd.default: ConstantPad(),
     aten.stack.default: Cat(stack=True),
     aten.index.Tensor: Index(),
     aten.gather.default: Gather(),

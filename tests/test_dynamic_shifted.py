@@ -1,0 +1,168 @@
+"""A causal language model's loss at every length (issue 14): `logits[:, :-1]` against `labels[:, 1:]`
+sums over an axis one shorter than the sequence, padded to it (frontend/offsets.py), so one compile
+serves every length ≥ 3 — eager, with gradients, under torch.compile; the index checks are run over
+each call's positions."""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+
+import neptune_eq
+from neptune_eq.frontend import offsets as padding
+from neptune_eq.frontend.capture import capture
+from neptune_eq.frontend.checks import IndexOutOfRange
+from neptune_eq.frontend.symsizes import SizeTrace, restricting
+from neptune_eq.reference import evaluate
+
+V = 11
+
+
+def causal_lm_loss(logits, labels):
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+
+
+def _batch(b: int, n: int, *, grad: bool = False):
+    x = torch.randn(b, n, V, dtype=torch.float64, requires_grad=grad)
+    y = torch.randint(0, V, (b, n))
+    y[0, -1] = -100  # (an ignored position)
+    return x, y
+
+
+@pytest.fixture(scope="module")
+def lm_loss():
+    torch.manual_seed(0)
+    return neptune_eq.compile(causal_lm_loss, *_batch(2, 9), dynamic=True)
+
+
+def test_the_shifted_axis_is_padded_to_the_sequence_and_moves_with_it(lm_loss):
+    lengths = lm_loss.family.lengths
+    seq = next(g for g in lengths.groups if len(g) > 1)
+    (offset,) = lengths.offsets
+    assert offset.axis in seq and offset.source in seq and offset.by == 1
+    assert lengths.least[lengths.groups.index(seq)] == 3  # (at 2 the slice has length 1: another program)
+    text = lm_loss.family.captured.program.text()
+    assert f"{offset.axis} < len({offset.source}) - 1" in text  # the mask of the padded step
+    assert f"min2({offset.axis} + 1, len(" in text  # the shifted read, clamped
+
+
+def test_one_compile_serves_every_length_of_a_bucket(lm_loss):
+    for b, n in ((2, 9), (3, 5), (2, 16), (4, 3)):
+        x, y = _batch(b, n)
+        torch.testing.assert_close(lm_loss(x, y), causal_lm_loss(x, y), rtol=1e-9, atol=1e-12)
+    stats = lm_loss.stats()
+    assert stats["compiles"] + stats["cache_hits"] == 1 and stats["signatures"] == 0
+    x, y = _batch(2, 2)  # (the slice has length 1 there: a compile of its own)
+    torch.testing.assert_close(lm_loss(x, y), causal_lm_loss(x, y), rtol=1e-9, atol=1e-12)
+    assert lm_loss.stats()["signatures"] == 1
+
+
+def test_gradients_at_new_lengths(lm_loss):
+    for b, n in ((3, 7), (2, 12)):
+        x, y = _batch(b, n, grad=True)
+        lm_loss(x, y).backward()
+        want = x.detach().clone().requires_grad_()
+        causal_lm_loss(want, y).backward()
+        torch.testing.assert_close(x.grad, want.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_labels_are_checked_where_the_loss_reads_them(lm_loss):
+    """At a new length the check reads positions 1..L-1 of the labels (eager reads those and raises
+    there), not the capture's 1..8, and not position 0, which the loss never reads."""
+    x, y = _batch(2, 13)
+    y[1, 0] = 99
+    torch.testing.assert_close(lm_loss(x, y), causal_lm_loss(x, y), rtol=1e-9, atol=1e-12)
+    y[1, 0], y[1, 12] = 3, 99
+    with pytest.raises(IndexOutOfRange, match="index 99"):
+        lm_loss(x, y)
+
+
+def test_padding_keeps_the_program_at_its_extents():
+    x, y = _batch(2, 9)
+    c = capture(causal_lm_loss, x, y, merge=False, symbolic_lengths=True)
+    (seq,) = {a for a, n in c.program.axes.items() if n == 8}
+    symbol_axes = {s: c.program.inputs[name].axes[d] for (pos, d), s in c.size_of.items()
+                   for name in [("logits", "labels")[pos]]}
+    offsets = padding.shorter(c, symbol_axes, set(c.program.axes))
+    assert [o.axis for o in offsets] == [seq] and offsets[0].by == 1
+    padded = padding.pad(c, offsets).program
+    assert padded.axes[seq] == 9
+    inputs = {"logits": x, "labels": y}
+    torch.testing.assert_close(evaluate(padded, inputs)["out0"], evaluate(c.program, inputs)["out0"])
+    assert padding.pad(c, ()) is c
+    assert padding.shorter(c, symbol_axes, set()) == ()  # (only axes shorter than a candidate)
+    assert offsets[0] == padding.Offset(seq, offsets[0].source, 1) and padded.axes[offsets[0].source] == 9
+
+
+def test_a_test_of_two_arguments_lengths_on_one_axis_is_proved_moving_them_together():
+    """cross_entropy's `B·L == B'·L'` (logits' rows against the labels') holds wherever the two batch
+    sizes are one dynamic group's length: proved with them as one, not as two free sizes."""
+    b0, b1, n0, n1 = sympy.symbols("s0 s1 s2 s3", integer=True, positive=True)
+    test = sympy.Eq(b0 * n0, b1 * n1)
+    trace = SizeTrace({}, {b0: (0, 0), b1: (1, 0), n0: (0, 1), n1: (1, 1)}, (test,), dict.fromkeys((b0, b1, n0, n1), 9))
+    assert restricting(trace, n0, moving=[], together={n1}) is None  # (both batches held at 9)
+    assert restricting(trace, n0, moving=[{b0}, {b1}], together={n1}) is not None
+    assert restricting(trace, n0, moving=[{b0, b1}], together={n1}) is None
+
+
+def test_the_least_length_bounds_what_is_proved():
+    n = sympy.Symbol("s0", integer=True, positive=True)
+    trace = SizeTrace({}, {n: (0, 1)}, (sympy.Ne(n - 1, 1),), {n: 9})
+    assert restricting(trace, n, moving=[]) == "Ne(n - 1, 1)"
+    assert restricting(trace, n, moving=[], least={n: 3}) is None
+
+
+def test_labels_last_dimension_is_a_candidate():
+    """With dynamic=True an integer matrix's last dimension is its tokens' (labels [B, L]), not a model
+    dimension: the flattened loss keeps both batch and sequence dynamic."""
+    def flat_loss(logits, labels):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+    prog = neptune_eq.compile(flat_loss, *_batch(2, 9), dynamic=True)
+    assert len(prog.family.lengths.groups) == 2
+    for b, n in ((3, 5), (2, 14)):
+        x, y = _batch(b, n)
+        torch.testing.assert_close(prog(x, y), flat_loss(x, y), rtol=1e-9, atol=1e-12)
+    assert prog.stats()["signatures"] == 0
+
+
+def hf_causal_lm_loss(logits, labels, ignore_index=-100):
+    """transformers' ForCausalLMLoss: the labels padded by one ignore_index, then shifted."""
+    logits = logits.float()
+    labels = F.pad(labels, (0, 1), value=ignore_index)
+    shift_labels = labels[..., 1:].contiguous()
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), shift_labels.view(-1), ignore_index=ignore_index)
+
+
+def test_hugging_face_loss_pads_its_labels_and_serves_every_length():
+    """F.pad (constant_pad_nd, refused before) reads x at k − l inside the pad and the value outside,
+    with the pad's bound written len(axis): the loss keeps one program at every length, 2 included."""
+    torch.manual_seed(1)
+    prog = neptune_eq.compile(hf_causal_lm_loss, *_batch(2, 9), dynamic=True)
+    assert len(prog.family.lengths.groups) == 2 and not prog.family.lengths.offsets
+    for b, n in ((3, 5), (2, 2), (2, 14)):
+        x, y = _batch(b, n, grad=True)
+        prog(x, y).backward()
+        want = x.detach().clone().requires_grad_()
+        hf_causal_lm_loss(want, y).backward()  # (in float32: the loss casts the logits)
+        torch.testing.assert_close(x.grad, want.grad, rtol=1e-5, atol=1e-7)
+    assert prog.stats()["signatures"] == 0
+
+
+def test_constant_pad_values_and_gradients():
+    def padded(x):
+        return (F.pad(x, (2, 3), value=1.5).sum(-1) * F.pad(x, (-1, 2)).exp().sum(-1),
+                F.pad(x, (1, 1, 2, 0), value=0.25).softmax(-1))
+
+    x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    prog = neptune_eq.compile(padded, x.detach())
+    got = prog(x)
+    (got[0].sum() + got[1][:, 0].sum()).backward()
+    want_x = x.detach().clone().requires_grad_()
+    want = padded(want_x)
+    (want[0].sum() + want[1][:, 0].sum()).backward()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(x.grad, want_x.grad, rtol=1e-9, atol=1e-12)
