@@ -166,3 +166,30 @@ def test_constant_pad_values_and_gradients():
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(x.grad, want_x.grad, rtol=1e-9, atol=1e-12)
+
+
+def token_logps(logits, ids):
+    """The log-probability of each next token (GRPO, DPO): [B, L - 1], over the shifted axis."""
+    return logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def test_an_output_over_the_shifted_axis_is_cut_to_its_length():
+    """The output's axis is padded like a reduced one (its padded step written 0) and each call returns
+    it cut to L - 1, contiguous as eager's; its gradient reaches only the positions eager's does."""
+    torch.manual_seed(2)
+    prog = neptune_eq.compile(token_logps, *_batch(2, 9), dynamic=True)
+    lengths = prog.family.lengths
+    assert len(lengths.groups) == 2 and (0, 1, 1, 1) in lengths.outputs  # (dimension 1: group 1's length - 1)
+    for b, n in ((3, 5), (2, 3), (2, 15)):
+        x, y = _batch(b, n, grad=True)
+        y[y < 0] = 0
+        got = prog(x, y)
+        want_x = x.detach().clone().requires_grad_()
+        want = token_logps(want_x, y)
+        assert got.shape == (b, n - 1) and got.is_contiguous()
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+        weights = torch.arange(got.numel(), dtype=got.dtype).reshape(got.shape)
+        (got * weights).sum().backward()
+        (want * weights).sum().backward()
+        torch.testing.assert_close(x.grad, want_x.grad, rtol=1e-9, atol=1e-12)
+    assert prog.stats()["signatures"] == 0

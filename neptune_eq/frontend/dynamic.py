@@ -82,6 +82,9 @@ class DynamicFunction:
         p0 = self.captured.program
         self._shapes = [(b.position, b.input, [(group.get(a), p0.axes[a]) for a in p0.inputs[b.input].axes])
                         for b in self.captured.args if b.input is not None]
+        padded = {o.axis: o for o in self.lengths.offsets}  # (each output's (position, offset) of such axes)
+        cut = [[(p, padded[a]) for p, a in enumerate(o.axes) if a in padded] for o in p0.outputs]
+        self._cut = cut if any(cut) else None
 
     def example_lengths(self) -> tuple[int, ...]:
         ns = [0] * len(self.lengths.groups)
@@ -180,8 +183,7 @@ class DynamicFunction:
             self.no_training = str(e)
             raise StaticTraining(str(e)) from e
         outs = [results[o.name] for o in cap.program.outputs]
-        outs = [r if r.shape == s else r.reshape(s) for r, s in zip(outs, self.output_shapes(ns))]
-        return cap.finish(args, outs)
+        return cap.finish(args, self.shaped(outs, ns))
 
     def bucket_training(self, ns: tuple[int, ...]):
         """The call of the training op of the bucket of lengths `ns` (program inputs → outputs, by name)."""
@@ -244,9 +246,18 @@ class DynamicFunction:
 
     def output_shapes(self, ns) -> list[tuple[int, ...]]:
         shapes = [list(s) for s in self.captured.output_shapes]
-        for k, d, g in self.lengths.outputs:
-            shapes[k][d] = ns[g]
+        for k, d, g, by in self.lengths.outputs:
+            shapes[k][d] = ns[g] - by
         return [tuple(s) for s in shapes]
+
+    def shaped(self, outs, ns) -> list[torch.Tensor]:
+        """The program's outputs of a call at group lengths `ns` in fn's shapes: an axis padded to a
+        longer one (frontend/offsets.py) cut to its own length first."""
+        if self._cut:
+            at = self.at(ns)
+            outs = [r if not cut else _cut(r, [(p, at[o.source] - o.by) for p, o in cut])
+                    for r, cut in zip(outs, self._cut)]
+        return [r if r.shape == s else r.reshape(s) for r, s in zip(outs, self.output_shapes(ns))]
 
     def __call__(self, args, ns):
         cap = self.captured
@@ -259,7 +270,8 @@ class DynamicFunction:
             run_checks(cap.index_checks, inputs, self.at(ns))
             cap.check_aliases(args)
         prog = self.program_for(ns)
-        layout = call_layout(cap, args) if prog.chunking is None else None  # (chunks: through run())
+        # (chunks run through run(); an output cut to a padded axis's length is no bound launch's)
+        layout = call_layout(cap, args) if prog.chunking is None and self._cut is None else None
         fresh = False
         if layout is not None:
             key, ptrs = layout
@@ -281,7 +293,7 @@ class DynamicFunction:
         if prog.chunking is None and next(iter(inputs.values())).is_cuda:
             self._warm_bucket(ns, inputs)
         outs = [results[o.name] for o in cap.program.outputs]
-        outs = [r if r.shape == s else r.reshape(s) for r, s in zip(outs, self.output_shapes(ns))]
+        outs = self.shaped(outs, ns)
         if fresh:  # launched checked twice at this layout: its later calls take the bound launches
             order = [b.input for b in cap.args if b.input is not None]
             self._bound[key] = (launcher, bind_after(launcher, inputs, order, ptrs, self._out_dtypes))
@@ -338,8 +350,7 @@ class DynamicFunction:
             outs = call(op.qualname, xs)
         else:
             outs = op(xs)
-        outs = [r.reshape(s) for r, s in zip(outs, self.output_shapes(ns))]
-        return cap.finish(args, outs)
+        return cap.finish(args, self.shaped(outs, ns))
 
     def reference(self, *args):
         """fn(*args) by the float64 reference evaluator at the call's lengths."""
@@ -352,11 +363,17 @@ class DynamicFunction:
         inputs = self.inputs(args, ns)
         res = evaluate(self.captured.program.with_extents(at), inputs)
         outs = [res[o.name] for o in self.captured.program.outputs]
-        return self.captured.structure.build([r.reshape(s) for r, s in zip(outs, self.output_shapes(ns))])
+        return self.captured.structure.build(self.shaped(outs, ns))
 
     def digest(self) -> str:
         text = f"{self.captured.program.text(exact=True)}|{self.lengths.groups}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _cut(r: torch.Tensor, cuts) -> torch.Tensor:
+    for p, n in cuts:
+        r = r.narrow(p, 0, n)
+    return r.contiguous()  # (as eager's result: a caller may view it)
 
 
 def example_signature(args) -> tuple:

@@ -58,11 +58,12 @@ def arg_axes(b: ArgBinding, program: ir.Program) -> tuple[str | None, ...] | Non
 class Lengths:
     """The dynamic axes of a capture: `groups` of program axes that keep one length, `dims` the
     (argument, dimension, group) of every tensor argument dimension on them, `outputs` the (output,
-    dimension, group) of fn's outputs' dimensions on them, `static` why other candidates stay fixed."""
+    dimension, group, by) of fn's outputs' dimensions on them (the group's length less `by`), `static`
+    why other candidates stay fixed."""
 
     groups: tuple[tuple[str, ...], ...]
     dims: tuple[tuple[int, int, int], ...]
-    outputs: tuple[tuple[int, int, int], ...]
+    outputs: tuple[tuple[int, int, int, int], ...]
     static: tuple[tuple[str, str], ...] = ()
     offsets: tuple[Offset, ...] = ()  # axes a constant shorter than a dynamic one, padded to it (frontend/offsets.py)
     least: tuple[int, ...] = ()  # each group's least length served (2; more where an axis is shorter than it)
@@ -91,7 +92,7 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
     def probe(groups, only=None):
         if stats is not None:
             stats.captures += 1
-        return _probe(c0, example, groups, maps, only, candidates)
+        return _probe(c0, example, groups, maps, only, candidates, offsets)
 
     p0 = c0.program
     maps = {b.position: arg_axes(b, p0) for b in c0.args if b.is_tensor}
@@ -157,7 +158,7 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
     dims = tuple((pos, d, index[a]) for pos, axes in maps.items() for d, a in enumerate(axes or ()) if a in index)
     if groups and stats is not None:
         stats.captures += 1
-    outs = _output_dims(c0, example, groups, maps, candidates) if groups else ()
+    outs = _output_dims(c0, example, groups, maps, candidates, offsets) if groups else ()
     used = tuple(o for o in offsets if o.source in index)
     if any(index.get(o.axis) != index[o.source] for o in used):  # (the probes compared them moving together)
         raise NeptuneError(f"dynamic: a padded axis does not move with the length it is shorter than: {used}")
@@ -258,7 +259,7 @@ def _probe_args(c0: Captured, example, maps, moved: dict[str, int]) -> list:
     return args
 
 
-def _probe(c0: Captured, example, groups, maps, only: int | None = None, candidates=()) -> str | None:
+def _probe(c0: Captured, example, groups, maps, only: int | None = None, candidates=(), offsets=()) -> str | None:
     """Why fn's program is not the same with `groups` moved (None: it is)."""
     moved = _moved(c0, groups, only)
     try:
@@ -267,7 +268,7 @@ def _probe(c0: Captured, example, groups, maps, only: int | None = None, candida
                          symbolic_lengths=True)
     except NeptuneError as e:
         return f"the function does not trace at other lengths of it ({str(e).splitlines()[0]})"
-    return _difference(c0, pad(c1, _offsets(c1, maps, candidates)), moved, maps, groups)
+    return _difference(c0, pad(c1, _offsets(c1, maps, candidates)), moved, maps, groups, offsets)
 
 
 @contextlib.contextmanager
@@ -306,7 +307,7 @@ def proved_checks(c0: Captured, groups) -> set[int]:
     return out
 
 
-def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps, groups) -> str | None:
+def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps, groups, offsets=()) -> str | None:
     try:
         want = c0.program.with_extents(moved).text(exact=True).splitlines()
     except ir.ProgramError as e:  # another axis reads a tensor along it: they must move together
@@ -328,7 +329,9 @@ def _difference(c0: Captured, c1: Captured, moved: dict[str, int], maps, groups)
         return "an index check depends on it (a gather or index along it)"
     if (c0.structure, c0.mutations, c0.output_dtypes) != (c1.structure, c1.mutations, c1.output_dtypes):
         return "what the function returns depends on it"
-    now = {(c0.program.axes[a], n) for a, n in moved.items()}  # (an output dimension moves as an axis or not at all)
+    # (an output dimension moves as an axis, or one padded to it, or not at all)
+    now = {(c0.program.axes[a] - by, n - by) for a, n in moved.items()
+           for by in {0} | {o.by for o in offsets if o.source == a}}
     if any(len(s0) != len(s1) or any(n0 != n1 and (n0, n1) not in now for n0, n1 in zip(s0, s1))
            for s0, s1 in zip(c0.output_shapes, c1.output_shapes)):
         return "an output's shape depends on it otherwise than as its length (a flatten of it)"
@@ -341,24 +344,26 @@ def _lengths(moved: dict[str, int]) -> str:
     return ", ".join(f"{a}={n}" for a, n in moved.items())
 
 
-def _output_dims(c0: Captured, example, groups, maps, candidates=()) -> tuple[tuple[int, int, int], ...]:
-    """(output, dimension, group) of the output dimensions on a dynamic axis, from one more capture
-    with every group moved (checked to be the same program by resolve)."""
+def _output_dims(c0: Captured, example, groups, maps, candidates=(), offsets=()) -> tuple[tuple[int, ...], ...]:
+    """(output, dimension, group, by) of the output dimensions on a dynamic axis (`by` shorter than the
+    group's length: an axis of `offsets`), from one more capture with every group moved (checked to be
+    the same program by resolve)."""
     moved = _moved(c0, groups)
     c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name, merge=False,
                  symbolic_lengths=True)
     c1 = pad(c1, _offsets(c1, maps, candidates))
-    length = {moved[g[0]]: k for k, g in enumerate(groups)}
+    shorter = [{0} | {o.by for o in offsets if o.source in g} for g in groups]  # (an axis padded to the group's)
     out = []
     for k, (s0, s1) in enumerate(zip(c0.output_shapes, c1.output_shapes)):
         for d, (n0, n1) in enumerate(zip(s0, s1)):
             if n0 == n1:
                 continue
-            g = length.get(n1)
-            if g is None or c0.program.axes[groups[g][0]] != n0:
+            hits = [(g, by) for g, group in enumerate(groups) for by in shorter[g]
+                    if (c0.program.axes[group[0]] - by, moved[group[0]] - by) == (n0, n1)]
+            if len(hits) != 1:
                 raise NotDynamic(f"dynamic: dimension {d} of output {k} changes from {n0} to {n1} when the lengths "
                                  f"move to {_lengths(moved)}: it is not one of them (a flatten of a dynamic axis)")
-            out.append((k, d, g))
+            out.append((k, d, *hits[0]))
     return tuple(out)
 
 

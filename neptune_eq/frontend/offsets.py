@@ -12,7 +12,8 @@ writes j's extent `s - k` (k > 0 a constant) for the size s of an argument dimen
 
 An index that is j itself is left as it is: the IR's shape check then ties j to the dimension it
 reads (one length). j then has a's extent, so it moves with a's group, and its length at a call is
-a's. Only axes the program reduces over are padded: an output over j would come back k too long.
+a's. An output over j is 0 at the padded steps, and the call cuts it to j's length, len(a) - k
+(per-token log-probabilities of the shifted labels: [B, L - 1]).
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ class Offset:
 def shorter(c, symbol_axes: dict, candidates) -> tuple[Offset, ...]:
     """The axes of capture `c` that the symbolic trace writes as a constant shorter than the length of
     an axis in `candidates` (`symbol_axes`: size symbol → the program axis of its argument dimension),
-    which the program only reduces over; each with the first such axis in program order."""
+    which no input is declared over; each with the first such axis in program order."""
     p = c.program
-    declared = {a for s in p.inputs.values() for a in s.axes} | {a for o in p.outputs for a in o.axes}
-    reduced = {}
+    declared = {a for s in p.inputs.values() for a in s.axes}
+    used = {a for o in p.outputs for a in o.axes}
+    reduced: dict[str, set] = {}
     for o in p.outputs:
         for n in ir.walk(o.expr):
             if isinstance(n, ir.Reduce):
@@ -50,7 +52,7 @@ def shorter(c, symbol_axes: dict, candidates) -> tuple[Offset, ...]:
     order = list(p.axes)
     out = []
     for j, exprs in c.extents.items():
-        if j in declared or j not in reduced or not reduced[j] <= set(MONOIDS):
+        if j in declared or (j not in reduced and j not in used) or not reduced.get(j, set()) <= set(MONOIDS):
             continue
         found = set()
         for e in exprs:
@@ -99,7 +101,8 @@ def pad(c, offsets: tuple[Offset, ...]):
         memo[n] = out
         return out
 
-    outputs = [ir.Output(o.name, o.axes, go(o.expr), o.dtype) for o in p.outputs]
+    outputs = [ir.Output(o.name, o.axes, _masked(go(o.expr), [by[a] for a in o.axes if a in by]), o.dtype)
+               for o in p.outputs]
     program = ir.Program(p.name, axes, dict(p.inputs), outputs, p.dynamic).validate()
     checks = []
     for ch in c.index_checks:
@@ -107,6 +110,14 @@ def pad(c, offsets: tuple[Offset, ...]):
         unchanged = index is ch.index and ch.program is None  # (a whole input's values)
         checks.append(ch if unchanged else replace(ch, index=index, program=index_program(index, axes, program.inputs)))
     return replace(c, program=program, index_checks=tuple(checks))
+
+
+def _masked(e: ir.Node, offsets: list[Offset]) -> ir.Node:
+    """An output's value, 0 at the padded steps of its axes (the call returns it cut to the axes'
+    lengths: a gradient never reaches those steps, and their value is never a NaN it could carry)."""
+    for o in offsets:
+        e = call("where", call("lt", ir.Index(o.axis), call("sub", ir.Length(o.source), const(o.by))), e, const(0))
+    return e
 
 
 def _read(e: ir.Node, dim: str, by: dict) -> ir.Node:
