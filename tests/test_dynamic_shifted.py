@@ -193,3 +193,29 @@ def test_an_output_over_the_shifted_axis_is_cut_to_its_length():
         (want * weights).sum().backward()
         torch.testing.assert_close(x.grad, want_x.grad, rtol=1e-9, atol=1e-12)
     assert prog.stats()["signatures"] == 0
+
+
+def test_the_last_token_is_read_at_every_length():
+    """`h[:, -1]` (a reward model's or classifier's last-token pooling) reads position len(axis) - 1 in
+    a dynamic capture: the sequence stays dynamic, values and gradients right at every length. A
+    slice `x[:, -4:]` keeps it static (its length is min(4, L): a test not proved for L ≥ 2)."""
+    def last_token(h, w):
+        return (h[:, -1] @ w).softmax(-1)
+
+    torch.manual_seed(3)
+    w = torch.randn(8, 5, dtype=torch.float64)
+    prog = neptune_eq.compile(last_token, torch.randn(2, 9, 8, dtype=torch.float64), w, dynamic=True)
+    assert len(prog.family.lengths.groups) == 2
+    for b, n in ((3, 5), (2, 2), (2, 14)):
+        h = torch.randn(b, n, 8, dtype=torch.float64, requires_grad=True)
+        got = prog(h, w)
+        want_h = h.detach().clone().requires_grad_()
+        want = last_token(want_h, w)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+        got[:, 0].sum().backward()
+        want[:, 0].sum().backward()
+        torch.testing.assert_close(h.grad, want_h.grad, rtol=1e-9, atol=1e-12)
+    assert prog.stats()["signatures"] == 0
+    tail = neptune_eq.compile(lambda x: x[:, -4:].mean(1), torch.randn(2, 9, 3, dtype=torch.float64), dynamic=True)
+    assert len(tail.family.lengths.groups) == 1  # (the batch)
+    assert any("tests its length" in why for _, why in tail.family.lengths.static)

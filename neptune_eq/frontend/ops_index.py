@@ -48,9 +48,17 @@ class Select:
     def build(self, tx, c):
         x = c.args[0]
         d = norm_dim(c.arg(1, "dim"), x.ndim)
-        i = c.arg(2, "index")
-        i = i + x.shape[d] if i < 0 else i
-        return _substitute_axes(tx, x.expr, [(x.dims[d], const(i))])
+        return _substitute_axes(tx, x.expr, [(x.dims[d], _from_end(tx, x, d, c.arg(2, "index")))])
+
+
+def _from_end(tx, x, d: int, i: int) -> ir.Node:
+    """Position `i` of dimension d of x, counted from its end where negative: `len(axis) + i` in a
+    dynamic function's capture (x[:, -1], the last token, at every length), else a number."""
+    if i >= 0:
+        return const(i)
+    if tx.symbolic_lengths and x.dims[d] is not None:
+        return add(tx.count([x.dims[d]]), const(i))
+    return const(i + x.shape[d])
 
 
 class Slice:
@@ -78,7 +86,9 @@ class Slice:
         if c.out.shape[d] == x.shape[d]:
             return x.expr
         new = tx.dims(c)[d]
-        return _substitute_axes(tx, x.expr, [(x.dims[d], add(mul(tx.index(new), const(step)), const(start)))])
+        given = c.arg(2, "start")
+        first = _from_end(tx, x, d, given) if given is not None and -x.shape[d] <= given < 0 else const(start)
+        return _substitute_axes(tx, x.expr, [(x.dims[d], add(mul(tx.index(new), const(step)), first))])
 
 
 class Split:
