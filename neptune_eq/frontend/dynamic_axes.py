@@ -5,8 +5,10 @@ A dimension is a program axis; the program must be the same at every length of i
 extent. That is tested, not assumed: fn is captured again (on fake tensors, milliseconds) with the
 axis one length moved, and the two programs, their index checks, return structure and output shapes
 are compared. A length the program computes with is `len(axis)` (a mean's divisor, a number fn
-computed from its arguments' sizes: frontend/symsizes.py), the same at every length; one used as a
-shape or an index (x[:, -1], a slice to L // 2) changes the program, and the axis stays specialised
+computed from its arguments' sizes: frontend/symsizes.py), the same at every length, as is a position
+from the end (x[:, -1] reads len(axis) - 1) and an axis a constant shorter than it (logits[:, :-1],
+padded to it: frontend/offsets.py); one used as a shape or an index otherwise (a slice to L // 2)
+changes the program, and the axis stays specialised
 (or, when the user named it, the compile is refused naming the difference), as does one fn's Python
 tests (`if L > 1000:`) unless the test is proved for every length, and one the program holds as a
 number not linear in it (the probe's one other length need not show it). Where fn's tests of its sizes

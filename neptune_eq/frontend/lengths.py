@@ -50,3 +50,17 @@ class LengthValues:
         for a in (a for v in dims for a in self.res.axes(v)):
             out = self.length(a) if out is None else call("mul", out, self.length(a))
         return const(1) if out is None else out
+
+    def symbolic_extents(self, axes: set[str]) -> dict[str, frozenset]:
+        """Each program axis's extents as the symbolic trace writes them (`x[:, :-1]`'s is s1 - 1), where
+        the two traces are aligned: one per dimension of a value on it."""
+        shapes = self.sizes.shapes if self.sizes is not None else {}
+        out: dict[str, set] = {}
+        for node, info in self.infos.items():
+            shape = shapes.get(node)
+            if not hasattr(info, "dims") or shape is None or len(shape) != len(info.dims):
+                continue
+            for v, e in zip(info.dims, shape):
+                if v is not None and (a := self.res.names.get(self.res.root(v))) in axes:
+                    out.setdefault(a, set()).add(e)
+        return {a: frozenset(es) for a, es in out.items()}

@@ -479,21 +479,7 @@ class Translator(LengthValues):
         program = ir.Program(self.name, axes, specs, outputs).validate()
         checks = tuple(replace(ch, program=index_program(ch.index, self.res.extents, specs)) for ch in self.checks)
         return Translation(program, [self.infos[n].shape for n in outs], [self.infos[n].dtype for n in outs], checks,
-                           self._symbolic_extents(set(axes)))
-
-    def _symbolic_extents(self, axes: set[str]) -> dict[str, frozenset]:
-        """Each program axis's extents as the symbolic trace writes them (`x[:, :-1]`'s is s1 - 1), where
-        the two traces are aligned: one per dimension of a value on it."""
-        shapes = self.sizes.shapes if self.sizes is not None else {}
-        out: dict[str, set] = {}
-        for node, info in self.infos.items():
-            shape = shapes.get(node)
-            if not isinstance(info, Info) or shape is None or len(shape) != len(info.dims):
-                continue
-            for v, e in zip(info.dims, shape):
-                if v is not None and (a := self.res.names.get(self.res.root(v))) in axes:
-                    out.setdefault(a, set()).add(e)
-        return {a: frozenset(es) for a, es in out.items()}
+                           self.symbolic_extents(set(axes)))
 
 
 def _baked(value: torch.Tensor) -> bool:
