@@ -2,9 +2,10 @@
 one dynamic compile, against a static compile at that very length and torch.compile(dynamic=True) —
 each checked against float64 first (gradients too), timed in one process (do_bench medians).
 
-For each (program, length L) the dynamic function is compiled and trained once at L − 7 (the same
-bucket), then stepped at L: the host time of that first step (its stats must show no capture or
-compile), the step time beside a static compile's and torch.compile's.
+The causal-LM loss (session 53) shifts its labels by one: its token axis is padded to the
+sequence (frontend/offsets.py). For each (program, length L) the dynamic function is compiled and
+trained once at L − 7 (the same bucket), then stepped at L: the host time of that first step (its
+stats must show no capture or compile), the step time beside a static compile's and torch.compile's.
 
     python bench/dynamic_training.py --out dyn_train.json            # GPU
     TRITON_INTERPRET=1 python bench/dynamic_training.py --dry        # CPU: tiny sizes, every code path
@@ -41,10 +42,16 @@ def cross_entropy(x, t):
     return F.cross_entropy(x.float(), t)
 
 
+def causal_lm_loss(logits, labels):
+    """The causal language model's loss as written in training loops: next-token labels, shifted by one."""
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+
+
 def programs(dry: bool):
     """name → (fn, inputs at length L on `device`, the inputs that require grad, lengths)."""
     bf = torch.float32 if dry else torch.bfloat16
     H, D, hid, V = (2, 16, 32, 48) if dry else (16, 64, 4096, 32000)
+    B = 2 if dry else 4  # (the causal-LM loss's batch)
 
     def randn(*shape, device, seed):
         return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device, bf)
@@ -57,6 +64,10 @@ def programs(dry: bool):
                        (0, 1, 2), (40, 57) if dry else (3000, 5000, 12000)),
         "cross_entropy": (cross_entropy, lambda L, dev: [randn(L, V, device=dev, seed=L), torch.randint(
             0, V, (L,), generator=torch.Generator().manual_seed(L)).to(dev)], (0,), (40, 57) if dry else (3000, 6000)),
+        "causal_lm_loss": (causal_lm_loss, lambda L, dev: [
+            randn(B, L, V, device=dev, seed=L),
+            torch.randint(0, V, (B, L), generator=torch.Generator().manual_seed(L)).to(dev)],
+            (0,), (40, 57) if dry else (1500, 3000)),
     }
 
 
