@@ -9,6 +9,7 @@ writes j's extent `s - k` (k > 0 a constant) for the size s of an argument dimen
 
     Σ_j f(j)       →  Σ_j where(j < len(a) - k, f(j), 0)          (max: -inf, min: +inf beyond)
     x[…, j + 1]    →  x[…, min(max(j + 1, 0), len(dim) - 1)]      (the masked steps read in range)
+    len(j)         →  len(a) - k                                   (a mean's divisor, var's n - 1)
 
 An index that is j itself is left as it is: the IR's shape check then ties j to the dimension it
 reads (one length). j then has a's extent, so it moves with a's group, and its length at a call is
@@ -90,6 +91,8 @@ def pad(c, offsets: tuple[Offset, ...]):
             out = ir.Reduce(n.op, n.axis, call("where", inside, go(n.body), const(MONOIDS[n.op].identity)))
         elif isinstance(n, ir.Reduce):
             out = ir.Reduce(n.op, n.axis, go(n.body))
+        elif isinstance(n, ir.Length) and n.axis in by:  # (a mean's divisor: the length j had, not a's)
+            out = call("sub", ir.Length(by[n.axis].source), const(by[n.axis].by))
         elif isinstance(n, ir.Load):
             out = ir.Load(n.tensor, tuple(_read(go(e), dim, by) for e, dim in zip(n.index, p.inputs[n.tensor].axes)))
         elif isinstance(n, ir.Call):
