@@ -4,6 +4,7 @@ lengths other than the example's: cases found by a hunt for wrong answers (CPU i
 
 from __future__ import annotations
 
+import sympy
 import torch
 
 import neptune_eq
@@ -24,3 +25,27 @@ def test_a_mean_over_a_padded_axis_divides_by_its_own_length():
         for n in (9, 3, 17):
             x = torch.randn(2, n, 3, dtype=torch.float64)
             _close(prog(x), fn(x))
+
+
+def test_a_flattened_shifted_loss_is_proved_at_every_length_it_serves():
+    """nll_loss(log_softmax(logits[:, :-1]).reshape(-1, V), labels[:, 1:].reshape(-1)): torch tests
+    B*(L - 1) ≠ B, which holds at every L ≥ 3 the group serves; bounded side by side ([6, ∞) against
+    [2, ∞)) it was not proved, and the sequence length stayed static (a compile per length). The
+    sides' factored difference B*(L - 2) is bounded away from 0."""
+    from neptune_eq.frontend.symsizes import proved
+
+    b, n = sympy.symbols("b n", integer=True, positive=True)
+    assert proved(sympy.Ne(b * (n - 1), b), [{b}, {n}], {}, [2, 3])
+    assert not proved(sympy.Ne(b * (n - 1), b), [{b}, {n}], {}, [2, 2])
+
+    def nll(logits, labels):
+        lp = torch.log_softmax(logits[:, :-1], -1)
+        return torch.nn.functional.nll_loss(lp.reshape(-1, lp.shape[-1]), labels[:, 1:].reshape(-1))
+
+    prog = neptune_eq.compile(nll, torch.randn(2, 9, 5, dtype=torch.float64), torch.randint(0, 5, (2, 9)),
+                              dynamic=True)
+    assert len(prog.family.lengths.groups) == 2, prog.family.lengths.static
+    for n in (3, 17):
+        args = torch.randn(3, n, 5, dtype=torch.float64), torch.randint(0, 5, (3, n))
+        _close(prog(*args), nll(*args))
+    assert prog.stats()["signatures"] == 0
