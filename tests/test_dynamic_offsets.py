@@ -4,10 +4,12 @@ lengths other than the example's: cases found by a hunt for wrong answers (CPU i
 
 from __future__ import annotations
 
+import pytest
 import sympy
 import torch
 
 import neptune_eq
+from neptune_eq.frontend.checks import IndexOutOfRange
 
 
 def _close(out, ref, tol=1e-10):
@@ -49,3 +51,23 @@ def test_a_flattened_shifted_loss_is_proved_at_every_length_it_serves():
         args = torch.randn(3, n, 5, dtype=torch.float64), torch.randint(0, 5, (3, n))
         _close(prog(*args), nll(*args))
     assert prog.stats()["signatures"] == 0
+
+
+def test_a_label_the_shifted_program_never_reads_is_not_checked():
+    """logits[:, 1:] gathered at labels[:, :-1]: eager never reads the last label, so one out of range
+    there is no error. Padded, the gather's index labels[b, j] runs over every j < L, and its range
+    check (and the kernel's gather) read the last label too: IndexOutOfRange where eager returns. A
+    gathered index is 0 at the masked steps; a label the program reads is still checked."""
+    def fn(logits, labels):
+        return logits[:, 1:].log_softmax(-1).gather(-1, labels[:, :-1, None]).sum()
+
+    prog = neptune_eq.compile(fn, torch.randn(2, 9, 5, dtype=torch.float64), torch.randint(0, 5, (2, 9)),
+                              dynamic=True)
+    assert prog.family.lengths.offsets
+    for n in (9, 4, 17):
+        x, labels = torch.randn(2, n, 5, dtype=torch.float64), torch.randint(0, 5, (2, n))
+        labels[1, -1] = 99
+        _close(prog(x, labels), fn(x, labels))
+        labels[1, -2] = 99
+        with pytest.raises(IndexOutOfRange, match="gather"):
+            prog(x, labels)

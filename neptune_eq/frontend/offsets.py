@@ -9,6 +9,7 @@ writes j's extent `s - k` (k > 0 a constant) for the size s of an argument dimen
 
     Σ_j f(j)       →  Σ_j where(j < len(a) - k, f(j), 0)          (max: -inf, min: +inf beyond)
     x[…, j + 1]    →  x[…, min(max(j + 1, 0), len(dim) - 1)]      (the masked steps read in range)
+    x[…, t[j]]     →  x[…, where(j < len(a) - k, t[j], 0)]          (a gather, and its range check, too)
     len(j)         →  len(a) - k                                   (a mean's divisor, var's n - 1)
 
 An index that is j itself is left as it is: the IR's shape check then ties j to the dimension it
@@ -86,9 +87,8 @@ def pad(c, offsets: tuple[Offset, ...]):
         if hit is not None:
             return hit
         if isinstance(n, ir.Reduce) and n.axis in by:
-            o = by[n.axis]
-            inside = call("lt", ir.Index(o.axis), call("sub", ir.Length(o.source), const(o.by)))
-            out = ir.Reduce(n.op, n.axis, call("where", inside, go(n.body), const(MONOIDS[n.op].identity)))
+            out = ir.Reduce(n.op, n.axis, call("where", _inside(by[n.axis]), go(n.body),
+                                               const(MONOIDS[n.op].identity)))
         elif isinstance(n, ir.Reduce):
             out = ir.Reduce(n.op, n.axis, go(n.body))
         elif isinstance(n, ir.Length) and n.axis in by:  # (a mean's divisor: the length j had, not a's)
@@ -106,14 +106,34 @@ def pad(c, offsets: tuple[Offset, ...]):
     program = ir.Program(p.name, axes, dict(p.inputs), outputs, p.dynamic).validate()
     checks = []
     for ch in c.index_checks:
-        index = go(ch.index)
+        index = _gathered(go(ch.index), by)
         unchanged = index is ch.index and ch.program is None  # (a whole input's values)
         checks.append(ch if unchanged else replace(ch, index=index, program=index_program(index, axes, program.inputs)))
     return replace(c, program=program, index_checks=tuple(checks))
 
 
+def _inside(o: Offset) -> ir.Node:
+    """Is padded axis `o.axis` at a step the program had (j < len(source) - k)?"""
+    return call("lt", ir.Index(o.axis), call("sub", ir.Length(o.source), const(o.by)))
+
+
+def _gathered(e: ir.Node, by: dict) -> ir.Node:
+    """Index `e`, 0 at the padded steps where it reads a tensor's values: there it reads values the
+    program did not (`labels[:, :-1]`'s last, out of range where eager never looked), which neither
+    its range check nor the kernel's gather may read past."""
+    axes = [a for a in by if a in e.axes]
+    if not axes or not any(isinstance(n, ir.Load) for n in ir.walk(e)):
+        return e
+    inside = _inside(by[axes[0]])
+    for a in axes[1:]:
+        inside = call("and", inside, _inside(by[a]))
+    return call("where", inside, e, const(0))
+
+
 def _read(e: ir.Node, dim: str, by: dict) -> ir.Node:
-    """Index `e` of a dimension on axis `dim`, in range at every step of the padded axes it reads."""
+    """Index `e` of a dimension on axis `dim`, in range at every step of the padded axes it reads
+    (a gathered value: 0 at the steps masked, `_gathered`)."""
+    e = _gathered(e, by)
     if (isinstance(e, ir.Call) and e.op == "add" and isinstance(e.args[0], ir.Index) and e.args[0].axis in by
             and isinstance(e.args[1], ir.Const) and e.args[1].value == 0.0):
         return e.args[0]  # (j + 0: a slice from 0)
