@@ -71,3 +71,20 @@ def test_a_label_the_shifted_program_never_reads_is_not_checked():
         labels[1, -2] = 99
         with pytest.raises(IndexOutOfRange, match="gather"):
             prog(x, labels)
+
+
+def test_an_axis_read_only_shifted_is_renumbered_to_a_read_of_its_own():
+    """x[:, 1:-1].sum(1) reads x only at j + 1: padded, no input was read at j itself, so the kernels
+    could not know its length and the sequence stayed static (a compile per length; so did
+    logsumexp(x[:, 1:]), x[:, 1:].var(1), a diff of a diff, (x[:, :-1] @ x[:, 1:].mT).softmax). j is
+    renumbered from its least shift (j' = j + 1, over 1 ≤ j' < L - 1): one read is j' itself."""
+    fns = (lambda x: x[:, 1:-1].sum(1),
+           lambda x: (x[:, 2:] * torch.arange(x.shape[1] - 2)[None, :, None]).sum(1),
+           lambda x: (lambda d: (d[:, 1:] - d[:, :-1]).abs().sum(1))(x[:, 1:] - x[:, :-1]))
+    for fn in fns:
+        prog = neptune_eq.compile(fn, torch.randn(2, 9, 3, dtype=torch.float64), dynamic=True)
+        assert len(prog.family.lengths.groups) == 2, prog.family.lengths.static
+        for n in (9, 4, 17):
+            x = torch.randn(2, n, 3, dtype=torch.float64)
+            _close(prog(x), fn(x))
+        assert prog.stats()["signatures"] == 0
