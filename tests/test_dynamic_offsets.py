@@ -88,3 +88,20 @@ def test_an_axis_read_only_shifted_is_renumbered_to_a_read_of_its_own():
             x = torch.randn(2, n, 3, dtype=torch.float64)
             _close(prog(x), fn(x))
         assert prog.stats()["signatures"] == 0
+
+
+def test_the_gradient_of_a_padded_read_is_over_the_input_own_axis():
+    """x[:, :-1].sum(1) with x requiring grad at a length other than the example's: the backward's
+    gradient of x came out over the padded axis j (x[b, j, d]'s), which the backward reads no input
+    at, so its kernels could not know its length ("dynamic axis 'j' is read by no input") and the
+    call crashed. The gradient is written over x's own axes where it can be."""
+    for fn in (lambda x: x[:, :-1].sum(1), lambda x: x[:, 1:-1].mean(1)):
+        prog = neptune_eq.compile(fn, torch.randn(2, 9, 3, dtype=torch.float64), dynamic=True)
+        for n in (9, 5, 17):
+            x = torch.randn(2, n, 3, dtype=torch.float64, requires_grad=True)
+            y = x.detach().clone().requires_grad_()
+            g = torch.randn(2, 3, dtype=torch.float64)
+            (prog(x) * g).sum().backward()
+            (fn(y) * g).sum().backward()
+            _close(x.grad, y.grad)
+        assert prog.stats()["signatures"] == 0
