@@ -105,3 +105,23 @@ def test_the_gradient_of_a_padded_read_is_over_the_input_own_axis():
             (fn(y) * g).sum().backward()
             _close(x.grad, y.grad)
         assert prog.stats()["signatures"] == 0
+
+
+def test_a_traced_training_call_without_a_backward_for_every_length_leaves_the_graph():
+    """(x[:, :-1] @ x[:, 1:].mT).softmax(-1) (attention of a sequence on its shifted self) has no backward
+    over its buckets (the gradients of x's two loads would rename an axis a reduction binds). Eagerly
+    such a call compiles its own length (StaticTraining); under torch.compile the backward was derived
+    inside dynamo's trace, and NoBackward came out as an internal dynamo error. It is derived first,
+    and the call runs outside the graph, as an eager call."""
+    def fn(x):
+        return (x[:, :-1] @ x[:, 1:].transpose(1, 2)).softmax(-1).sum((1, 2))
+
+    prog = neptune_eq.compile(fn, torch.randn(2, 9, 3, dtype=torch.float64), dynamic=True)
+    run = torch.compile(lambda x: prog(x), dynamic=True, backend="eager")
+    for n in (5,):
+        x = torch.randn(2, n, 3, dtype=torch.float64, requires_grad=True)
+        y = x.detach().clone().requires_grad_()
+        run(x).sum().backward()
+        fn(y).sum().backward()
+        _close(x.grad, y.grad)
+    assert prog.family.no_training is not None
