@@ -33,6 +33,7 @@ a floating input are refused with NoBackward naming them.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, replace
 
@@ -283,6 +284,11 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
             expr, axes = parts[0]
             for p, frm in parts[1:]:
                 expr = _call("add", expr, _rename(program, name, p, frm, axes, fresh))
+            if program.dynamic & (set(axes) ^ set(spec.axes)) and len(axes) == len(spec.axes):
+                # (over the input's own axes where it can be: a dynamic axis only loads read, x[b, j] of a
+                # padded x[:, :-1], has no length at the call where the backward does not read x there)
+                with contextlib.suppress(NoBackward):
+                    expr, axes = _rename(program, name, expr, axes, spec.axes, fresh), spec.axes
         out = names[name] = grad_name(name, taken)
         taken.add(out)
         outputs.append(ir.Output(out, axes, expr, spec.dtype))

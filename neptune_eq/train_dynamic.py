@@ -51,6 +51,22 @@ def training_key(qualname: str, requires: tuple[bool, ...]) -> str:
     return name
 
 
+@torch.compiler.assume_constant_result  # (run at trace time: the graph calls the training op or not)
+def derivable(qualname: str, requires: tuple[bool, ...]) -> bool:
+    """Is a backward derived for every length of dynamic function `qualname` for inputs requiring grad
+    as `requires`? Derived here (training_key) at first use; where none is, its family says why
+    (`no_training`), and the call takes a static compile's op or runs outside the graph, as an eager
+    call compiles its own. It had raised NoBackward inside dynamo's trace (an internal error)."""
+    from .grad_gather import NoBackward
+
+    try:
+        training_key(qualname, requires)
+    except NoBackward as e:
+        _FAMILIES[qualname].no_training = str(e)
+        return False
+    return True
+
+
 def _family_op(name: str, family, requires: tuple[bool, ...]):
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -114,4 +130,4 @@ def call(qualname: str, xs: list[torch.Tensor]) -> list[torch.Tensor]:
     return op(xs)[:len(_FAMILIES[qualname].captured.program.outputs)]
 
 
-__all__ = ["call", "register", "training_key"]
+__all__ = ["call", "derivable", "register", "training_key"]

@@ -163,8 +163,19 @@ class DynamicFunction:
             self.lengths.axes)
 
     def trains(self, args) -> bool:
-        """Does this function serve the call (no gradient needed, or a backward derived for every length)?"""
-        return self.no_training is None or not self.captured.needs_grad(args)
+        """Does this function serve the call (no gradient needed, or a backward derived for every length)?
+        Eagerly that is found at the first call needing gradients (StaticTraining); a call dynamo traces
+        derives it first (at trace time), as it cannot take another path once it calls the training op."""
+        needs = self.captured.needs_grad(args)
+        if not needs or self.no_training is not None:
+            return not needs
+        if not torch.compiler.is_compiling():
+            return True
+        from ..train_dynamic import derivable
+
+        requires = {name: args[pos].requires_grad for pos, name, _ in self._shapes}
+        requires |= {n: t.requires_grad for n, t in self.captured.constants.items()}
+        return derivable(self.op.qualname, tuple(requires[n] for n in self.names()))
 
     def train(self, args, ns):
         """fn(*args) at lengths `ns` through the training op of their bucket: its forward writes what the

@@ -273,10 +273,10 @@ def proved(g, groups: list[set], fixed: dict, least=None) -> bool:
     """Does test `g` hold wherever the sizes of each group (one length per group) are any lengths
     ≥ 2 (≥ `least[k]` for group k), the sizes in `fixed` at those numbers? (The symbolic trace itself
     takes every length ≥ 2.) Each length is written m + 2 (m + least) with m a nonnegative integer,
-    and the test decided by sympy's own
-    evaluation (`Mod(1, m + 2)` is 1), else by sound interval bounds (torch's value ranges: Max,
-    Min, FloorDiv, Mod included), else, for a single length, by the exact real solution set of the
-    relation (`x**2 - 5*x + 7 > 0`, `Ne(2*x, 7)`). Anything else is not proved."""
+    and the test decided by sympy's own evaluation (`Mod(1, m + 2)` is 1), else by sound interval
+    bounds (torch's value ranges: Max, Min, FloorDiv, Mod included) of the test or of its sides'
+    factored difference (B*(L - 1) ≠ B as B*(L - 2) ≠ 0), else, for a single length, by the exact
+    real solution set of the relation (`x**2 - 5*x + 7 > 0`, `Ne(2*x, 7)`). Anything else is not proved."""
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
@@ -285,14 +285,26 @@ def proved(g, groups: list[set], fixed: dict, least=None) -> bool:
     h = g.subs({**fixed, **{s: m + n for m, n, group in zip(ms, least, groups) for s in group}})
     if h is sympy.true or h is sympy.false:
         return bool(h)
-    try:
-        bounds = bound_sympy(h, {m: ValueRanges(0, int_oo) for m in ms})
-        if bounds.lower is sympy.true or bounds.lower is True:
-            return True
-    except Exception:  # (a form the value ranges do not bound: tried exactly below)
-        pass
+    ranges = {m: ValueRanges(0, int_oo) for m in ms}
+    for form in (h, _difference(h)):  # (B*(L - 1) ≠ B is bounded as (B)*(L - 2) ≠ 0, not side by side)
+        try:
+            bounds = bound_sympy(form, ranges)
+            if bounds.lower is sympy.true or bounds.lower is True:
+                return True
+        except Exception:  # (a form the value ranges do not bound: tried exactly below)
+            pass
     free = [m for m in ms if m in h.free_symbols]
     return len(free) == 1 and _holds_from_zero(h, free[0])
+
+
+def _difference(h):
+    """Relation h as (lhs - rhs, factored) against 0, else h itself."""
+    if not isinstance(h, sympy.core.relational.Relational):
+        return h
+    try:
+        return type(h)(sympy.factor(h.lhs - h.rhs), 0)
+    except Exception:  # (a form sympy does not factor)
+        return h
 
 
 MAX_DEGREE = 4  # the relations solved exactly: rational functions of a length up to this degree
