@@ -590,6 +590,30 @@ def test_large_container_is_said_to_be_guarded_by_identity_only(tmp_path):
         neptune_eq.compile(lambda x: (x * BIG["k3"]).softmax(-1), torch.randn(3, 4), cache_dir=tmp_path)
 
 
+def softmax_of(t):
+    """A global whose name is also an attribute the function below reads (`torch.softmax_of` does not
+    exist; `x.softmax_of` is never called): it must not be scanned as a global of that function."""
+    return BIG
+
+
+def test_an_attribute_named_like_a_global_is_no_global_read(tmp_path):
+    """`F.pad` in a module that also has a function `pad` made the environment scan read that function's
+    globals (a 100-entry dict: a spurious 'guarded by identity only' warning): attribute names are not
+    global reads. Only LOAD_GLOBAL names are scanned."""
+    import warnings
+
+    class Holder:
+        softmax_of = staticmethod(lambda x: x.softmax(-1))
+
+    h = Holder()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NeptuneWarning)
+        prog = neptune_eq.compile(lambda x: h.softmax_of(x * 2), torch.randn(3, 4), cache_dir=tmp_path)
+    x = torch.randn(3, 4)
+    assert torch.allclose(prog(x), (x * 2).softmax(-1))
+    assert softmax_of(x) is BIG
+
+
 def test_a_module_methods_attributes_are_guarded_eagerly_and_under_torch_compile():
     """neptune_eq.compile(self.core) reading self.tau: an annealed temperature changed between calls
     was not seen (a module method's owner was not scanned) — the old value, silently, also under

@@ -27,6 +27,7 @@ capture is stale and must be traced again.
 
 from __future__ import annotations
 
+import dis
 import enum
 import functools
 import inspect
@@ -397,7 +398,7 @@ class Environment:
                 self._named(v, n)
                 self.guard(Cell(cell, n, owner), v, depth, names)
         g = getattr(f, "__globals__", {})
-        for n in sorted(names & g.keys()):
+        for n in sorted(_global_names(code) & g.keys()):
             self._named(g[n], n)
             self.guard(Entry(g, n, f"global '{n}' of {owner}"), g[n], depth, names)
         for attr in ("__defaults__", "__kwdefaults__"):
@@ -448,6 +449,19 @@ def _names(code: types.CodeType) -> frozenset[str]:
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             out |= _names(c)
+    return frozenset(out)
+
+
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME"})
+
+
+def _global_names(code: types.CodeType) -> frozenset[str]:
+    """The global names the code (and code nested in it) reads or writes: not an attribute that shares
+    a global's name (`F.pad` in a module that also imports a function `pad`)."""
+    out = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= _global_names(c)
     return frozenset(out)
 
 
