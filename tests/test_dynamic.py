@@ -73,20 +73,28 @@ def test_tied_lengths_move_together_and_untied_calls_compile_their_own():
 
 
 def test_a_length_read_as_a_number_is_refused_or_kept_static():
-    def last(x):  # x[:, -1] reads the column at n − 1: an index the program depends on
+    def mid(x):  # x[:, L // 2] reads the column at a number computed from the length: it depends on it
+        return x - x[:, x.shape[1] // 2, None]
+
+    def last(x):  # x[:, -1:] reads the column at len(axis) − 1 (session 53): the same at every length
         return x - x[:, -1:]
 
     x = torch.randn(4, 6, dtype=torch.float64)
-    with pytest.raises(NotDynamic, match=r"dimension 1 of argument 'x'.*depends on its length"):
-        neptune_eq.compile(last, x, dynamic={0: [1]})
-    prog = neptune_eq.compile(last, torch.randn(4, 6), dynamic={0: [0]})  # the rows may change
+    with pytest.raises(NotDynamic, match=r"dimension 1 of argument 'x'.*cannot change length: the function tests"):
+        neptune_eq.compile(mid, x, dynamic={0: [1]})  # (the trace specialises L // 2 == 3)
+    prog = neptune_eq.compile(mid, torch.randn(4, 6), dynamic={0: [0]})  # the rows may change
     for n in (3, 9):
         y = torch.randn(n, 6)
-        _close(prog(y), last(y.double()))
+        _close(prog(y), mid(y.double()))
     assert prog.stats()["signatures"] == 0
     y = torch.randn(4, 7)  # another row length: a compile of its own (correct, counted)
-    _close(prog(y), last(y.double()))
+    _close(prog(y), mid(y.double()))
     assert prog.stats()["signatures"] == 1
+    prog = neptune_eq.compile(last, torch.randn(4, 6), dynamic={0: [1]})
+    for n in (2, 7, 20):
+        y = torch.randn(4, n)
+        _close(prog(y), last(y.double()))
+    assert prog.stats()["signatures"] == 0
 
 
 def test_a_length_computed_from_a_size_is_written_with_it():
