@@ -219,3 +219,22 @@ def test_the_last_token_is_read_at_every_length():
     tail = neptune_eq.compile(lambda x: x[:, -4:].mean(1), torch.randn(2, 9, 3, dtype=torch.float64), dynamic=True)
     assert len(tail.family.lengths.groups) == 1  # (the batch)
     assert any("tests its length" in why for _, why in tail.family.lengths.static)
+
+
+def test_a_gather_by_computed_indices_is_checked_at_each_calls_rows():
+    """`x.gather(1, idx + 1)`'s check has a program of its own (the indices are computed): evaluated at
+    the capture's extents it had kept the rows static; over each call's box they move, and an index out
+    of range at a new length is refused."""
+    def shifted_gather(x, idx):
+        return x.gather(1, idx + 1).sum(1)
+
+    torch.manual_seed(4)
+    prog = neptune_eq.compile(shifted_gather, torch.randn(6, 9, dtype=torch.float64), torch.randint(0, 7, (6, 3)),
+                              dynamic=True)
+    assert len(prog.family.lengths.groups) == 2
+    x, idx = torch.randn(11, 9, dtype=torch.float64), torch.randint(0, 7, (11, 3))
+    torch.testing.assert_close(prog(x, idx), shifted_gather(x, idx), rtol=1e-12, atol=1e-12)
+    idx[10, 1] = 8  # (row 10: past the capture's 6 rows)
+    with pytest.raises(IndexOutOfRange, match="index 9"):
+        prog(x, idx)
+    assert prog.stats()["signatures"] == 0
