@@ -3,9 +3,11 @@ each test is a small program a user would write, compared against eager float64.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import neptune_eq
+from neptune_eq.frontend.source import CaptureError
 
 
 def _x(*shape):
@@ -17,3 +19,15 @@ def test_a_slice_starting_before_the_axis_is_clamped_to_its_start():
     fn = lambda x: x[:, -3:-1].sum(1)  # noqa: E731
     x = _x(2, 2)
     torch.testing.assert_close(neptune_eq.compile(fn, x)(x), fn(x), rtol=1e-9, atol=1e-12)
+
+
+def test_last_token_pooling_by_a_summed_mask_is_refused_naming_the_reduction():
+    """h[arange(b), mask.sum(1) - 1] read h at an index no kernel computes first: an internal KeyError
+    at extraction; now a CaptureError naming the reduction (the index passed in works)."""
+    fn = lambda h, m: h[torch.arange(h.shape[0]), m.sum(1) - 1]  # noqa: E731
+    h, m = _x(2, 4, 3), torch.ones(2, 4, dtype=torch.long)
+    with pytest.raises(CaptureError, match=r"reduction \(sum_"):
+        neptune_eq.compile(fn, h, m)
+    given = lambda h, last: h[torch.arange(h.shape[0]), last]  # noqa: E731
+    last = m.sum(1) - 1
+    torch.testing.assert_close(neptune_eq.compile(given, h, last)(h, last), given(h, last), rtol=1e-9, atol=1e-12)
