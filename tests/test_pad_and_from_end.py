@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import neptune_eq
 from neptune_eq.frontend.source import CaptureError
@@ -31,3 +32,17 @@ def test_last_token_pooling_by_a_summed_mask_is_refused_naming_the_reduction():
     given = lambda h, last: h[torch.arange(h.shape[0]), last]  # noqa: E731
     last = m.sum(1) - 1
     torch.testing.assert_close(neptune_eq.compile(given, h, last)(h, last), given(h, last), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: F.pad(x, (0, 0, -1, 1)) + x,                 # a crop and a pad: x[min2(i + 1, 4 - 1)]
+    lambda x: F.pad(x[:, 1:], (0, 0, 0, 1), value=2.0) - x,  # the next token: x[min2(i, 3 - 1) + 1]
+])
+def test_the_gradient_of_a_padded_shift_is_a_shift_back(fn):
+    """F.pad clamps its read by the length less one, written `n - 1` of constants in a static capture:
+    the shifted-read adjoint did not fold it, found no clamped shift and refused (NoBackward)."""
+    x = _x(2, 4, 3).requires_grad_()
+    want = x.detach().clone().requires_grad_()
+    (neptune_eq.compile(fn, x)(x) ** 2).sum().backward()
+    (fn(want) ** 2).sum().backward()
+    torch.testing.assert_close(x.grad, want.grad, rtol=1e-9, atol=1e-12)
