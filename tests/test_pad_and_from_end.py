@@ -46,3 +46,17 @@ def test_the_gradient_of_a_padded_shift_is_a_shift_back(fn):
     (neptune_eq.compile(fn, x)(x) ** 2).sum().backward()
     (fn(want) ** 2).sum().backward()
     torch.testing.assert_close(x.grad, want.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x[:, :1] * x,                              # x[b, 0, d] against x[b, i, d]
+    lambda x: F.pad(x[:, 1:], (0, 0, 0, 1)) - x,         # at length 2: x[b, 1, d], a constant position
+])
+def test_the_gradient_of_a_fixed_position_read_beside_its_whole_axis(fn):
+    """The cotangent varies along the axis named as x's gathered dimension, which a constant index
+    does not read: it is summed out before the one-hot test (had refused: 'would reuse an axis')."""
+    x = _x(2, 2, 3).requires_grad_()
+    want = x.detach().clone().requires_grad_()
+    (neptune_eq.compile(fn, x)(x) ** 2).sum().backward()
+    (fn(want) ** 2).sum().backward()
+    torch.testing.assert_close(x.grad, want.grad, rtol=1e-9, atol=1e-12)
