@@ -60,3 +60,14 @@ def test_the_gradient_of_a_fixed_position_read_beside_its_whole_axis(fn):
     (neptune_eq.compile(fn, x)(x) ** 2).sum().backward()
     (fn(want) ** 2).sum().backward()
     torch.testing.assert_close(x.grad, want.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_a_float64_backward_whose_dot_operand_is_a_mask_alone():
+    """Padding three dimensions: the backward contracts a cotangent with a mask's indicator, a bare
+    1.0 under tl.where — a float32 operand of a float64 tl.dot (Triton: 'must be same dtype')."""
+    fn = lambda x: F.pad(x, (1, 1, 1, 0, 0, 2), value=0.25).sum((1, 2))  # noqa: E731
+    x = _x(2, 2, 3, 2).requires_grad_()
+    want = x.detach().clone().requires_grad_()
+    (neptune_eq.compile(fn, x)(x) ** 2).sum().backward()
+    (fn(want) ** 2).sum().backward()
+    torch.testing.assert_close(x.grad, want.grad, rtol=1e-9, atol=1e-12)
