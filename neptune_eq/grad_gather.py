@@ -288,8 +288,13 @@ def load_grad(program: ir.Program, n: Load, g: ir.Node, fresh: dict[str, int] | 
                     at_edge = _call("eq", Index(gathered[0][1]), _c(edge))
                     out = _call("add", out, _call("where", at_edge, total, _c(0.0)))
                 return out, axes
-    free = set(g.axes).union(*(e.axes for e, _ in gathered))
-    if len(set(axes)) != len(axes) or free & {s for _, s in gathered}:
+    at = set().union(*(e.axes for e, _ in gathered))
+    targets = {s for _, s in gathered}
+    if set(g.axes) & targets and not at & targets:  # (x[:, :1] * x: the cotangent varies along an axis
+        # named as x's gathered dimension, which the index does not read: summed out before the test)
+        g = sum_over(g, set(g.axes) - set(plain) - at, order)
+    free = set(g.axes) | at
+    if len(set(axes)) != len(axes) or free & targets:
         raise NoBackward(f"{program.name}: the gradient of the gathered {ir.show(n)} would reuse an axis of "
                          "its expression for the gathered position")
     cond = None

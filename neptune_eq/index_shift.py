@@ -21,9 +21,27 @@ class Shift:
     hi: float
 
 
+_FOLD = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b}
+
+
+def _constant(n: ir.Node) -> float | None:
+    """n's value where it is arithmetic of constants only: a bound written from a length known at
+    capture (F.pad's clamp min2(k − l, n − 1) reads `7 - 1` in a static capture), else None."""
+    if isinstance(n, Const):
+        return n.value
+    if isinstance(n, Call) and n.op in _FOLD and len(n.args) == 2:
+        a, b = (_constant(x) for x in n.args)
+        return None if a is None or b is None else _FOLD[n.op](a, b)
+    if isinstance(n, Call) and n.op == "neg" and len(n.args) == 1:
+        a = _constant(n.args[0])
+        return None if a is None else -a
+    return None
+
+
 def _integer(n: ir.Node) -> int | None:
-    if isinstance(n, Const) and math.isfinite(n.value) and float(n.value).is_integer():
-        return int(n.value)
+    v = _constant(n)
+    if v is not None and math.isfinite(v) and float(v).is_integer():
+        return int(v)
     return None
 
 

@@ -114,6 +114,15 @@ def run_checks(checks: tuple[IndexCheck, ...], inputs: dict[str, torch.Tensor], 
         c.run(inputs, at)
 
 
+def refuse_reduced_index(op: str, index: ir.Node) -> None:
+    """A gather's index computed by a reduction (h[arange(b), mask.sum(1) - 1], last-token pooling)
+    would read its tensor at a value the kernels cannot compute first: refused, naming the reduction."""
+    found = next((n for n in ir.walk(index) if isinstance(n, ir.Reduce)), None)
+    if found is not None:
+        raise CaptureError(f"{op} at an index computed by a reduction ({ir.show(found)}) is not supported; "
+                           "compute the index outside the compiled function and pass it in")
+
+
 def analyse(check: IndexCheck, extents: dict[str, int], dtypes: dict[str, str]) -> tuple[bool, bool]:
     """(whether `check` must run on every call, whether its index may be negative). Interval
     bounds decide where they can; an index that reads no tensor is otherwise evaluated now,

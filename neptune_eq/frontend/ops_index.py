@@ -67,7 +67,7 @@ class Slice:
         d = norm_dim(c.arg(1, "dim", 0), x.ndim)
         n = x.shape[d]
         start = c.arg(2, "start")
-        start = 0 if start is None else (start + n if start < 0 else min(start, n))
+        start = 0 if start is None else (max(start + n, 0) if start < 0 else min(start, n))  # (as torch clamps)
         step = c.arg(4, "step", 1)
         return x, d, start, step
 

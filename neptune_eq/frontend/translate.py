@@ -25,7 +25,7 @@ from torch import fx
 from .. import dsl, ir
 from . import rounding
 from .axes import AxisTable, Dim, Resolution
-from .checks import IndexCheck, analyse, holds_at_every_length, index_program
+from .checks import IndexCheck, analyse, holds_at_every_length, index_program, refuse_reduced_index
 from .exprs import add, call, const, negate, select, substitute
 from .exprs import reduce as reduce_expr
 from .inplace import functional_twin
@@ -407,6 +407,7 @@ class Translator(LengthValues):
         """`index` reads a dimension (`along`) of `size` elements for `op`: where it may leave the valid
         range [0, size) (or [-size, size) with `wraps`; `ignore` allowed too) a check runs on every
         call. Returns the index to read at: with `wraps`, negative values count from the end."""
+        refuse_reduced_index(op, index)
         axes = self.res.axes(along) if along is not None else ()
         check = IndexCheck(op, location(c.node), index, size, wraps, ignore,
                            along=axes[0] if len(axes) == 1 else None)
