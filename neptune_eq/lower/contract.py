@@ -325,8 +325,8 @@ class ContractOps:
         prod = self.f32(self.value(factors[0]))
         for f in factors[1:]:
             prod = self._scale(prod, f)
-        if not prod.dims and _literal(prod.code) is not None:  # (a bare number is a float32 operand in
-            prod = Val(f"tl.full([], {prod.code}, {self.fdt})", (), "f")  # Triton: a mask's 1 beside float64)
+        if mask is not None and not prod.dims and _literal(prod.code) is not None:  # (a bare number under a
+            prod = Val(f"tl.full([], {prod.code}, {self.fdt})", (), "f")  # mask is float32: 1 beside float64)
         if mask is not None:
             codes, dims = self.align([mask, prod])
             prod = self.bind(f"tl.where({codes[0]}, {codes[1]}, 0.0)", dims, "f", "p")
