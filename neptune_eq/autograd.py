@@ -25,6 +25,7 @@ an axis read twice, a second derivative) raises NoBackward at the call that need
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ import torch
 
 from . import ir
 from .grad import Backward, NoBackward
+from .lower.launch import length_source
 from .training import _derive, _Training
 
 _BACKWARD_OPS: dict[str, object] = {}  # backward op qualname → the op
@@ -49,9 +51,9 @@ def _lengths(program: ir.Program, named: dict[str, torch.Tensor]) -> dict[str, i
         got = next(((n, s.axes.index(a)) for n, s in program.inputs.items()
                     if a in s.axes and n in named and named[n].dim() == len(s.axes)), None)
         if got is None:  # (an axis no input is declared over, read along one's dimension: x[b, j] of x[b, i])
-            got = next(((n.tensor, d) for o in program.outputs for n in ir.walk(o.expr) if isinstance(n, ir.Load)
-                        and n.tensor in named and named[n.tensor].dim() == len(n.index)
-                        for d, e in enumerate(n.index) if isinstance(e, ir.Index) and e.axis == a), None)
+            with contextlib.suppress(ir.NeptuneError):
+                src = length_source(program, a)
+                got = src if src[0] in named and named[src[0]].dim() == len(program.inputs[src[0]].axes) else None
         if got is not None:
             out[a] = named[got[0]].shape[got[1]]
     return out
