@@ -466,6 +466,20 @@ print("no assert")
     assert "device-side assert" in run.stderr
 
 
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_function_no_file_holds_is_never_located_in_neptune_eqs_own_code(dynamic):
+    """A function defined by exec (python -c, a notebook) has no line to name: an index error says the
+    op and the value alone. It had named the next frame out, neptune_eq's own (`at api.py:207: captured
+    = capture(...)`)."""
+    scope = {}
+    exec("import torch.nn.functional as F\ndef f(x, t):\n    return F.cross_entropy(x, t)\n", scope)
+    x, t = torch.randn(9, 7), torch.randint(0, 7, (9,))
+    prog = neptune_eq.compile(scope["f"], x, t, dynamic=dynamic)
+    with pytest.raises(IndexOutOfRange, match=r"cross_entropy.*index 7 is out of range") as err:
+        prog(x, torch.where(torch.arange(9) == 4, 7, t))
+    assert ".py" not in str(err.value), str(err.value)
+
 @cuda
 @pytest.mark.parametrize("fresh", [False, True])
 def test_a_replayed_range_check_still_stops_on_a_bad_target_written_in_place(tmp_path, fresh):

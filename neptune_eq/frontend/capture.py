@@ -49,7 +49,7 @@ from .merge_axes import merge_reduced_axes
 from .narrow_ints import guard_narrow
 from .results import Mutation, OutputStructure, find_mutations
 from .sdpa import SdpaAsMath
-from .source import CaptureError, SourceLocator, location
+from .source import CaptureError, SourceLocator, capture_boundary, location
 from .symsizes import SizeTrace, trace_sizes
 from .tracing import RESTORED, ZeroSizeCapture, check_sizes, trace, untouched
 from .translate import InputDecl, Translator, dtype_name
@@ -313,6 +313,7 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
 
     locator = SourceLocator()
 
+    @capture_boundary  # (a frame outside this one is not fn's: an error is never located there)
     def traced(*ts):
         args = list(example_inputs)
         for k, t in zip(tensor_pos, ts):

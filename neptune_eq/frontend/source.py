@@ -21,7 +21,8 @@ from torch.overrides import TorchFunctionMode
 from ..ir import NeptuneError
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_HERE = os.path.dirname(__file__)
+# this package (its own torch calls, e.g. neptune_eq.attention's, are located at the user's call of it)
+_HERE = os.path.dirname(os.path.dirname(__file__))
 _FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 
@@ -39,14 +40,27 @@ def in_torch(filename: str) -> bool:
 
 
 def is_internal(filename: str) -> bool:
-    """torch, this package, and code torch generates with exec (file "<string>")."""
+    """torch, this package (neptune_eq), and code torch generates with exec (file "<string>")."""
     return filename.startswith((_TORCH_DIR, _HERE)) or filename == "<string>"
 
 
+_BOUNDARIES: set = set()  # code of the frames that call a captured function (capture_boundary)
+
+
+def capture_boundary(fn):
+    """Mark `fn` as the frame that calls the function being captured: a frame outside it is not the
+    function's own code (user_frame stops there)."""
+    _BOUNDARIES.add(fn.__code__)
+    return fn
+
+
 def user_frame():
-    """The innermost frame outside torch and the frontend (None if there is none)."""
+    """The innermost frame outside torch and neptune_eq, within the captured function's call (None if
+    there is none: a function no file holds, written by exec, has no line to name)."""
     f = sys._getframe(1)
     while f is not None and is_internal(f.f_code.co_filename):
+        if f.f_code in _BOUNDARIES:
+            return None
         f = f.f_back
     return f
 
@@ -64,7 +78,9 @@ class SourceLocator(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         f = user_frame()
-        if f is not None:
+        if f is None:  # (no line of the user's: the node records none, not the last call's)
+            fx_traceback.set_stack_trace([])
+        else:
             code = f.f_code
             fx_traceback.set_stack_trace([f'  File "{code.co_filename}", line {f.f_lineno}, in {code.co_name}\n'])
             off = (func is torch._C._set_grad_enabled and args and args[0] is False) or (
