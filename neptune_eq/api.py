@@ -216,8 +216,8 @@ class Compiled:
         captured = pad(captured, lengths.offsets)  # (an axis shorter than a dynamic one by a constant: padded)
         compile_fn = lambda program: compile_cached(program, self.options, self.cache, self.counts)  # noqa: E731
         self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args),
-                                      training_op=lambda program, prog: custom_op(
-                                          program, captured.output_dtypes, prog, compile_fn))
+                                      training_op=lambda program, prog, fn: custom_op(
+                                          program, captured.output_dtypes, prog, fn))
         self.family.op = dynamic_op(self.family)
         register(self.family)
         return self.family

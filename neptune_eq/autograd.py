@@ -119,17 +119,19 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
     if t.chosen is not None:
         return t.chosen
     options = []
+    # (a dynamic bucket's training prices its plans at its range's lengths: frontend/buckets.PricedAt)
+    time = getattr(compile_fn, "time", lambda run: run.alternative.predicted_time)
     for mode, back in (("saved", t.saved), ("recompute", t.recompute)):
         if back is None:
             continue
         bwd = _compiled(f"{qualname}:{mode}", back.program, compile_fn)
         fwd = _compiled(f"{qualname}:forward", t.forward, compile_fn)  # (the training op's, in both modes)
-        total = fwd.alternative.predicted_time + bwd.alternative.predicted_time
+        total = time(fwd) + time(bwd)
         what = ("saves " + ", ".join([*back.saved.outputs, *(f"{k} = {ir.show(r)}" for k, r in
                                                               back.saved.stats.items())])
                 if mode == "saved" else "saves the inputs alone, recomputes every reduction")
-        options.append((total, mode, back, f"{mode}: {what}; predicted fwd {fwd.alternative.predicted_time * 1e6:.1f}"
-                                           f" + bwd {bwd.alternative.predicted_time * 1e6:.1f} µs "
+        options.append((total, mode, back, f"{mode}: {what}; predicted fwd {time(fwd) * 1e6:.1f}"
+                                           f" + bwd {time(bwd) * 1e6:.1f} µs "
                                            f"({bwd.alternative.structure})"
                                            + (f"; {bwd.chunking.describe()}" if bwd.chunking else "")))
     options.sort(key=lambda o: o[0])

@@ -11,6 +11,7 @@ import torch
 
 from . import ir
 from .autograd import attach
+from .frontend.buckets import PricedAt
 from .runtime import CompiledProgram
 
 _OPS: dict[str, tuple] = {}  # qualname → (inference op, training call)
@@ -23,7 +24,10 @@ def custom_op(program: ir.Program, output_dtypes, prog: CompiledProgram, compile
     backward (neptune_eq.autograd; `compile_fn` compiles the backward program)."""
     names = list(program.inputs)
     outs = [(o.name, program.output_shape(o), dt) for o, dt in zip(program.outputs, output_dtypes)]
-    digest = hashlib.sha256(f"{program.text(exact=True)}|{prog.alternative.structure}".encode()).hexdigest()[:16]
+    # (a dynamic bucket's training per range of lengths: its plans priced there, frontend/buckets.PricedAt)
+    priced = compile_fn.at if isinstance(compile_fn, PricedAt) else ()
+    digest = hashlib.sha256(f"{program.text(exact=True)}|{prog.alternative.structure}|{priced}".encode()
+                            ).hexdigest()[:16]
     qualname = f"neptune_eq::p{digest}"
     _RUNNERS[qualname] = prog
     if qualname not in _OPS:

@@ -1,13 +1,16 @@
 """Buckets of lengths: which compile serves a dynamic length, and which of its alternatives runs.
 
 A length n is served by the compile of its bucket max(16, 2^⌈log₂ n⌉), whose dynamic axes hold the
-bucket's bound B. The bucket's lengths (B/2, B] fall in RANGES equal ranges; each runs the
-alternative the cost model prices fastest at the range's middle (frontend/dynamic.py calls them).
+bucket's bound B. The bucket's lengths (B/2, B] (the smallest bucket's (0, 16]) fall in RANGES equal
+ranges; each runs the alternative the cost model prices fastest at the range's middle, its training
+too (frontend/dynamic.py calls them).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 MIN_BUCKET = 16
 RANGES = 4  # a bucket's lengths fall in this many ranges, each running the plan priced best at its middle
@@ -20,17 +23,63 @@ def bucket(n: int) -> int:
     return max(MIN_BUCKET, 1 << (n - 1).bit_length())
 
 
+def _low(b: int) -> int:
+    """The lengths bucket b serves lie in (_low(b), b]: (b/2, b], the smallest bucket's in (0, b] (a
+    batch of 4 had been priced as one of 9, the middle of (8, 16])."""
+    return 0 if b <= MIN_BUCKET else b // 2
+
+
 def length_range(n: int, b: int) -> int:
-    """Which of bucket b's RANGES length n lies in: (b/2, b] cut in equal parts (the smallest
-    bucket's lengths below b/2 in the first)."""
-    lo = b // 2
-    return 0 if n <= lo else min(RANGES - 1, (n - lo - 1) * RANGES // (b - lo))
+    """Which of bucket b's RANGES length n lies in: (_low(b), b] cut in equal parts."""
+    lo = _low(b)
+    return max(0, min(RANGES - 1, (n - lo - 1) * RANGES // (b - lo)))
 
 
 def range_middle(b: int, r: int) -> int:
-    """The length at the middle of range r of bucket b (where its plan is priced)."""
-    lo = b // 2
-    return lo + (2 * r + 1) * (b - lo) // (2 * RANGES)
+    """The length at the middle of range r of bucket b (where its plan is priced): of the lengths
+    lo + r·w + 1 … lo + (r + 1)·w, w = (b − lo) / RANGES, the upper middle."""
+    lo = _low(b)
+    w = (b - lo) // RANGES
+    return lo + r * w + (w + 2) // 2
+
+
+def range_extents(groups, bounds, ranges) -> dict[str, int]:
+    """Each dynamic axis at the middle of its group's range (`ranges`) of its bucket (`bounds`)."""
+    return {a: range_middle(b, k) for group, b, k in zip(groups, bounds, ranges) for a in group}
+
+
+def price_at(prog, alt, at: dict[str, int]) -> float:
+    """The cost model's time of alternative `alt` of compiled `prog` with the axes `at` holding those
+    extents (an axis of `at` the program lacks is left out)."""
+    from ..extract.cost import plan_cost
+
+    program = prog.program.with_extents({a: n for a, n in at.items() if a in prog.program.axes})
+    return plan_cost(alt.plan, program, alt.schedules, prog.compilation.device).time
+
+
+def cheapest_at(prog, at: dict[str, int]):
+    """Compiled bucket `prog` running the alternative (of its RANGED_ALTERNATIVES best) priced fastest
+    at extents `at`: `prog` itself where that is its own choice, else `prog.pin(id)` (the same compile,
+    no new search; every alternative serves every length of the bucket)."""
+    best = min(prog.alternatives[:RANGED_ALTERNATIVES], key=lambda alt: price_at(prog, alt, at))
+    return prog if best.id == prog.choice else prog.pin(best.id)
+
+
+@dataclass(frozen=True)
+class PricedAt:
+    """A compile function for a bucket's training programs (its forward and backwards) whose plans are
+    chosen at the extents `at` (a range's middle), not at the bucket's bound: `compile_fn(program)`
+    compiles (cached), then runs the alternative cheapest at `at`; `time(run)` prices a compiled
+    program there (what the forward + backward choice compares)."""
+
+    compile_fn: Callable
+    at: tuple[tuple[str, int], ...]
+
+    def __call__(self, program):
+        return cheapest_at(self.compile_fn(program), dict(self.at))
+
+    def time(self, run) -> float:
+        return price_at(run, run.alternative, dict(self.at))
 
 
 def plans_by_range(prog, groups, bounds) -> dict[tuple[int, ...], object]:
@@ -38,18 +87,9 @@ def plans_by_range(prog, groups, bounds) -> dict[tuple[int, ...], object]:
     of its RANGED_ALTERNATIVES best) that the cost model prices fastest with every group at its
     range's middle (`prog` itself where that is its own choice, else `prog.pin(id)`: the same
     compile, no new search)."""
-    from ..extract.cost import plan_cost
-
     pinned = {prog.choice: prog}
     out = {}
     for r in itertools.product(range(RANGES), repeat=len(groups)):
-        at = prog.program.with_extents({a: range_middle(b, k) for group, b, k in zip(groups, bounds, r) for a in group})
-
-        def price(alt, at=at):
-            return plan_cost(alt.plan, at, alt.schedules, prog.compilation.device).time
-
-        best = min(prog.alternatives[:RANGED_ALTERNATIVES], key=price)
-        if best.id not in pinned:
-            pinned[best.id] = prog.pin(best.id)
-        out[r] = pinned[best.id]
+        best = cheapest_at(prog, range_extents(groups, bounds, r))
+        out[r] = pinned.setdefault(best.choice, best)
     return out

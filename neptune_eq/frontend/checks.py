@@ -78,11 +78,12 @@ class IndexCheck:
             program = ir.Program(program.name, axes, dict(program.inputs), [])
         return evaluate(program, {n: inputs[n] for n in program.inputs}, nodes=[self.index])["0"]
 
-    def elements(self, inputs: dict[str, torch.Tensor]) -> int:
-        """How many index values the check evaluates (over the index's axes)."""
+    def elements(self, inputs: dict[str, torch.Tensor], at: dict | None = None) -> int:
+        """How many index values the check evaluates (over the index's axes; `at`: a dynamic call's lengths)."""
         if self.program is None:
             return inputs[self.index.tensor].numel()
-        return math.prod(self.program.axes[a] for a in {n.axis for n in ir.walk(self.index) if isinstance(n, ir.Index)})
+        return math.prod((at or {}).get(a, self.program.axes[a])
+                         for a in {n.axis for n in ir.walk(self.index) if isinstance(n, ir.Index)})
 
     def reads(self) -> set[str]:
         """The inputs whose values the check reads."""

@@ -21,6 +21,7 @@ gradients runs its bucket's training op (`train`): its backward is derived once 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
@@ -29,10 +30,19 @@ import torch
 from .. import ir
 from ..ir import NeptuneError
 from ..signatures import same_traced_number, traced_number
-from .buckets import MAX_RANGED_GROUPS, bucket, length_range, plans_by_range
+from .buckets import (
+    MAX_RANGED_GROUPS,
+    RANGES,
+    PricedAt,
+    bucket,
+    length_range,
+    plans_by_range,
+    range_extents,
+    range_middle,
+)
 from .capture import Captured
 from .checks import run_checks
-from .compiled import bind_after, call_layout
+from .compiled import bind_after, call_layout, check_replayer, replay_checks
 from .dynamic_axes import Lengths, NotDynamic, arg_axes, proved_checks, resolve, tie_lengths  # noqa: F401  (also imported from here)
 from .guards import same_value
 
@@ -59,7 +69,7 @@ class DynamicFunction:
     # gradients runs it; its autograd formula runs the backward derived from the bucket's program
     training_op: object = None
     no_training: str | None = None  # why no backward is derived for the buckets (calls then compile per length)
-    _train: dict = field(default_factory=dict, repr=False)  # bucket bounds → its training call
+    _train: dict = field(default_factory=dict, repr=False)  # _training_key → its training call
     _out_dtypes: dict = field(default_factory=dict, repr=False)
     # layout key of a call's arguments (their shapes, so the lengths) → (launcher, BoundCall or None):
     # a length called again goes straight to the kernels, as a static compile's calls do
@@ -67,12 +77,15 @@ class DynamicFunction:
     # bucket bounds → {the groups' ranges: the compiled alternative run there} (plans_by_range)
     _ranged: dict = field(default_factory=dict, repr=False)
     _warm: set = field(default_factory=set, repr=False)  # buckets whose alternatives ran on CUDA
+    _warm_train: set = field(default_factory=set, repr=False)  # buckets whose ranges' trainings ran on CUDA
+    _checks: object = field(default=None, repr=False)  # the index checks' Replayer (compiled.replay_checks)
 
     def __post_init__(self) -> None:
         unchecked = proved_checks(self.captured, self.lengths.groups)  # (in range at every length: resolve)
         if unchecked:
             self.captured = replace(self.captured, index_checks=tuple(
                 c for k, c in enumerate(self.captured.index_checks) if k not in unchecked))
+        self._checks = check_replayer(self.captured.index_checks)
         self._out_dtypes = {o.name: dt for o, dt in zip(self.captured.program.outputs, self.captured.output_dtypes)}
         dynamic = {(pos, d) for pos, d, _ in self.lengths.dims}
         self._static_dims = [(b.position, [d for d in range(len(b.shape)) if (b.position, d) not in dynamic])
@@ -186,29 +199,65 @@ class DynamicFunction:
         cap = self.captured
         call = self.bucket_training(ns)
         inputs = self.inputs(args, ns, cached=False)  # (a module's parameters themselves: their gradients)
-        run_checks(cap.index_checks, inputs, self.at(ns))
+        replay_checks(self._checks, cap.index_checks, inputs, self.at(ns))
         cap.check_aliases(args)
         try:
             results = call(inputs)
+            if next(iter(inputs.values())).is_cuda:
+                self._warm_training(ns, inputs)
         except NoBackward as e:
             self.no_training = str(e)
             raise StaticTraining(str(e)) from e
         outs = [results[o.name] for o in cap.program.outputs]
         return cap.finish(args, self.shaped(outs, ns))
 
+    def _warm_training(self, ns: tuple[int, ...], inputs: dict[str, torch.Tensor]) -> None:
+        """On a bucket's first CUDA training call, each other range's training (its plans priced there)
+        runs its forward and backward once at these inputs, on detached copies: their kernels are then
+        compiled, and no later length of the bucket waits on Triton (as _warm_bucket does for calls
+        without gradients)."""
+        bounds, ranges = self._training_key(ns)
+        if ranges is None or bounds in self._warm_train:
+            return
+        self._warm_train.add(bounds)
+        leaves = {n: t.detach().requires_grad_(t.requires_grad) for n, t in inputs.items()}
+        wrt = [t for t in leaves.values() if t.requires_grad]
+        ran = {self.bucket_training(ns).qualname}
+        for r in itertools.product(range(RANGES), repeat=len(bounds)):
+            call = self.bucket_training(tuple(range_middle(b, k) for b, k in zip(bounds, r)))
+            if call.qualname in ran:
+                continue
+            ran.add(call.qualname)
+            with torch.enable_grad():
+                res = call(leaves)
+            outs = [res[o.name] for o in self.captured.program.outputs if res[o.name].requires_grad]
+            torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
+
     def bucket_training(self, ns: tuple[int, ...]):
-        """The call of the training op of the bucket of lengths `ns` (program inputs → outputs, by name)."""
-        key = tuple(bucket(n) for n in ns)
+        """The call of the training op serving lengths `ns` (program inputs → outputs, by name): the
+        backward derived from their bucket's program, its forward and backward plans chosen at the
+        middle of the lengths' ranges as a call's inference plan is (one training per range: priced at
+        the bucket's bound, a causal-LM loss at batch 4 × 1500 read its logits twice, as at 16 × 2048)."""
+        key = self._training_key(ns)
         call = self._train.get(key)
         if call is None:
-            self.program_for(ns)  # (the bucket's compile)
-            call = self._train[key] = self.training_op(self.bucket_program(ns), self.programs[key])
+            prog = self.program_for(ns)  # (the bucket's compile, the range's alternative)
+            bounds, ranges = key
+            compile_fn = self.compile_fn if ranges is None else PricedAt(
+                self.compile_fn, tuple(sorted(range_extents(self.lengths.groups, bounds, ranges).items())))
+            call = self._train[key] = self.training_op(self.bucket_program(ns), prog, compile_fn)
         return call
+
+    def _training_key(self, ns: tuple[int, ...]) -> tuple:
+        """(bucket bounds, the lengths' ranges or None where one plan serves the bucket) of lengths `ns`."""
+        bounds = tuple(bucket(n) for n in ns)
+        ranged = len(bounds) <= MAX_RANGED_GROUPS
+        return bounds, tuple(length_range(n, b) for n, b in zip(ns, bounds)) if ranged else None
 
     def trained_op(self) -> str:
         """The qualname of the training op of the example's bucket once a call trained there, else the
         op of the function's inference calls (what explain() reports on)."""
-        call = self._train.get(tuple(bucket(n) for n in self.example_lengths()))
+        call = self._train.get(self._training_key(self.example_lengths()))
         return call.qualname if call is not None else self.op.qualname
 
     def tuned(self, ns: tuple[int, ...], prog) -> None:
@@ -278,7 +327,7 @@ class DynamicFunction:
         inputs = None
         if cap.index_checks or cap.mutations:
             inputs = self.inputs(args, ns)
-            run_checks(cap.index_checks, inputs, self.at(ns))
+            replay_checks(self._checks, cap.index_checks, inputs, self.at(ns))
             cap.check_aliases(args)
         prog = self.program_for(ns)
         # (chunks run through run(); an output cut to a padded axis's length is no bound launch's)
