@@ -3,8 +3,9 @@
 # time), as three device calls of under ten minutes each. Each step has its own time limit and writes
 # under $OUT/<step>; a step that fails or times out is said in $OUT/steps.txt and the next one runs.
 #
-#     bash bench/pending_gpu.sh a    # Gluon attention probe, dynamic training steps (the causal-LM loss too), CUDA tests
-#     bash bench/pending_gpu.sh b    # the ten operators at lengths never compiled (issue 14's targets)
+#     bash bench/pending_gpu.sh a    # training steps at new lengths after session 54's fixes, their probe, CUDA tests
+#     bash bench/pending_gpu.sh b    # the prefill and decode operators at lengths never compiled: kernels against a
+#                                    # static compile, and the host time of new lengths (issue 14's targets)
 #     bash bench/pending_gpu.sh c    # sweep 4's rows not run yet (attention after block-local, norms, MoE)
 #
 # On the device machine (task text): carry .whl, then
@@ -30,14 +31,16 @@ step() {  # step NAME SECONDS COMMAND...
 
 case "${1:-}" in
   a)
-    step gluon 150 python3 bench/probe_gluon_attention.py --out "$OUT/gluon"
-    step dynamic_training 230 python3 bench/dynamic_training.py --out "$OUT/dynamic_training/rows.json"
-    step cuda_tests 110 python3 -m pytest -q tests/test_gpu_hardening.py tests/test_bound_call.py  # (CUDA-only files)
-    step cuda_dynamic 45 python3 -m pytest -q tests/test_dynamic.py -k cuda
+    step dynamic_training 280 python3 bench/dynamic_training.py --out "$OUT/dynamic_training/rows.json"
+    step probe_step 110 python3 bench/probe_dynamic_step.py causal_attention:3000 causal_lm_loss:1500
+    step cuda_tests 100 python3 -m pytest -q tests/test_gpu_hardening.py tests/test_bound_call.py  # (CUDA-only files)
+    step cuda_marked 60 python3 -m pytest -q tests/test_frontend_safety.py -k "replay or dynamic_functions_training"
     ;;
   b)
-    step dynamic_lengths 520 python3 bench/dynamic_lengths.py --ops causal_pf gqa_pf window_pf softcap_pf \
-      causal_dc gqa_dc --L 3000 12000 --new-lengths 5 --out "$OUT/dynamic_lengths/rows.json"
+    step dynamic_lengths 420 python3 bench/dynamic_lengths.py --ops causal_pf gqa_pf window_pf softcap_pf \
+      causal_dc gqa_dc --L 3000 12000 --out "$OUT/dynamic_lengths/rows.json"
+    step new_lengths 100 python3 bench/dynamic_lengths.py --ops gqa_pf window_pf --L 12000 --new-lengths 40 \
+      --out "$OUT/new_lengths/rows.json"
     ;;
   c)
     step sweep4_rest 500 python3 bench/sweep_fourth.py --only block_local sliding_gqa ssmax softmax_one \

@@ -176,7 +176,7 @@ def tune_training(qualname: str, inputs: dict[str, torch.Tensor], tune: Callable
     tune(fwd, inputs)
     written = fwd.run(inputs, {n: dt for n, _, dt in t.outs} | {s: getattr(torch, o.dtype) for o in t.forward.outputs
                                                                   if (s := o.name) in t.stats})
-    mode = "saved" if back.saved is not None else "recompute"
+    mode = _mode(back)
     spec = back.program.inputs
     feed = dict(inputs)
     if back.saved is not None:
@@ -205,6 +205,23 @@ def _variant(qualname: str, wrt) -> tuple[str, _Training]:
         t.compile_fn, t.outs = compile_fn, outs
     _LAST[qualname] = key
     return key, t
+
+
+def prepare_training(qualname: str, requires: tuple[bool, ...]) -> tuple:
+    """Derive op `qualname`'s training for inputs requiring grad as `requires` (op order) and compile
+    and choose its backward now, running nothing (a dynamic bucket prepares every range's at its first
+    training call: frontend/dynamic.py). Returns which compiled plans it runs (two trainings returning
+    the same run the same kernels)."""
+    key = _training_key(qualname, requires)
+    _PARTS[key].kept()
+    t = _TRAINING[key]
+    runs = [_compiled(f"{key}:forward", t.forward, t.compile_fn), _compiled(f"{key}:{_mode(t.chosen)}",
+                                                                            t.chosen.program, t.compile_fn)]
+    if t.prologue is not None:  # (the computed operands' map and its backward: _Split compiles them at first use)
+        runs.append(_compiled(f"{key}:operands", t.prologue[0].maps, t.compile_fn))  # (_Split.operands's)
+        runs.append(_compiled(f"{key}_operands:{_mode(t.prologue[1])}", t.prologue[1].program,  # (_Split.carried's)
+                              t.compile_fn))
+    return tuple((id(run.compilation), run.choice) for run in runs)
 
 
 def training_op_name(qualname: str) -> str | None:
@@ -439,8 +456,13 @@ class _Eager(torch.autograd.Function):
         return (None, *ctx.fns[2](ctx, list(grads)))
 
 
+def _mode(back: Backward) -> str:
+    """How backward `back` reads the forward: what its compiled program is keyed by ('<op>:<mode>')."""
+    return "saved" if back.saved is not None else "recompute"
+
+
 def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tuple], compile_fn):
-    mode = "saved" if back.saved is not None else "recompute"
+    mode = _mode(back)
     key = f"{qualname}_{mode}_backward"
     got = _BACKWARD_OPS.get(key)
     if got is not None:

@@ -4,8 +4,8 @@ Its forward and backward plans are chosen where the call's lengths lie, as its i
 (frontend/buckets.py: a bucket's lengths fall in ranges, each priced at its middle), not at the
 bucket's bound: on the H200 causal attention at L 3000 (bucket 4096) trained with a split-K key
 pass chosen at 4096 (kernels 427 µs against a static compile's 351), and the smallest bucket priced a
-batch of 4 as one of 9. A bucket's first CUDA training call runs every range's training once, so no
-later length waits on a compile."""
+batch of 4 as one of 9. A bucket's first training call prepares every range's training (on CUDA it
+runs each once too), so no later length of the bucket compiles."""
 
 from __future__ import annotations
 
@@ -67,27 +67,25 @@ def _loss(x, t):
     return F.cross_entropy(x.float(), t)
 
 
-def test_a_warm_bucket_trains_at_a_new_range_without_compiling_and_matches_float64():
-    """The warm-up of a bucket's first CUDA training call (run here on the CPU) trains every range once;
-    a later call at another range of the bucket then compiles nothing and its gradient matches float64."""
+def test_a_buckets_first_training_call_prepares_every_range_so_no_later_length_compiles():
+    """A bucket's first training call derives and compiles every range's training (on CUDA it also runs
+    each once); a later call at another range of the bucket then compiles nothing (no capture, compile
+    or cache hit) and its gradient matches float64."""
     torch.manual_seed(0)
     x, t = torch.randn(40, 24), torch.randint(0, 24, (40,))
     prog = neptune_eq.compile(_loss, x, t, dynamic={0: [0], 1: [0]})
-    fam = prog.family
     leaf = x.clone().requires_grad_()
     prog(leaf, t).backward()
-    ns = fam.lengths.of((leaf, t))
-    fam._warm_training(ns, fam.inputs((leaf, t), ns, cached=False))
-    assert len({call.qualname for call in fam._train.values()}) >= 1
-    assert {key[1] for key in fam._train} == {(r,) for r in range(RANGES)}
+    assert {key[1] for key in prog.family._train} == {(r,) for r in range(RANGES)}
     before = prog.stats()
-    x2, t2 = torch.randn(60, 24), torch.randint(0, 24, (60,))  # (another range of the bucket of 64)
-    assert length_range(60, 64) != length_range(40, 64)
-    leaf2 = x2.clone().requires_grad_()
-    prog(leaf2, t2).backward()
+    for n in (60, 50, 45):  # (the bucket of 64's other ranges)
+        assert length_range(n, 64) != length_range(40, 64)
+        x2, t2 = torch.randn(n, 24), torch.randint(0, 24, (n,))
+        leaf2 = x2.clone().requires_grad_()
+        prog(leaf2, t2).backward()
+        want = x2.double().requires_grad_()
+        _loss(want, t2).backward()
+        assert torch.allclose(leaf2.grad.double(), want.grad, rtol=1e-5, atol=1e-7)
     after = prog.stats()
     assert (after["captures"], after["compiles"], after["cache_hits"]) == (
         before["captures"], before["compiles"], before["cache_hits"])
-    want = x2.double().requires_grad_()
-    _loss(want, t2).backward()
-    assert torch.allclose(leaf2.grad.double(), want.grad, rtol=1e-5, atol=1e-7)

@@ -77,7 +77,7 @@ class DynamicFunction:
     # bucket bounds → {the groups' ranges: the compiled alternative run there} (plans_by_range)
     _ranged: dict = field(default_factory=dict, repr=False)
     _warm: set = field(default_factory=set, repr=False)  # buckets whose alternatives ran on CUDA
-    _warm_train: set = field(default_factory=set, repr=False)  # buckets whose ranges' trainings ran on CUDA
+    _warm_train: set = field(default_factory=set, repr=False)  # buckets whose ranges' trainings are prepared
     _checks: object = field(default=None, repr=False)  # the index checks' Replayer (compiled.replay_checks)
 
     def __post_init__(self) -> None:
@@ -203,8 +203,7 @@ class DynamicFunction:
         cap.check_aliases(args)
         try:
             results = call(inputs)
-            if next(iter(inputs.values())).is_cuda:
-                self._warm_training(ns, inputs)
+            self._warm_training(ns, inputs)
         except NoBackward as e:
             self.no_training = str(e)
             raise StaticTraining(str(e)) from e
@@ -212,32 +211,38 @@ class DynamicFunction:
         return cap.finish(args, self.shaped(outs, ns))
 
     def _warm_training(self, ns: tuple[int, ...], inputs: dict[str, torch.Tensor]) -> None:
-        """On a bucket's first CUDA training call, each other range's training (its plans priced there)
-        runs its forward and backward once at these inputs, on detached copies: their kernels are then
-        compiled, and no later length of the bucket waits on Triton (as _warm_bucket does for calls
-        without gradients)."""
+        """At a bucket's first training call, every other range's training (its plans priced there) is
+        derived and its backward compiled and chosen; on CUDA each also runs its forward and backward
+        once at these inputs, on detached copies, so its kernels are compiled too. No later length of
+        the bucket then compiles anything or waits on Triton (as _warm_bucket does for calls without
+        gradients)."""
+        from ..autograd import prepare_training
+
         bounds, ranges = self._training_key(ns)
         if ranges is None or bounds in self._warm_train:
             return
         self._warm_train.add(bounds)
         leaves = {n: t.detach().requires_grad_(t.requires_grad) for n, t in inputs.items()}
         wrt = [t for t in leaves.values() if t.requires_grad]
-        ran = {self.bucket_training(ns).qualname}
+        requires = tuple(leaves[n].requires_grad for n in self.names())
+        ran = {prepare_training(self.bucket_training(ns).qualname, requires)}  # (the plans this call runs)
         for r in itertools.product(range(RANGES), repeat=len(bounds)):
             call = self.bucket_training(tuple(range_middle(b, k) for b, k in zip(bounds, r)))
-            if call.qualname in ran:
+            plans = prepare_training(call.qualname, requires)
+            if plans in ran or not wrt or not next(iter(leaves.values())).is_cuda:
                 continue
-            ran.add(call.qualname)
+            ran.add(plans)
             with torch.enable_grad():
                 res = call(leaves)
             outs = [res[o.name] for o in self.captured.program.outputs if res[o.name].requires_grad]
-            torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
+            if outs:
+                torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
 
     def bucket_training(self, ns: tuple[int, ...]):
         """The call of the training op serving lengths `ns` (program inputs → outputs, by name): the
         backward derived from their bucket's program, its forward and backward plans chosen at the
         middle of the lengths' ranges as a call's inference plan is (one training per range: priced at
-        the bucket's bound, a causal-LM loss at batch 4 × 1500 read its logits twice, as at 16 × 2048)."""
+        the bucket's bound, causal attention at 3000 trained with the split-K key pass chosen at 4096)."""
         key = self._training_key(ns)
         call = self._train.get(key)
         if call is None:
