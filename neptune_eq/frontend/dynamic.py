@@ -11,11 +11,13 @@ dynamic axes hold the bucket's bound as their extent (`ir.Program.dynamic`). The
 extent for them (no rule can use the value), the schedules are fitted at the bound, and the kernels
 take the lengths as arguments (masked tails, never specialised on). Facts the compiler proves over
 the index box at the bound (a mask that always holds, an index in range) hold for every smaller box
-of the bucket. Which plan runs is chosen per call: the bucket's lengths (B/2, B] fall in RANGES
-equal ranges, and each range runs the alternative the cost model prices best at its middle (a
-decode's split-K factor follows its length: 4 at 3000, 8 at 4000), all of them compiled and run
-once on the bucket's first CUDA call, so a later length never waits on Triton. A call needing
-gradients runs its bucket's training op (`train`): its backward is derived once per bucket.
+of the bucket. Which plan runs is chosen per call: the bucket's lengths (B/2, B] (the smallest
+bucket's (0, 16]) fall in RANGES equal ranges, and each range runs the alternative the cost model
+prices best at its middle (a decode's split-K factor follows its length: 4 at 3000, 8 at 4000), all
+of them compiled and run once on the bucket's first CUDA call, so a later length never waits on
+Triton. A call needing gradients runs its range's training op (`train`): the backward derived from
+the bucket's program, its plans priced at the range's middle, every range's prepared at the
+bucket's first training call.
 """
 
 from __future__ import annotations
@@ -191,9 +193,10 @@ class DynamicFunction:
         return derivable(self.op.qualname, tuple(requires[n] for n in self.names()))
 
     def train(self, args, ns):
-        """fn(*args) at lengths `ns` through the training op of their bucket: its forward writes what the
-        backward reads, its backward is derived from the bucket's program and compiled once for every
-        length of the bucket. StaticTraining where no backward is derived (then no_training says why)."""
+        """fn(*args) at lengths `ns` through the training op of their range (bucket_training): its forward
+        writes what the backward reads, its backward is derived from the bucket's program and compiled
+        once for every length of the range. StaticTraining where no backward is derived (then
+        no_training says why)."""
         from ..grad import NoBackward
 
         cap = self.captured
