@@ -198,7 +198,8 @@ def test_an_output_over_the_shifted_axis_is_cut_to_its_length():
 def test_the_last_token_is_read_at_every_length():
     """`h[:, -1]` (a reward model's or classifier's last-token pooling) reads position len(axis) - 1 in
     a dynamic capture: the sequence stays dynamic, values and gradients right at every length. A
-    slice `x[:, -4:]` keeps it static (its length is min(4, L): a test not proved for L ≥ 2)."""
+    slice `x[:, -4:]` (its length min(4, L): a test not proved for L ≥ 2) is dynamic from the length
+    its tests hold from (session 54); a shorter call compiles its own."""
     def last_token(h, w):
         return (h[:, -1] @ w).softmax(-1)
 
@@ -216,9 +217,39 @@ def test_the_last_token_is_read_at_every_length():
         want[:, 0].sum().backward()
         torch.testing.assert_close(h.grad, want_h.grad, rtol=1e-9, atol=1e-12)
     assert prog.stats()["signatures"] == 0
-    tail = neptune_eq.compile(lambda x: x[:, -4:].mean(1), torch.randn(2, 9, 3, dtype=torch.float64), dynamic=True)
-    assert len(tail.family.lengths.groups) == 1  # (the batch)
-    assert any("tests its length" in why for _, why in tail.family.lengths.static)
+    def tail_mean(x):
+        return x[:, -4:].mean(1)
+
+    tail = neptune_eq.compile(tail_mean, torch.randn(2, 9, 3, dtype=torch.float64), dynamic=True)
+    lengths = tail.family.lengths
+    assert lengths.groups == (("b",), ("i",)) and 4 <= lengths.least[1] <= 9, lengths
+    for n in (2, 3, 4, 5, 11, 30):
+        x = torch.randn(2, n, 3, dtype=torch.float64)
+        before = tail.stats()["signatures"]
+        torch.testing.assert_close(tail(x), tail_mean(x), rtol=1e-12, atol=1e-12)
+        assert (tail.stats()["signatures"] > before) == (n < lengths.least[1]), (n, tail.stats())
+
+
+def test_a_length_tested_against_a_threshold_is_dynamic_above_it():
+    """`if x.shape[1] > 20:` at an example of 37: every test of the length holds from 21 on, so the
+    sequence is dynamic for lengths ≥ 21 (the branch the example took) and a call at 20 or less compiles
+    its own (the other branch), right at each; `< 50` holds from no length on and stays static."""
+    def branch(h):
+        return h.sum(1) * 2 if h.shape[1] > 20 else h.sum(1)
+
+    prog = neptune_eq.compile(branch, torch.randn(3, 37, 4, dtype=torch.float64), dynamic=True)
+    assert prog.family.lengths.least == (2, 21), prog.family.lengths
+    for n in (21, 60, 20, 5, 33):
+        h = torch.randn(3, n, 4, dtype=torch.float64)
+        torch.testing.assert_close(prog(h), branch(h), rtol=1e-12, atol=1e-12)
+    assert prog.stats()["signatures"] == 2  # (20 and 5)
+
+    def below(h):
+        return h.sum(1) * 2 if h.shape[1] < 50 else h.sum(1)
+
+    static = neptune_eq.compile(below, torch.randn(3, 37, 4, dtype=torch.float64), dynamic=True)
+    assert static.family.lengths.groups == (("b",),)
+    assert any("n < 50" in why for _, why in static.family.lengths.static)
 
 
 def test_a_gather_by_computed_indices_is_checked_at_each_calls_rows():

@@ -68,7 +68,8 @@ class Lengths:
     outputs: tuple[tuple[int, int, int, int], ...]
     static: tuple[tuple[str, str], ...] = ()
     offsets: tuple[Offset, ...] = ()  # axes a constant shorter than a dynamic one, padded to it (frontend/offsets.py)
-    least: tuple[int, ...] = ()  # each group's least length served (2; more where an axis is shorter than it)
+    least: tuple[int, ...] = ()  # each group's least length served (2; more where an axis is shorter than it
+    #                              or fn's tests of the length hold from a longer one on: _least_tested)
 
     @property
     def axes(self) -> frozenset[str]:
@@ -135,18 +136,27 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
     groups: list[tuple[str, ...]] = []
     static: list[tuple[str, str]] = []
     taken: set[str] = set()
+    tested_least: dict[tuple[str, ...], int] = {}  # group → the least length its tests hold from, where more than 2
     for a in [a for a in p0.axes if a in named]:
         if a in taken:
             continue
         same = tuple(x for x in p0.axes if x not in taken and p0.axes[x] == p0.axes[a])
         for group in dict.fromkeys([(a,), same]):
-            why = (_tested(c0, maps, group, groups, least)
-                   or _unsourced(p0, [*groups, group])
+            trial = least
+            why = _tested(c0, maps, group, groups, least)
+            m = _least_tested(c0, maps, group, groups, least) if why is not None else None
+            if m is not None:  # (its tests hold from length m on: it serves lengths ≥ m, shorter ones compile)
+                trial = least | {s: max(least.get(s, 2), m) for s in _symbols(c0, maps, group)}
+                why = None
+            why = (why or _unsourced(p0, [*groups, group])
                    or _unseen(c0, maps, group, _moved(c0, [*groups, group], len(groups))[group[0]])
                    or probe([*groups, group], only=len(groups)))
             if why is None:
                 groups.append(group)
                 taken.update(group)
+                least = trial
+                if m is not None:
+                    tested_least[group] = m
                 break
         if why is not None:
             if named[a]:
@@ -165,7 +175,7 @@ def resolve(c0: Captured, spec, example, stats=None) -> Lengths:
     if any(index.get(o.axis) != index[o.source] for o in used):  # (the probes compared them moving together)
         raise NeptuneError(f"dynamic: a padded axis does not move with the length it is shorter than: {used}")
     return Lengths(tuple(groups), dims, outs, tuple(static), used,
-                   tuple(max((least_of.get(a, 2) for a in group), default=2) for group in groups))
+                   tuple(max([tested_least.get(group, 2), *(least_of.get(a, 2) for a in group)]) for group in groups))
 
 
 def _offsets(c: Captured, maps, candidates) -> tuple[Offset, ...]:
@@ -233,6 +243,27 @@ def _tested(c0: Captured, maps, group: tuple[str, ...], dynamic, least=None) -> 
             if test is not None:
                 return f"the function tests its length ({test}; not proved for every length ≥ 2)"
     return None
+
+
+def _least_tested(c0: Captured, maps, group: tuple[str, ...], dynamic, least: dict) -> int | None:
+    """The least length m ≤ the example's from which every test fn makes of the length of `group` is
+    proved (`x[:, -4:]` tests n ≥ 4; `if L > 20:` tests n > 20 at an example of 37), or None where some
+    test is not proved even from the example's length on (L == 20, L % 8 == 0, L < 4096). Proved,
+    never sampled: the group then serves lengths ≥ m alone (a shorter call compiles its own, like
+    length 1)."""
+    symbols = _symbols(c0, maps, group)
+    n = c0.program.axes[group[0]]
+
+    def holds(m: int) -> bool:
+        return _tested(c0, maps, group, dynamic, least | dict.fromkeys(symbols, m)) is None
+
+    if not symbols or n <= 2 or not holds(n):
+        return None
+    lo, hi = 2, n  # (holds(hi); a test not proved from 2 on: not holds(lo))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(mid) else (mid, hi)
+    return hi
 
 
 def _moved(c0: Captured, groups, only: int | None = None) -> dict[str, int]:
