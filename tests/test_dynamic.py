@@ -236,9 +236,11 @@ def test_the_length_proof_unit():
 
     a, b = sympy.symbols("s0 s1", integer=True, positive=True)
     yes = [a > 1, sympy.Ne(a, 1), sympy.Eq(Max(1, a), a), FloorDiv(a, 64) >= 0, a**2 - 5 * a + 7 > 0,
-           sympy.Ne(2 * a, 7), a + b > 3]
+           sympy.Ne(2 * a, 7), a + b > 3,
+           FloorDiv(a, 2) <= a, FloorDiv(a, 2) >= 1, FloorDiv(a, 2) < a, PythonMod(a, 4) < 4]  # (floors: session 54)
     no = [a <= 1000, sympy.Eq(a, 20), sympy.Ne(PythonMod(a, 1009), 0), sympy.Ne(FloorDiv(a, 3), 400),
-          a**2 - 5 * a + 5 > 0, sympy.Ne(a * a, 49), a + b < 1000, sympy.Ne(a, b)]
+          a**2 - 5 * a + 5 > 0, sympy.Ne(a * a, 49), a + b < 1000, sympy.Ne(a, b),
+          sympy.Eq(2 * FloorDiv(a, 2), a), FloorDiv(a, 2) >= 2, PythonMod(a, 4) < 3]
     for g in yes:
         assert proved(g, [{a}, {b}], {}), g
     for g in no:

@@ -286,15 +286,44 @@ def proved(g, groups: list[set], fixed: dict, least=None) -> bool:
     if h is sympy.true or h is sympy.false:
         return bool(h)
     ranges = {m: ValueRanges(0, int_oo) for m in ms}
-    for form in (h, _difference(h)):  # (B*(L - 1) ≠ B is bounded as (B)*(L - 2) ≠ 0, not side by side)
+    floorless, remainders = _without_floors(h)
+    # (B*(L - 1) ≠ B is bounded as (B)*(L - 2) ≠ 0, not side by side; L // 2 <= L as L - (L - r)/2 >= 0)
+    for form, rs in ((h, {}), (_difference(h), {}), (_difference(floorless), remainders)):
         try:
-            bounds = bound_sympy(form, ranges)
+            bounds = bound_sympy(form, ranges | rs)
             if bounds.lower is sympy.true or bounds.lower is True:
                 return True
         except Exception:  # (a form the value ranges do not bound: tried exactly below)
             pass
     free = [m for m in ms if m in h.free_symbols]
     return len(free) == 1 and _holds_from_zero(h, free[0])
+
+
+def _without_floors(h):
+    """Relation h with each floor division by a positive integer k written exactly as (a − r)/k and each
+    a mod k as r, r an integer in [0, k − 1] of its own (a bound over every such r holds at the real
+    one): interval bounds see `L // 2 <= L` as `L − (L − r)/2 >= 0` (DPO's halves of a batch), which
+    they cannot bound with the floor in it. Returns (the relation, each r's range)."""
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    remainders = {}
+
+    def remainder(k):
+        r = sympy.Symbol(f"_r{len(remainders)}", integer=True, nonnegative=True)
+        remainders[r] = ValueRanges(0, k - 1)
+        return r
+
+    def positive(k) -> bool:
+        return isinstance(k, sympy.Integer) and k > 0
+
+    try:
+        out = h.replace(lambda e: type(e).__name__ == "FloorDiv" and positive(e.args[1]),
+                        lambda e: (e.args[0] - remainder(e.args[1])) / e.args[1])
+        out = out.replace(lambda e: type(e).__name__ in ("Mod", "PythonMod") and positive(e.args[1]),
+                          lambda e: remainder(e.args[1]))
+    except Exception:  # (a form sympy does not rewrite: as it is)
+        return h, {}
+    return out, remainders
 
 
 def _difference(h):
