@@ -207,23 +207,6 @@ def _variant(qualname: str, wrt) -> tuple[str, _Training]:
     return key, t
 
 
-def prepare_training(qualname: str, requires: tuple[bool, ...]) -> tuple:
-    """Derive op `qualname`'s training for inputs requiring grad as `requires` (op order) and compile
-    and choose its backward now, running nothing (a dynamic bucket prepares every range's at its first
-    training call: frontend/dynamic.py). Returns which compiled plans it runs (two trainings returning
-    the same run the same kernels)."""
-    key = _training_key(qualname, requires)
-    _PARTS[key].kept()
-    t = _TRAINING[key]
-    runs = [_compiled(f"{key}:forward", t.forward, t.compile_fn), _compiled(f"{key}:{_mode(t.chosen)}",
-                                                                            t.chosen.program, t.compile_fn)]
-    if t.prologue is not None:  # (the computed operands' map and its backward: _Split compiles them at first use)
-        runs.append(_compiled(f"{key}:operands", t.prologue[0].maps, t.compile_fn))  # (_Split.operands's)
-        runs.append(_compiled(f"{key}_operands:{_mode(t.prologue[1])}", t.prologue[1].program,  # (_Split.carried's)
-                              t.compile_fn))
-    return tuple((id(run.compilation), run.choice) for run in runs)
-
-
 def training_op_name(qualname: str) -> str | None:
     """The torch.library training op of `qualname` for all its floating inputs, registered here if it
     was not yet ('<qualname>_train'); None where no backward is derived."""
@@ -419,7 +402,7 @@ class _Split:
         """The inputs by name with the operands added, and the operands."""
         if self.pro is None:
             return by, []
-        key = f"{self.qualname}:operands"
+        key = _operands_key(self.qualname)
         res = _run(key, _compiled(key, self.pro[0].maps, self.compile_fn), {n: by[n] for n in self.maps_names},
                    {n: dt for n, _, dt in self.specs})
         made = [res[n] for n in self.made]
@@ -457,8 +440,19 @@ class _Eager(torch.autograd.Function):
 
 
 def _mode(back: Backward) -> str:
-    """How backward `back` reads the forward: what its compiled program is keyed by ('<op>:<mode>')."""
+    """How backward `back` reads the forward: what its compiled program is keyed by (_run_key)."""
     return "saved" if back.saved is not None else "recompute"
+
+
+def _run_key(qualname: str, back: Backward) -> str:
+    """The key of backward `back`'s compiled program for training `qualname` (in _RUNNERS)."""
+    return f"{qualname}:{_mode(back)}"
+
+
+def _operands_key(qualname: str) -> str:
+    """The key of the compiled map writing a split training's operands (_Split; its backward's is
+    _run_key(f"{qualname}_operands", …))."""
+    return f"{qualname}:operands"
 
 
 def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tuple], compile_fn):
@@ -474,7 +468,7 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
     shapes = [back.program.input_shape(n) for n in wrt]  # (a gradient over a split dimension's digits
                                                          # is laid out as the input: a reshape)
     cots = [(name, back.program.input_shape(name), getattr(torch, spec[name].dtype)) for name in cot_names]
-    run_key, given = f"{qualname}:{mode}", names + extra
+    run_key, given = _run_key(qualname, back), names + extra
     got_names = [back.grads[n] for n in wrt]
     program = back.program
 

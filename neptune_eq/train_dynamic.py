@@ -1,7 +1,7 @@
 """Training a dynamic function inside torch.compile: one pair of torch.library ops over every length.
 
-An eager call needing gradients runs the training op of its bucket (frontend/dynamic.py `train`). A
-graph dynamo traces cannot choose a bucket (the lengths are symbols), so it calls one op over all of
+An eager call needing gradients runs the training op of its range of lengths (frontend/dynamic.py
+`train`). A graph dynamo traces cannot choose a bucket (the lengths are symbols), so it calls one op over all of
 them, per set of inputs that require grad:
 
     <family>_g<mask>_train    the inputs → the outputs, the statistics and the operands the bucket's
@@ -9,16 +9,30 @@ them, per set of inputs that require grad:
     <family>_g<mask>_bwd      the inputs, everything the forward wrote and the outputs' cotangents →
                               the gradients of the inputs that require grad
 
-Each runs, at the call, the kernels its inputs' bucket compiled (the forward and the backward the
-cost model chose for that bucket). The forward's statistics are those of the example's bucket: a bucket
+Each runs, at the call, the kernels its inputs' range compiled (the forward and the backward the
+cost model chose there). The forward's statistics are those of the example's bucket: a bucket
 whose derivation writes others is refused by name (never read as the wrong tensors).
+
+`prepare_training` derives, compiles and chooses one range's training ahead of its first call (a
+bucket prepares every range's at its first training call: frontend/dynamic.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .autograd import _PARTS, _lengths, _non_differentiable, _Parts, _shape, _training_key
+from .autograd import (
+    _PARTS,
+    _TRAINING,
+    _compiled,
+    _lengths,
+    _non_differentiable,
+    _operands_key,
+    _Parts,
+    _run_key,
+    _shape,
+    _training_key,
+)
 from .ir import NeptuneError
 
 _FAMILIES: dict[str, object] = {}  # a dynamic function's op name → the function (frontend.dynamic.DynamicFunction)
@@ -65,6 +79,22 @@ def derivable(qualname: str, requires: tuple[bool, ...]) -> bool:
         _FAMILIES[qualname].no_training = str(e)
         return False
     return True
+
+
+def prepare_training(qualname: str, requires: tuple[bool, ...]) -> tuple:
+    """Derive op `qualname`'s training for inputs requiring grad as `requires` (op order) and compile
+    and choose its backward now, running nothing (a dynamic bucket prepares every range's at its first
+    training call: frontend/dynamic.py). Returns which compiled plans it runs (two trainings returning
+    the same run the same kernels)."""
+    key = _training_key(qualname, requires)
+    _PARTS[key].kept()
+    t = _TRAINING[key]
+    runs = [_compiled(f"{key}:forward", t.forward, t.compile_fn),
+            _compiled(_run_key(key, t.chosen), t.chosen.program, t.compile_fn)]
+    if t.prologue is not None:  # (the computed operands' map and its backward: _Split compiles them at first use)
+        runs.append(_compiled(_operands_key(key), t.prologue[0].maps, t.compile_fn))
+        runs.append(_compiled(_run_key(f"{key}_operands", t.prologue[1]), t.prologue[1].program, t.compile_fn))
+    return tuple((id(run.compilation), run.choice) for run in runs)
 
 
 def _family_op(name: str, family, requires: tuple[bool, ...]):
@@ -130,4 +160,4 @@ def call(qualname: str, xs: list[torch.Tensor]) -> list[torch.Tensor]:
     return op(xs)[:len(_FAMILIES[qualname].captured.program.outputs)]
 
 
-__all__ = ["call", "derivable", "register", "training_key"]
+__all__ = ["call", "derivable", "prepare_training", "register", "training_key"]

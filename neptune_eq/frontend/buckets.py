@@ -48,20 +48,27 @@ def range_extents(groups, bounds, ranges) -> dict[str, int]:
     return {a: range_middle(b, k) for group, b, k in zip(groups, bounds, ranges) for a in group}
 
 
-def price_at(prog, alt, at: dict[str, int]) -> float:
-    """The cost model's time of alternative `alt` of compiled `prog` with the axes `at` holding those
-    extents (an axis of `at` the program lacks is left out)."""
+def prices_at(prog, alts, at: dict[str, int]) -> list[float]:
+    """The cost model's time of each alternative of `alts` (of compiled `prog`) with the axes `at` holding
+    those extents (an axis of `at` the program lacks is left out); the program at `at` built once."""
     from ..extract.cost import plan_cost
 
     program = prog.program.with_extents({a: n for a, n in at.items() if a in prog.program.axes})
-    return plan_cost(alt.plan, program, alt.schedules, prog.compilation.device).time
+    return [plan_cost(alt.plan, program, alt.schedules, prog.compilation.device).time for alt in alts]
+
+
+def price_at(prog, alt, at: dict[str, int]) -> float:
+    """The cost model's time of alternative `alt` of compiled `prog` at extents `at` (prices_at)."""
+    return prices_at(prog, [alt], at)[0]
 
 
 def cheapest_at(prog, at: dict[str, int]):
     """Compiled bucket `prog` running the alternative (of its RANGED_ALTERNATIVES best) priced fastest
     at extents `at`: `prog` itself where that is its own choice, else `prog.pin(id)` (the same compile,
     no new search; every alternative serves every length of the bucket)."""
-    best = min(prog.alternatives[:RANGED_ALTERNATIVES], key=lambda alt: price_at(prog, alt, at))
+    alts = prog.alternatives[:RANGED_ALTERNATIVES]
+    prices = prices_at(prog, alts, at)
+    best = alts[prices.index(min(prices))]
     return prog if best.id == prog.choice else prog.pin(best.id)
 
 

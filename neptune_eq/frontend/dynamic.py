@@ -219,7 +219,7 @@ class DynamicFunction:
         once at these inputs, on detached copies, so its kernels are compiled too. No later length of
         the bucket then compiles anything or waits on Triton (as _warm_bucket does for calls without
         gradients)."""
-        from ..autograd import prepare_training
+        from ..train_dynamic import prepare_training
 
         bounds, ranges = self._training_key(ns)
         if ranges is None or bounds in self._warm_train:

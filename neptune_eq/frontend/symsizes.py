@@ -288,7 +288,8 @@ def proved(g, groups: list[set], fixed: dict, least=None) -> bool:
     ranges = {m: ValueRanges(0, int_oo) for m in ms}
     floorless, remainders = _without_floors(h)
     # (B*(L - 1) ≠ B is bounded as (B)*(L - 2) ≠ 0, not side by side; L // 2 <= L as L - (L - r)/2 >= 0)
-    for form, rs in ((h, {}), (_difference(h), {}), (_difference(floorless), remainders)):
+    forms = [(h, {}), (_difference(h), {})] + ([(_difference(floorless), remainders)] if remainders else [])
+    for form, rs in forms:
         try:
             bounds = bound_sympy(form, ranges | rs)
             if bounds.lower is sympy.true or bounds.lower is True:
