@@ -50,9 +50,9 @@ class Reduction:
             dims = [v for k, v in enumerate(x.dims) if k not in pos]
         if self.outputs == 1:
             return dims
-        if self.kind in ("var_mean", "std_mean"):
+        if self.kind in ("var_mean", "std_mean", "max_dim", "min_dim"):
             return dims, dims
-        return dims, Unavailable(f"the indices returned by {c.op_name}")
+        return dims, Unavailable(f"the second output of {c.op_name}")
 
     def build(self, tx, c):
         x, pos, _ = self._where(c)
@@ -99,9 +99,42 @@ class Reduction:
                 else:  # n equal terms (a matmul by a constant weight): log(n·eˣ) = x + log n, ±inf and NaN too
                     n_a = tx.length(a)
                     out = call("add", out, call("log", n_a) if not is_const(n_a) else const(math.log(n_a.value)))
-        else:  # max.dim / min.dim: values and (untranslatable) indices
-            return tx.reduce(kind.removesuffix("_dim"), e, vs), None
+        elif kind in ("argmax", "argmin"):
+            out = _arg_extreme(tx, c, kind.removeprefix("arg"), x, pos)
+        else:  # max.dim / min.dim: values and indices
+            op = kind.removesuffix("_dim")
+            return tx.reduce(op, e, vs), _arg_extreme(tx, c, op, x, pos)
         return out
+
+
+def _arg_extreme(tx, c, op: str, x, pos: list[int]) -> ir.Node:
+    """The index of the first element attaining the max (min) over dimensions `pos` of x (row-major over
+    them, as torch flattens), a NaN counting as the extreme, as torch's:
+
+        argmax_j x[j] = min_j where(x[j] == max_k x[k]  or  x[j] != x[j], j, n)
+
+    The first pass's max and the second's comparison must see the same values: an x computed by a
+    reduction (a matmul's logits, a softmax) may round differently where another kernel recomputes it,
+    and no element would then equal the max, so such an x is refused."""
+    e = x.expr
+    inner = next((n for n in ir.walk(e) if isinstance(n, ir.Reduce)), None)
+    if inner is not None:
+        raise CaptureError(f"{c.op_name} of a value computed by a reduction ({inner.op} over "
+                           f"'{inner.axis}') is not supported: a kernel recomputing it may round it "
+                           "differently from the pass that found its extreme; return the value and "
+                           "take the index outside, or pass it in as an input")
+    vs = [x.dims[p] for p in pos]
+    flat = None
+    for v in vs:
+        if v is None:
+            continue
+        i = tx.index(v)
+        flat = i if flat is None else call("add", call("mul", flat, tx.count([v])), i)
+    if flat is None:  # (over dimensions of size 1 only)
+        return const(0)
+    extreme = tx.reduce(op, e, vs)
+    hit = call("or", call("eq", e, extreme), call("ne", e, e))
+    return tx.reduce("min", call("where", hit, flat, tx.count(vs)), vs)
 
 
 def _root(s):
@@ -308,6 +341,8 @@ HANDLERS = {
     aten.min.default: Reduction("min", None, None),
     aten.max.dim: Reduction("max_dim", outputs=2),
     aten.min.dim: Reduction("min_dim", outputs=2),
+    aten.argmax.default: Reduction("argmax"),
+    aten.argmin.default: Reduction("argmin"),
     aten.var.correction: Reduction("var"),
     aten.std.correction: Reduction("std"),
     aten.var_mean.correction: Reduction("var_mean", outputs=2),

@@ -1,0 +1,82 @@
+"""argmax / argmin and the indices of max(dim) / min(dim): the first index attaining the extreme,
+a NaN counting as the extreme, row-major over several dimensions, as torch's (interpreter, tiny
+shapes; integer outputs compared exactly)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neptune_eq
+from neptune_eq.frontend import CaptureError
+
+
+def _edgy() -> torch.Tensor:
+    """Rows with a NaN, all ties, a tie between two elements, ±inf and plain random values."""
+    x = torch.randn(6, 9, generator=torch.Generator().manual_seed(0))
+    x[1, 3] = x[1, 6] = float("nan")
+    x[2, :] = 1.0
+    x[3, 2] = x[3, 7] = 5.0
+    x[4, 5], x[4, 1] = float("inf"), float("-inf")
+    return x
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.argmax(-1),
+    lambda x: x.argmin(-1),
+    lambda x: x.argmax(0),
+    lambda x: x.argmin(),                        # over the flattened tensor
+    lambda x: x.argmax(1, keepdim=True) * 2,
+    lambda x: x.max(-1),                         # values and indices
+    lambda x: x.min(0).indices,
+    lambda x: (x * 3 - 1).tanh().argmax(-1),     # of an elementwise value
+    lambda x: x.reshape(3, 2, 9).argmax(1),
+], ids=["argmax", "argmin", "argmax0", "argmin_all", "keepdim", "max_dim", "min_dim_indices", "elementwise",
+        "reshaped"])
+def test_indices_match_torch_exactly(fn):
+    x = _edgy()
+    got, want = neptune_eq.compile(fn, x)(x), fn(x)
+    if isinstance(want, tuple):
+        assert torch.equal(got[1], want[1]) and torch.allclose(got[0], want[0], equal_nan=True)
+    else:
+        assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
+def test_argmax_over_two_dimensions_flattens_them_row_major():
+    x = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(1))
+    fn = lambda x: x.flatten(2).argmax(-1)  # noqa: E731
+    assert torch.equal(neptune_eq.compile(fn, x)(x), fn(x))
+
+
+def test_argmax_of_a_reduced_value_is_refused_naming_it():
+    def greedy(h, w):
+        return (h @ w).argmax(-1)
+    h, w = torch.randn(4, 8), torch.randn(8, 6)
+    with pytest.raises(CaptureError, match=r"argmax of a value computed by a reduction \(sum"):
+        neptune_eq.compile(greedy, h, w)
+
+
+def test_accuracy_beside_a_loss_trains_and_needs_no_gradient():
+    def loss_and_accuracy(x, t):
+        return F.cross_entropy(x, t), (x.argmax(-1) == t).float().mean()
+    x, t = torch.randn(7, 10, requires_grad=True), torch.randint(0, 10, (7,))
+    t[:3] = x.detach()[:3].argmax(-1)
+    loss, acc = neptune_eq.compile(loss_and_accuracy, x, t)(x, t)
+    loss.backward()
+    xr = x.detach().double().requires_grad_()
+    ref_loss, ref_acc = loss_and_accuracy(xr, t)
+    ref_loss.backward()
+    assert abs(acc.item() - ref_acc.item()) < 1e-6 and acc.item() > 0.4 and not acc.requires_grad
+    assert torch.allclose(x.grad.double(), xr.grad, atol=1e-6)
+
+
+def test_argmax_over_a_dynamic_length_serves_every_length_from_one_compile():
+    def token_accuracy(x, t):
+        return (x.argmax(-1) == t).float().mean(-1)
+    prog = neptune_eq.compile(token_accuracy, torch.randn(2, 20, 7), torch.randint(0, 7, (2, 20)), dynamic=True)
+    for n in (20, 29, 17):
+        x, t = torch.randn(2, n, 7), torch.randint(0, 7, (2, n))
+        t[:, ::2] = x[:, ::2].argmax(-1)
+        assert torch.equal(prog(x, t), token_accuracy(x, t))
+    assert prog.stats()["compiles"] == 1
