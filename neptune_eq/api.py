@@ -257,7 +257,8 @@ class Compiled:
 
         first = self._first()
         report = training_report(first.trained_op() if self.family is first else first.op.qualname)
-        return self.program.explain() + (f"\n{report}" if report else "")
+        lengths = self.family.describe() if self.family is not None else ""
+        return self.program.explain() + "".join(f"\n{t}" for t in (lengths, report) if t)
 
     def verify(self, **kw):
         return self.program.verify(**kw)

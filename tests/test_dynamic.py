@@ -631,3 +631,34 @@ def test_alibi_decode_serves_every_key_length():
         k, v = (torch.randn(1, 4, S, 16, generator=g) for _ in range(2))
         _close(prog(q, k, v), alibi_dc(q.double(), k.double(), v.double()))
     assert prog.stats()["signatures"] == 0
+
+
+def test_with_more_groups_than_ranged_the_longest_pick_ranges_and_explain_says_which_plan_runs():
+    """dynamic=True on a decode makes batch, heads and keys three groups of lengths, which had left each
+    bucket one plan (its split-K factor fixed at the bound). The two longest groups (the later one on a
+    tie) now pick ranges, the others priced at their bucket's middle; every range runs the alternative
+    priced best there, and explain() lists them."""
+    from neptune_eq.extract.cost import plan_cost
+    from neptune_eq.frontend.buckets import RANGED_ALTERNATIVES, range_extents, ranged_groups, ranges_of
+
+    assert ranged_groups((16, 16, 4096)) == (1, 2) and ranged_groups((64, 16, 16)) == (0, 2)
+    assert ranged_groups((32,)) == (0,)
+    q, k, v = (torch.randn(2, 4, n, 16) for n in (1, 2993, 2993))
+    prog = neptune_eq.compile(lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2), -1) @ v, q, k, v,
+                              dynamic=True)
+    fam = prog.family
+    assert len(fam.lengths.groups) == 3
+    out = prog(q, k, v)
+    assert torch.allclose(out.double(), torch.softmax(q.double() @ k.double().transpose(-1, -2), -1) @ v.double(),
+                          atol=1e-5)
+    key = (16, 16, 4096)
+    base = fam.programs[key]
+    for ns in ((2, 3, 2100), (2, 3, 4000), (3, 14, 2100), (3, 14, 4000)):
+        run = fam.program_for(ns)
+        assert run.compilation is base.compilation
+        at = base.program.with_extents(range_extents(fam.lengths.groups, key, ranges_of(ns, key)))
+        price = {a.id: plan_cost(a.plan, at, a.schedules, base.compilation.device).time
+                 for a in base.alternatives[:RANGED_ALTERNATIVES]}
+        assert price[run.choice] == min(price.values())
+    text = prog.explain()
+    assert "dynamic lengths:" in text and "group 2 (axes " in text and "bucket of lengths 1–16, 1–16, 2049–4096" in text

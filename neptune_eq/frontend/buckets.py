@@ -3,7 +3,10 @@
 A length n is served by the compile of its bucket max(16, 2^⌈log₂ n⌉), whose dynamic axes hold the
 bucket's bound B. The bucket's lengths (B/2, B] (the smallest bucket's (0, 16]) fall in RANGES equal
 ranges; each runs the alternative the cost model prices fastest at the range's middle, its training
-too (frontend/dynamic.py calls them).
+too (frontend/dynamic.py calls them). With several groups of lengths, the MAX_RANGED_GROUPS of
+longest bucket take ranges (a sequence's, a key cache's: what a split-K factor follows) and the others
+(a batch, a head count) are priced at their bucket's middle: `dynamic=True` on attention makes batch,
+heads, queries and keys four groups, which had left every bucket one plan.
 """
 
 from __future__ import annotations
@@ -43,9 +46,30 @@ def range_middle(b: int, r: int) -> int:
     return lo + r * w + (w + 2) // 2
 
 
+def ranged_groups(bounds: tuple[int, ...]) -> tuple[int, ...]:
+    """The groups (indices into `bounds`, a bucket's) whose lengths pick a range: the MAX_RANGED_GROUPS of
+    largest bound, the later group first on a tie (keys after queries, a sequence after a batch)."""
+    order = sorted(range(len(bounds)), key=lambda g: (-bounds[g], -g))
+    return tuple(sorted(order[:MAX_RANGED_GROUPS]))
+
+
+def ranges_of(ns: tuple[int, ...], bounds: tuple[int, ...]) -> tuple[int, ...]:
+    """The ranges lengths `ns` (of bucket `bounds`) fall in, one per ranged group."""
+    return tuple(length_range(ns[g], bounds[g]) for g in ranged_groups(bounds))
+
+
+def range_lengths_at(bounds: tuple[int, ...], ranges: tuple[int, ...]) -> tuple[int, ...]:
+    """The lengths a plan of `ranges` (ranges_of) is priced at: each ranged group at its range's middle,
+    the others at their bucket's middle."""
+    ns = [(_low(b) + b + 2) // 2 for b in bounds]
+    for g, r in zip(ranged_groups(bounds), ranges):
+        ns[g] = range_middle(bounds[g], r)
+    return tuple(ns)
+
+
 def range_extents(groups, bounds, ranges) -> dict[str, int]:
-    """Each dynamic axis at the middle of its group's range (`ranges`) of its bucket (`bounds`)."""
-    return {a: range_middle(b, k) for group, b, k in zip(groups, bounds, ranges) for a in group}
+    """Each dynamic axis at its group's length in range_lengths_at(bounds, ranges)."""
+    return {a: n for group, n in zip(groups, range_lengths_at(bounds, ranges)) for a in group}
 
 
 def prices_at(prog, alts, at: dict[str, int]) -> list[float]:
@@ -96,7 +120,47 @@ def plans_by_range(prog, groups, bounds) -> dict[tuple[int, ...], object]:
     compile, no new search)."""
     pinned = {prog.choice: prog}
     out = {}
-    for r in itertools.product(range(RANGES), repeat=len(groups)):
+    for r in itertools.product(range(RANGES), repeat=len(ranged_groups(bounds))):
         best = cheapest_at(prog, range_extents(groups, bounds, r))
         out[r] = pinned.setdefault(best.choice, best)
     return out
+
+
+def range_lengths(b: int, r: int) -> tuple[int, int]:
+    """The first and last length of range r of bucket b (length_range's inverse)."""
+    lo = _low(b)
+    w = (b - lo) // RANGES
+    return lo + r * w + 1, (b if r == RANGES - 1 else lo + (r + 1) * w)
+
+
+def describe(lengths, programs: dict, ranged: dict) -> list[str]:
+    """What explain() says of a dynamic function: its groups of lengths (the argument dimensions on
+    each, the least length served), what stays static and why, and for each compiled bucket the plan
+    each range of lengths runs with its predicted time at the range's middle (`programs`: bucket bounds
+    → compiled bucket, `ranged`: bucket bounds → plans_by_range, for every key of `programs`)."""
+    lines = ["dynamic lengths: one compile per bucket max(16, 2^⌈log₂ n⌉) of lengths; a length in a compiled "
+             "bucket captures and compiles nothing"]
+    for g, axes in enumerate(lengths.groups):
+        dims = ", ".join(f"argument {pos} dim {d}" for pos, d, k in lengths.dims if k == g)
+        least = lengths.least[g] if g < len(lengths.least) else 2
+        lines.append(f"  group {g} (axes {', '.join(axes)}): {dims}; lengths ≥ {least} (a shorter one compiles "
+                     "its own)")
+    lines += [f"  static: {a}: {why}" for a, why in lengths.static]
+    for bounds in sorted(programs):
+        spans = ", ".join(f"{_low(b) + 1}–{b}" for b in bounds)
+        plans = ranged[bounds]
+        ranged_at = ranged_groups(bounds)
+        priced = []
+        for r, run in plans.items():
+            span = ", ".join(f"group {g} " + "{}–{}".format(*range_lengths(bounds[g], k)) for g, k in zip(ranged_at, r))
+            mid = ", ".join(str(n) for n in range_lengths_at(bounds, r))
+            t = price_at(run, run.alternative, range_extents(lengths.groups, bounds, r))
+            priced.append((span, run.alternative, f"{t * 1e6:.1f} µs predicted at lengths {mid}"))
+        if len({alt.id for _, alt, _ in priced}) == 1:
+            alt = priced[0][1]
+            lines.append(f"  bucket of lengths {spans}: #{alt.id} {alt.structure} in every range "
+                         f"({priced[0][2]} … {priced[-1][2].split(' at ')[0]} at {priced[-1][2].split(' at ')[1]})")
+            continue
+        lines.append(f"  bucket of lengths {spans}: the plan of each range, priced at its middle:")
+        lines += [f"    {span}: #{alt.id} {alt.structure} — {price}" for span, alt, price in priced]
+    return lines

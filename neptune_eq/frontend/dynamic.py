@@ -13,7 +13,8 @@ take the lengths as arguments (masked tails, never specialised on). Facts the co
 the index box at the bound (a mask that always holds, an index in range) hold for every smaller box
 of the bucket. Which plan runs is chosen per call: the bucket's lengths (B/2, B] (the smallest
 bucket's (0, 16]) fall in RANGES equal ranges, and each range runs the alternative the cost model
-prices best at its middle (a decode's split-K factor follows its length: 4 at 3000, 8 at 4000), all
+prices best at its middle (a decode's split-K factor follows its length: 4 at 3000, 8 at 4000; with
+more than two groups of lengths, the longest two take ranges: buckets.ranged_groups), all
 of them compiled and run once on the bucket's first CUDA call, so a later length never waits on
 Triton. A call needing gradients runs its range's training op (`train`): the backward derived from
 the bucket's program, its plans priced at the range's middle, every range's prepared at the
@@ -33,14 +34,15 @@ from .. import ir
 from ..ir import NeptuneError
 from ..signatures import same_traced_number, traced_number
 from .buckets import (
-    MAX_RANGED_GROUPS,
     RANGES,
     PricedAt,
     bucket,
-    length_range,
+    describe,
     plans_by_range,
     range_extents,
-    range_middle,
+    range_lengths_at,
+    ranged_groups,
+    ranges_of,
 )
 from .capture import Captured
 from .checks import run_checks
@@ -107,6 +109,13 @@ class DynamicFunction:
             ns[g] = self.example[pos][1][d]
         return tuple(ns)
 
+    def describe(self) -> str:
+        """Its dynamic lengths and each compiled bucket's plan per range of lengths (buckets.describe)."""
+        for key, prog in self.programs.items():  # (every compiled bucket's ranges priced)
+            if key not in self._ranged:
+                self._ranged[key] = plans_by_range(prog, self.lengths.groups, key)
+        return "\n".join(describe(self.lengths, self.programs, self._ranged))
+
     @property
     def prog(self):
         """The compile serving the example's lengths."""
@@ -164,12 +173,10 @@ class DynamicFunction:
         prog = self.programs.get(key)
         if prog is None:
             prog = self.programs[key] = self.compile_fn(self.bucket_program(ns))
-        if len(key) > MAX_RANGED_GROUPS:
-            return prog
         ranged = self._ranged.get(key)
         if ranged is None:
             ranged = self._ranged[key] = plans_by_range(prog, self.lengths.groups, key)
-        return ranged[tuple(length_range(n, b) for n, b in zip(ns, key))]
+        return ranged[ranges_of(ns, key)]
 
     def bucket_program(self, ns: tuple[int, ...]) -> ir.Program:
         """The program compiled for the bucket of lengths `ns`: the dynamic axes at its bounds."""
@@ -221,16 +228,16 @@ class DynamicFunction:
         gradients)."""
         from ..train_dynamic import prepare_training
 
-        bounds, ranges = self._training_key(ns)
-        if ranges is None or bounds in self._warm_train:
+        bounds, _ = self._training_key(ns)
+        if bounds in self._warm_train:
             return
         self._warm_train.add(bounds)
         leaves = {n: t.detach().requires_grad_(t.requires_grad) for n, t in inputs.items()}
         wrt = [t for t in leaves.values() if t.requires_grad]
         requires = tuple(leaves[n].requires_grad for n in self.names())
         ran = {prepare_training(self.bucket_training(ns).qualname, requires)}  # (the plans this call runs)
-        for r in itertools.product(range(RANGES), repeat=len(bounds)):
-            call = self.bucket_training(tuple(range_middle(b, k) for b, k in zip(bounds, r)))
+        for r in itertools.product(range(RANGES), repeat=len(ranged_groups(bounds))):
+            call = self.bucket_training(range_lengths_at(bounds, r))
             plans = prepare_training(call.qualname, requires)
             if plans in ran or not wrt or not next(iter(leaves.values())).is_cuda:
                 continue
@@ -251,16 +258,15 @@ class DynamicFunction:
         if call is None:
             prog = self.program_for(ns)  # (the bucket's compile, the range's alternative)
             bounds, ranges = key
-            compile_fn = self.compile_fn if ranges is None else PricedAt(
-                self.compile_fn, tuple(sorted(range_extents(self.lengths.groups, bounds, ranges).items())))
+            compile_fn = PricedAt(self.compile_fn, tuple(sorted(range_extents(self.lengths.groups, bounds,
+                                                                               ranges).items())))
             call = self._train[key] = self.training_op(self.bucket_program(ns), prog, compile_fn)
         return call
 
     def _training_key(self, ns: tuple[int, ...]) -> tuple:
-        """(bucket bounds, the lengths' ranges or None where one plan serves the bucket) of lengths `ns`."""
+        """(bucket bounds, the ranges of its ranged groups) of lengths `ns` (buckets.ranges_of)."""
         bounds = tuple(bucket(n) for n in ns)
-        ranged = len(bounds) <= MAX_RANGED_GROUPS
-        return bounds, tuple(length_range(n, b) for n, b in zip(ns, bounds)) if ranged else None
+        return bounds, ranges_of(ns, bounds)
 
     def trained_op(self) -> str:
         """The qualname of the training op of the example's bucket once a call trained there, else the
@@ -273,10 +279,7 @@ class DynamicFunction:
         bucket, in this process."""
         self.program_for(ns)
         key = tuple(bucket(n) for n in ns)
-        if key in self._ranged:
-            self._ranged[key][tuple(length_range(n, b) for n, b in zip(ns, key))] = prog
-        else:
-            self.programs[key] = prog
+        self._ranged[key][ranges_of(ns, key)] = prog
 
     def _warm_bucket(self, ns, inputs) -> None:
         """On a bucket's first CUDA call, run each other alternative its ranges may choose once at
