@@ -350,3 +350,28 @@ def test_eye_is_an_index_comparison():
         return -F.logsigmoid(labels * logits).sum() / x.shape[0]
 
     assert_gradients_match(siglip, [torch.randn(9, 6, generator=g), torch.randn(9, 6, generator=g)], 1e-5)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda s, v: torch.searchsorted(s, v),
+    lambda s, v: torch.searchsorted(s, v, right=True),
+    lambda s, v: torch.searchsorted(s, v, side="right", out_int32=True),
+    lambda s, v: torch.bucketize(v, s),
+    lambda s, v: torch.bucketize(v, s, right=True) * 2 - 1,
+], ids=["left", "right", "side_int32", "bucketize", "bucketize_right"])
+def test_searchsorted_and_bucketize_count_as_torch_searches(fn):
+    """Ties on both sides, values below and above every element, ±inf and NaN (sorted last)."""
+    s = torch.tensor([-2.0, 0.0, 0.0, 1.5, 3.0])
+    v = torch.tensor([[-3.0, -2.0, 0.0, 0.5], [1.5, 3.0, 4.0, INF], [-INF, NAN, 2.0, 0.0]])
+    got, want = neptune_eq.compile(fn, s, v)(s, v), fn(s, v)
+    assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+    ints = torch.tensor([0, 5, 5, 18]), torch.arange(20)
+    assert torch.equal(neptune_eq.compile(fn, *ints)(*ints), fn(*ints))
+
+
+def test_searchsorted_refuses_what_it_does_not_count():
+    with pytest.raises(CaptureError, match="sequence of 2 dimensions"):
+        neptune_eq.compile(lambda s, v: torch.searchsorted(s, v), torch.zeros(2, 3), torch.zeros(2, 4))
+    with pytest.raises(CaptureError, match="sorter"):
+        neptune_eq.compile(lambda s, v: torch.searchsorted(s, v, sorter=torch.argsort(s)), torch.zeros(3),
+                           torch.zeros(4))

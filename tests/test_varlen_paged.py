@@ -136,6 +136,52 @@ def test_packed_documents_gradients_match_float64():
         assert err(x.grad, d.grad) < 1e-4
 
 
+def varlen_offsets(q, k, v, cu_seqlens):
+    """The packed documents given as FlashAttention's offsets: each token's document by searchsorted."""
+    i = torch.arange(q.shape[1])
+    doc = torch.searchsorted(cu_seqlens, i, right=True) - 1
+    keep = (doc[:, None] == doc[None, :]) & (i[None, :] <= i[:, None])
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+
+def offsets(lengths: list[int]) -> torch.Tensor:
+    return torch.cumsum(torch.tensor([0, *lengths]), 0)
+
+
+def test_documents_given_as_offsets_bound_the_loop_per_call_and_match_float64():
+    """cu_seqlens instead of document ids: the document of a token is a count over the offsets (an
+    integer reduction), which the launcher evaluates per call as it does the ids, so the key loop
+    visits each query tile's documents only (it had run over every key, the mask per element). One
+    dynamic compile serves packings of other totals and document counts, empty and length-1 ones too."""
+    lengths = [1200, 20, 844, 2000]
+    q, k, v, _ = packed(lengths)
+    cu = offsets(lengths)
+    program = capture(varlen_offsets, q, k, v, cu).program
+    (db, b), = _bounds(program, {"q": q, "k": k, "v": v, "cu_seqlens": cu})
+    step = dict(db.grid)[program.inputs["q"].axes[1]]
+    for t in range(b.shape[0]):
+        first, last = t * step, min((t + 1) * step, int(cu[-1])) - 1
+        start = cu[torch.searchsorted(cu, torch.tensor(first), right=True) - 1].item()
+        lo, hi = b[t, :2].tolist()
+        assert start - db.tile < lo <= start and hi >= last + 1, (t, lo, hi, start)
+    prog = ne.compile(varlen_offsets, *packed([9, 0, 1, 30], heads=2)[:3], offsets([9, 0, 1, 30]),
+                      dynamic={0: [1], 1: [1], 2: [1], 3: [0]})
+    before = prog.stats()
+    for lengths in ([9, 0, 1, 30], [1, 1, 40, 0, 2, 3], [60]):
+        q, k, v, _ = packed(lengths, seed=len(lengths))
+        cu = offsets(lengths)
+        assert err(prog(q, k, v, cu), varlen_offsets(q.double(), k.double(), v.double(), cu)) < 1e-5, lengths
+    assert prog.stats()["compiles"] == before["compiles"]
+    xs = [x.clone().requires_grad_() for x in packed([20, 0, 1, 43], heads=1)[:3]]
+    out = ne.compile(varlen_offsets, *xs, offsets([20, 0, 1, 43]))(*xs, offsets([20, 0, 1, 43]))
+    g = torch.randn_like(out)
+    (out * g).sum().backward()
+    ds = [x.detach().double().requires_grad_() for x in xs]
+    (varlen_offsets(*ds, offsets([20, 0, 1, 43])) * g.double()).sum().backward()
+    assert max(err(x.grad, d.grad) for x, d in zip(xs, ds)) < 1e-4
+
+
 # ---------------------------------------------------------------- paged KV
 
 

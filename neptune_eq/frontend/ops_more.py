@@ -1,4 +1,5 @@
-"""clamp with tensor bounds, any / all, hypot: ops written from the op table's primitives."""
+"""clamp with tensor bounds, any / all, hypot, searchsorted / bucketize: ops written from the op table's
+primitives."""
 
 from __future__ import annotations
 
@@ -96,7 +97,52 @@ class AnyAll(Reduction):
                     const(0))
 
 
+class Search:
+    """torch.searchsorted(seq, v, right=) and torch.bucketize(v, boundaries, right=) of a sorted 1-D
+    sequence: how many of its elements lie below v (at or below it with right=True), a sum of
+    comparisons — the document of each packed token from FlashAttention's offsets is
+    `searchsorted(cu_seqlens, arange(T), right=True) - 1`, and a loop masked by equal documents is
+    bounded per call (lower/databounds.py). For a sequence that is not sorted torch's result (a binary
+    search) is unspecified; this is the count. A NaN value counts every element below it, as torch's
+    sort order puts NaN last."""
+
+    def __init__(self, seq_arg: int, values_arg: int):
+        self.seq_arg, self.values_arg = seq_arg, values_arg
+
+    def _args(self, c):
+        seq, v = c.args[self.seq_arg], c.args[self.values_arg]
+        if not isinstance(v, Operand) or not isinstance(seq, Operand):
+            raise CaptureError(f"{c.op_name} of a Python number is not supported; pass a tensor")
+        if seq.ndim != 1:
+            raise CaptureError(f"{c.op_name} in a sequence of {seq.ndim} dimensions is not supported (one row of "
+                               "sorted values only)")
+        if c.kwargs.get("sorter") is not None:
+            raise CaptureError(f"{c.op_name} with a sorter is not supported; pass the sequence sorted")
+        return seq, v
+
+    def infer(self, tx, c):
+        _, v = self._args(c)
+        return list(v.dims)
+
+    def build(self, tx, c):
+        seq, v = self._args(c)
+        side = c.kwargs.get("side")
+        right = side == "right" if side is not None else bool(c.kwargs.get("right", False))
+        (d,) = seq.dims
+        if d is not None and tx.axes.find(d) in {tx.axes.find(x) for x in v.dims if x is not None}:
+            raise CaptureError(f"{c.op_name} of values that run along the sorted sequence itself is not supported")
+        a, b = seq.expr, v.expr
+        if seq.dtype.is_floating_point != v.dtype.is_floating_point:
+            a, b = (a, call("float", b)) if seq.dtype.is_floating_point else (call("float", a), b)
+        below = call("le" if right else "lt", a, b)
+        if v.dtype.is_floating_point:  # (NaN sorts last)
+            below = call("or", below, call("ne", b, b))
+        return tx.reduce("sum", call("where", below, const(1), const(0)), [d])
+
+
 HANDLERS = {
+    aten.searchsorted.Tensor: Search(0, 1),
+    aten.bucketize.Tensor: Search(1, 0),
     aten.clamp.Tensor: ClampTensor(),
     aten.clamp_min.Tensor: ClampTensor(("min",)),
     aten.clamp_max.Tensor: ClampTensor(("max",)),

@@ -42,16 +42,52 @@ class DataBound:
     grid: tuple[tuple[str, int], ...]  # (grid axis, its step) the bounds vary along, in tensor order
 
 
-def _evaluable(n: ir.Node, inputs) -> bool:
-    """Can n be computed from the inputs alone (indices, constants, loads of inputs, arithmetic)?"""
+INTEGER = ("int8", "int16", "int32", "int64", "uint8")
+INTEGER_OPS = ("add", "sub", "mul", "neg", "abs", "min2", "max2", "floordiv", "mod")
+_COUNT_OPS = (*INTEGER_OPS, "where", "and", "or", "not", "ne", *_COMPARISONS)
+
+
+def exact_integer(n: ir.Node, program: ir.Program, ops=INTEGER_OPS, dtypes=INTEGER) -> bool:
+    """Is n an integer the kernels and the float64 evaluator compute alike: inputs of `dtypes` and
+    integer constants under `ops` (sums of them too: exact in float32 below 2^24, as counts are)?"""
+    return not any((isinstance(m, ir.Load) and program.inputs[m.tensor].dtype not in dtypes)
+                   or (isinstance(m, ir.Const) and not float(m.value).is_integer())
+                   or isinstance(m, ir.StateRef)
+                   or (isinstance(m, ir.Call) and m.op not in ops) for m in ir.walk(n))
+
+
+def _evaluable(n: ir.Node, program: ir.Program) -> bool:
+    """Can n be computed from the inputs alone (indices, constants, loads of inputs, arithmetic), with
+    the kernel's values? A reduction inside (the document of a token counted from offsets,
+    Σ_f [cu[f + 1] <= i]) only where it counts integers exactly: a float sum may round otherwise in
+    the kernel than in the evaluator, and a loop bounded by the evaluator's values would then skip a
+    tile the kernel's mask keeps."""
     for m in ir.walk(n):
-        if isinstance(m, ir.Reduce | ir.StateRef) or (isinstance(m, ir.Load) and m.tensor not in inputs):
+        if isinstance(m, ir.StateRef) or (isinstance(m, ir.Load) and m.tensor not in program.inputs):
+            return False
+        if isinstance(m, ir.Reduce) and not exact_integer(m, program, _COUNT_OPS, (*INTEGER, "bool")):
             return False
     return True
 
 
 def axes_of(n: ir.Node) -> set[str]:
+    """The axes n varies over (its free axes: a reduction's own axis is not one)."""
+    return set(n.axes)
+
+
+def evaluation_box(n: ir.Node) -> set[str]:
+    """Every axis n's evaluation runs over: its own and its reductions'."""
     return {m.axis for m in ir.walk(n) if isinstance(m, ir.Index)}
+
+
+def with_inline_terms(pred: ir.Node, inline: dict[str, ir.Node]) -> ir.Node:
+    """`pred` with each inline value of the plan (val:x, computed per element where it is used) written
+    as the term it is computed from (`plan.inline`): what the launcher evaluates per call."""
+    def term(old, new):
+        if isinstance(new, ir.StateRef) and new.kind is ir.RefKind.INLINE and new.name in inline:
+            return with_inline_terms(inline[new.name], inline)
+        return new
+    return ir.rebuild(pred, term)
 
 
 def data_conjuncts(pred: ir.Node, axis: str, program: ir.Program) -> list[ir.Node]:
@@ -63,10 +99,10 @@ def data_conjuncts(pred: ir.Node, axis: str, program: ir.Program) -> list[ir.Nod
         return data_conjuncts(pred.args[0], axis, program) + data_conjuncts(pred.args[1], axis, program)
     if not (isinstance(pred, ir.Call) and pred.op in _COMPARISONS) or affine(pred) is not None:
         return []
-    if axis not in axes_of(pred) or not _evaluable(pred, program.inputs):
+    if axis not in axes_of(pred) or not _evaluable(pred, program):
         return []
-    for side in pred.args:  # one side's values are computed over the box of its axes
-        if math.prod(program.axes[a] for a in axes_of(side)) > _MAX_EVAL:
+    for side in pred.args:  # one side's values are computed over the box of its axes (and its reductions')
+        if math.prod(program.axes[a] for a in evaluation_box(side)) > _MAX_EVAL:
             return []
     return [pred]
 

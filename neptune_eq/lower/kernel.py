@@ -12,7 +12,7 @@ from ..ops import OPS
 from ..plan import KernelPlan, Plan
 from ..schedule import KernelSchedule, inner_axes
 from .contract import ContractOps
-from .databounds import DataBound, axes_of, index_comparisons, loop_range
+from .databounds import INTEGER, DataBound, axes_of, exact_integer, index_comparisons, loop_range
 from .memory import MemoryOps
 from .values import (
     _TL_DTYPE,
@@ -107,13 +107,11 @@ class KernelWriter(MemoryOps, ContractOps):
             return None
         grid = set(self.k.grid)
         for _, v in cmps:
-            if not axes_of(v) <= grid or any(
-                    (isinstance(m, ir.Load) and self.program.inputs[m.tensor].dtype not in _INTEGER)
-                    or (isinstance(m, ir.Const) and not float(m.value).is_integer())
-                    or (isinstance(m, ir.Call) and m.op not in _INTEGER_OPS) for m in ir.walk(v)):
+            if not axes_of(v) <= grid or not exact_integer(v, self.program) or any(
+                    isinstance(m, ir.Reduce) for m in ir.walk(v)):
                 return None
         vals = [self.value(v) for _, v in cmps]
-        if any(x.kind not in ("i", *_INTEGER) for x in vals):
+        if any(x.kind not in ("i", *INTEGER) for x in vals):
             return None
         ranges = [loop_range(op, *self.lane_range(x), self.size(db.axis)) for (op, _), x in zip(cmps, vals)]
         lo, hi, flo, fhi = zip(*ranges)
@@ -434,8 +432,6 @@ class KernelWriter(MemoryOps, ContractOps):
     # ---------------------------------------------------------------- memory
 
 
-_INTEGER = ("int8", "int16", "int32", "int64", "uint8")
-_INTEGER_OPS = ("add", "sub", "mul", "neg", "abs", "min2", "max2", "floordiv", "mod")
 
 
 def _fold(fn: str, codes) -> str:

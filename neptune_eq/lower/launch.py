@@ -25,7 +25,7 @@ from ..cachedir import default_cache_dir
 from ..ir import NeptuneError, NeptuneWarning
 from ..plan import Plan
 from .buffers import TORCH_DTYPES, Buffers
-from .databounds import axes_of, bound_tensor
+from .databounds import bound_tensor, evaluation_box
 from .replay import MAX_ELEMENTS, STAGED_ELEMENTS, Replayer, layout_of, shapes_of
 from .values import KernelSource, _ident
 
@@ -118,7 +118,7 @@ class Launcher:
         cells = [math.ceil(program.axes[db.axis] / db.tile)  # each bound's table of tile pairs
                  * math.prod(math.ceil(program.axes[a] / t) for a, t in db.grid)
                  for ks in kernels for db in ks.data_bounds]
-        small = all(math.prod(program.axes[a] for a in axes_of(side)) <= MAX_ELEMENTS for side in sides) and \
+        small = all(math.prod(program.axes[a] for a in evaluation_box(side)) <= MAX_ELEMENTS for side in sides) and \
             all(c <= MAX_ELEMENTS for c in cells)
         self._bounds_replay = Replayer(self._bounds_eager) if small else None
         # (its values staged: the graph reads its own copies of the inputs the bounds read, refreshed each call)

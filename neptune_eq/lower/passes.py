@@ -10,7 +10,7 @@ from ..contraction import opened
 from ..masks import affine, affine_part, conjunction, conjuncts
 from ..ops import MONOIDS, OPS
 from ..plan import Combine, CompPlan, Pass
-from .databounds import bound_for, data_conjuncts
+from .databounds import bound_for, data_conjuncts, with_inline_terms
 from .kernel import KernelWriter
 from .values import (
     Val,
@@ -161,7 +161,8 @@ class _PassWriter:
                     c_flow.append(f"({a.const} + ({mx}))")
             covered = not masked_by or affine(c.mask) is not None  # no conjunct left to evaluate per element
             if not covered:  # comparisons of input values: bounds worked out per call
-                data = data_conjuncts(c.mask, j, w.program)
+                mask = with_inline_terms(c.mask, w.plan.inline)  # (a document counted from offsets)
+                data = data_conjuncts(mask, j, w.program)
                 db = bound_for(data, j, T, [(x, w.sched.step(x)) for x in w.k.grid], w.program) if data else None
                 if db is not None:
                     lo_code, hi_code, flo_code, fhi_code = w.data_bound(db)
@@ -169,7 +170,7 @@ class _PassWriter:
                     c_high.append(hi_code)
                     c_flow.append(flo_code)
                     c_fhigh.append(fhi_code)
-                covered = db is not None and all(affine(p) is not None or p in db.preds for p in conjuncts(c.mask))
+                covered = db is not None and all(affine(p) is not None or p in db.preds for p in conjuncts(mask))
                 if covered:  # whole tiles where every comparison holds need not evaluate them
                     self.data_bounded.add(c.name)
             # a comp whose mask keeps a comparison of values (softmax's zero-sum guard l ≠ 0) evaluates
