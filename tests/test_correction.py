@@ -112,3 +112,27 @@ def test_a_correction_undefined_where_the_body_is_zero_is_refused():
     nan_at_zero = ir.Call("div", (g, ir.Call("mul", (cur, old_core))))
     assert "old mul h = np.float64(nan)" in repair_failure(core, old_core, nan_at_zero, "mul")
     assert repair_failure(core, old_core, ir.Call("div", (old, cur)), "mul") is None
+
+
+def test_a_mask_testing_a_running_value_stays_in_the_core_on_every_plan():
+    """The count of a row's maxima, Σ_e [x_e == max_e x]: its select tests the running max, so it is no
+    mask (a mask's verdict on an element never changes). Split off as one, the quotient was 1/1 and the
+    rolled count kept every element that had equalled some running max: 2–26 maxima a row, where there
+    is one, on every streamed plan (silently wrong until session 55). Every alternative, ties and a NaN
+    row included, against float64."""
+    import torch
+
+    import neptune_eq
+
+    def maxima(x):
+        return (x == x.amax(-1, keepdim=True)).float().sum(-1)
+
+    x = torch.randn(6, 4096, generator=torch.Generator().manual_seed(0))
+    x[0, 100] = x[0, 3000] = 10.0
+    x[1, 7] = float("nan")
+    want = maxima(x.double()).float()
+    prog = neptune_eq.compile(maxima, x).program
+    assert not any("rolling" in a.structure for a in prog.alternatives)
+    for alt in prog.alternatives[:8]:
+        (got,) = prog.pin(alt.id).run({"x": x}).values()
+        assert torch.equal(got.flatten(), want), (alt.structure, got)

@@ -24,7 +24,7 @@ from egglog import EGraph, union
 
 from neptune_eq import ir
 from neptune_eq.masks import conjunction, keeps_an_element_of_every_row, split_mask
-from neptune_eq.ops import OPS
+from neptune_eq.ops import MONOIDS, OPS
 from neptune_eq.saturate import Budget, Saturator
 from neptune_eq.terms import Comp, Comps, Encoder, Loop, Term, get
 
@@ -157,6 +157,7 @@ class FusionSearch:
             body = ir.substitute(b.node.body, mapping)
             preds, core = split_mask(body, b.op, lambda p: keeps_an_element_of_every_row(
                 p, axis, self.encoder.extents, self.encoder.dynamic))
+            preds, core = _running_tests_in_core(preds, core, b.op)
             comp = CompCandidate(b, body, prods, conjunction(preds) or ir.Const(1.0), core)
             comp.mask_term = self.encoder.encode(comp.mask)
             comp.core_term = self.encoder.encode(core)
@@ -340,3 +341,15 @@ def _nearest_groups(members: list, largest: int):
                 for mid in itertools.combinations(range(lo + 1, hi), size - 2):
                     yield (members[lo], *(members[k] for k in mid), members[hi])
 
+
+def _running_tests_in_core(preds: list[ir.Node], core: ir.Node, monoid: str) -> tuple[list[ir.Node], ir.Node]:
+    """A mask reads data and indices only: a predicate testing a running value (`x == cur:max`, the
+    count of a row's maxima) changes its verdict on elements already summed when the value moves, so
+    it belongs to the core, whose quotient the correction must repair: where(p, core, identity). Split
+    off as a mask, the quotient was 1/1 and the rolled count summed every element that had equalled
+    some running max (26 maxima a row where there is one: silently wrong until session 55)."""
+    running = [p for p in preds if any(isinstance(m, ir.StateRef) and m.running for m in ir.walk(p))]
+    if not running:
+        return preds, core
+    kept = [p for p in preds if p not in running]
+    return kept, ir.Call("where", (conjunction(running), core, ir.Const(MONOIDS[monoid].identity)))
