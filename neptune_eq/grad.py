@@ -46,7 +46,7 @@ from .grad_saved import Saved, hoist, save
 from .grad_shift import proves_shift_invariant
 from .ir import Call, Const, Index, Load, NeptuneError, Reduce
 from .numeric import shifted_exp_sum
-from .ops import ROUNDINGS
+from .ops import COMPARISONS, ROUNDINGS
 
 _NO_GRAD = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "float", "stopgrad"})
 
@@ -417,7 +417,7 @@ def shift_invariant(program: ir.Program, r: Reduce, seed: int = 0, extent: int =
     free = tuple(a for a in p.axes if a in r.axes)
     name = grad_name("shift", set(p.inputs))
     moved = _call("add", r, Load(name, tuple(Index(a) for a in free)))
-    outs = [ir.Output(o.name, o.axes, ir.substitute(o.expr, {r: moved}), "float64") for o in p.outputs]
+    outs = [ir.Output(o.name, o.axes, _moved_where_differentiable(o.expr, r, moved), "float64") for o in p.outputs]
     q = ir.Program(p.name, dict(p.axes), {**p.inputs, name: ir.TensorSpec(name, free, "float64")}, outs)
     floats = {n: "float64" for n, s in p.inputs.items() if s.dtype in ir.FLOAT_DTYPES}
     for k in range(2):
@@ -437,6 +437,31 @@ def shift_invariant(program: ir.Program, r: Reduce, seed: int = 0, extent: int =
             if not torch.allclose(a[fin], b[fin], rtol=1e-9, atol=1e-9 * scale):
                 return False
     return True
+
+
+def _moved_where_differentiable(e: ir.Node, r: ir.Node, moved: ir.Node) -> ir.Node:
+    """`e` with `r` replaced by `moved` where a gradient reaches it: not inside a comparison (a step,
+    derivative 0) nor a load's index. Its adjoint is the sum over those paths alone, so the outputs'
+    invariance along them is what drops it: a top-1 gate `logits == logits.amax(-1)` beside the softmax
+    shifted by the same max had made the max look seen, and the training was refused."""
+    memo: dict[int, ir.Node] = {}
+
+    def go(n: ir.Node) -> ir.Node:
+        if n == r:
+            return moved
+        got = memo.get(id(n))
+        if got is not None:
+            return got
+        if isinstance(n, Call) and n.op not in COMPARISONS:
+            out = Call(n.op, tuple(go(a) for a in n.args))
+        elif isinstance(n, Reduce):
+            out = Reduce(n.op, n.axis, go(n.body))
+        else:  # (a comparison, a load, a leaf)
+            out = n
+        memo[id(n)] = out
+        return out
+
+    return go(e)
 
 
 def _masks_as_inputs(program: ir.Program, r: Reduce) -> tuple[ir.Program, Reduce]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from . import ir
-from .grad_gather import NoBackward, _call, substitute_free
+from .grad_gather import _call, rebound
 from .index_shift import clamped_shift
 from .ir import Call, Const, Index, Load, Reduce
 from .masks import affine, conjunction, conjuncts
@@ -50,25 +50,6 @@ def _solve(pred: ir.Node, axis: str) -> tuple[ir.Node, int] | None:
     return None
 
 
-def _rebound(body: ir.Node, k: str, axes: frozenset[str], extents: dict[str, int],
-             dynamic: frozenset[str]) -> ir.Node:
-    """`body` with each reduction over one of `axes` that reads `k` made over a fresh axis of its extent
-    (added to `extents`), so that k read at an expression of `axes` is not captured there: the adjoint
-    of x[i, e] read at x's own d holds Σ_d x[i, d]·w[d, e], and e = d must not read w[d, d]."""
-    def alpha(old, new):
-        if not (isinstance(new, Reduce) and new.axis in axes and k in old.axes):
-            return new
-        if new.axis in dynamic:  # (a fresh copy would hold the bucket's bound, not the call's length)
-            raise NoBackward(f"eliminating Σ_{k} would rename the dynamic axis '{new.axis}' a reduction binds")
-        ax, n = f"{new.axis}2", extents[new.axis]
-        while extents.get(ax, n) != n:
-            ax += "_"
-        extents[ax] = n
-        return Reduce(new.op, ax, substitute_free(new.body, new.axis, Index(ax)))
-
-    return ir.rebuild(body, alpha)
-
-
 def _eliminated(r: Reduce, extents: dict[str, int], dynamic: frozenset[str]) -> ir.Node | None:
     body = r.body
     if not (r.op == "sum" and isinstance(body, Call) and body.op == "where"
@@ -84,8 +65,8 @@ def _eliminated(r: Reduce, extents: dict[str, int], dynamic: frozenset[str]) -> 
             continue
         e, c = got
         if any(isinstance(m, Reduce) and m.axis in e.axes and r.axis in m.axes for m in ir.walk(body)):
-            value = _rebound(value, r.axis, e.axes, extents, dynamic)  # (k̂ would be read inside it: captured)
-            parts = [_rebound(q, r.axis, e.axes, extents, dynamic) for q in parts]
+            value = rebound(value, r.axis, e.axes, extents, dynamic)  # (k̂ would be read inside it: captured)
+            parts = [rebound(q, r.axis, e.axes, extents, dynamic) for q in parts]
         at = _call("add", e, Const(-c)) if c else e
         n = extents[r.axis]
         hat = _call("min2", _call("max2", at, Const(0)), Const(n - 1))

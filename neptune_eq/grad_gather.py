@@ -149,8 +149,8 @@ def _shift_adjoint(program: ir.Program, g: ir.Node, sh: Shift, s: str) -> ir.Nod
     return out
 
 
-def _offset_adjoint(program: ir.Program, g: ir.Node, sh: Shift, o: ir.Node,
-                    s: str) -> tuple[ir.Node, list[tuple[int, ir.Node]]] | None:
+def _offset_adjoint(program: ir.Program, g: ir.Node, sh: Shift, o: ir.Node, s: str,
+                    fresh: dict[str, int] | None) -> tuple[ir.Node, list[tuple[int, ir.Node]]] | None:
     """Σ_a [clamp(a + c + o, lo, hi) == s]·g(a), o an index expression of other axes (a relative
     position j − i), as (g read at a = s − c − o where that is an index of a and s is reached
     unclamped, [(edge, the sum over the points clamped onto it)] for edge = lo, hi). The one-hot form
@@ -163,6 +163,12 @@ def _offset_adjoint(program: ir.Program, g: ir.Node, sh: Shift, o: ir.Node,
     bound = {m.axis for m in ir.walk(g) if isinstance(m, Reduce)}
     if s == a or s in g.axes or s in bound or s in o.axes:
         return None
+    if bound & o.axes:  # g read at a = s − c − o: a reduction of g over an axis of o would capture it
+        if fresh is None:
+            return None
+        extents = {**program.axes, **fresh}
+        g = rebound(g, a, frozenset(bound & o.axes), extents, program.dynamic)
+        fresh.update({x: n for x, n in extents.items() if x not in program.axes})
     n_a, n_x = program.axes[a], program.axes[s]
     raw = _call("sub", _call("add", Index(s), _c(-c)), o)  # s − c − o
     at = _call("min2", _call("max2", raw, _c(0)), _c(n_a - 1))
@@ -181,6 +187,27 @@ def _offset_adjoint(program: ir.Program, g: ir.Node, sh: Shift, o: ir.Node,
             return None
         edges.append((int(edge), Reduce("sum", a, _call("where", _call(beyond, shifted, _c(edge)), g, _c(0.0)))))
     return body, edges
+
+
+def rebound(body: ir.Node, k: str, axes: frozenset[str], extents: dict[str, int],
+            dynamic: frozenset[str]) -> ir.Node:
+    """`body` with each reduction over one of `axes` that reads `k` made over a fresh axis of its extent
+    (added to `extents`), so that k read at an expression of `axes` is not captured there: the adjoint
+    of x[i, e] read at x's own d holds Σ_d x[i, d]·w[d, e], and e = d must not read w[d, d]; a softmax
+    row's Σ_d in the cotangent of a relative-position bias t[i − d + L − 1], read at i = f − L + 1 + d,
+    had summed x[f − L + 1 + d, d] over its own d (silently wrong table gradients until session 55)."""
+    def alpha(old, new):
+        if not (isinstance(new, Reduce) and new.axis in axes and k in old.axes):
+            return new
+        if new.axis in dynamic:  # (a fresh copy would hold the bucket's bound, not the call's length)
+            raise NoBackward(f"renaming Σ_{new.axis} to read {k} at it would copy the dynamic axis '{new.axis}'")
+        ax, n = f"{new.axis}2", extents[new.axis]
+        while extents.get(ax, n) != n:
+            ax += "_"
+        extents[ax] = n
+        return Reduce(new.op, ax, substitute_free(new.body, new.axis, Index(ax)))
+
+    return ir.rebuild(body, alpha)
 
 
 def _digits(e: ir.Node, program: ir.Program, n_x: int) -> list[tuple[str, int]] | None:
@@ -279,7 +306,7 @@ def load_grad(program: ir.Program, n: Load, g: ir.Node, fresh: dict[str, int] | 
                 return sum_over(val, val.axes - set(axes), order), axes
         if len(gathered) == 1 and shifts[0][0] is None and (found := offset_shift(gathered[0][0])) is not None:
             sh, o = found
-            parts = _offset_adjoint(program, g, sh, o, gathered[0][1]) if sh.axis not in plain else None
+            parts = _offset_adjoint(program, g, sh, o, gathered[0][1], fresh) if sh.axis not in plain else None
             if parts is not None:
                 body, edges = parts
                 out = sum_over(body, body.axes - set(axes), order)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import ir
+from .extract.exact_tests import extremes_tested
 from .grad_fold import fold
 from .index_shift import clamped_shift
 from .ir import Call, Const, Load, Reduce
@@ -72,14 +73,17 @@ def _factor(f: ir.Node, y: ir.Node, axis: str) -> ir.Node | None:
 def statistics(program: ir.Program) -> list[Reduce]:
     """The reductions of the forward worth saving: axes a proper subset of those of a tensor held, or
     each axis the shifted index of one dimension of an input it reads, with a dimension left over (the
-    row max of logits[k + 4, i, d] over d: a row of the batch's second half, k of extent 4)."""
+    row max of logits[k + 4, i, d] over d: a row of the batch's second half, k of extent 4). Not a max
+    the program compares a computed value with (a top-1 gate): the backward recomputes it from the
+    value it compares (extract/exact_tests.py)."""
     held = [set(s.axes) for s in program.inputs.values()] + [set(o.axes) for o in program.outputs]
     outs = {o.expr for o in program.outputs}
+    tested = extremes_tested(o.expr for o in program.outputs)  # (the backward recomputes them: exact_tests)
     found: dict[Reduce, None] = {}
     for o in program.outputs:
         for n in ir.walk(o.expr):
-            if isinstance(n, Reduce) and n not in outs and (any(set(n.axes) < h for h in held)
-                                                            or _rows_of_a_load(n)):
+            if isinstance(n, Reduce) and n not in outs and n not in tested and (
+                    any(set(n.axes) < h for h in held) or _rows_of_a_load(n)):
                 found[n] = None
     return list(found)
 

@@ -26,6 +26,7 @@ from . import ir
 from .budget_notes import budget_notes
 from .device import DeviceSpec, from_torch
 from .extract.cost import Cost, kernel_cost, priced_at
+from .extract.exact_tests import compared_with_extreme, materialising
 from .extract.numerics import cancellation_risks, stability_notes, summed_overflow_risks
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.terms import TermExtractor
@@ -454,6 +455,13 @@ def _plans(c: Compilation) -> None:
     space = PlanSpace(c.program, c.bindings, c.fusion.candidates, splits, terms, c.representative,
                       c.options.inline_max, c.options.max_plans)
     plans = enumerate_plans(space)
+    compared = compared_with_extreme(c.representative)
+    once = {b.name for b in c.bindings if b.node in compared}
+    if once:  # (a value compared with its own max: the same bits for both, extract/exact_tests.py)
+        plans = materialising(plans, once)
+        if not plans:
+            raise NeptuneError(f"{c.program.name}: no plan computes {', '.join(sorted(once))} once, which the "
+                               "program compares with its own max or min (recomputed, it may round otherwise)")
     c.dropped_loops, c.plans_truncated = list(space.dropped), space.truncated
     # the closures above and the space refer to each other (output_expr reads space.inlinable): a
     # cycle holding `c`, so c and its e-graphs would wait for the cyclic collector, which may run on

@@ -200,6 +200,65 @@ def test_a_relative_position_table_gets_its_gradient_along_diagonals():
         assert torch.allclose(got[back.grads[name]], leaf.grad, atol=1e-10), name
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x, t, idx: torch.logsumexp(x + t[idx], -1),
+    lambda x, t, idx: torch.softmax(x + t[idx], -1),
+    lambda x, t, idx: x * t[idx] * t[idx].sum(-1, keepdim=True),
+], ids=["logsumexp", "softmax", "row_sum"])
+def test_an_unclamped_relative_position_read_gets_its_gradient_without_capture(fn):
+    """t[i − d + L − 1] read beside a reduction over d: the table's adjoint reads the cotangent at
+    i = f − L + 1 + d, whose row statistics sum over d themselves — substituted as they were, they summed
+    x[f − L + 1 + d, d] over their own d (table gradients off by the whole, or NaN, until session 55).
+    They are bound to a fresh axis first. Float64 autograd through the compiled kernels."""
+    n = 6
+    idx = torch.arange(n)[:, None] - torch.arange(n)[None, :] + n - 1
+
+    def f(x, t):
+        return fn(x, t, torch.arange(x.shape[0])[:, None] - torch.arange(x.shape[0])[None, :] + x.shape[0] - 1)
+
+    g = torch.Generator().manual_seed(4)
+    x, t = torch.randn(n, n, generator=g), torch.randn(2 * n - 1, generator=g)
+    xs = [x.clone().requires_grad_(), t.clone().requires_grad_()]
+    out = neptune_eq.compile(f, x, t)(*xs)
+    cot = torch.randn(out.shape, generator=g)
+    (out * cot).sum().backward()
+    ds = [x.double().requires_grad_(), t.double().requires_grad_()]
+    (fn(*ds, idx) * cot.double()).sum().backward()
+    for a, b in zip(xs, ds):
+        assert torch.allclose(a.grad.double(), b.grad, atol=1e-5), (a.grad.double() - b.grad).abs().max()
+
+
+def test_a_learnable_relative_bias_score_mod_and_a_sliding_window_read_train():
+    """FlexAttention's `bias[h, q_idx − kv_idx + L − 1]` through neptune_eq.attention, and a softmax over
+    the windows x[i + k] of a sequence (unfold by hand): both were silently wrong (see above)."""
+    n, d = 5, 8
+    g = torch.Generator().manual_seed(5)
+    table = torch.randn(2, 2 * n - 1, generator=g, requires_grad=True)
+    q, k, v = (torch.randn(1, 2, n, d, generator=g) for _ in range(3))
+
+    def rel(s, b, h, i, j):
+        return s + table[h, i - j + n - 1]
+    out = neptune_eq.attention(q, k, v, score_mod=rel)
+    cot = torch.randn(out.shape, generator=g)
+    (out * cot).sum().backward()
+    td = table.detach().double().requires_grad_()
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    s = q.double() @ k.double().transpose(-1, -2) / math.sqrt(d) + td[:, i - j + n - 1]
+    (torch.softmax(s, -1) @ v.double() * cot.double()).sum().backward()
+    assert torch.allclose(table.grad.double(), td.grad, atol=1e-5)
+
+    def windows(x):
+        w = torch.arange(8)[:, None] + torch.arange(3)[None, :]
+        return torch.softmax(x[w], -1)
+    x = torch.randn(10, generator=g)
+    xx, xd = x.clone().requires_grad_(), x.double().requires_grad_()
+    out = neptune_eq.compile(windows, x)(xx)
+    cot = torch.randn(out.shape, generator=g)
+    (out * cot).sum().backward()
+    (windows(xd) * cot.double()).sum().backward()
+    assert torch.allclose(xx.grad.double(), xd.grad, atol=1e-5)
+
+
 def test_a_split_dimension_gets_its_gradient_over_its_digits():
     """x[b, i·3 + j, d] and w[i·3 + j] (a view splitting the channels into groups), and a weight read
     at i·3 + jd // 5 after the sum over (j, d) is merged: the gradient is g over the digit axes,

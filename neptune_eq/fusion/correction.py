@@ -117,6 +117,20 @@ def minimal_rules(result: CorrectionResult, axis: str, axis_order, extents, rule
     return keep
 
 
+def _meet_states(rng, env: dict[str, np.ndarray], states: list[str]) -> None:
+    """Loaded values sit exactly at a running value at an eighth of the samples each: drawn apart they
+    never meet, and a body testing `x == cur:max` would never show its other branch."""
+    states = sorted(set(states))
+    if not states:
+        return
+    for key, v in env.items():
+        if key in states or v.ndim == 0:
+            continue
+        at = rng.random(v.shape) < 0.125
+        pick = env[states[int(rng.integers(len(states)))]]
+        env[key] = np.where(at, pick, v)
+
+
 def repair_failure(core: ir.Node, old_core: ir.Node, h: ir.Node, dist: str, samples: int = 256,
                    seed: int = 0) -> str | None:
     """Does old ⊗' h give the body at the new running values wherever the body is a number? On random
@@ -134,6 +148,7 @@ def repair_failure(core: ir.Node, old_core: ir.Node, h: ir.Node, dist: str, samp
             env[key] = rng.normal(0, 3, samples)
         elif isinstance(n, ir.Load | ir.Index):
             env[key] = some_equal(rng, rng.normal(0, 3, samples))
+    _meet_states(rng, env, [ir.show(n) for n in (*ir.walk(core), *ir.walk(old_core)) if isinstance(n, ir.StateRef)])
     new, old, hv = (np.broadcast_to(eval_ir_sampled(e, env), (samples,)) for e in (core, old_core, h))
     with np.errstate(all="ignore"):
         fixed = OPS[dist].numpy(old, hv)
@@ -156,6 +171,7 @@ def numeric_correction_check(body: ir.Node, corr: ir.Node, dist: str, producers:
     loads = {ir.show(n) for n in ir.walk(body) if isinstance(n, ir.Load | ir.Index)}
     for name in sorted(loads):  # (some equal: a mask comparing two loads must hold at some samples)
         env[name] = some_equal(rng, rng.normal(0, 3, samples))
+    _meet_states(rng, env, sorted(refs))
     old_body = ir.substitute(body, {p.ref(ir.RefKind.CURRENT): p.ref(ir.RefKind.OLD) for p in producers})
     g_new = eval_ir_sampled(body, env)
     g_old = eval_ir_sampled(old_body, env)
