@@ -113,3 +113,22 @@ def test_a_capture_under_an_active_torch_compile_runs_outside_dynamo(tmp_path):
     out = torch.compile(lambda x: prog(x) * 2, backend="aot_eager")(y)
     assert torch.allclose(out, softmax(y) * 2, atol=1e-6)
     torch._dynamo.reset()
+
+
+def test_a_training_call_after_the_environment_changed_captures_again_outside_dynamo(tmp_path):
+    """The same with gradients: a torch.compile'd training step after the module's temperature changed
+    (model.eval() toggling a branch does the same) stopped in a functorch internal assert, since the
+    re-capture of a call needing gradients was not dynamo-disabled. It captures again and trains."""
+    m = Annealed()
+    run = torch.compile(m, backend="aot_eager")
+    x = torch.randn(3, 8)
+    run(x.clone().requires_grad_()).sum().backward()
+    m.tau = 0.4
+    xx = x.clone().requires_grad_()
+    out = run(xx)
+    out.sum().backward()
+    xd = x.double().requires_grad_()
+    ref = torch.logsumexp(xd / 0.4, -1)
+    ref.sum().backward()
+    assert torch.allclose(out.double(), ref, atol=1e-5) and torch.allclose(xx.grad.double(), xd.grad, atol=1e-5)
+    torch._dynamo.reset()

@@ -99,15 +99,22 @@ class CompiledFunction:
         except StaleCapture as e:
             if self.recompile is None:
                 raise
-            reason = str(e)
-            self.captured = self.captured.again(*args)
-            self.compiled = self.recompile(self.captured.program)
-            self.__post_init__()
-            self.recaptures += 1
-            if self.recaptures == RECAPTURE_WARNING:
-                warnings.warn(f"neptune_eq: {self.captured.program.name} was captured again {self.recaptures} "
-                              f"times because values it reads keep changing (last: {reason}); pass such values "
-                              "as tensor arguments", stacklevel=3)
+            self._recapture(args, str(e))
+
+    @torch.compiler.disable
+    def _recapture(self, args, reason: str) -> None:
+        """Capture and compile again for fn's changed environment, outside dynamo's frame conversion: a
+        call dynamo gave up on inside a torch.compile'd step (a training call after a module's
+        attribute changed, model.eval()) had its capture's frames converted one by one and stopped in
+        a functorch internal assert."""
+        self.captured = self.captured.again(*args)
+        self.compiled = self.recompile(self.captured.program)
+        self.__post_init__()
+        self.recaptures += 1
+        if self.recaptures == RECAPTURE_WARNING:
+            warnings.warn(f"neptune_eq: {self.captured.program.name} was captured again {self.recaptures} "
+                          f"times because values it reads keep changing (last: {reason}); pass such values "
+                          "as tensor arguments", stacklevel=4)
 
 
 def call_layout(captured, args) -> tuple[tuple, list[int]] | None:
