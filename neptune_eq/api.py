@@ -350,6 +350,7 @@ class Compiled:
             args = self._positional(args, kwargs)
         if torch.compiler.is_compiling():
             return self._traced(args)
+        _plain(args)
         family = self._family_for(args)
         ns = family.serves(args) if family is not None else None
         if ns is not None and family.trains(args):
@@ -374,6 +375,18 @@ class Compiled:
             self.counts.captures += 1
         self.counts.calls += 1
         return out
+
+
+def _plain(args) -> None:
+    """Refuse tensors a torch.func transform wraps (vmap's batched tensors, grad's and jacrev's tracked
+    ones): the kernels read storage those have none of (vmap stopped inside Triton's launcher) and the
+    training op has no functorch rule (torch.func.grad raised about setup_context)."""
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    for k, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and wrapped(a):
+            raise NeptuneError(f"argument {k} is a tensor of a torch.func transform (vmap, grad, jacrev, ...), which "
+                               "compiled functions do not support: call it on plain tensors, with torch.autograd "
+                               "for gradients and a batch dimension for vmap")
 
 
 def compile(fn, *example_inputs, rules=(), cache_dir: str | Path | None = None, dynamic=None,

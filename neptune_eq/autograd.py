@@ -354,7 +354,7 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
     def setup(ctx, inputs, output):
         by = dict(zip(p.outputs + p.stats, output))
         ctx.kept = p.kept()
-        ctx.save_for_backward(*inputs[0], *(by[n] for n in ctx.kept), *output[len(p.outputs) + len(p.stats):])
+        ctx.save_for_backward(*savable(inputs[0]), *(by[n] for n in ctx.kept), *output[len(p.outputs) + len(p.stats):])
         _non_differentiable(ctx, p, output)
 
     def backward(ctx, grads):
@@ -420,6 +420,12 @@ class _Split:
         for n, g in zip([n for n in self.maps_names if n in maps.grads], res):
             got[n] = got[n] + g if n in got else g
         return got
+
+
+def savable(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The inputs a backward reads, an inference-mode tensor copied out of it (torch refuses to save one:
+    a teacher's logits computed under torch.inference_mode() beside a student's that need gradients)."""
+    return [x.clone() if x.is_inference() else x for x in xs]
 
 
 class _Eager(torch.autograd.Function):

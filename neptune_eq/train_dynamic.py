@@ -32,6 +32,7 @@ from .autograd import (
     _run_key,
     _shape,
     _training_key,
+    savable,
 )
 from .ir import NeptuneError
 
@@ -139,7 +140,7 @@ def _family_op(name: str, family, requires: tuple[bool, ...]):
         return [torch.empty_like(xs[k]) for k in wrt]
 
     def setup(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[0], *output)
+        ctx.save_for_backward(*savable(inputs[0]), *output)
         _non_differentiable(ctx, p0, output)
 
     def backward(ctx, grads):
