@@ -36,7 +36,7 @@ from .ir import NeptuneError
 from .lower.launch import default_cache_dir
 from .pipeline import Options, compile_program
 from .runtime import CompiledProgram, with_user_rules
-from .signatures import matches, outside_the_graph, signature
+from .signatures import autocast_state, matches, outside_the_graph, signature
 
 _OPTION_FIELDS = {f.name for f in fields(Options)}
 # Process-wide caches (not configuration): one compile cache per cache directory, compiled attention
@@ -217,7 +217,8 @@ class Compiled:
         compile_fn = lambda program: compile_cached(program, self.options, self.cache, self.counts)  # noqa: E731
         self.family = DynamicFunction(captured, lengths, compile_fn, example_signature(args),
                                       training_op=lambda program, prog, fn: custom_op(
-                                          program, captured.output_dtypes, prog, fn))
+                                          program, captured.output_dtypes, prog, fn),
+                                      autocast=autocast_state(args))
         self.family.op = dynamic_op(self.family)
         register(self.family)
         return self.family

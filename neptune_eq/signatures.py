@@ -1,7 +1,8 @@
 """A call's signature — what a static compile of a function is specialised to — and what a call that
 torch.compile traces does when no compile serves it.
 
-    signature(args)          (shape, dtype, device type) of each tensor, ("static", repr, type) of the rest
+    signature(args)          (shape, dtype, device type) of each tensor, ("static", repr, type) of the rest,
+                             and the active autocast regions' (device, dtype) where there are any
     matches(sig, args)       the same test, dimension by dimension: under dynamo a symbolic length is
                              guarded (compared), never hashed
     outside_the_graph(c, a)  c(*a) run eagerly: torch.compiler.disable'd, so dynamo breaks its graph
@@ -17,8 +18,20 @@ import torch
 
 
 def signature(args) -> tuple:
-    return tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor)
-                 else ("static", repr(a), type(a).__name__) for a in args)
+    sig = tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor)
+                else ("static", repr(a), type(a).__name__) for a in args)
+    cast = autocast_state(args)
+    return (*sig, ("autocast", cast)) if cast else sig
+
+
+def autocast_state(args) -> tuple:
+    """The (device type, dtype) of each autocast region active for the devices of the tensors in `args`:
+    a capture records its casts, so a call under another autocast state is another function (a compile
+    made under bf16 autocast and called outside it had run in bf16, silently; one made outside and
+    called inside had run in float32)."""
+    types = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+    return tuple((t, torch.get_autocast_dtype(t)) for t in sorted(types)
+                 if t in ("cpu", "cuda") and torch.is_autocast_enabled(t))
 
 
 def matches(sig: tuple, args) -> bool:

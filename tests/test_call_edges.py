@@ -40,3 +40,25 @@ def test_a_teacher_made_under_inference_mode_trains_the_student():
     prog(ours, teacher).backward()
     kd(ref, teacher.double()).backward()
     assert torch.allclose(ours.grad.double(), ref.grad, atol=1e-6)
+
+
+def test_the_autocast_state_is_part_of_a_calls_signature():
+    """A capture records autocast's casts: compiled outside bf16 autocast and called inside it, the call
+    ran in float32 (eager: bf16); compiled inside and called outside, it ran in bf16, silently 3e4 times
+    further from float64 than eager. Each state is now a signature of its own, also for dynamic lengths."""
+    def g(x, w):
+        return torch.log_softmax(x @ w, -1)
+    x, w = torch.randn(8, 32), torch.randn(32, 40) / 6
+    ref = g(x.double(), w.double())
+    for dynamic in (None, True):
+        prog = neptune_eq.compile(g, x, w, dynamic=dynamic)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            inside, eager = prog(x, w), g(x, w)
+        outside = prog(x, w)
+        assert inside.dtype == eager.dtype == torch.bfloat16
+        assert (inside.double() - ref).abs().max() < 0.05
+        assert outside.dtype == torch.float32 and (outside.double() - ref).abs().max() < 1e-5
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        prog = neptune_eq.compile(g, x, w)
+    out = prog(x, w)
+    assert out.dtype == torch.float32 and (out.double() - ref).abs().max() < 1e-5

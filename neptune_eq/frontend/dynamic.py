@@ -32,7 +32,7 @@ import torch
 
 from .. import ir
 from ..ir import NeptuneError
-from ..signatures import same_traced_number, traced_number
+from ..signatures import autocast_state, same_traced_number, traced_number
 from .buckets import (
     RANGES,
     PricedAt,
@@ -83,6 +83,7 @@ class DynamicFunction:
     _warm: set = field(default_factory=set, repr=False)  # buckets whose alternatives ran on CUDA
     _warm_train: set = field(default_factory=set, repr=False)  # buckets whose ranges' trainings are prepared
     _checks: object = field(default=None, repr=False)  # the index checks' Replayer (compiled.replay_checks)
+    autocast: tuple = ()  # the autocast regions its capture ran under (signatures.autocast_state)
 
     def __post_init__(self) -> None:
         unchecked = proved_checks(self.captured, self.lengths.groups)  # (in range at every length: resolve)
@@ -125,7 +126,7 @@ class DynamicFunction:
         """The groups' lengths of a call this function serves (every other dimension, dtype, device and
         baked value as in the example; no length 1, nor one at which an axis shorter than it by a
         constant would have length 1 or none), else None."""
-        if not self._like_example(args):
+        if not self._like_example(args) or autocast_state(args) != self.autocast:
             return None
         ns = self.lengths.of(args)
         least = self.lengths.least or (2,) * len(self.lengths.groups)
