@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import EXAMPLES
 
 import neptune_eq
@@ -256,3 +257,14 @@ def test_arguments_given_by_keyword_take_their_positions(tmp_path):
     assert torch.allclose(prog(q, k, v, scale=0.3), attend(q, k, v, 0.3), atol=1e-6)
     with pytest.raises(neptune_eq.NeptuneError, match="'w'"):
         prog(q, k, w=v)
+
+    def loss(x, t, smoothing=0.1, reduction="mean"):  # (a later default by keyword, an earlier one left out)
+        return F.cross_entropy(x, t, label_smoothing=smoothing, reduction=reduction)
+    x, t = torch.randn(4, 10), torch.randint(0, 10, (4,))
+    lp = neptune_eq.compile(loss, x, t, cache_dir=tmp_path)
+    assert torch.allclose(lp(x, t, reduction="none"), loss(x, t, reduction="none"), atol=1e-6)
+
+    def tempered(x, *, T=1.0):
+        return torch.softmax(x / T, -1)
+    with pytest.raises(neptune_eq.NeptuneError, match=r"keyword-only.*functools\.partial"):
+        neptune_eq.compile(tempered, x)(x, T=0.5)

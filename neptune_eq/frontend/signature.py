@@ -9,22 +9,32 @@ from ..ir import NeptuneError
 
 
 def positional_args(fn, args: tuple, kwargs: dict) -> tuple:
-    """fn's arguments given by keyword (`prog(q, k, v=v)`) in their positions: the compiled function is
-    captured on positional arguments, the first len(args) + len(kwargs) of fn's parameters."""
+    """fn's arguments given by keyword (`prog(q, k, v=v)`, `loss(x, t, reduction="none")`) in their
+    positions: the compiled function is captured on positional arguments, fn's parameters up to the last
+    one given, a parameter left out before it at its default (it had been refused)."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         raise NeptuneError(f"keyword arguments {sorted(kwargs)}: the signature of {fn!r} cannot be read; "
                            "pass them by position") from None
-    n = len(args) + len(kwargs)
-    names = [p.name for p in params[:n] if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    given = dict(zip(names, args))
-    for k, v in kwargs.items():
-        if k not in names[len(args):]:
-            raise NeptuneError(f"keyword argument '{k}' is not one of the function's first {n} positional "
-                               f"parameters ({', '.join(names)}) after the {len(args)} given by position")
-        given[k] = v
-    if len(names) != n:
-        raise NeptuneError(f"the function's first {n} parameters ({', '.join(p.name for p in params[:n])}) "
-                           "must all be positional to be given by keyword")
-    return tuple(given[k] for k in names)
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    by_name = {p.name: k for k, p in enumerate(positional)}
+    for k in kwargs:
+        at = by_name.get(k)
+        if at is None or at < len(args) or positional[at].kind is inspect.Parameter.POSITIONAL_ONLY:
+            kind = next((p.kind.description for p in params if p.name == k), None)
+            raise NeptuneError(f"keyword argument '{k}' is not a positional parameter of the function after the "
+                               f"{len(args)} given by position ({', '.join(by_name)})"
+                               + (f"; it is {kind}, which compiled functions do not take: make it positional, "
+                                  "or bind it with functools.partial before compiling" if kind else ""))
+    given = {p.name: a for p, a in zip(positional, args)} | kwargs
+    last = max(by_name[k] for k in given)
+    out = []
+    for p in positional[:last + 1]:
+        if p.name in given:
+            out.append(given[p.name])
+        elif p.default is not p.empty:
+            out.append(p.default)
+        else:
+            raise NeptuneError(f"missing argument '{p.name}' (given by keyword: {', '.join(sorted(kwargs))})")
+    return tuple(out)
