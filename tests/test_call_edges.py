@@ -62,3 +62,23 @@ def test_the_autocast_state_is_part_of_a_calls_signature():
         prog = neptune_eq.compile(g, x, w)
     out = prog(x, w)
     assert out.dtype == torch.float32 and (out.double() - ref).abs().max() < 1e-5
+
+
+def test_a_number_tensor_written_without_its_version_is_seen():
+    """A 0-d temperature is baked into the program and guarded by its version counter, which
+    `tau.data.fill_()` and a write through numpy's view of its memory leave alone: the next call kept the
+    old value (error 0.6). A CPU number's value is compared too."""
+    import numpy as np
+
+    x = torch.randn(4, 16)
+    tau = torch.tensor(1.0)
+    prog = neptune_eq.compile(lambda x: torch.softmax(x / tau, -1), x)
+    prog(x)
+    tau.data.fill_(0.25)
+    assert torch.allclose(prog(x).double(), torch.softmax(x.double() / 0.25, -1), atol=1e-6)
+    arr = np.array(2.0, dtype=np.float32)
+    s = torch.from_numpy(arr)
+    prog = neptune_eq.compile(lambda x: torch.softmax(x * s, -1), x)
+    prog(x)
+    arr[...] = 5.0
+    assert torch.allclose(prog(x).double(), torch.softmax(x.double() * 5.0, -1), atol=1e-6)

@@ -207,9 +207,20 @@ class TensorGuard:
     version: int
     refresh: bool = False
     data_ptr: int = 0  # t.data = other keeps the object and its version but not its storage
+    # a CPU number's value: `t.data.fill_(v)` and a write through numpy's view of its memory leave the
+    # version counter as it was (a baked temperature had kept its old value, silently)
+    value: object = None
 
     def __post_init__(self) -> None:
         self.data_ptr = self.tensor.data_ptr() if self.tensor.device.type != "meta" else 0
+        if self.tensor.dim() == 0 and self.tensor.device.type == "cpu":
+            self.value = self.tensor.item()
+
+    def same_value(self, t: torch.Tensor) -> bool:
+        if self.value is None:
+            return True
+        v = t.item()
+        return v == self.value or (v != v and self.value != self.value)
 
     def describe(self) -> str:
         if self.source.read() is not self.tensor:
@@ -254,7 +265,7 @@ class Guards:
                 # a traced graph reads the tensor itself at every call (its version is a data-dependent
                 # value dynamo cannot branch on), so a write in place needs nothing refreshed
                 continue
-            if t._version != g.version:
+            if t._version != g.version or not (tracing or g.refresh or g.same_value(t)):
                 if not g.refresh:
                     return Changed(g, stale=True)
                 written = g
@@ -266,6 +277,8 @@ class Guards:
         """The refreshable tensors' current versions are the ones the program now sees."""
         for g in self.tensors:
             g.version = g.tensor._version
+            if g.value is not None:
+                g.value = g.tensor.item()
 
     def __len__(self) -> int:
         return len(self.values) + len(self.tensors)
