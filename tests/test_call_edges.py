@@ -82,3 +82,32 @@ def test_a_number_tensor_written_without_its_version_is_seen():
     prog(x)
     arr[...] = 5.0
     assert torch.allclose(prog(x).double(), torch.softmax(x.double() * 5.0, -1), atol=1e-6)
+
+
+class _Schedule:
+    def __init__(self):
+        self.step = 0
+
+    def temp(self):
+        return 2.0 / (1 + self.step)
+
+    @property
+    def T(self):
+        return 2.0 / (1 + self.step)
+
+
+SCHEDULE = _Schedule()
+
+
+@pytest.mark.parametrize("read", ["method", "property"])
+def test_a_schedule_read_through_a_method_or_property_is_guarded(read):
+    """x / sched.temp() and x / sched.T read sched.step inside the method: the attributes fn's code
+    names were guarded, not those its methods read, and an advanced schedule kept its first value."""
+    def f(x):
+        return torch.softmax(x / (SCHEDULE.temp() if read == "method" else SCHEDULE.T), -1)
+    x = torch.randn(4, 8)
+    SCHEDULE.step = 0
+    prog = neptune_eq.compile(f, x)
+    prog(x)
+    SCHEDULE.step = 5
+    assert torch.allclose(prog(x).double(), torch.softmax(x.double() / (2.0 / 6), -1), atol=1e-6)

@@ -334,6 +334,7 @@ class Environment:
             self.function(value, depth - 1)
         elif hasattr(value, "__dict__") and not callable(value):
             self.attributes(vars(value), type(value).__name__, names, depth)
+            self.methods(value, names, depth)
 
     def attributes(self, namespace: dict, owner: str, names: frozenset[str], depth: int) -> None:
         """The entries of an object's or module's namespace that fn's code names (`cfg.scale`)."""
@@ -343,6 +344,19 @@ class Environment:
                 self.guard(Entry(namespace, n, f"attribute '{n}' of {owner}"), v, depth)
             elif _plain_object(v):  # cfg.inner.s: what fn names inside it too
                 self.guard(Entry(namespace, n, f"attribute '{n}' of {owner}"), v, depth, names)
+
+    def methods(self, obj, names: frozenset[str], depth: int) -> None:
+        """The methods and properties of a plain object that fn's code names (`sched.temp()`,
+        `sched.T`): the attributes they read on it are guarded as fn's own (a temperature schedule
+        advanced between calls had kept its first value, silently)."""
+        if depth <= 0 or not _user_defined(type(obj)):
+            return
+        for n in sorted(names - vars(obj).keys()):
+            m = inspect.getattr_static(type(obj), n, None)
+            f = m.fget if isinstance(m, property) else m
+            if isinstance(f, types.FunctionType) and (id(obj), id(f)) not in self._seen:
+                self._seen.add((id(obj), id(f)))
+                self.function(types.MethodType(f, obj), depth - 1)
 
     def module(self, m: torch.nn.Module, depth: int) -> None:
         """An nn.Module: every submodule's parameters, buffers, plain attributes and submodules, and
