@@ -7,6 +7,9 @@
 #     bash bench/pending_gpu.sh b    # the prefill and decode operators at lengths never compiled: kernels against a
 #                                    # static compile, and the host time of new lengths (issue 14's targets)
 #     bash bench/pending_gpu.sh c    # sweep 4's rows not run yet (attention after block-local, norms, MoE)
+#     bash bench/pending_gpu.sh d    # session 55: packed prefill given as offsets (cu_seqlens) beside document
+#                                    # ids, Flex and padded SDPA; decode with dynamic=True (batch, heads and keys
+#                                    # dynamic: plans per range now); the CUDA tests of the session's fixes
 #
 # On the device machine (task text): carry .whl, then
 #     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
@@ -47,8 +50,14 @@ case "${1:-}" in
       head_temperature additive_mask packed_sdpa layer_norm_plain var_mean gemma_rms weight_standardize \
       inf_norm logsumexp_two_dims scalar_temperature moe_aux moe_router --out "$OUT/sweep4_rest/rows.json"
     ;;
+  d)
+    step packed_offsets 240 python3 bench/varlen_paged.py --only prefill --out "$OUT/packed_offsets/rows.json"
+    step decode_dynamic 240 python3 bench/dynamic_lengths.py --ops causal_dc gqa_dc softcap_dc --L 3000 12000 \
+      --out "$OUT/decode_dynamic/rows.json"
+    step cuda_tests 100 python3 -m pytest -q tests/test_gpu_hardening.py tests/test_bound_call.py
+    ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d" >&2
     exit 2
     ;;
 esac

@@ -34,6 +34,16 @@ def varlen_attention(q, k, v, doc):
     return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
 
 
+def varlen_offsets(q, k, v, cu_seqlens):
+    """The same packed documents given as FlashAttention's offsets (session 55): each token's document by
+    searchsorted, a count the launcher evaluates per call as it does the ids."""
+    i = torch.arange(q.shape[1], device=q.device)
+    doc = torch.searchsorted(cu_seqlens, i, right=True) - 1
+    keep = (doc[:, None] == doc[None, :]) & (i[None, :] <= i[:, None])
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+
 def paged_decode(q, k_cache, v_cache, block_table, lens):
     B, Hq, D = q.shape
     P, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -90,7 +100,9 @@ def prefill(docs: int, total: int, heads: int, dim: int, seed: int = 0) -> dict:
     ours = neptune_eq.compile(varlen_attention, q, k, v, doc)
     row["neptune_eq_compile_s"] = time.perf_counter() - t0
     row["neptune_eq_plan"] = ours.program.alternative.structure
-    peers = {"neptune_eq": lambda: ours(q, k, v, doc)}
+    cu = torch.tensor(starts, device=dev)
+    by_offsets = neptune_eq.compile(varlen_offsets, q, k, v, cu)
+    peers = {"neptune_eq": lambda: ours(q, k, v, doc), "neptune_eq_offsets": lambda: by_offsets(q, k, v, cu)}
     try:
         flex, create_block_mask = _flex()
 
