@@ -150,17 +150,18 @@ def describe(lengths, programs: dict, ranged: dict) -> list[str]:
         spans = ", ".join(f"{_low(b) + 1}–{b}" for b in bounds)
         plans = ranged[bounds]
         ranged_at = ranged_groups(bounds)
-        priced = []
+        priced = []  # (the ranges' lengths, the alternative run there, its predicted µs, the lengths priced)
         for r, run in plans.items():
             span = ", ".join(f"group {g} " + "{}–{}".format(*range_lengths(bounds[g], k)) for g, k in zip(ranged_at, r))
             mid = ", ".join(str(n) for n in range_lengths_at(bounds, r))
-            t = price_at(run, run.alternative, range_extents(lengths.groups, bounds, r))
-            priced.append((span, run.alternative, f"{t * 1e6:.1f} µs predicted at lengths {mid}"))
-        if len({alt.id for _, alt, _ in priced}) == 1:
-            alt = priced[0][1]
-            lines.append(f"  bucket of lengths {spans}: #{alt.id} {alt.structure} in every range "
-                         f"({priced[0][2]} … {priced[-1][2].split(' at ')[0]} at {priced[-1][2].split(' at ')[1]})")
+            t = price_at(run, run.alternative, range_extents(lengths.groups, bounds, r)) * 1e6
+            priced.append((span, run.alternative, t, mid))
+        if len({alt.id for _, alt, _, _ in priced}) == 1:
+            (_, alt, t0, m0), (_, _, t1, m1) = priced[0], priced[-1]
+            lines.append(f"  bucket of lengths {spans}: #{alt.id} {alt.structure} in every range ({t0:.1f} µs "
+                         f"predicted at lengths {m0} … {t1:.1f} µs at {m1})")
             continue
         lines.append(f"  bucket of lengths {spans}: the plan of each range, priced at its middle:")
-        lines += [f"    {span}: #{alt.id} {alt.structure} — {price}" for span, alt, price in priced]
+        lines += [f"    {span}: #{alt.id} {alt.structure} — {t:.1f} µs predicted at lengths {mid}"
+                  for span, alt, t, mid in priced]
     return lines
