@@ -432,8 +432,6 @@ class KernelWriter(MemoryOps, ContractOps):
     # ---------------------------------------------------------------- memory
 
 
-
-
 def _fold(fn: str, codes) -> str:
     """Code of fn over `codes` (tl.maximum / tl.minimum of two at a time)."""
     out = codes[0]
