@@ -662,3 +662,22 @@ def test_with_more_groups_than_ranged_the_longest_pick_ranges_and_explain_says_w
         assert price[run.choice] == min(price.values())
     text = prog.explain()
     assert "dynamic lengths:" in text and "group 2 (axes " in text and "bucket of lengths 1–16, 1–16, 2049–4096" in text
+
+
+def test_a_view_as_the_example_makes_its_lengths_dynamic_too():
+    """An example that is a slice of a longer buffer (a KV cache's k_cache[:, :, :S]) gave the symbolic
+    trace tests of its strides against its sizes, which no length proof holds: the key axis stayed
+    static and every new length captured and compiled again. The symbolic trace now runs on contiguous
+    copies (the program reads strides at the call anyway)."""
+    def decode(q, k, v):
+        return (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(-1) @ v
+
+    kc, vc, q = torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8), torch.randn(1, 2, 1, 8)
+    prog = neptune_eq.compile(decode, q, kc[:, :, :20], vc[:, :, :20], dynamic=True)
+    assert prog.family is not None and any(len(g) for g in prog.family.lengths.groups)
+    before = prog.stats()
+    for s in (21, 27, 31):
+        k, v = kc[:, :, :s], vc[:, :, :s]
+        assert torch.allclose(prog(q, k, v).double(), decode(q.double(), k.double(), v.double()), atol=1e-5)
+    after = prog.stats()
+    assert after["signatures"] == before["signatures"] and after["captures"] == before["captures"]

@@ -329,7 +329,10 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
     untouched(env.guards.tensors, small)
     check_sizes(gm)
     spec, leaves = returned
-    sizes = trace_sizes(lambda: trace(traced, tensors, mode="symbolic"), gm) if symbolic_lengths else None
+    # (on contiguous copies: a view's strides — a KV cache k_cache[:, :, :S] — gave the symbolic trace
+    # tests of strides against sizes that no length proof could hold, and its lengths stayed static)
+    sizes = trace_sizes(lambda: trace(traced, [t.contiguous() for t in tensors], mode="symbolic"), gm) \
+        if symbolic_lengths else None
     mutations = find_mutations(gm, [params[k] for k in tensor_pos], tensor_pos, example_inputs)
     constants = _constants(gm, env.names, taken=set(params))
     decls = [InputDecl(params[k], t.dtype) for k, t in zip(tensor_pos, tensors)]
