@@ -44,10 +44,11 @@ from ..ir import NeptuneWarning
 from ..reference import evaluate
 from . import ops_index, ops_math, ops_more, ops_reduce, ops_shape
 from .checks import IndexCheck, run_checks
-from .guards import Guards, Held, TensorGuard, same_value, scan
+from .guards import Guards, Held, TensorGuard, same_value
 from .merge_axes import merge_reduced_axes
 from .narrow_ints import guard_narrow
 from .results import Mutation, OutputStructure, find_mutations
+from .scan import scan
 from .sdpa import SdpaAsMath
 from .source import CaptureError, SourceLocator, capture_boundary, location
 from .symsizes import SizeTrace, trace_sizes
