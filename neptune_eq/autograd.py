@@ -255,7 +255,7 @@ def _training_key(qualname: str, requires: tuple[bool, ...]) -> str:
     program, names, outs, compile_fn = _ATTACHED[qualname]
     key, t = _variant(qualname, {n for n, r in zip(names, requires) if r})
     if t.recompute is None and t.saved is None:
-        raise NoBackward(f"{t.why} (so no gradient can flow through {program.name})")
+        raise NoBackward(f"{t.why} (so no gradient can flow through {program.name})", cause=t.why)
     _training_op(key, t, names, outs, compile_fn)
     return key
 

@@ -34,7 +34,12 @@ from .ir import Call, Const, Index, Load, NeptuneError, Reduce
 
 
 class NoBackward(NeptuneError):
-    """A call that would need gradients the compiler does not derive; the message names the cause."""
+    """A call that would need gradients the compiler does not derive; the message names the cause
+    (`cause`: that alone, without what it means for the call)."""
+
+    def __init__(self, message: str, cause: str | None = None):
+        super().__init__(message)
+        self.cause = cause or message
 
 
 def _c(v: float) -> Const:

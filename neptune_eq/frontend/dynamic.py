@@ -216,8 +216,9 @@ class DynamicFunction:
             results = call(inputs)
             self._warm_training(ns, inputs)
         except NoBackward as e:
-            self.no_training = str(e)
-            raise StaticTraining(str(e)) from e
+            self.no_training = (f"{e.cause}: the backward is not derived for every length, so each length "
+                                "trains through a compile of its own")
+            raise StaticTraining(self.no_training) from e
         outs = [results[o.name] for o in cap.program.outputs]
         return cap.finish(args, self.shaped(outs, ns))
 
