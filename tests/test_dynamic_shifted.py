@@ -269,3 +269,18 @@ def test_a_gather_by_computed_indices_is_checked_at_each_calls_rows():
     with pytest.raises(IndexOutOfRange, match="index 9"):
         prog(x, idx)
     assert prog.stats()["signatures"] == 0
+
+
+def test_a_variance_over_a_slice_of_a_dynamic_axis_trains_without_nan():
+    """x[:, -4:].var(1) and friends under dynamic=True had all-NaN gradients at every length: the
+    backward rolled Σ_j where(s ≠ 0, s / 4, 0) with the running s by h = where(s′ ≠ 0, …) / where(s ≠ 0, …),
+    0/0 at s's first value 0, and the correction check had never drawn a running value of 0."""
+    fns = [lambda x: x[:, -4:].var(1), lambda x: x[:, 2:6].std(1)]
+    for f in fns:
+        prog = neptune_eq.compile(f, torch.randn(2, 20, 8), dynamic=True)
+        for n in (20, 33):
+            x = torch.randn(2, n, 8, requires_grad=True)
+            prog(x).sum().backward()
+            xr = x.detach().double().requires_grad_()
+            f(xr).sum().backward()
+            assert torch.allclose(x.grad.double(), xr.grad, atol=1e-5), n
