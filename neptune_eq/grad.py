@@ -46,7 +46,7 @@ from .grad_saved import Saved, hoist, save
 from .grad_shift import proves_shift_invariant
 from .ir import Call, Const, Index, Load, NeptuneError, Reduce
 from .numeric import shifted_exp_sum
-from .ops import COMPARISONS, ROUNDINGS
+from .ops import ROUNDINGS
 
 _NO_GRAD = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "float", "stopgrad"})
 
@@ -441,9 +441,10 @@ def shift_invariant(program: ir.Program, r: Reduce, seed: int = 0, extent: int =
 
 def _moved_where_differentiable(e: ir.Node, r: ir.Node, moved: ir.Node) -> ir.Node:
     """`e` with `r` replaced by `moved` where a gradient reaches it: not inside a comparison (a step,
-    derivative 0) nor a load's index. Its adjoint is the sum over those paths alone, so the outputs'
-    invariance along them is what drops it: a top-1 gate `logits == logits.amax(-1)` beside the softmax
-    shifted by the same max had made the max look seen, and the training was refused."""
+    derivative 0), a detach or a bool's cast (_NO_GRAD), nor a load's index. Its adjoint is the sum over
+    those paths alone, so the outputs' invariance along them is what drops it: a top-1 gate
+    `logits == logits.amax(-1)` beside the softmax shifted by the same max had made the max look seen,
+    and the training was refused."""
     memo: dict[int, ir.Node] = {}
 
     def go(n: ir.Node) -> ir.Node:
@@ -452,11 +453,11 @@ def _moved_where_differentiable(e: ir.Node, r: ir.Node, moved: ir.Node) -> ir.No
         got = memo.get(id(n))
         if got is not None:
             return got
-        if isinstance(n, Call) and n.op not in COMPARISONS:
+        if isinstance(n, Call) and n.op not in _NO_GRAD:
             out = Call(n.op, tuple(go(a) for a in n.args))
         elif isinstance(n, Reduce):
             out = Reduce(n.op, n.axis, go(n.body))
-        else:  # (a comparison, a load, a leaf)
+        else:  # (a comparison, a detach, a load, a leaf)
             out = n
         memo[id(n)] = out
         return out
