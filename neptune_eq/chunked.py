@@ -241,7 +241,8 @@ def chunk_program(program: ir.Program, axis: str, size: int) -> tuple[ir.Program
         outputs.append(ir.Output(out.name, out.axes, ir.Call("add", (acc, out.expr)), "float32"))
     axes = dict(program.axes)
     axes[axis] = size
-    chunk = ir.Program(f"{program.name}_chunk", axes, inputs, outputs, program.dynamic | {axis})
+    chunk = ir.Program(f"{program.name}_chunk", axes, inputs, outputs, program.dynamic | {axis},
+                       program.copies_within(axes))
     return chunk.validate(), accs, (off if used else None, end if gathers else None)
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 
 from . import ir
 from .grad_delta import eliminate_deltas, unclamp_guarded
-from .grad_gather import NoBackward, _c, _call, load_grad, substitute_free, sum_over
+from .grad_gather import NoBackward, _c, _call, fresh_axis, load_grad, substitute_free, sum_over
 from .grad_math import OPS as MATH_OPS
 from .grad_math import local_math
 from .grad_saved import Saved, hoist, save
@@ -274,7 +274,7 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
                 # the others get 0/count: 0, or NaN where no element attains the max (a NaN in the row:
                 # NaN == NaN is false), torch's (g/count)·mask = ∞·0 = NaN; per row, not per element
                 add(body, _call("where", hit, _call("div", g, count), _call("div", _c(0.0), count)))
-    outputs, names, fresh = [], {}, {}
+    outputs, names, fresh, copies = [], {}, {}, dict(program.same_length)
     for name in wrt:
         spec = program.inputs[name]
         parts = _adjoints(program, grads.get(name, []), fresh)
@@ -283,12 +283,12 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         if parts:
             expr, axes = parts[0]
             for p, frm in parts[1:]:
-                expr = _call("add", expr, _rename(program, name, p, frm, axes, fresh))
+                expr = _call("add", expr, _rename(program, name, p, frm, axes, fresh, copies))
             if program.dynamic & (set(axes) ^ set(spec.axes)) and len(axes) == len(spec.axes):
                 # (over the input's own axes where it can be: a dynamic axis only loads read, x[b, j] of a
                 # padded x[:, :-1], has no length at the call where the backward does not read x there)
                 with contextlib.suppress(NoBackward):
-                    expr, axes = _rename(program, name, expr, axes, spec.axes, fresh), spec.axes
+                    expr, axes = _rename(program, name, expr, axes, spec.axes, fresh, copies), spec.axes
         out = names[name] = grad_name(name, taken)
         taken.add(out)
         outputs.append(ir.Output(out, axes, expr, spec.dtype))
@@ -299,10 +299,13 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
         inputs.update(more)
     extents = {**program.axes, **fresh}  # (eliminate_deltas adds the fresh axes it binds)
     dims = {n: tuple(extents[a] for a in s.axes) for n, s in inputs.items()}
-    outputs = [replace(o, expr=eliminate_deltas(o.expr, extents, program.dynamic)) for o in outputs]
+    dynamic = program.dynamic | set(copies)
+    outputs = [replace(o, expr=eliminate_deltas(o.expr, extents, dynamic, copies)) for o in outputs]
     outputs = [replace(o, expr=unclamp_guarded(o.expr, extents, dims)) for o in outputs]
-    # (a dynamic forward's backward takes the same lengths: every axis it adds is a static one's copy)
-    back = ir.Program(f"{program.name}_backward", extents, inputs, outputs, program.dynamic).validate()
+    # (a dynamic forward's backward takes the same lengths: every axis it adds is a static one's copy,
+    # or a dynamic one's, with its length: `copies`)
+    dynamic = program.dynamic | set(copies)
+    back = ir.Program(f"{program.name}_backward", extents, inputs, outputs, dynamic, copies).validate()
     return Backward(back, cotangents, names, kept)
 
 
@@ -351,35 +354,43 @@ def _attained_exactly(program: ir.Program, r: Reduce) -> None:
 
 
 def _rename(program: ir.Program, name: str, expr: ir.Node, frm: tuple[str, ...], to: tuple[str, ...],
-            fresh: dict[str, int]) -> ir.Node:
+            fresh: dict[str, int], copies: dict[str, str]) -> ir.Node:
     """`expr` over axes `frm` read as over `to` (one input loaded with different axes: RoPE's cos[i, d]
     beside q and cos[j, d] beside k). A reduction over an axis the renaming touches is first renamed to
-    a fresh axis of the same extent (added to `fresh`): Σ_i … inside the contribution over j, d."""
+    a fresh axis of the same extent (added to `fresh`): Σ_i … inside the contribution over j, d. A
+    fresh copy of a dynamic axis has its length (recorded in `copies`: the z-loss's Σ_i beside a shifted
+    cross-entropy's contribution over j, of one dynamic logits tensor)."""
     renames = {a: b for a, b in zip(frm, to) if a != b}
     clash = set(renames) | set(renames.values())
     if (expr.axes - set(renames)) & set(renames.values()):
         raise NoBackward(f"{program.name}: the gradients of the loads of '{name}' over {frm} and {to} cannot "
                          "be summed without renaming an axis their expressions use")
-    if program.dynamic & clash:
-        bound = {m.axis for m in ir.walk(expr) if isinstance(m, Reduce)}
-        if bound & clash:
-            raise NoBackward(f"{program.name}: the gradients of the loads of '{name}' over {frm} and {to} would "
-                             "rename a dynamic axis a reduction binds")
+    dynamic = program.dynamic | set(copies)
+    for c, root in copies.items():  # (j read as i has i's length, and so has a copy of j: Σ_j2 of an earlier sum)
+        if root in renames and renames[root] in program.dynamic:
+            copies[c] = renames[root]
 
     def alpha(old, new):
         # one fresh name per axis: a reduction nested in another over the same axis binds its own
         # occurrences, so renaming inner first and outer after captures nothing
         if isinstance(new, Reduce) and new.axis in clash:
-            k, n = 2, program.axes[new.axis]
-            while f"{new.axis}{k}" in program.axes or fresh.get(f"{new.axis}{k}", n) != n:  # ("e1"+"2" = "e"+"12")
-                k += 1
-            ax = f"{new.axis}{k}"
-            fresh[ax] = n
+            extents = {**program.axes, **fresh}
+            ax = fresh_axis(new.axis, extents, dynamic, copies, _next_name(new.axis), f"{new.axis}2",
+                            frozenset(program.axes), of=renames.get(new.axis))  # (j read as i: i's length)
+            fresh[ax] = extents[ax]
             return Reduce(new.op, ax, substitute_free(new.body, new.axis, Index(ax)))
         return new
 
     expr = ir.rebuild(expr, alpha)
     return ir.substitute(expr, {Index(a): Index(b) for a, b in renames.items()})
+
+
+def _next_name(axis: str):
+    """The fresh names of `axis` after `{axis}2`: {axis}3, {axis}4, … ("e1"+"2" = "e"+"12" is tried
+    after, where it holds another extent)."""
+    def step(name: str) -> str:
+        return f"{axis}{int(name[len(axis):]) + 1}"
+    return step
 
 
 _WHOLE = 2**20  # a program of at most this many points is tested at its own extents

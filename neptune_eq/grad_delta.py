@@ -50,7 +50,8 @@ def _solve(pred: ir.Node, axis: str) -> tuple[ir.Node, int] | None:
     return None
 
 
-def _eliminated(r: Reduce, extents: dict[str, int], dynamic: frozenset[str]) -> ir.Node | None:
+def _eliminated(r: Reduce, extents: dict[str, int], dynamic: frozenset[str],
+                copies: dict[str, str] | None) -> ir.Node | None:
     body = r.body
     if not (r.op == "sum" and isinstance(body, Call) and body.op == "where"
             and isinstance(body.args[2], Const) and body.args[2].value == 0.0):
@@ -65,8 +66,8 @@ def _eliminated(r: Reduce, extents: dict[str, int], dynamic: frozenset[str]) -> 
             continue
         e, c = got
         if any(isinstance(m, Reduce) and m.axis in e.axes and r.axis in m.axes for m in ir.walk(body)):
-            value = rebound(value, r.axis, e.axes, extents, dynamic)  # (k̂ would be read inside it: captured)
-            parts = [rebound(q, r.axis, e.axes, extents, dynamic) for q in parts]
+            value = rebound(value, r.axis, e.axes, extents, dynamic, copies)  # (k̂ read inside it: captured)
+            parts = [rebound(q, r.axis, e.axes, extents, dynamic, copies) for q in parts]
         at = _call("add", e, Const(-c)) if c else e
         n = extents[r.axis]
         hat = _call("min2", _call("max2", at, Const(0)), Const(n - 1))
@@ -77,13 +78,14 @@ def _eliminated(r: Reduce, extents: dict[str, int], dynamic: frozenset[str]) -> 
     return None
 
 
-def eliminate_deltas(expr: ir.Node, extents: dict[str, int], dynamic: frozenset[str] = frozenset()) -> ir.Node:
+def eliminate_deltas(expr: ir.Node, extents: dict[str, int], dynamic: frozenset[str] = frozenset(),
+                     copies: dict[str, str] | None = None) -> ir.Node:
     """`expr` with every one-hot sum (rule 1 above) replaced by its one term. A reduction the term's
-    index would be captured by binds a fresh axis instead, added to `extents` (NoBackward where that
-    axis is one of the `dynamic` ones)."""
+    index would be captured by binds a fresh axis instead, added to `extents` (a copy of one of the
+    `dynamic` axes recorded in `copies`: grad_gather.fresh_axis)."""
     def step(_old, new):
         if isinstance(new, Reduce):
-            got = _eliminated(new, extents, dynamic)
+            got = _eliminated(new, extents, dynamic, copies)
             if got is not None:
                 return got
         return new

@@ -172,7 +172,7 @@ def _offset_adjoint(program: ir.Program, g: ir.Node, sh: Shift, o: ir.Node, s: s
         if fresh is None:
             return None
         extents = {**program.axes, **fresh}
-        g = rebound(g, a, frozenset(bound & o.axes), extents, program.dynamic)
+        g = rebound(g, a, frozenset(bound & o.axes), extents, program.dynamic)  # (no dynamic axis here: above)
         fresh.update({x: n for x, n in extents.items() if x not in program.axes})
     n_a, n_x = program.axes[a], program.axes[s]
     raw = _call("sub", _call("add", Index(s), _c(-c)), o)  # s − c − o
@@ -195,24 +195,47 @@ def _offset_adjoint(program: ir.Program, g: ir.Node, sh: Shift, o: ir.Node, s: s
 
 
 def rebound(body: ir.Node, k: str, axes: frozenset[str], extents: dict[str, int],
-            dynamic: frozenset[str]) -> ir.Node:
+            dynamic: frozenset[str], copies: dict[str, str] | None = None) -> ir.Node:
     """`body` with each reduction over one of `axes` that reads `k` made over a fresh axis of its extent
     (added to `extents`), so that k read at an expression of `axes` is not captured there: the adjoint
     of x[i, e] read at x's own d holds Σ_d x[i, d]·w[d, e], and e = d must not read w[d, d]; a softmax
     row's Σ_d in the cotangent of a relative-position bias t[i − d + L − 1], read at i = f − L + 1 + d,
-    had summed x[f − L + 1 + d, d] over its own d (silently wrong table gradients until session 55)."""
+    had summed x[f − L + 1 + d, d] over its own d (silently wrong table gradients until session 55).
+    A fresh copy of a dynamic axis is recorded in `copies` (fresh_axis)."""
     def alpha(old, new):
         if not (isinstance(new, Reduce) and new.axis in axes and k in old.axes):
             return new
-        if new.axis in dynamic:  # (a fresh copy would hold the bucket's bound, not the call's length)
-            raise NoBackward(f"renaming Σ_{new.axis} to read {k} at it would copy the dynamic axis '{new.axis}'")
-        ax, n = f"{new.axis}2", extents[new.axis]
-        while extents.get(ax, n) != n:
-            ax += "_"
-        extents[ax] = n
+        ax = fresh_axis(new.axis, extents, dynamic, copies, lambda a: f"{a}_", f"{new.axis}2")
         return Reduce(new.op, ax, substitute_free(new.body, new.axis, Index(ax)))
 
     return ir.rebuild(body, alpha)
+
+
+def fresh_axis(axis: str, extents: dict[str, int], dynamic: frozenset[str], copies: dict[str, str] | None,
+               step, name: str, avoid: frozenset[str] = frozenset(), of: str | None = None) -> str:
+    """A name for a fresh copy of `axis` (tried from `name` on by `step`), added to `extents`. A copy
+    of a dynamic axis has its length at every call: it is recorded in `copies` (fresh → the dynamic
+    axis itself; the backward program's same_length), and its name is one `extents` does not hold (a
+    static axis of the same extent is not that length). Without `copies` (a caller that cannot carry
+    one) it is refused: a copy would hold the bucket's bound, not the call's length. A name in `avoid`
+    is never taken. `of`: an axis of the same length to record instead (one the axis is renamed to)."""
+    n = extents[axis]
+    root = (copies or {}).get(axis, axis)
+    if axis in dynamic or root != axis:
+        if of is not None and of != axis:
+            if of not in dynamic:
+                raise NoBackward(f"a copy of the dynamic axis '{axis}' would take the length of static '{of}'")
+            root = (copies or {}).get(of, of)
+        if copies is None:
+            raise NoBackward(f"renaming the reduction over '{axis}' apart would copy a dynamic axis")
+        while name in avoid or (name in extents and copies.get(name) != root):
+            name = step(name)
+        copies[name] = root
+    else:
+        while name in avoid or extents.get(name, n) != n or name in (copies or {}) or name in dynamic:
+            name = step(name)
+    extents[name] = n
+    return name
 
 
 def _digits(e: ir.Node, program: ir.Program, n_x: int) -> list[tuple[str, int]] | None:

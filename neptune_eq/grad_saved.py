@@ -25,7 +25,7 @@ where only the weight read it). The forward writes the statistics the backward r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import ir
 from .extract.exact_tests import extremes_tested
@@ -214,7 +214,7 @@ def save(program: ir.Program, exprs: list[ir.Node], taken: set[str],
     for k, r in stats.items():
         inputs[k] = spec(k, r)
     outs = list(program.outputs) + [ir.Output(k, inputs[k].axes, r, wide) for k, r in stats.items()]
-    forward = ir.Program(program.name, dict(program.axes), dict(program.inputs), outs, program.dynamic).validate()
+    forward = replace(program, axes=dict(program.axes), inputs=dict(program.inputs), outputs=outs).validate()
     return rewritten, inputs, Saved(forward, stats, read)
 
 

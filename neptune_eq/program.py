@@ -45,6 +45,10 @@ class Program:
     # axes whose length is only known at the call: `axes` holds the largest length the compile serves
     # (a bucket's bound); the e-graph holds no value for them and the kernels take them as arguments
     dynamic: frozenset[str] = frozenset()
+    # a dynamic axis a derivation copied → the dynamic axis whose length it has at every call (the
+    # gradient of one input read along two tied axes renames a reduction apart: Σ_j2 … beside j). Its
+    # length is read where the other's is (lower/launch.length_source); no input need be declared over it
+    same_length: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> Program:
         """Raise ProgramError naming the first problem found."""
@@ -53,6 +57,13 @@ class Program:
                 raise ProgramError(f"axis '{ax}' of program '{self.name}' has extent {n!r}; expected an int >= 1")
         for ax in self.dynamic:
             self._check_axis(ax, "the dynamic axes")
+        for ax, of in self.same_length.items():
+            if ax not in self.dynamic or of not in self.dynamic or of in self.same_length:
+                raise ProgramError(f"axis '{ax}' of program '{self.name}' has the length of '{of}': both must be "
+                                   f"dynamic, and '{of}' not itself a copy")
+            if self.axes[ax] != self.axes[of]:
+                raise ProgramError(f"axis '{ax}' of program '{self.name}' has the length of '{of}' but extent "
+                                   f"{self.axes[ax]} against {self.axes[of]}")
         for spec in self.inputs.values():
             for ax in spec.axes:
                 self._check_axis(ax, f"input '{spec.name}'")
@@ -124,6 +135,10 @@ class Program:
                     f"(its axes: {have})"
                 )
 
+    def copies_within(self, axes) -> dict[str, str]:
+        """same_length's entries whose two axes are both in `axes` (a program rebuilt over other axes)."""
+        return {a: b for a, b in self.same_length.items() if a in axes and b in axes}
+
     def input_shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.axes[a] for a in self.inputs[name].axes)
 
@@ -137,11 +152,16 @@ class Program:
             if k not in axes:
                 self._check_axis(k, "with_extents")
             axes[k] = v
-        return Program(self.name, axes, dict(self.inputs), list(self.outputs), self.dynamic).validate()
+        for ax, of in self.same_length.items():  # (a copy of an axis keeps its extent)
+            axes[ax] = axes[of]
+        return replace(self, axes=axes, inputs=dict(self.inputs), outputs=list(self.outputs)).validate()
 
     def with_dynamic(self, axes) -> Program:
         """The same program with the lengths of `axes` only known at the call (up to their extents here)."""
-        return Program(self.name, dict(self.axes), dict(self.inputs), list(self.outputs), frozenset(axes)).validate()
+        dynamic = frozenset(axes)
+        same = {a: b for a, b in self.same_length.items() if a in dynamic and b in dynamic}
+        return replace(self, axes=dict(self.axes), inputs=dict(self.inputs), outputs=list(self.outputs),
+                       dynamic=dynamic, same_length=same).validate()
 
     def with_static_lengths(self) -> Program:
         """The same program with the length of every axis that is not dynamic written as its extent
@@ -150,7 +170,7 @@ class Program:
         if not any(isinstance(n, Length) for o in self.outputs for n in walk(o.expr)):
             return self
         outs = [Output(o.name, o.axes, substitute(o.expr, fixed), o.dtype) for o in self.outputs]
-        return Program(self.name, dict(self.axes), dict(self.inputs), outs, self.dynamic).validate()
+        return replace(self, axes=dict(self.axes), inputs=dict(self.inputs), outputs=outs).validate()
 
     def with_dtypes(self, dtypes: dict[str, str], outputs: str | None = None) -> Program:
         """The same program with other input dtypes (and, if given, one dtype for every output)."""
@@ -160,7 +180,7 @@ class Program:
                 raise ProgramError(f"with_dtypes: unknown input '{k}' (inputs: {', '.join(inputs)})")
             inputs[k] = replace(inputs[k], dtype=v)
         outs = [Output(o.name, o.axes, o.expr, outputs or o.dtype) for o in self.outputs]
-        return Program(self.name, dict(self.axes), inputs, outs, self.dynamic).validate()
+        return replace(self, axes=dict(self.axes), inputs=inputs, outputs=outs).validate()
 
     def __str__(self) -> str:
         return self.text()
@@ -170,6 +190,7 @@ class Program:
         every output's dtype, so programs that differ in either never share a key."""
         lines = [f"program {self.name}"]
         lines.append("  axes: " + ", ".join(f"{a}{'<=' if a in self.dynamic else '='}{n}"
+                                            + (f" (len {self.same_length[a]})" if a in self.same_length else "")
                                             for a, n in self.axes.items()))
         for s in self.inputs.values():
             lines.append(f"  input {s.name}[{', '.join(s.axes)}]: {s.dtype}"

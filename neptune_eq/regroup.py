@@ -116,7 +116,8 @@ def regroup(program: ir.Program) -> tuple[ir.Program, Regroup] | None:
     outputs = [ir.Output(o.name, tuple(spec_axes(o.axes)), ir.rebuild(o.expr, fn, memo), o.dtype)
                for o in program.outputs]
     try:
-        out = ir.Program(program.name, axes, inputs, outputs, dynamic=program.dynamic).validate()
+        out = ir.Program(program.name, axes, inputs, outputs, dynamic=program.dynamic,
+                         same_length=program.copies_within(axes)).validate()
     except ir.ProgramError:
         return None
     return out, Regroup(a, s, t, G, dims)

@@ -32,6 +32,15 @@ def cross_entropy(x, t):
     return F.cross_entropy(x, t)
 
 
+def self_attention(x):  # one tensor read along two tied dynamic axes, a softmax over one of them
+    return torch.softmax(x @ x.transpose(-2, -1) / math.sqrt(x.shape[-1]), dim=-1) @ x
+
+
+def z_loss(logits, labels):  # a shifted cross-entropy and PaLM's z-loss on the same logits
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+    return ce + 1e-2 * torch.logsumexp(logits, -1).pow(2).mean()
+
+
 def _randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
@@ -43,6 +52,11 @@ CASES = {  # name → (fn, inputs at length n, the inputs that require grad)
     "cross_entropy": (cross_entropy, lambda n: [_randn(n, 24, seed=n),
                                                 torch.randint(0, 24, (n,), generator=torch.Generator().manual_seed(n))],
                       (0,)),
+    # (the gradients of the two reads are summed over one axis: a reduction renamed apart takes the
+    # length of the axis it was renamed from, Program.same_length; each had trained per length)
+    "self_attention": (self_attention, lambda n: [_randn(2, n, 8, seed=n)], (0,)),
+    "z_loss": (z_loss, lambda n: [_randn(2, n, 12, seed=n),
+                                  torch.randint(0, 12, (2, n), generator=torch.Generator().manual_seed(n))], (0,)),
 }
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 import torch
@@ -412,4 +412,4 @@ def tie_lengths(program: ir.Program, groups) -> ir.Program:
     if not tied:
         return program
     outs = [ir.Output(o.name, o.axes, ir.substitute(o.expr, tied), o.dtype) for o in program.outputs]
-    return ir.Program(program.name, dict(program.axes), dict(program.inputs), outs, program.dynamic).validate()
+    return replace(program, axes=dict(program.axes), inputs=dict(program.inputs), outputs=outs).validate()

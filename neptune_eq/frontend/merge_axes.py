@@ -178,7 +178,8 @@ def _merge(program: ir.Program, a: str, b: str) -> ir.Program:
     used = {x for s in inputs.values() for x in s.axes} | {x for o in outputs for x in o.axes}
     used |= {n.axis for o in outputs for n in ir.walk(o.expr) if isinstance(n, ir.Index | ir.Reduce)}
     axes = {x: n for x, n in axes.items() if x in used}
-    return ir.Program(program.name, axes, inputs, outputs, program.dynamic).validate()
+    return ir.Program(program.name, axes, inputs, outputs, program.dynamic,
+                      program.copies_within(axes)).validate()
 
 
 def _fresh(name: str, taken) -> str:

@@ -138,7 +138,7 @@ def pad(c, offsets: tuple[Offset, ...]):
 
     outputs = [ir.Output(o.name, o.axes, _masked(go(o.expr), [by[a] for a in o.axes if a in by]), o.dtype)
                for o in p.outputs]
-    program = ir.Program(p.name, axes, dict(p.inputs), outputs, p.dynamic).validate()
+    program = ir.Program(p.name, axes, dict(p.inputs), outputs, p.dynamic, p.copies_within(axes)).validate()
     checks = []
     for ch in c.index_checks:
         index = _gathered(go(ch.index), by)

@@ -462,7 +462,10 @@ def length_sources(program: ir.Program) -> dict[str, tuple[str, int]]:
 
 def length_source(program: ir.Program, axis: str) -> tuple[str, int]:
     """(input, dimension) that has the length of dynamic `axis`: the first input declared over it,
-    else the first input a load reads at it (x[j, d] with x declared [i, d]: j's length is i's)."""
+    else the first input a load reads at it (x[j, d] with x declared [i, d]: j's length is i's); a copy
+    of another axis (program.same_length), where that one's is."""
+    if axis in program.same_length:
+        return length_source(program, program.same_length[axis])
     for name, spec in program.inputs.items():
         if axis in spec.axes:
             return name, spec.axes.index(axis)
