@@ -437,10 +437,11 @@ def _loads_tile(n: ir.Node, axis: str, block: set[str]) -> bool:
 def _data_bounded_chain(k: KernelPlan, program: ir.Program, plan: Plan) -> int:
     """0 where no loop of `k` is bounded by data; else the longest chain of dependent loads its
     loop tiles read (1: plain addresses; 2: an address read from a page table)."""
-    from neptune_eq.lower.databounds import data_conjuncts
+    from neptune_eq.lower.databounds import data_conjuncts, with_plan_terms
     from neptune_eq.schedule import loop_loads
 
-    if not any(c.mask is not None and data_conjuncts(c.mask, ps.axis, program) for ps in k.passes() for c in ps.comps):
+    if not any(c.mask is not None and data_conjuncts(with_plan_terms(c.mask, plan, program), ps.axis, program)
+               for ps in k.passes() for c in ps.comps):
         return 0
 
     def depth(n: ir.Node) -> int:

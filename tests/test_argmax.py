@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 import neptune_eq
-from neptune_eq.frontend import CaptureError
 
 
 def _edgy() -> torch.Tensor:
@@ -106,3 +105,19 @@ def test_argmax_over_a_dynamic_length_serves_every_length_from_one_compile():
         assert torch.equal(prog(x, t), token_accuracy(x, t))
     stats = prog.stats()
     assert stats["compiles"] + stats["cache_hits"] == 1
+
+
+def test_attention_around_each_rows_top_key_compiles_and_matches_float64():
+    """A mask built from an argmax of the scores ((j − top).abs() > 2) compares a value its plan writes
+    once (extract/exact_tests.py) as a buffer: the data-bound analysis read that buffer as a program
+    input and raised a bare KeyError (session 56, a hunt)."""
+    def local_top(q, k, v):
+        s = q @ k.transpose(-1, -2)
+        top = s.argmax(-1, keepdim=True)
+        j = torch.arange(k.shape[-2])
+        return torch.softmax(s.masked_fill((j - top).abs() > 2, float("-inf")), -1) @ v
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(9, 8, generator=g), torch.randn(13, 8, generator=g), torch.randn(13, 8, generator=g)
+    out = neptune_eq.compile(local_top, q, k, v)(q, k, v)
+    assert (out.double() - local_top(q.double(), k.double(), v.double())).abs().max().item() < 1e-5

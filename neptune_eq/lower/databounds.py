@@ -50,7 +50,8 @@ _COUNT_OPS = (*INTEGER_OPS, "where", "and", "or", "not", "ne", *_COMPARISONS)
 def exact_integer(n: ir.Node, program: ir.Program, ops=INTEGER_OPS, dtypes=INTEGER) -> bool:
     """Is n an integer the kernels and the float64 evaluator compute alike: inputs of `dtypes` and
     integer constants under `ops` (sums of them too: exact in float32 below 2^24, as counts are)?"""
-    return not any((isinstance(m, ir.Load) and program.inputs[m.tensor].dtype not in dtypes)
+    return not any((isinstance(m, ir.Load) and (m.tensor not in program.inputs  # (a plan buffer: unknown here)
+                                                 or program.inputs[m.tensor].dtype not in dtypes))
                    or (isinstance(m, ir.Const) and not float(m.value).is_integer())
                    or isinstance(m, ir.StateRef)
                    or (isinstance(m, ir.Call) and m.op not in ops) for m in ir.walk(n))
@@ -88,6 +89,60 @@ def with_inline_terms(pred: ir.Node, inline: dict[str, ir.Node]) -> ir.Node:
             return with_inline_terms(inline[new.name], inline)
         return new
     return ir.rebuild(pred, term)
+
+
+def with_plan_terms(pred: ir.Node, plan, program: ir.Program) -> ir.Node:
+    """`pred` with the plan's values written as the terms of the inputs they are computed from: its
+    inline values (with_inline_terms), and the integer buffers an earlier kernel of the plan wrote (a
+    token's document counted from offsets once per token, buf[i] = Σ_l [cu[l] <= i], then compared
+    in the attention kernel: its loop had gone unbounded, every causal key visited, 7× the packed
+    documents' work on an H100). Only a buffer holding an exact integer is replaced: the launcher's
+    evaluation of its term then has the values the kernel stored."""
+    buffers = _integer_buffers(plan, program)
+
+    def term(old, new):
+        if isinstance(new, ir.Load) and new.tensor in buffers:
+            axes, t = buffers[new.tensor]
+            bound = {m.axis for m in ir.walk(t) if isinstance(m, ir.Reduce)}
+            if bound & (set(axes) | set().union(*(e.axes for e in new.index))):
+                return new  # (a reduction inside would capture the index read at)
+            return ir.substitute(t, {ir.Index(a): e for a, e in zip(axes, new.index)})
+        return new
+
+    return ir.rebuild(with_inline_terms(pred, plan.inline), term)
+
+
+def _integer_buffers(plan, program: ir.Program) -> dict[str, tuple[tuple[str, ...], ir.Node]]:
+    """buffer → (its axes, the term of the inputs it holds) for each integer buffer of `plan` a kernel
+    stores whole: from its plain passes' final values (no repair, no split) and inline values."""
+    from ..plan import Pass
+
+    out = {}
+    for k in plan.kernels:
+        if k.chunks > 1:
+            continue
+        comps = {}
+        for ph in k.phases:
+            if not isinstance(ph, Pass) or ph.split > 1:
+                continue
+            for c in ph.comps:
+                if not (c.producers or c.corr is not None or c.affine):
+                    body = c.core if c.mask is None else ir.Call("where", (c.mask, c.core, ir.Const(float(c.identity))))
+                    comps[c.name] = ir.Reduce(c.op, ph.axis, body)
+
+        def final(old, new, comps=comps):
+            if isinstance(new, ir.StateRef) and new.kind is ir.RefKind.FINAL and new.name in comps:
+                return comps[new.name]
+            return new
+
+        for st in [*(st for ph in k.passes() for st in ph.stores), *k.epilogue]:
+            spec = plan.buffers.get(st.target)
+            if spec is None or spec.dtype not in INTEGER or not all(isinstance(a, str) for a in st.axes):
+                continue
+            t = with_inline_terms(ir.rebuild(st.expr, final), plan.inline)
+            if not ir.reads_state(t) and exact_integer(t, program, _COUNT_OPS, (*INTEGER, "bool")):
+                out[st.target] = (tuple(st.axes), t)
+    return out
 
 
 def data_conjuncts(pred: ir.Node, axis: str, program: ir.Program) -> list[ir.Node]:

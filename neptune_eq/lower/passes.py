@@ -10,7 +10,7 @@ from ..contraction import opened
 from ..masks import affine, affine_part, conjunction, conjuncts
 from ..ops import MONOIDS, OPS
 from ..plan import Combine, CompPlan, Pass
-from .databounds import bound_for, data_conjuncts, with_inline_terms
+from .databounds import bound_for, data_conjuncts, with_plan_terms
 from .kernel import KernelWriter
 from .values import (
     Val,
@@ -161,7 +161,7 @@ class _PassWriter:
                     c_flow.append(f"({a.const} + ({mx}))")
             covered = not masked_by or affine(c.mask) is not None  # no conjunct left to evaluate per element
             if not covered:  # comparisons of input values: bounds worked out per call
-                mask = with_inline_terms(c.mask, w.plan.inline)  # (a document counted from offsets)
+                mask = with_plan_terms(c.mask, w.plan, w.program)  # (a document counted from offsets)
                 data = data_conjuncts(mask, j, w.program)
                 db = bound_for(data, j, T, [(x, w.sched.step(x)) for x in w.k.grid], w.program) if data else None
                 if db is not None:
