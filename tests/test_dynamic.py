@@ -639,6 +639,7 @@ def test_with_more_groups_than_ranged_the_longest_pick_ranges_and_explain_says_w
     tie) now pick ranges, the others priced at their bucket's middle; every range runs the alternative
     priced best there, and explain() lists them."""
     from neptune_eq.extract.cost import plan_cost
+
     from neptune_eq.frontend.buckets import RANGED_ALTERNATIVES, range_extents, ranged_groups, ranges_of
 
     assert ranged_groups((16, 16, 4096)) == (1, 2) and ranged_groups((64, 16, 16)) == (0, 2)
