@@ -71,7 +71,7 @@ def snapshot(c) -> CachedCompilation:
 
 
 def key_of(program: ir.Program, options, device: DeviceSpec) -> str:
-    rules = ";".join(f"{r.name}:{r.math}" for r in getattr(options, "rules", ()))
+    rules = ";".join(r.exact for r in getattr(options, "rules", ()))  # exact constants (Rule.math rounded them)
     relevant = {k: v for k, v in vars(options).items() if k not in ("rules", "progress", "cache_dir", "device")}
     text = "|".join([__version__, compiler_fingerprint(), str(FORMAT), program.text(exact=True),
                      repr(sorted(relevant.items(), key=str)), rules, repr(device)])

@@ -41,7 +41,9 @@ def load_target(path: str) -> tuple[object, tuple]:
         if callable(inputs):
             try:
                 inputs = inputs()
-            except Exception as e:  # the user's code: say where it failed, without our frames
+            except NeptuneError:
+                raise
+            except BaseException as e:  # the user's code (sys.exit and Ctrl-C too): say where, without our frames
                 raise NeptuneError(f"{path}: example_inputs() raised {_where(e, p)}") from None
         if not isinstance(inputs, tuple | list):
             inputs = (inputs,)
@@ -54,21 +56,27 @@ def load_target(path: str) -> tuple[object, tuple]:
 
 
 def _run_file(p: Path) -> dict:
+    """The top-level names of the user's file, run as a program. Anything it raises is a NeptuneError
+    (exit code 2): a SystemExit too, since `sys.exit(0)` at import would otherwise read as "verified"
+    and `sys.exit(1)` as "verification failed", and a KeyboardInterrupt (no traceback of our frames)."""
     try:
         return runpy.run_path(str(p), run_name="__neptune_example__")
     except NeptuneError:
         raise
     except SyntaxError as e:
         raise NeptuneError(f"{p}:{e.lineno}: syntax error: {e.msg}") from None
-    except Exception as e:
+    except BaseException as e:
         raise NeptuneError(f"running {p} raised {_where(e, p)}") from None
 
 
 def _where(e: BaseException, p: Path) -> str:
-    """'ZeroDivisionError: division by zero (at FILE:3: x = 1 / 0)': the last frame in the user's file."""
+    """'ZeroDivisionError: division by zero (at FILE:3: x = 1 / 0)': the last frame in the user's file.
+    A SystemExit shows its code ('SystemExit(0)'), an exception without a message its bare name."""
     frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == p.resolve()]
     at = f" (at {p}:{frames[-1].lineno}: {frames[-1].line})" if frames else ""
-    return f"{type(e).__name__}: {e}{at}"
+    if isinstance(e, SystemExit):
+        return f"SystemExit({e.code!r}){at}"
+    return f"{type(e).__name__}: {e}{at}" if str(e) else f"{type(e).__name__}{at}"
 
 
 def load_program(path: str) -> ir.Program:

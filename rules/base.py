@@ -126,6 +126,15 @@ class Rule:
             text += "   if " + ", ".join(str(c) for c in self.conds)
         return text
 
+    @property
+    def exact(self) -> str:
+        """The rule as exact text: its name, both sides as pattern trees with every constant as repr writes
+        it (the shortest text that reads back to the same float64, -0.0 apart from 0.0), its direction and
+        conditions. Two rules with one text rewrite alike; the compile cache keys user rules on it (`math`
+        is for reading: it once printed constants to 6 digits, so 1.0000001 and 1.0000002 shared a key)."""
+        conds = tuple((c.kind, c.var, c.axis) for c in self.conds)
+        return repr((self.name, self.lhs_pattern, self.rhs_pattern, self.bidirectional, conds))
+
     def __str__(self) -> str:
         return f"{self.name}: {self.math}"
 

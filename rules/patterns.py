@@ -82,7 +82,8 @@ def _lit(v) -> str:
     if isinstance(v, float):
         if math.isinf(v):
             return "inf" if v > 0 else "-inf"
-        return f"{v:g}"
+        short = f"{v:g}"  # 2, 0.5, 1e-06 ...; but 6 significant digits would print 1.0000001 as 1
+        return short if float(short) == v else repr(v)  # repr: the shortest text that reads back exactly
     if isinstance(v, str):
         return repr(v)
     return str(v)

@@ -127,8 +127,10 @@ def resolve_rules_file(spec: str | Path) -> Path:
     raise RuleFileError(f"no rules file '{spec}' (not a file; shipped rules files: {shipped})")
 
 
-def user_rules(specs: RuleSpec | Iterable[RuleSpec] | None, *, strict: bool = False) -> tuple[Rule, ...]:
-    """Checked user rules from paths, shipped rules-file names, Rule objects and egglog rewrites.
+def user_rules(specs: RuleSpec | list[RuleSpec] | tuple[RuleSpec, ...] | None, *,
+               strict: bool = False) -> tuple[Rule, ...]:
+    """Checked user rules from paths, shipped rules-file names, Rule objects and egglog rewrites: one of
+    them, or a list or tuple of them (anything else is a RuleError naming it).
 
     Raises UnsoundRuleError for an unsound rule; a refinement is accepted with a RuleRefinementWarning,
     or raises RefinementRuleError when `strict`."""
@@ -136,6 +138,9 @@ def user_rules(specs: RuleSpec | Iterable[RuleSpec] | None, *, strict: bool = Fa
         return ()
     if isinstance(specs, str | Path | Rule | RewriteOrRule) or _is_named_rewrite(specs):
         specs = [specs]
+    if not isinstance(specs, list | tuple):  # 42 was a raw TypeError; a dict's keys were read as file names
+        raise RuleError(f"rules={_short(specs)} ({type(specs).__name__}) is not a rule spec: {_ACCEPTED}, or a "
+                        "list or tuple of those")
     rules: list[Rule] = []
     for k, spec in enumerate(specs):
         if isinstance(spec, Rule):
@@ -147,8 +152,7 @@ def user_rules(specs: RuleSpec | Iterable[RuleSpec] | None, *, strict: bool = Fa
         elif isinstance(spec, str | Path):
             rules.extend(load_rules_file(resolve_rules_file(spec)))
         else:
-            raise RuleError(f"cannot use {type(spec).__name__} as a rule: pass a rules-file path or name, a Rule "
-                            "(rules.base.rw / birw), or an egglog rewrite(lhs).to(rhs) over Term")
+            raise RuleError(f"cannot use {_short(spec)} ({type(spec).__name__}) as a rule: pass {_ACCEPTED}")
     names: dict[str, Rule] = {}
     for r in rules:
         if r.name in names:
@@ -159,6 +163,15 @@ def user_rules(specs: RuleSpec | Iterable[RuleSpec] | None, *, strict: bool = Fa
         if verdict.refinement is not None:
             _refinement_warning(r, verdict.refinement)
     return tuple(rules)
+
+
+_ACCEPTED = ("a rules-file path or shipped rules-file name, a Rule (rules.base.rw / birw), or an egglog "
+             "rewrite(lhs).to(rhs) over Term (optionally as a (name, rewrite) pair)")
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _is_named_rewrite(spec) -> bool:
