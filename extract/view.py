@@ -56,6 +56,23 @@ class EGraphView:
         return (self.deps.get(cid, -1) & axis_bit) == 0
 
 
+def merged_constants(view: EGraphView, rel: float = 1e-6, visible: float = 1e-6) -> list[float] | None:
+    """The constants of the first e-class equating two numbers that differ by more than `rel` of the
+    larger, one of them at least `visible` in magnitude (0 and 1; −7e19 and 3e19), else None. Real
+    algebra over float constants merges spellings that differ by rounding (6.249890 against its
+    neighbour, a product folded in two orders), and a class of numbers all within 1e−6 of 0 is 0 to
+    every kernel; anything more takes an unsound chain of refinements (pipeline._saturated)."""
+    for nodes in view.classes.values():
+        values = sorted({float(n.args[0]) + 0.0 for n in nodes if n.op == "const" and n.args
+                         and n.args[0] == n.args[0]})
+        if len(values) > 1:
+            lo, hi = values[0], values[-1]
+            big = max(abs(lo), abs(hi))
+            if big >= visible and hi - lo > rel * big:
+                return values
+    return None
+
+
 def _sort_name(s: str) -> str:
     return s.rsplit(".", 1)[-1]
 

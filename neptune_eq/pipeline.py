@@ -30,7 +30,7 @@ from .extract.exact_tests import compared_with_extreme, materialising
 from .extract.numerics import cancellation_risks, stability_notes, summed_overflow_risks
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.terms import TermExtractor
-from .extract.view import EGraphView, build_view, class_of, positive_multiples
+from .extract.view import EGraphView, build_view, class_of, merged_constants, positive_multiples
 from .fusion.search import FusionSearch
 from .fusion.types import Binding
 from .ir import NeptuneError
@@ -132,6 +132,7 @@ class Compilation:
     nodes: int = 0
     budget_notes: list[str] = field(default_factory=list)  # what a budget cut short (explain() shows it)
     numerics_notes: list[str] = field(default_factory=list)  # a stable spelling chosen over a cheaper one
+    refinements_dropped: str | None = None  # why the algebra ran without some refinements (_saturated)
     overflow_risks: list[ir.Node] = field(default_factory=list)  # exps under a sum that may overflow
     cancel_risks: list[ir.Node] = field(default_factory=list)  # differences of two sums ≥ 0
     # what plan enumeration could not do: loops dropped (no extractable term), whether it stopped at
@@ -160,9 +161,37 @@ class Compilation:
         return {a: 1 << k for k, a in enumerate(self.encoder.axis_order)}
 
 
-def _rulesets(options: Options):
+def _rulesets(options: Options, refine: bool = True):
     rules = [*ALGEBRA, *options.rules]
-    return ruleset(*[r.egglog() for r in rules], name=f"algebra_{len(rules)}"), rules
+    if not refine:  # (without the refinements by a value not known to be 0: _saturated)
+        rules = [r for r in rules if not any(c.kind == "not_zero" for c in r.conds)]
+    return ruleset(*[r.egglog() for r in rules], name=f"algebra_{len(rules)}_{refine}"), rules
+
+
+def _saturated(c: Compilation, options: Options) -> tuple[Compilation, list[Rule]]:
+    """The algebra saturated, then simplified. A refinement guarded by not_zero(b) (a·b/b → a) fires
+    while b is not yet known to be 0; where the algebra proves b = 0 later (Σⱼ (x − x)), 0/0 has been
+    equated with each constant the rule met, and those constants merge: a 0/0 (NaN) compiled to
+    −3.3e−4, and a Σⱼ (x − x) beside another output to 2.3e−13 (a hunt, session 56). Such an e-graph
+    is saturated again without those refinements; one that still equates two numbers is refused."""
+    merged = None
+    for refine in (True, False):
+        algebra, rules = _rulesets(options, refine)
+        c.saturator.rule_names = {r.egglog().decl: r.name for r in rules}
+        _timed(c, "saturate", lambda: _algebra(c, algebra))  # noqa: B023  (run now)
+        _timed(c, "saturate", lambda: _simplify(c, rules))  # noqa: B023
+        first, merged = merged, merged_constants(build_view(c.egraph, canonical=False))
+        if merged is None:
+            if first is not None:
+                c.refinements_dropped = (f"the algebra proved 0 a value a refinement had divided by, equating "
+                                         f"{', '.join(f'{v:g}' for v in first[:4])}: saturated again without "
+                                         "the refinements by values not known to be 0")
+            return c, rules
+        if refine:
+            c = _encode(c.program, options, c.saturator.progress, started=c.saturator.started)
+    raise NeptuneError(f"program '{c.program.name}': the algebra equates the numbers "
+                       f"{', '.join(f'{v:g}' for v in merged[:4])} (a value it proves 0 divides another): "
+                       "not compiled, as no plan from it could be trusted")
 
 
 def _simplify_ruleset(rules: list[Rule]):
@@ -177,11 +206,7 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     program = without_stopgrad(program.validate()).with_static_lengths()
     check_names(program)
     progress = stderr_progress if options.progress is True else (options.progress or None)
-    c = _encode(program, options, progress)
-    algebra, rules = _rulesets(options)
-    c.saturator.rule_names = {r.egglog().decl: r.name for r in rules}
-    _timed(c, "saturate", lambda: _algebra(c, algebra))
-    _timed(c, "saturate", lambda: _simplify(c, rules))
+    c, rules = _saturated(_encode(program, options, progress), options)
     _timed(c, "extract", lambda: _represent(c))
     if c.numerics_risks:
         _timed(c, "saturate", lambda: _stabilise(c, rules))
@@ -189,7 +214,7 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     _timed(c, "saturate", lambda: _split_k(c))
     _timed(c, "extract", lambda: _plans(c))
     c.nodes = egraph_size(c.egraph)
-    c.budget_notes = budget_notes(c)
+    c.budget_notes = budget_notes(c) + ([c.refinements_dropped] if c.refinements_dropped else [])
     if not c.alternatives:
         raise NeptuneError(f"no executable plan found for program '{program.name}'")
     return c
