@@ -421,8 +421,8 @@ _ATTENTION_DYNAMIC: dict[tuple, Compiled] = {}  # (mods, head dims, dtype, optio
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod=None, mask_mod=None,
-              enable_gqa: bool = False, scale: float | None = None, *, return_lse: bool = False, cache_dir=None,
-              dynamic=None, **options):
+              enable_gqa: bool = False, scale: float | torch.Tensor | None = None, *, return_lse: bool = False,
+              cache_dir=None, dynamic=None, **options):
     """FlexAttention-compatible attention: `score_mod(score, b, h, q_idx, kv_idx)` rewrites the
     scaled score, `mask_mod(b, h, q_idx, kv_idx)` keeps a pair when True. q is [B, Hq, L, D], k and v
     [B, Hkv, S, D] (Hkv may divide Hq with enable_gqa=True). A query row with no kept key gives 0.
@@ -434,8 +434,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod=None,
     from .frontend import attention_capture
     from .frontend.capture import ZeroSizeCapture
     from .frontend.compiled import EagerFunction
-    from .frontend.flex import attention_function
+    from .frontend.flex import attention_function, tensor_scale
 
+    if isinstance(scale, torch.Tensor):  # (read at every call, and learnable: a captured tensor of score_mod)
+        score_mod, scale = tensor_scale(score_mod, scale), 1.0
     if dynamic:
         key = (score_mod, mask_mod, enable_gqa, scale, return_lse, repr(dynamic), q.dim(), q.shape[-1], v.shape[-1],
                q.dtype, k.dtype, v.dtype, q.device.type, repr(sorted(options.items())), str(cache_dir))

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from neptune_eq.extract.view import EGraphView, ENode, merged_constants
 
 import neptune_eq
 from neptune_eq import dsl as ne
-from neptune_eq.extract.view import EGraphView, ENode, merged_constants
 from neptune_eq.ir import NeptuneError
 from neptune_eq.runtime import compile_ir
 

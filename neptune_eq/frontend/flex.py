@@ -29,6 +29,7 @@ score, h is the query head, masked scores are -inf, and a query row with every k
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -70,10 +71,31 @@ def attention_function(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_
                 keep = torch.tensor(bool(keep), device=q.device)
             score = torch.where(keep, score, -math.inf)
         # a row with every key masked gives 0, as FlexAttention (torch.softmax would give nan)
-        out = torch.ops.aten._safe_softmax(score, -1) @ v
+        p = torch.ops.aten._safe_softmax(score, -1)
+        # (a modifier reading a float32 tensor promotes a bf16 score: the probabilities meet v in v's
+        # dtype, as FlexAttention's kernel casts them; it had failed to trace, float32 @ bf16)
+        out = (p if p.dtype == v.dtype else p.to(v.dtype)) @ v
         return (out, torch.logsumexp(score.float(), -1)) if return_lse else out
 
     return flex_attention
+
+
+_SCALED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scale tensor → {score_mod: its tensor_scale}
+
+
+def tensor_scale(score_mod: Callable | None, scale: torch.Tensor) -> Callable:
+    """score_mod of the score scaled by tensor `scale` (an annealed temperature, a learnable one): the
+    tensor is captured like any tensor a modifier reads, so it is read at every call (its value had been
+    taken once, float(scale), and an in-place write ignored) and gets its gradient (it had been
+    detached). One function per (tensor, score_mod), so calls keep hitting one compile."""
+    per = _SCALED.setdefault(scale, {})
+    if score_mod not in per:
+        def scaled(score, b, h, q_idx, kv_idx):
+            score = score * scale
+            return score if score_mod is None else score_mod(score, b, h, q_idx, kv_idx)
+
+        per[score_mod] = scaled
+    return per[score_mod]
 
 
 def attention_capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, score_mod: Callable | None = None,

@@ -325,8 +325,9 @@ class ContractOps:
         prod = self.f32(self.value(factors[0]))
         for f in factors[1:]:
             prod = self._scale(prod, f)
-        if mask is not None and not prod.dims and _literal(prod.code) is not None:  # (a bare number under a
-            prod = Val(f"tl.full([], {prod.code}, {self.fdt})", (), "f")  # mask is float32: 1 beside float64)
+        if not prod.dims and _literal(prod.code) is not None:  # (a bare number is float32 under a mask, 1
+            prod = Val(f"tl.full([], {prod.code}, {self.fdt})", (), "f")  # beside float64, and no tensor
+            # at all broadcast alone: tl.broadcast_to(1.0, …) failed to compile, a sink logit's dK)
         if mask is not None:
             codes, dims = self.align([mask, prod])
             prod = self.bind(f"tl.where({codes[0]}, {codes[1]}, 0.0)", dims, "f", "p")
