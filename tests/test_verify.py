@@ -167,3 +167,14 @@ def test_a_sum_under_a_one_hot_is_evaluated_without_its_full_block():
     out = evaluate(prog, x)["o"]
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref)
+
+
+def test_an_integer_output_of_a_float_value_is_compared_as_torch_converts_it():
+    """A DSL output declared int64 / int32 over a float expression stores torch's conversion (toward 0);
+    the float64 reference had been compared unconverted, exactly, and verify() failed a correct program."""
+    P = ne.program("as_int")
+    i, j = P.axes(i=2, j=3)
+    x = P.input("x", i, j)
+    P.output("a", x * 3.0, dtype="int64")
+    P.output("s", ne.sum(x, j) * 3.0, dtype="int32")
+    assert compile_ir(P.build()).verify().passed
