@@ -269,7 +269,7 @@ def compile_ir(program: ir.Program, options: Options | None = None, *, rules=())
 def with_user_rules(options: Options, rules) -> Options:
     """`options` with the user `rules` (checked for soundness first: rules/user.py) added; refinements
     warn, or are rejected when options.strict_rules."""
-    if not rules:
+    if rules is None or (isinstance(rules, list | tuple) and not rules):  # (rules=0 or {} is user_rules' error)
         return options
     from .rules.user import user_rules
 

@@ -50,6 +50,16 @@ def test_rules_that_are_not_a_rule_spec_are_a_rule_error(bad):
     assert repr(bad) in str(e.value) and type(bad).__name__ in str(e.value)
 
 
+@pytest.mark.parametrize("bad", [0, {}, False])
+def test_falsy_rules_that_are_not_a_rule_spec_reach_the_check(bad):
+    """compile(rules=0 / {} / False) had been read as no rules (with_user_rules' `if not rules`)."""
+    from neptune_eq.pipeline import Options
+    from neptune_eq.runtime import with_user_rules
+
+    with pytest.raises(RuleError, match="is not a rule spec"):
+        with_user_rules(Options(), bad)
+
+
 def test_a_bad_item_in_a_rules_list_is_named():
     with pytest.raises(RuleError, match=r"cannot use 42 \(int\) as a rule: pass a rules-file path"):
         user_rules(["sqrt", 42])
