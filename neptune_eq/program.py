@@ -73,7 +73,9 @@ class Program:
             raise ProgramError(f"program '{self.name}' has no outputs")
         seen = set()
         for out in self.outputs:
-            if out.name in seen or out.name in self.inputs:
+            if out.name in self.inputs:
+                raise ProgramError(f"output name '{out.name}' is also an input's name: name the output otherwise")
+            if out.name in seen:
                 raise ProgramError(f"output name '{out.name}' is used twice")
             seen.add(out.name)
             for ax in out.axes:

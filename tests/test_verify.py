@@ -178,3 +178,12 @@ def test_an_integer_output_of_a_float_value_is_compared_as_torch_converts_it():
     P.output("a", x * 3.0, dtype="int64")
     P.output("s", ne.sum(x, j) * 3.0, dtype="int32")
     assert compile_ir(P.build()).verify().passed
+
+
+def test_an_output_named_like_an_input_says_so():
+    P = ne.program("named")
+    (i,) = P.axes(i=3)
+    x = P.input("x", i)
+    P.output("x", x * 2.0)
+    with pytest.raises(NeptuneError, match="also an input's name"):
+        P.build()
