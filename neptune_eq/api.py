@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from . import ir
+from .budget_notes import load_dependent
 from .cache import CompileCache, key_of, snapshot
 from .custom_ops import custom_op, dynamic_op
 from .device import from_torch
@@ -80,8 +81,9 @@ def compile_cached(program: ir.Program, options: Options, cache: CompileCache,
     key = key_of(program, options, device)
     hit = cache.get(key)
     if hit is None:
-        hit = snapshot(compile_program(program, options))
-        cache.put(key, hit)
+        c = compile_program(program, options)
+        hit = snapshot(c)
+        cache.put(key, hit, durable=not load_dependent(c))
         if stats is not None:
             stats.compiles += 1
     elif stats is not None:

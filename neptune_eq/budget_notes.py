@@ -30,3 +30,15 @@ def budget_notes(c) -> list[str]:
     if c.plans_truncated:
         out.append(f"plan enumeration stopped at max_plans={c.options.max_plans}")
     return out
+
+
+def load_dependent(c) -> bool:
+    """Did a time budget cut compile `c` short (a saturation phase, the fused groups tried, a correction
+    search)? Its plans then depend on how loaded the host was, and it is kept out of the disk cache
+    (api.compile_cached): kl_rows compiled on a busy 2-core host lost its split-K phase to the 20 s
+    budget, and later compiles on an idle one read that cut plan back (found diffing plan dumps)."""
+    if any(rep.stop == "time budget" for rep in c.saturator.reports):
+        return True
+    f = c.fusion
+    return f is not None and (bool(f.skipped) or any("time budget" in (r.reason or "")
+                                                     for r in f.corrections.values() if not r.found))

@@ -173,10 +173,11 @@ class CompileCache:
         self.misses += 1
         return None
 
-    def put(self, key: str, value: CachedCompilation) -> None:
+    def put(self, key: str, value: CachedCompilation, durable: bool = True) -> None:
+        """Keep `value` in memory and, where `durable` (not cut short by a time budget), on disk."""
         self.memory[key] = value
         disk = self.disk
-        if disk is not None and disk.write_error is None:
+        if durable and disk is not None and disk.write_error is None:
             try:
                 data = dumps(key, value)
             except TypeError as e:  # a value the format cannot hold: kept in memory only
