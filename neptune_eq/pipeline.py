@@ -44,7 +44,7 @@ from .saturate import Budget, BudgetError, Progress, Saturator, egraph_size, std
 from .schedule import KernelSchedule, plan_schedules
 from .space import plan_variants
 from .stopgrad import without_stopgrad
-from .terms import Encoder, Term, split_factor
+from .terms import Encoder, Term, held_forms, split_factor
 
 
 @dataclass(frozen=True)
@@ -299,7 +299,7 @@ def _encode(program: ir.Program, options: Options, progress, started: float | No
     for ld in list(enc.loads.values()):
         spec = program.inputs.get(ld.tensor)
         if spec is not None and spec.holds is not None and ld.index == tuple(ir.Index(a) for a in spec.axes):
-            for value, spelled in _held_forms(ld, spec.holds):
+            for value, spelled in held_forms(ld, spec.holds):
                 held[enc.encode(spelled)] = enc.encode(value)
     enc.flush()
     eg.register(*roots.values(), *(union(a).with_(b) for a, b in held.items()))
@@ -308,24 +308,6 @@ def _encode(program: ir.Program, options: Options, progress, started: float | No
     c = Compilation(program, options, device, eg, enc, roots, sat, held=list(held))
     c.timings["encode"] = time.perf_counter() - t0
     return c
-
-
-def _held_forms(load: ir.Load, value: ir.Node) -> list[tuple[ir.Node, ir.Node]]:
-    """(value, its spelling from the load) pairs a held input stands for: the value itself and, for a
-    max or min of a positively scaled body, the unscaled one (maxⱼ(c·x) = c·maxⱼ x, so maxⱼ x = m/c).
-    The algebra rewrites only forwards, so without the second the e-graph would know maxⱼ x only as a
-    reduction to recompute — a score scale (softmax(q·k/√d)) made the backward recompute its max."""
-    forms = [(value, load)]
-    if isinstance(value, ir.Reduce) and value.op in ("max", "min") and isinstance(value.body, ir.Call) \
-            and value.body.op in ("mul", "div"):
-        op, (a, b) = value.body.op, value.body.args
-        scaled = {"mul": [(a, b), (b, a)], "div": [(a, b)]}.get(op, [])  # (x, c): c·x, x·c or x/c
-        for x, c in scaled:
-            if isinstance(c, ir.Const) and math.isfinite(c.value) and c.value > 0 and not isinstance(x, ir.Const):
-                unscaled = ir.Call("mul", (load, c)) if op == "div" else ir.Call("div", (load, c))
-                forms.append((ir.Reduce(value.op, value.axis, x), unscaled))
-                break
-    return forms
 
 
 def _extractor(c: Compilation, view: EGraphView) -> TermExtractor:

@@ -12,6 +12,7 @@ bounded(t).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from egglog import (
@@ -438,3 +439,21 @@ __all__ = [
     "BINARY", "CONSTRUCTORS", "LEAVES", "UNARY", "Comp", "Comps", "Encoder", "Loop", "Term", "Unit", "axis_bit", "deps",
     "extent", "get", "nonneg", "op_of_callable", "pos", "red", "split_factor",
 ]
+
+
+def held_forms(load: ir.Load, value: ir.Node) -> list[tuple[ir.Node, ir.Node]]:
+    """(value, its spelling from the load) pairs a held input stands for: the value itself and, for a
+    max or min of a positively scaled body, the unscaled one (maxⱼ(c·x) = c·maxⱼ x, so maxⱼ x = m/c).
+    The algebra rewrites only forwards, so without the second the e-graph would know maxⱼ x only as a
+    reduction to recompute — a score scale (softmax(q·k/√d)) made the backward recompute its max."""
+    forms = [(value, load)]
+    if isinstance(value, ir.Reduce) and value.op in ("max", "min") and isinstance(value.body, ir.Call) \
+            and value.body.op in ("mul", "div"):
+        op, (a, b) = value.body.op, value.body.args
+        scaled = {"mul": [(a, b), (b, a)], "div": [(a, b)]}.get(op, [])  # (x, c): c·x, x·c or x/c
+        for x, c in scaled:
+            if isinstance(c, ir.Const) and math.isfinite(c.value) and c.value > 0 and not isinstance(x, ir.Const):
+                unscaled = ir.Call("mul", (load, c)) if op == "div" else ir.Call("div", (load, c))
+                forms.append((ir.Reduce(value.op, value.axis, x), unscaled))
+                break
+    return forms
