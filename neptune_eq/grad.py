@@ -306,6 +306,13 @@ def backward_program(program: ir.Program, wrt: list[str] | None = None, *, saved
     # or a dynamic one's, with its length: `copies`)
     dynamic = program.dynamic | set(copies)
     back = ir.Program(f"{program.name}_backward", extents, inputs, outputs, dynamic, copies).validate()
+    if back.dynamic:
+        from .lower.launch import length_sources
+
+        try:  # (an axis every read of which was renamed away, its copies' too: log_softmax over keys of
+            length_sources(back)  # x @ x.mT beside a mean over queries)
+        except NeptuneError as e:
+            raise NoBackward(f"{program.name}: {e} (in the backward)") from None
     return Backward(back, cotangents, names, kept)
 
 

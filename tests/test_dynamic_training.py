@@ -108,6 +108,20 @@ def test_training_at_new_lengths_compiles_nothing(name):
     assert prog.stats()["signatures"] == 0 and prog.family.no_training is None
 
 
+def test_a_backward_whose_dynamic_axis_has_no_length_falls_back_to_per_length_training():
+    """log_softmax over the keys of x @ x.mT beside a mean over the queries: the derived backward
+    renamed every read of the key axis away, its copies kept it as their length, and the first training
+    call raised a NeptuneError from the launcher (session 56's hunt). Such a backward is NoBackward:
+    each length trains through a compile of its own, as before, with torch's gradients."""
+    def fn(x):
+        return torch.log_softmax(x @ x.mT, -1).mean(-2).sum(-1)
+
+    prog = neptune_eq.compile(fn, _randn(2, 12, 8), dynamic=True)
+    for n in (12, 9):
+        for a, b in zip(_grads(prog, [_randn(2, n, 8, seed=n)], (0,)), _grads(fn, [_randn(2, n, 8, seed=n)], (0,))):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
 def test_torch_compile_trains_across_lengths_in_one_graph():
     """torch.compile(dynamic=True) around a dynamic function traces one graph whose training op runs
     each call's bucket; its gradients match eager torch's at every length."""
