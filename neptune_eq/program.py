@@ -184,6 +184,53 @@ class Program:
         outs = [Output(o.name, o.axes, o.expr, outputs or o.dtype) for o in self.outputs]
         return replace(self, axes=dict(self.axes), inputs=inputs, outputs=outs).validate()
 
+    def unshadowed(self) -> Program:
+        """The same program with every reduction over an axis that is free where it stands (an output's
+        axis, or an enclosing reduction's) made over a fresh copy of that axis: Σ_d nested in an output
+        over d, which (x[:-1] @ x.mT).softmax(-1) @ x captures (x's feature axis both contracted and
+        kept). Such shadowing is sound IR, but a plan read the inner d as the output's and gave wrong
+        numbers (a hunt, session 56: off by 2.6 on a [6, 4] input). A copy of a dynamic axis is dynamic,
+        with its length (same_length)."""
+        axes, dynamic, same = dict(self.axes), set(self.dynamic), dict(self.same_length)
+        memo: dict = {}
+
+        def fresh(a: str, context: frozenset[str]) -> str:
+            k = 2
+            while f"{a}{k}" in self.axes or f"{a}{k}" in context:
+                k += 1
+            name = f"{a}{k}"
+            axes[name] = self.axes[a]
+            if a in self.dynamic:
+                dynamic.add(name)
+                same[name] = self.same_length.get(a, a)
+            return name
+
+        def go(n: Node, context: frozenset[str], env: tuple) -> Node:
+            key = (n, context, env)
+            if key in memo:
+                return memo[key]
+            names = dict(env)
+            if isinstance(n, Index):
+                out = Index(names.get(n.axis, n.axis)) if isinstance(n.axis, str) else n
+            elif isinstance(n, Reduce):
+                ax = fresh(n.axis, context) if n.axis in context else n.axis
+                inner = tuple(sorted({**names, n.axis: ax}.items()))
+                out = Reduce(n.op, ax, go(n.body, context | {ax}, inner))
+            elif isinstance(n, Call):
+                out = Call(n.op, tuple(go(x, context, env) for x in n.args))
+            elif isinstance(n, Load):
+                out = Load(n.tensor, tuple(go(x, context, env) for x in n.index))
+            else:
+                out = n
+            memo[key] = out
+            return out
+
+        outs = [Output(o.name, o.axes, go(o.expr, frozenset(o.axes), ()), o.dtype) for o in self.outputs]
+        if all(a.expr is b.expr for a, b in zip(outs, self.outputs)):
+            return self
+        return replace(self, axes=axes, inputs=dict(self.inputs), outputs=outs, dynamic=frozenset(dynamic),
+                       same_length=same).validate()
+
     def __str__(self) -> str:
         return self.text()
 

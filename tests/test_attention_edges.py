@@ -70,3 +70,24 @@ def test_a_learnable_sink_logit_trains_beside_the_keys():
     kd, sd = k.double().requires_grad_(), sink.double().requires_grad_()
     sink_attn(q.double(), kd, v.double(), sd).sum().backward()
     assert (kk.grad - kd.grad).abs().max() < 1e-5 and (ss.grad - sd.grad).abs().max() < 1e-5
+
+
+def test_queries_sliced_from_the_tensor_that_is_keys_and_values_match_float64():
+    """(x[:-1] @ x.mT).softmax(-1) @ x contracts x's feature axis inside an output over that same axis
+    (Σ_d nested in out[j, d]): sound IR, but a plan read the inner d as the output's (off by 2.6, and
+    verify() failing, at a static compile; a Triton shape error in a dynamic bucket). Reductions that
+    shadow an axis are made over fresh copies first (Program.unshadowed)."""
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+
+    def fn(x):
+        return (x[:-1] @ x.mT).softmax(-1) @ x
+
+    assert (ne.compile(fn, x)(x) - fn(x)).abs().max() < 1e-10
+
+    def batched(x):
+        return (x[:, :-1] @ x.mT).softmax(-1) @ x
+
+    prog = ne.compile(batched, torch.randn(2, 12, 8, dtype=torch.float64), dynamic=True)
+    for n in (12, 9, 20):
+        x = torch.randn(2, n, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+        assert (prog(x) - batched(x)).abs().max() < 1e-10, n
