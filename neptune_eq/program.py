@@ -185,12 +185,13 @@ class Program:
         return replace(self, axes=dict(self.axes), inputs=inputs, outputs=outs).validate()
 
     def unshadowed(self) -> Program:
-        """The same program with every reduction over an axis that is free where it stands (an output's
-        axis, or an enclosing reduction's) made over a fresh copy of that axis: Σ_d nested in an output
-        over d, which (x[:-1] @ x.mT).softmax(-1) @ x captures (x's feature axis both contracted and
-        kept). Such shadowing is sound IR, but a plan read the inner d as the output's and gave wrong
-        numbers (a hunt, session 56: off by 2.6 on a [6, 4] input). A copy of a dynamic axis is dynamic,
-        with its length (same_length)."""
+        """The same program with every reduction over an axis that an enclosing reduction over another
+        axis leaves free made over a fresh copy of that axis: (x[:-1] @ x.mT).softmax(-1) @ x captures
+        Σ_i(… Σ_d x[j, d]·x[i, d] …)·x[i, d] in out[j, d], the inner Σ_d under a Σ_i whose body keeps d
+        free. That is sound IR, but a plan read the inner d as the outer one and gave wrong numbers (a
+        hunt, session 56: off by 2.6 on a [6, 4] input). A reduction nested in one over its own axis
+        (max_j inside Σ_j) or standing in an output over its axis (a softmax's Σ_j, a norm's Σ_d) is
+        the fusions' own pattern and stays. A copy of a dynamic axis is dynamic, with its length."""
         axes, dynamic, same = dict(self.axes), set(self.dynamic), dict(self.same_length)
         memo: dict = {}
 
@@ -206,6 +207,7 @@ class Program:
             return name
 
         def go(n: Node, context: frozenset[str], env: tuple) -> Node:
+            # context: the axes an enclosing reduction over another axis leaves free (current names)
             key = (n, context, env)
             if key in memo:
                 return memo[key]
@@ -213,9 +215,11 @@ class Program:
             if isinstance(n, Index):
                 out = Index(names.get(n.axis, n.axis)) if isinstance(n.axis, str) else n
             elif isinstance(n, Reduce):
-                ax = fresh(n.axis, context) if n.axis in context else n.axis
+                # (nested in a copy of its own axis it rebinds that copy: max_d inside Σ_d2 is max_d2)
+                ax = fresh(n.axis, context) if n.axis in context else names.get(n.axis, n.axis)
                 inner = tuple(sorted({**names, n.axis: ax}.items()))
-                out = Reduce(n.op, ax, go(n.body, context | {ax}, inner))
+                live = frozenset(names.get(a, a) for a in n.axes)
+                out = Reduce(n.op, ax, go(n.body, (context - {n.axis}) | live, inner))
             elif isinstance(n, Call):
                 out = Call(n.op, tuple(go(x, context, env) for x in n.args))
             elif isinstance(n, Load):
@@ -225,7 +229,7 @@ class Program:
             memo[key] = out
             return out
 
-        outs = [Output(o.name, o.axes, go(o.expr, frozenset(o.axes), ()), o.dtype) for o in self.outputs]
+        outs = [Output(o.name, o.axes, go(o.expr, frozenset(), ()), o.dtype) for o in self.outputs]
         if all(a.expr is b.expr for a, b in zip(outs, self.outputs)):
             return self
         return replace(self, axes=axes, inputs=dict(self.inputs), outputs=outs, dynamic=frozenset(dynamic),
