@@ -316,7 +316,7 @@ class ProgramBuilder:
         self._outputs.append(ir.Output(name, names, expr.node, dtype))
 
     def build(self) -> ir.Program:
-        return ir.Program(self.name, dict(self._axes), dict(self._inputs), list(self._outputs)).validate()
+        return ir.Program(self.name, dict(self._axes), dict(self._inputs), list(self._outputs)).validate().unshadowed()
 
 
 def program(name: str) -> ProgramBuilder:

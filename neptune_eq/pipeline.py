@@ -204,8 +204,6 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     if not isinstance(options, Options):
         raise NeptuneError(f"options must be a neptune_eq.pipeline.Options, got {type(options).__name__}")
     program = without_stopgrad(program.validate()).with_static_lengths()
-    if not any(s.holds is not None for s in program.inputs.values()):  # (a saved backward's held statistics
-        program = program.unshadowed()  # are spelled with the forward's axes: renamed, they no longer match)
     check_names(program)
     progress = stderr_progress if options.progress is True else (options.progress or None)
     c, rules = _saturated(_encode(program, options, progress), options)

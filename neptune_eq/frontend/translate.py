@@ -477,7 +477,7 @@ class Translator(LengthValues):
                 if isinstance(n, ir.Index | ir.Reduce | ir.Length):
                     used.add(n.axis)
         axes = {a: n for a, n in self.res.extents.items() if a in used}
-        program = ir.Program(self.name, axes, specs, outputs).validate()
+        program = ir.Program(self.name, axes, specs, outputs).validate().unshadowed()  # (Program.unshadowed)
         checks = tuple(replace(ch, program=index_program(ch.index, self.res.extents, specs)) for ch in self.checks)
         return Translation(program, [self.infos[n].shape for n in outs], [self.infos[n].dtype for n in outs], checks,
                            self.symbolic_extents(set(axes)))
