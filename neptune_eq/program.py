@@ -206,9 +206,10 @@ class Program:
                 same[name] = self.same_length.get(a, a)
             return name
 
-        def go(n: Node, context: frozenset[str], env: tuple) -> Node:
-            # context: the axes an enclosing reduction over another axis leaves free (current names)
-            key = (n, context, env)
+        def go(n: Node, context: frozenset[str], env: tuple, bound: frozenset = frozenset()) -> Node:
+            # context: the axes an enclosing reduction over another axis leaves free (current names);
+            # bound: the axes enclosing reductions bind (a layer norm's Σ_i inside Σ_d inside Σ_i stays)
+            key = (n, context, env, bound)
             if key in memo:
                 return memo[key]
             names = dict(env)
@@ -216,14 +217,14 @@ class Program:
                 out = Index(names.get(n.axis, n.axis)) if isinstance(n.axis, str) else n
             elif isinstance(n, Reduce):
                 # (nested in a copy of its own axis it rebinds that copy: max_d inside Σ_d2 is max_d2)
-                ax = fresh(n.axis, context) if n.axis in context else names.get(n.axis, n.axis)
+                ax = fresh(n.axis, context) if n.axis in context and n.axis not in bound else names.get(n.axis, n.axis)
                 inner = tuple(sorted({**names, n.axis: ax}.items()))
                 live = frozenset(names.get(a, a) for a in n.axes)
-                out = Reduce(n.op, ax, go(n.body, (context - {n.axis}) | live, inner))
+                out = Reduce(n.op, ax, go(n.body, (context - {n.axis}) | live, inner, bound | {n.axis}))
             elif isinstance(n, Call):
-                out = Call(n.op, tuple(go(x, context, env) for x in n.args))
+                out = Call(n.op, tuple(go(x, context, env, bound) for x in n.args))
             elif isinstance(n, Load):
-                out = Load(n.tensor, tuple(go(x, context, env) for x in n.index))
+                out = Load(n.tensor, tuple(go(x, context, env, bound) for x in n.index))
             else:
                 out = n
             memo[key] = out
