@@ -65,3 +65,17 @@ class Annealed(torch.nn.Module):
 
     def forward(self, x):
         return self.f(x)
+
+
+def refuse_dynamic_backwards(monkeypatch) -> None:
+    """Make every backward of a dynamic program NoBackward (the per-length training fallback's tests)."""
+    from neptune_eq import autograd
+
+    real = autograd._derive
+
+    def refuse(program, wrt):
+        if program.dynamic:
+            raise autograd.NoBackward(f"{program.name}: (test) no backward at every length")
+        return real(program, wrt)
+
+    monkeypatch.setattr(autograd, "_derive", refuse)

@@ -132,16 +132,9 @@ def test_a_traced_training_call_without_a_backward_for_every_length_leaves_the_g
     """Where no backward is derived over the buckets, a traced call needing gradients is derived first
     (NoBackward had come out of dynamo's trace as an internal error) and runs outside the graph, as an
     eager call compiles its own length."""
-    from neptune_eq import autograd
+    from helpers import refuse_dynamic_backwards
 
-    real = autograd._derive
-
-    def refuse_dynamic(program, wrt):
-        if program.dynamic:
-            raise autograd.NoBackward(f"{program.name}: (test) no backward at every length")
-        return real(program, wrt)
-
-    monkeypatch.setattr(autograd, "_derive", refuse_dynamic)
+    refuse_dynamic_backwards(monkeypatch)
 
     def fn(x):
         return (x[:, :-1] * x[:, 1:]).sum(-1).softmax(-1).square().sum(1)  # (derived by no other test)

@@ -150,14 +150,9 @@ def test_torch_compile_trains_across_lengths_in_one_graph():
 def test_no_backward_at_every_length_trains_per_length(monkeypatch):
     """Where no backward is derived for the dynamic program, a call needing gradients compiles for its
     own length, as before (correct, and said in `family.no_training`), never a detached result."""
-    real = autograd._derive
+    from helpers import refuse_dynamic_backwards
 
-    def refuse_dynamic(program, wrt):
-        if program.dynamic:
-            raise autograd.NoBackward(f"{program.name}: (test) no backward at every length")
-        return real(program, wrt)
-
-    monkeypatch.setattr(autograd, "_derive", refuse_dynamic)
+    refuse_dynamic_backwards(monkeypatch)
     _, make, wrt = CASES["cross_entropy"]
     fn = lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1)  # noqa: E731  (derived by no other test)
     prog = neptune_eq.compile(fn, *make(LENGTHS[0]), dynamic=True)
