@@ -423,8 +423,8 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
             buf = f"buf_{name}"
             if buf not in buffers:
                 streamed = [set(by_name[n].free) for n in needed if n in by_name and n not in inline
-                            and n not in computed[ki]] + [set(ld.axes) for e in k.exprs() for ld in ir.walk(e)
-                                                          if isinstance(ld, ir.Load)] + [set(ld.axes) for ld in loads]
+                            and n not in computed[ki]] + [set(ld.axes) for e in k.exprs() for ld in e.loads
+                                                          ] + [set(ld.axes) for ld in loads]
                 axes = _buffer_layout(b.free, k, streamed)
                 buffers[buf] = BufferSpec(buf, axes, "int64" if name in ints else floats)
                 kernels[src].epilogue.append(StorePlan(buf, axes, b.ref(ir.RefKind.FINAL)))

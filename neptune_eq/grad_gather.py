@@ -32,6 +32,18 @@ from . import ir
 from .index_shift import Shift, clamped_shift, offset_shift
 from .ir import Call, Const, Index, Load, NeptuneError, Reduce
 
+# the operators no gradient flows through (predicates, casts of bools, detach)
+NO_GRAD = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "float", "stopgrad"})
+
+
+def grad_name(name: str, taken) -> str:
+    """`grad_<name>`, made unique among `taken`."""
+    out, k = f"grad_{name}", 1
+    while out in taken:
+        k += 1
+        out = f"grad_{name}{k}"
+    return out
+
 
 class NoBackward(NeptuneError):
     """A call that would need gradients the compiler does not derive; the message names the cause
@@ -349,6 +361,14 @@ def load_grad(program: ir.Program, n: Load, g: ir.Node, fresh: dict[str, int] | 
         # named as x's gathered dimension, which the index does not read: summed out before the test)
         g = sum_over(g, set(g.axes) - set(plain) - at, order)
     free = set(g.axes) | at
+    if free & targets and fresh is not None and len(set(axes)) == len(axes):
+        # x[t[i]] read where i also names x's gathered dimension (cross-entropy of y @ y.mT: the logits'
+        # row axis is y's): the position goes on a fresh copy of that axis, i summed over as any other
+        rename = {s: _fresh_axis(f"{s}_at", program, fresh, program.axes[s]) for s in targets & free}
+        gathered = [(e, rename.get(s, s)) for e, s in gathered]
+        axes = tuple(rename.get(a, a) if a not in plain else a for a in axes)
+        targets = {s for _, s in gathered}
+        order = [*order, *fresh]
     if len(set(axes)) != len(axes) or free & targets:
         raise NoBackward(f"{program.name}: the gradient of the gathered {ir.show(n)} would reuse an axis of "
                          "its expression for the gathered position")

@@ -45,7 +45,7 @@ class _HashConsed(type):
 
 
 class Node(metaclass=_HashConsed):
-    __slots__ = ("__weakref__", "_axes", "_hash")
+    __slots__ = ("__weakref__", "_axes", "_hash", "_loads", "_reduced", "_refs")
 
     def _key(self) -> tuple:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -91,8 +91,66 @@ class Node(metaclass=_HashConsed):
             out |= c.axes
         return out
 
+    @property
+    def refs(self) -> tuple[StateRef, ...]:
+        """The distinct StateRefs of this DAG in walk() order (cached per node, as `axes` is: the plan
+        enumeration asks it of the same expressions tens of thousands of times)."""
+        try:
+            return self._refs
+        except AttributeError:
+            _summarise(self)
+            return self._refs
+
+    @property
+    def loads(self) -> tuple[Load, ...]:
+        """The distinct Loads of this DAG in walk() order (cached per node)."""
+        try:
+            return self._loads
+        except AttributeError:
+            _summarise(self)
+            return self._loads
+
+    @property
+    def reduced_axes(self) -> frozenset[str]:
+        """The axes of the reductions in this DAG (cached per node)."""
+        try:
+            return self._reduced
+        except AttributeError:
+            _summarise(self)
+            return self._reduced
+
     def __repr__(self) -> str:
         return show(self)
+
+
+def _summarise(node: Node) -> None:
+    """Fill `_refs`, `_loads` and `_reduced` of node and of every node under it not filled yet, children
+    before parents (iterative: programs may be deep)."""
+    stack: list[tuple[Node, bool]] = [(node, False)]
+    while stack:
+        n, ready = stack.pop()
+        if hasattr(n, "_refs"):
+            continue
+        kids = n.children()
+        if not ready:
+            stack.append((n, True))
+            stack.extend((c, False) for c in reversed(kids) if not hasattr(c, "_refs"))
+            continue
+        refs: dict[Node, None] = {}
+        loads: dict[Node, None] = {}
+        for c in kids:
+            refs.update(dict.fromkeys(c._refs))
+            loads.update(dict.fromkeys(c._loads))
+        reduced = frozenset().union(*(c._reduced for c in kids))
+        if isinstance(n, StateRef):
+            refs[n] = None
+        elif isinstance(n, Load):
+            loads[n] = None
+        elif isinstance(n, Reduce):
+            reduced |= {n.axis}
+        object.__setattr__(n, "_refs", tuple(refs))
+        object.__setattr__(n, "_loads", tuple(loads))
+        object.__setattr__(n, "_reduced", reduced)
 
 
 def _init(obj: Node, **fields) -> None:

@@ -55,7 +55,7 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
             raise ProgramError(f"input '{name}' has shape {tuple(inputs[name].shape)}, expected {want} for axes "
                                f"{spec.axes}")
     env: dict[str, torch.Tensor] = {}  # the inputs a load reads, converted on first use
-    memo: dict[int, _Val] = {}
+    memo: dict[ir.Node, _Val] = {}
 
     def tensor(name: str) -> torch.Tensor:
         t = env.get(name)
@@ -87,10 +87,12 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
         return _Val(torch.arange(program.axes[ax], device=device), (ax,))
 
     def go(n: ir.Node) -> _Val:
-        hit = memo.get(id(n))
+        # (keyed by the node, which the memo keeps alive: selected_product evaluates factors it builds
+        # itself, and keyed by id() a later node reusing a freed one's id read its value, dims and all)
+        hit = memo.get(n)
         if hit is not None:
             return hit
-        memo[id(n)] = out = compute(n)
+        memo[n] = out = compute(n)
         return out
 
     def compute(n: ir.Node) -> _Val:

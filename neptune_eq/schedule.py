@@ -82,14 +82,14 @@ def with_inlined(exprs: list[ir.Node], plan: Plan) -> list[ir.Node]:
     """`exprs` and the inlined values they refer to (transitively)."""
     exprs = list(exprs)
     for e in exprs:
-        for n in ir.walk(e):
-            if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in plan.inline:
+        for n in e.refs:
+            if n.kind is ir.RefKind.INLINE and n.name in plan.inline:
                 exprs.append(plan.inline[n.name])
     return exprs
 
 
 def loads_in(k: KernelPlan, plan: Plan) -> list[ir.Load]:
-    return [n for e in kernel_exprs(k, plan) for n in ir.walk(e) if isinstance(n, ir.Load)]
+    return [n for e in kernel_exprs(k, plan) for n in e.loads]
 
 
 def loop_loads(k: KernelPlan, plan: Plan, program: ir.Program | None = None) -> list[ir.Load]:
@@ -105,9 +105,9 @@ def loop_loads(k: KernelPlan, plan: Plan, program: ir.Program | None = None) -> 
 
 def inner_axes(k: KernelPlan, plan: Plan) -> set[str]:
     """Axes of the inline contractions the kernel uses."""
-    used = {n.name for e in kernel_exprs(k, plan) for n in ir.walk(e)
-            if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in plan.inline}
-    return {n.axis for name in used for n in ir.walk(plan.inline[name]) if isinstance(n, ir.Reduce)}
+    used = {n.name for e in kernel_exprs(k, plan) for n in e.refs
+            if n.kind is ir.RefKind.INLINE and n.name in plan.inline}
+    return {a for name in used for a in plan.inline[name].reduced_axes}
 
 
 def sums_whole(k: KernelPlan, plan: Plan, program: ir.Program, sched: KernelSchedule) -> bool:
@@ -294,7 +294,7 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
         held.update({("operand", f): b for f, b in built.items()})
         if built:
             exprs = [ir.substitute(e, dict.fromkeys(built, ir.Const(0.0))) for e in exprs]
-        for ld in (n for e in exprs for n in ir.walk(e) if isinstance(n, ir.Load)):
+        for ld in (n for e in exprs for n in e.loads):
             key = (ld.tensor, tuple(sorted(ld.axes)))
             if axis is not None and axis in ld.axes:
                 if key not in seen:

@@ -61,7 +61,7 @@ def gemm_axes(k: KernelPlan, program: ir.Program) -> tuple[str, str, str] | None
         for c in ps.comps:
             if c.op != "sum":
                 continue
-            loads = [n for n in ir.walk(c.core) if isinstance(n, ir.Load) and ps.axis in n.axes]
+            loads = [n for n in c.core.loads if ps.axis in n.axes]
             grid = [a for a in k.grid if program.axes[a] >= 16 and a in c.core.axes]
             for m in grid:
                 for n in grid:

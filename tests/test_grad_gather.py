@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import neptune_eq
 from neptune_eq import autograd, ir
@@ -286,3 +287,18 @@ def test_a_split_dimension_gets_its_gradient_over_its_digits():
         (fn(*ref) * cot).sum().backward()
         for a, b in zip(ours, ref):
             assert a.grad.shape == b.grad.shape and torch.allclose(a.grad.double(), b.grad, atol=1e-5), fn.__name__
+
+
+def test_cross_entropy_of_a_tensor_scored_against_itself_trains():
+    """F.cross_entropy(y @ y.mT, labels) gathers y at the label's row, the logits' row axis being y's
+    own: the one-hot gradient's position takes a fresh copy of that axis (it had been refused, "would
+    reuse an axis", found by scripts/fuzz_programs.py)."""
+    def self_scored(y, lab):
+        return F.cross_entropy(y @ y.mT, lab, label_smoothing=0.1)
+
+    g = torch.Generator().manual_seed(3)
+    y, lab = torch.randn(7, 4, generator=g), torch.randint(0, 7, (7,), generator=g)
+    leaf, ref = y.clone().requires_grad_(), y.double().requires_grad_()
+    neptune_eq.compile(self_scored, y, lab)(leaf, lab).backward()
+    self_scored(ref, lab).backward()
+    assert torch.allclose(leaf.grad.double(), ref.grad, atol=1e-6)

@@ -221,7 +221,7 @@ def centred(x):
 def test_a_shift_the_outputs_do_not_see_gets_no_adjoint():
     """softmax's max is a shift (dropped: no tie count, no cancelling sum); x − max x is not."""
     from neptune_eq import ir
-    from neptune_eq.grad import shift_invariant
+    from neptune_eq.grad_invariance import shift_invariant
 
     x = _randn(3, 7)
     for fn, invariant in ((softmax, True), (logsumexp, True), (centred, False)):
@@ -290,7 +290,7 @@ def test_a_shift_read_only_past_a_constant_index_keeps_its_adjoint():
     at small extents the branch never shows, so a large program with such a mask is not declared
     invariant; a small one is tested at its own extents."""
     from neptune_eq import ir
-    from neptune_eq.grad import _pinned_axes, shift_invariant
+    from neptune_eq.grad_invariance import pinned_axes, shift_invariant
 
     def split(x):
         d = torch.arange(x.shape[-1])
@@ -299,7 +299,7 @@ def test_a_shift_read_only_past_a_constant_index_keeps_its_adjoint():
     x = _randn(3, 12)
     program = capture(split, x).program
     (m,) = {n for n in ir.walk(program.outputs[0].expr) if isinstance(n, ir.Reduce) and n.op == "max"}
-    assert "d" in _pinned_axes(program) and not shift_invariant(program, m)
+    assert "d" in pinned_axes(program) and not shift_invariant(program, m)
     big = program.with_extents({"i": 4096, "d": 4096})
     assert not shift_invariant(big, m)  # tested with d at its own extent: the mask depends on it
     back = backward_program(program)
@@ -315,7 +315,7 @@ def test_a_banded_softmax_at_full_length_is_shift_invariant():
     drawn at random at small extents instead, so the softmax's max is still found to be a shift (no tie
     count in the backward); the same band over x − max x is still found not to be."""
     from neptune_eq import ir
-    from neptune_eq.grad import shift_invariant
+    from neptune_eq.grad_invariance import shift_invariant
 
     def banded(x, fn):
         i = torch.arange(x.shape[-2])[:, None]
@@ -367,7 +367,7 @@ def test_a_max_over_an_axis_gathered_by_data_is_shift_invariant_at_full_size():
     the max's tie count used to stay in the backward (two more passes over the vocabulary, and a
     selection block per tile). Read at a position the shift moves, the gather is still not invariant."""
     from neptune_eq import ir
-    from neptune_eq.grad import _pinned_axes, shift_invariant
+    from neptune_eq.grad_invariance import pinned_axes, shift_invariant
 
     def linear_ce(h, W, t):
         return torch.nn.functional.cross_entropy((h @ W.T).float(), t)
@@ -383,7 +383,7 @@ def test_a_max_over_an_axis_gathered_by_data_is_shift_invariant_at_full_size():
         program = capture(fn, *xs).program
         program = program.with_extents({a: big.get(a, n) for a, n in program.axes.items()})
         (m,) = {n for o in program.outputs for n in ir.walk(o.expr) if isinstance(n, ir.Reduce) and n.op == "max"}
-        assert not _pinned_axes(program) and shift_invariant(program, m) is invariant, fn.__name__
+        assert not pinned_axes(program) and shift_invariant(program, m) is invariant, fn.__name__
     back = backward_program(capture(linear_ce, *cases[0][1]).program.with_extents(big), saved=True).program
     ties = [n for o in back.outputs for n in ir.walk(o.expr) if isinstance(n, ir.Call) and n.op == "eq"
             and any(isinstance(a, ir.Load) and a.tensor.startswith("saved") for a in n.args)

@@ -1,0 +1,47 @@
+"""A few random programs of scripts/fuzz_programs.py compiled and checked against float64 (the hunt
+itself runs many seeds: `python scripts/fuzz_programs.py --seeds 0:200 --grad`), and the check
+catching a wrong answer, so that a passing seed means something."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+from fuzz_programs import check, random_program
+
+import neptune_eq
+
+
+def test_random_programs_match_float64():
+    # 100: a batched cat, matmul and norm; 110: a matmul, a cat, a slice and two outputs
+    for seed in (100, 110):
+        out = check(random_program(seed))
+        assert out.verdict == "ok", (seed, out, random_program(seed).source)
+
+
+def test_a_random_program_trains_like_float64():
+    # 111: a cross-entropy of y @ y.mT (its one-hot gradient had been refused) beside a normalised w @ w.mT
+    out = check(random_program(111), grad=True)
+    assert out.verdict == "ok", (out, random_program(111).source)
+
+
+def test_the_check_reports_a_wrong_result_and_a_wrong_gradient(monkeypatch):
+    real = neptune_eq.compile
+
+    def wrapped(change):
+        def compile(fn, *xs, **kw):
+            prog = real(fn, *xs, **kw)
+
+            def call(*ys):
+                out = prog(*ys)
+                return tuple(map(change, out)) if isinstance(out, tuple) else change(out)
+            return call
+        return compile
+
+    monkeypatch.setattr(neptune_eq, "compile", wrapped(lambda o: o + 1e-2))
+    assert check(random_program(110)).verdict == "WRONG"
+    monkeypatch.setattr(neptune_eq, "compile", wrapped(lambda o: o + (o - o.detach())))  # a gradient twice torch's
+    got = check(random_program(110), grad=True)
+    assert got.verdict == "WRONG" and "gradient" in got.detail, got
