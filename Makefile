@@ -15,7 +15,7 @@ run: .venv/.installed
 	.venv/bin/neptune-eq compile examples/causal_attention.py
 
 # two worker processes, each taking whole files (a file's tests share their compiles): the suite's
-# compiles are single-threaded Python, so the 2-core CI machine halves its time (15.4 → 8.3 min cold)
+# compiles are single-threaded Python, so the 2-core CI machine halves its time (15.2 min cold on 2026-12-05)
 test: .venv/.installed
 	$(PY) -m pytest -q -x --durations=15 -n 2 --dist loadfile
 

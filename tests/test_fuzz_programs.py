@@ -45,3 +45,23 @@ def test_the_check_reports_a_wrong_result_and_a_wrong_gradient(monkeypatch):
     monkeypatch.setattr(neptune_eq, "compile", wrapped(lambda o: o + (o - o.detach())))  # a gradient twice torch's
     got = check(random_program(110), grad=True)
     assert got.verdict == "WRONG" and "gradient" in got.detail, got
+
+
+def test_the_cached_summaries_of_ir_nodes_are_what_a_walk_finds():
+    """refs, loads and reduced_axes (cached per node for the plan enumeration) against ir.walk, on the
+    captured random programs and on a plan's state references."""
+    from neptune_eq import ir
+    from neptune_eq.frontend import capture
+
+    exprs = []
+    for seed in range(100, 112):
+        p = random_program(seed)
+        exprs += [o.expr for o in capture(p.function(), *p.inputs(seed)).program.outputs]
+    ref = ir.StateRef(ir.RefKind.INLINE, "s", ("i",))
+    exprs.append(ir.Call("add", (ref, ir.Reduce("sum", "j", ir.Call("mul", (ref, ir.Load("x", (ir.Index("j"),))))))))
+    for e in exprs:
+        nodes = list(ir.walk(e))
+        assert e.refs == tuple(n for n in nodes if isinstance(n, ir.StateRef))
+        assert e.loads == tuple(n for n in nodes if isinstance(n, ir.Load))
+        assert e.reduced_axes == {n.axis for n in nodes if isinstance(n, ir.Reduce)}
+    assert exprs[-1].refs == (ref,) and exprs[-1].reduced_axes == {"j"}
