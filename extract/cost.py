@@ -155,7 +155,7 @@ class _Counter:
 
     def count(self, exprs: list[ir.Node], loop: str | None, reps: float, seen: set, kloop: bool = False) -> None:
         for e in exprs:
-            for n in ir.walk(e):  # a contraction lowered to tl.dot: its product is tensor-core work
+            for n in ir.walk(e) if e.reduced_axes else ():  # a contraction lowered to tl.dot: tensor-core work
                 if self.dot(n, loop):
                     seen.update(opened(n.body).structure)
             for n in ir.walk(e):

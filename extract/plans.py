@@ -114,16 +114,24 @@ def _tile_contraction(b: Binding) -> bool:
 
 
 def _covers(names: list[str], loops: list[tuple[int, LoopCandidate]]):
-    """Exact covers of `names` by loops (each name in exactly one loop)."""
+    """Exact covers of `names` by loops (each name in exactly one loop), in the order of `loops`."""
+    holding: dict[str, list[tuple[int, LoopCandidate, frozenset[str]]]] = {}  # name → the loops holding it
+    for idx, loop in loops:
+        comp_names = frozenset(loop.names)
+        for n in comp_names:
+            holding.setdefault(n, []).append((idx, loop, comp_names))
+    yield from _covers_of(names, holding)
+
+
+def _covers_of(names: list[str], holding: dict[str, list[tuple[int, LoopCandidate, frozenset[str]]]]):
     if not names:
         yield []
         return
-    first = names[0]
-    for idx, loop in loops:
-        comp_names = set(loop.names)
-        if first in comp_names and comp_names <= set(names):
+    have = set(names)
+    for idx, loop, comp_names in holding.get(names[0], ()):
+        if comp_names <= have:
             rest = [n for n in names if n not in comp_names]
-            for tail in _covers(rest, loops):
+            for tail in _covers_of(rest, holding):
                 yield [(idx, loop), *tail]
 
 

@@ -316,7 +316,7 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
 
 def _dot_operands(exprs: list[ir.Node]) -> set[ir.Node]:
     """The factors of the product bodies of the sums in `exprs` (the operands of their tile dots)."""
-    return {f for e in exprs for n in ir.walk(e) if isinstance(n, ir.Reduce) and n.op == "sum"
+    return {f for e in exprs if e.reduced_axes for n in ir.walk(e) if isinstance(n, ir.Reduce) and n.op == "sum"
             and is_product(n.body) for f in opened(n.body).factors}
 
 
