@@ -45,7 +45,7 @@ class _HashConsed(type):
 
 
 class Node(metaclass=_HashConsed):
-    __slots__ = ("__weakref__", "_axes", "_hash", "_loads", "_reduced", "_refs")
+    __slots__ = ("__weakref__", "_axes", "_hash", "_loads", "_reduced", "_refs", "_walk")
 
     def _key(self) -> tuple:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -324,7 +324,17 @@ class StateRef(Node):
 
 
 def walk(node: Node) -> Iterator[Node]:
-    """Every distinct node of the DAG, children before parents."""
+    """Every distinct node of the DAG, children before parents. The order is cached on the node (plan
+    enumeration and pricing walk the same kernel expressions hundreds of thousands of times)."""
+    try:
+        return iter(node._walk)
+    except AttributeError:
+        order = tuple(_walk(node))
+        object.__setattr__(node, "_walk", order)
+        return iter(order)
+
+
+def _walk(node: Node) -> Iterator[Node]:
     seen: set[int] = set()
     stack: list[tuple[Node, bool]] = [(node, False)]
     while stack:

@@ -9,6 +9,7 @@ including ±inf for state symbols, so it is a property of the body, not a patter
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -159,14 +160,15 @@ def split_mask(body: ir.Node, monoid: str, nonempty: Callable[[ir.Node], bool] |
     that the predicates keep an element of every row (an affine causal or window mask), else kept
     in the body (a row of fills is the softmax of equal values, as torch computes it)."""
     got = _split(body, monoid, fills=True)
+    got = (list(got[0]), got[1])
     if nonempty is not None and large_constants(body):
         # (a max or min over a row that keeps an element takes a kept value over a fill: a fill branch
         # is then its identity, ∓inf, for finite data of any sampled size)
         sub = _fills_as_identity(body, monoid)
         loose = _split(ir.substitute(body, sub) if sub else body, monoid, fills=False)
         left = {n for n in ir.walk(loose[1]) if n in set(sub.values())}
-        if loose[0] != got[0] and not left and nonempty(conjunction(loose[0]) or ir.Const(1.0)):
-            return loose
+        if list(loose[0]) != got[0] and not left and nonempty(conjunction(list(loose[0])) or ir.Const(1.0)):
+            return list(loose[0]), loose[1]
     return got
 
 
@@ -180,7 +182,8 @@ def _fills_as_identity(body: ir.Node, monoid: str) -> dict[ir.Node, ir.Node]:
             for b in w.args[1:] if isinstance(b, ir.Const) and math.isfinite(b.value) and b.value * sign >= 100}
 
 
-def _split(body: ir.Node, monoid: str, fills: bool) -> tuple[list[ir.Node], ir.Node]:
+@functools.lru_cache(maxsize=4096)  # (a fusion search splits each body once per group it joins: 17 ms each)
+def _split(body: ir.Node, monoid: str, fills: bool) -> tuple[tuple[ir.Node, ...], ir.Node]:
     ident = MONOIDS[monoid].identity
     preds: list[ir.Node] = []
     core = body
@@ -202,8 +205,8 @@ def _split(body: ir.Node, monoid: str, fills: bool) -> tuple[list[ir.Node], ir.N
                 changed = True
                 break
     if is_identity_everywhere(core, ident, fills) and not preds:
-        return [ir.Const(0.0)], core  # the body is the identity everywhere: an always-false mask
-    return preds, core
+        return (ir.Const(0.0),), core  # the body is the identity everywhere: an always-false mask
+    return tuple(preds), core
 
 
 def conjunction(preds: list[ir.Node]) -> ir.Node | None:

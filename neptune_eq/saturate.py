@@ -36,6 +36,23 @@ def _run_again(egraph: EGraph, step) -> RunReport:
     return RunReport._from_bindings(output.report, state)
 
 
+def _run(egraph: EGraph, step) -> RunReport:
+    """egraph.run(step), without merging the step's declarations where the e-graph holds its rulesets
+    already (a phase's first iteration, a seed run: each search of a CorrectionSearcher's e-graph, primed
+    before its first push, ran its rules' ~15 ms merge again). Where egglog does not know a ruleset of
+    the step (KeyError), or its internals differ, run() itself."""
+    try:
+        return _run_again(egraph, step)
+    except KeyError:
+        return egraph.run(step)
+
+
+def prime(egraph: EGraph, *rulesets) -> None:
+    """Declare `rulesets` in `egraph` without running them (its pushed states then share them: _run)."""
+    for rs in rulesets:
+        egraph.run(run(rs) * 0)
+
+
 @dataclass(frozen=True)
 class Budget:
     """Limits for one compile. `max_seconds` bounds the whole search (saturation, correction searches,
@@ -107,7 +124,7 @@ class Saturator:
         before the first: a rule conditioned on it fires from the first iteration."""
         rep = PhaseReport(name)
         if seed is not None:
-            self.egraph.run(run(seed).saturate())
+            _run(self.egraph, run(seed).saturate())
         limit = self.budget.max_iterations if max_iterations is None else min(max_iterations,
                                                                               self.budget.max_iterations)
         t0 = time.perf_counter()
@@ -125,11 +142,12 @@ class Saturator:
             if rep.nodes > self.budget.max_nodes:
                 rep.stop = "node budget"
                 break
-            result = self.egraph.run(step) if rep.iterations == 0 else _run_again(self.egraph, step)
+            result = _run(self.egraph, step)
             rep.iterations += 1
             for decl, count in result.num_matches_per_rule.items():
-                if count:
-                    rep.matches[self.rule_names.get(decl, str(decl)[:60])] += count
+                if count:  # (str(decl) of a rule is long to build: only for a rule without a name)
+                    name = self.rule_names.get(decl)
+                    rep.matches[name if name is not None else str(decl)[:60]] += count
             rep.nodes = egraph_size(self.egraph)
             if self.progress is not None:
                 self.progress(f"  saturate {name}: iteration {rep.iterations}, {rep.nodes} nodes, "

@@ -105,10 +105,13 @@ class Rule:
     origin: str = "builtin"
 
     def egglog(self) -> RewriteOrRule:
-        facts = [f for c in self.conds for f in c.facts]
-        if self.bidirectional:
-            return birewrite(self.lhs).to(self.rhs, *facts)
-        return rewrite(self.lhs).to(self.rhs, *facts)
+        """The egglog rewrite (built once: each compile builds its rulesets from the same rules)."""
+        built = self.__dict__.get("_egglog")  # (a frozen dataclass: cached beside its fields, not one of them)
+        if built is None:
+            facts = [f for c in self.conds for f in c.facts]
+            built = (birewrite if self.bidirectional else rewrite)(self.lhs).to(self.rhs, *facts)
+            self.__dict__["_egglog"] = built
+        return built
 
     @property
     def lhs_pattern(self) -> PNode:

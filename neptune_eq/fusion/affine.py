@@ -42,12 +42,14 @@ from neptune_eq.rules import analysis
 from neptune_eq.rules.affine import EXPAND
 from neptune_eq.rules.base import Rule
 from neptune_eq.rules.soundness import eval_ir_sampled
-from neptune_eq.saturate import Budget, Saturator
+from neptune_eq.saturate import Budget, Saturator, prime
 from neptune_eq.terms import Encoder
 
+from .found import Found, rules_key
 from .types import AffineResult
 
 AFFINE_BUDGET = Budget(max_nodes=20_000, max_seconds=2.0, max_iterations=6)
+_FOUND = Found()  # what searches found, by rules, axes, extents, budget less its seconds and query (found.py)
 OLD, CUR = ir.RefKind.OLD, ir.RefKind.CURRENT
 # a basis body used as a leaf of the linear term: the *accumulated* sum tₖ it stands for is the old
 # running value of that reduction, but the leaf must not be confused with old:k appearing inside a
@@ -141,6 +143,9 @@ class AffineSearcher:
         rs = [r for r in rules if r.name not in _NOT_HERE] + EXPAND
         self.schedule = ruleset(*[r.egglog() for r in rs], name=f"affine_rules_{len(rs)}") | analysis.ANALYSIS
         self.names = {r.egglog().decl: r.name for r in rs}
+        prime(self.egraph, self.schedule, analysis.SEED)  # (each search, pushed, then runs them unmerged)
+        self.rules = tuple(rs)
+        self.key = (rules_key(rs), self.axis_order, tuple(sorted(self.extents.items())), frozenset(dynamic))
 
     def search(self, core: ir.Node, basis: dict[str, ir.Node], running: set[str], axis: str,
                zero: frozenset[str] = frozenset()) -> AffineResult:
@@ -188,6 +193,19 @@ class AffineSearcher:
     def _search(self, core: ir.Node, basis: dict[str, ir.Node], running: set[str], axis: str,
                 zero: frozenset[str], refs: list[ir.Node]) -> AffineResult:
         """One search: `core` rewritten over `basis` with the references `refs` rebased."""
+        b = self.budget
+        key = (self.key, b.max_nodes, b.max_iterations, b.match_limit, core, tuple(basis.items()),
+               frozenset(running), axis, frozenset(zero), tuple(refs))
+        hit = _FOUND.get(key, b.max_seconds)
+        if hit is not None:
+            return hit
+        res, stop = self._search_once(core, basis, running, axis, zero, refs)
+        if stop != "time budget":
+            _FOUND.put(key, res, res.seconds, alive=self.rules)
+        return res
+
+    def _search_once(self, core: ir.Node, basis: dict[str, ir.Node], running: set[str], axis: str,
+                     zero: frozenset[str], refs: list[ir.Node]) -> tuple[AffineResult, str]:
         t0 = time.perf_counter()
         eg = self.egraph
         eg.push()
@@ -232,15 +250,16 @@ class AffineSearcher:
                 sat.phase("affine", self.schedule, seed=analysis.SEED, stop_when=done)
             rep = sat.reports[-1] if sat.reports else None
             its, nodes = (rep.iterations, rep.nodes) if rep else (0, 0)
+            stop = rep.stop if rep else "goal reached"
             if not found:
                 why = (f"no sum over {', '.join(basis)} with coefficients free of {axis} in the e-class of "
                        f"{ir.show(core)}" + (f" after {its} iterations ({rep.stop})" if rep else ""))
-                return AffineResult(iterations=its, nodes=nodes, seconds=time.perf_counter() - t0, reason=why)
+                return AffineResult(iterations=its, nodes=nodes, seconds=time.perf_counter() - t0, reason=why), stop
             split = split_linear(found[0], set(basis))
             if split is None:  # (linear_term only builds linear terms)
-                return AffineResult(reason="the linear term could not be split", seconds=time.perf_counter() - t0)
+                return AffineResult(reason="the linear term could not be split", seconds=time.perf_counter() - t0), stop
             terms, const = split
-            return AffineResult(terms, const, iterations=its, nodes=nodes, seconds=time.perf_counter() - t0)
+            return AffineResult(terms, const, iterations=its, nodes=nodes, seconds=time.perf_counter() - t0), stop
         finally:
             eg.pop()
 

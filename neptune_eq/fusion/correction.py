@@ -26,12 +26,14 @@ from neptune_eq.ops import MONOIDS, OPS
 from neptune_eq.rules import analysis
 from neptune_eq.rules.base import Rule
 from neptune_eq.rules.soundness import eval_ir_sampled
-from neptune_eq.saturate import Budget, Saturator
+from neptune_eq.saturate import Budget, PhaseReport, Saturator, prime
 from neptune_eq.terms import Encoder, deps, nonneg
 
+from .found import Found, rules_key
 from .types import Binding, CorrectionResult
 
 CORRECTION_BUDGET = Budget(max_nodes=20_000, max_seconds=5.0, max_iterations=10)
+_FOUND = Found()  # what searches found, by rules, axes, extents, budget less its seconds and query (found.py)
 
 
 class CorrectionSearcher:
@@ -45,8 +47,23 @@ class CorrectionSearcher:
         self.base = Encoder(self.egraph, self.axis_order, self.extents, dynamic)  # axis facts, registered once
         self.schedule = ruleset(*[r.egglog() for r in rules], name=f"corr_rules_{len(rules)}") | analysis.ANALYSIS
         self.names = {r.egglog().decl: r.name for r in rules}
+        prime(self.egraph, self.schedule, analysis.SEED)  # (each search, pushed, then runs them unmerged)
+        self.key = (rules_key(rules), self.axis_order, tuple(sorted(self.extents.items())),
+                    frozenset(dynamic))
 
-    def search(self, q: ir.Node, axis: str, need_nonneg: bool) -> tuple[ir.Node | None, Saturator]:
+    def search(self, q: ir.Node, axis: str, need_nonneg: bool) -> tuple[ir.Node | None, PhaseReport]:
+        """The cheapest term free of `axis` in the e-class of q, or None; and the phase's report."""
+        b = self.budget
+        key = (self.key, b.max_nodes, b.max_iterations, b.match_limit, q, axis, need_nonneg)
+        hit = _FOUND.get(key, b.max_seconds)
+        if hit is not None:
+            return hit
+        h, rep = self._search(q, axis, need_nonneg)
+        if rep.stop != "time budget":
+            _FOUND.put(key, (h, rep), rep.seconds, alive=tuple(self.rules))
+        return h, rep
+
+    def _search(self, q: ir.Node, axis: str, need_nonneg: bool) -> tuple[ir.Node | None, PhaseReport]:
         eg = self.egraph
         eg.push()
         try:
@@ -63,13 +80,13 @@ class CorrectionSearcher:
                     return False
                 return not need_nonneg or eg.check_bool(nonneg(t))
 
-            sat.phase("correction", self.schedule, seed=analysis.SEED, stop_when=done)
+            rep = sat.phase("correction", self.schedule, seed=analysis.SEED, stop_when=done)
             if not done():
-                return None, sat
+                return None, rep
             view = build_view(eg, enc.encoded)
             tx = TermExtractor(view, self.axis_order, self.extents, enc.loads, enc.syms)
             allow = lambda c, n: view.free_of(c, bit) and n.op != "red"  # noqa: E731
-            return tx.best_term(class_of(eg, view, t), allow=allow), sat
+            return tx.best_term(class_of(eg, view, t), allow=allow), rep
         finally:
             eg.pop()
 
@@ -79,8 +96,7 @@ class CorrectionSearcher:
         reasons = []
         for dist, inverse, cond, ann in MONOIDS[monoid].dist:
             q = ir.Call(inverse, (core, old_core))
-            h, sat = self.search(q, axis, cond == "nonneg")
-            rep = sat.reports[-1]
+            h, rep = self.search(q, axis, cond == "nonneg")
             failure = None if h is None else repair_failure(core, old_core, h, dist)
             if h is not None and failure is None:
                 return CorrectionResult(q, dist, inverse, cond, ann, h, rep.iterations, rep.nodes,

@@ -1,0 +1,42 @@
+"""What the fusion's searches found, kept for the same question asked again.
+
+A correction or affine search is deterministic but for its time budget: asked again with the same rules,
+axes, extents, node and iteration budgets and query, a search that was not cut by time gives the same
+answer. A training compile asks its forward's quotients again for each backward it derives (and a
+process compiling many programs asks the same few). A hit is only served to a budget with at least the
+seconds the search took, so a compile whose time is spent still gets what its budget would have found
+and no more. A cache of values (bounded, least recently used first out), not state: a process that
+never hits it compiles the same plans.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any
+
+
+class Found:
+    def __init__(self, size: int = 2048):
+        self._kept: OrderedDict[Hashable, tuple[Any, float, tuple]] = OrderedDict()
+        self.size = size
+
+    def get(self, key: Hashable, max_seconds: float) -> Any | None:
+        """The value kept for `key` if its search took at most `max_seconds`, else None."""
+        hit = self._kept.get(key)
+        if hit is None or hit[1] > max_seconds:
+            return None
+        self._kept.move_to_end(key)
+        return hit[0]
+
+    def put(self, key: Hashable, value: Any, seconds: float, alive: tuple = ()) -> None:
+        """Keep `value` (found in `seconds`). `alive`: objects whose ids the key holds (the rules), kept
+        alive with it so that no other object takes their ids while it is kept."""
+        self._kept[key] = (value, seconds, alive)
+        if len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+
+
+def rules_key(rules) -> tuple[int, ...]:
+    """The rules of a search by identity (a Rule compares as egglog expressions, not by value)."""
+    return tuple(id(r) for r in rules)
