@@ -18,6 +18,10 @@ _OPS: dict[str, tuple] = {}  # qualname → (inference op, training call)
 _RUNNERS: dict[str, object] = {}  # op → the program (or dynamic function) it runs
 
 
+# (registering an op runs outside dynamo: traced, it broke the graph at hashlib, and each resume frame
+# held the registry as a constant, which dynamo's structured trace printed — every compiled program's
+# text, 10–40 s per new shape in a process that had compiled many)
+@torch.compiler.disable
 def custom_op(program: ir.Program, output_dtypes, prog: CompiledProgram, compile_fn):
     """A torch.library op running `prog` (the compile of `program`, whose outputs have torch dtypes
     `output_dtypes`) on the program's inputs (in program order), with a fake kernel and the derived
@@ -54,6 +58,7 @@ def custom_op(program: ir.Program, output_dtypes, prog: CompiledProgram, compile
     return call
 
 
+@torch.compiler.disable
 def dynamic_op(family):
     """A torch.library op running a dynamic function's program at the lengths of its inputs (each
     bucket's compile chosen at the call), with a fake kernel shaped by those lengths."""
