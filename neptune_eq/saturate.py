@@ -146,8 +146,8 @@ class Saturator:
             rep.iterations += 1
             for decl, count in result.num_matches_per_rule.items():
                 if count:  # (str(decl) of a rule is long to build: only for a rule without a name)
-                    name = self.rule_names.get(decl)
-                    rep.matches[name if name is not None else str(decl)[:60]] += count
+                    rule = self.rule_names.get(decl)
+                    rep.matches[rule if rule is not None else str(decl)[:60]] += count
             rep.nodes = egraph_size(self.egraph)
             if self.progress is not None:
                 self.progress(f"  saturate {name}: iteration {rep.iterations}, {rep.nodes} nodes, "
