@@ -244,7 +244,9 @@ def _live_tiles(cons: tuple, r: str, m: int, R: int, axis: str, n: int, T: int) 
 
 
 def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSchedule,
-                dev: DeviceSpec) -> KernelCost:
+                dev: DeviceSpec, memo: dict | None = None) -> KernelCost:
+    """`memo` (one dict per plan, while the plan is not changed): what does not depend on the schedule,
+    computed once for all the schedules of a kernel priced against each other."""
     tiles = sched.tiles
     programs = k.chunks
     for a in k.grid:
@@ -359,7 +361,12 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     t_mem_eff = hbm / bw * (waves * active / programs if programs > slots else 1.0) * spill
     terms = [t_mem_eff, *t_compute]
     t_l2 = _l2_time(requested, c, sched, iters_total, active, dev)
-    chain = _data_bounded_chain(k, program, plan)
+    if memo is None:
+        chain = _data_bounded_chain(k, program, plan)
+    else:
+        if ("chain", k.name) not in memo:
+            memo["chain", k.name] = _data_bounded_chain(k, program, plan)
+        chain = memo["chain", k.name]
     if chain:
         # a loop bounded by the inputs' values (lower/databounds.py): the lengths are data, unknown
         # here. Priced under the prior that they spread evenly over [0, bound]: half the work on

@@ -16,191 +16,33 @@
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field, fields
-from pathlib import Path
 
-from egglog import EGraph, i64, ruleset, union
+from egglog import i64
 
 from . import ir
 from .budget_notes import budget_notes
-from .device import DeviceSpec, from_torch
+from .compilation import Alternative, Compilation, Options
 from .extract.cost import Cost, kernel_cost, priced_at
 from .extract.exact_tests import compared_with_extreme, materialising
 from .extract.numerics import cancellation_risks, stability_notes, summed_overflow_risks
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.terms import TermExtractor
-from .extract.view import EGraphView, build_view, class_of, merged_constants, positive_multiples
+from .extract.view import EGraphView, build_view, class_of, positive_multiples
 from .fusion.search import FusionSearch
 from .fusion.types import Binding
 from .ir import NeptuneError
 from .lower.names import check_names
 from .masks import conjunction, conjuncts
-from .plan import Plan
+from .phases import encode, saturated, stabilise, timed
 from .rules import analysis, splitk
-from .rules.algebra import ALGEBRA, STABILITY, STABILITY_HELPERS, simplifies
 from .rules.base import Rule
-from .saturate import Budget, BudgetError, Progress, Saturator, egraph_size, stderr_progress
-from .schedule import KernelSchedule, plan_schedules
+from .saturate import Budget, Saturator, egraph_size, stderr_progress
+from .schedule import plan_schedules
 from .space import plan_variants
 from .stopgrad import without_stopgrad
-from .terms import Encoder, Term, held_forms, split_factor
+from .terms import Term, split_factor
 
-
-@dataclass(frozen=True)
-class Options:
-    """What a compile may do. Nothing here changes what is computed, only how it is searched and run."""
-
-    device: DeviceSpec | None = None  # None: the current GPU, else the H100 spec
-    budget: Budget = field(default_factory=Budget)
-    split_factors: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
-    min_chunk: int = 512  # a split-K chunk covers at least this many elements
-    inline_max: int = 256  # contractions over axes up to this extent are computed per tile
-    max_plans: int = 200
-    rules: tuple[Rule, ...] = ()  # extra (user) algebra rules, already checked for soundness
-    strict_rules: bool = False  # reject user rules that only refine (docs/RULES.md) instead of warning
-    progress: Progress | bool = None
-    cache_dir: Path | None = None
-    # bytes of intermediate buffers a plan may use before run() cuts it into chunks of one axis
-    # (neptune_eq/chunked.py); None: the largest input or output of the program, at least 1 GiB
-    scratch_limit: int | None = None
-
-    def __post_init__(self) -> None:
-        """Wrong types are named here, not met as AttributeErrors deep inside a compile."""
-        if isinstance(self.budget, dict):  # budget={"max_seconds": 2.0}
-            unknown = set(self.budget) - {f.name for f in fields(Budget)}
-            if unknown:
-                raise BudgetError(f"unknown budget field(s) {sorted(unknown)}; Budget has "
-                                  f"{[f.name for f in fields(Budget)]}")
-            object.__setattr__(self, "budget", Budget(**self.budget))
-        if not isinstance(self.budget, Budget):
-            raise BudgetError(f"budget must be a neptune_eq.Budget (e.g. Budget(max_seconds=2.0)), got "
-                              f"{type(self.budget).__name__} {self.budget!r}")
-        if self.device is not None and not isinstance(self.device, DeviceSpec):
-            raise NeptuneError(f"device must be a neptune_eq.device.DeviceSpec or None, got {self.device!r}")
-        if not isinstance(self.split_factors, tuple | list) or not all(
-                isinstance(f, int) and not isinstance(f, bool) and f >= 2 for f in self.split_factors):
-            raise NeptuneError(f"split_factors must be a tuple of ints >= 2, got {self.split_factors!r}")
-        if self.scratch_limit is not None and (isinstance(self.scratch_limit, bool) or not isinstance(
-                self.scratch_limit, int) or self.scratch_limit < 1):
-            raise NeptuneError(f"scratch_limit must be None or an int >= 1 (bytes), got {self.scratch_limit!r}")
-        for name in ("min_chunk", "inline_max", "max_plans"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise NeptuneError(f"{name} must be an int >= 1, got {v!r}")
-
-
-@dataclass
-class Alternative:
-    id: int
-    plan: Plan
-    cost: Cost
-    schedules: list[KernelSchedule]
-    kind: str = "streamed"  # the schedule kind of each kernel (neptune_eq.space)
-
-    @property
-    def structure(self) -> str:
-        return f"{self.plan.structure()} [{self.kind}]"
-
-    @property
-    def predicted_time(self) -> float:
-        return self.cost.time
-
-    def __str__(self) -> str:
-        t = self.cost.terms()
-        return (f"#{self.id}: {self.structure} — predicted {t['time_us']:.1f} µs, {t['hbm_MB']:.2f} MB HBM, "
-                f"{t['tensor_GFLOP']:.3f} TC GFLOP, {t['sfu_Gop']:.3f} G special ops")
-
-
-@dataclass
-class Compilation:
-    """Everything the pipeline produced, phase by phase (for the explorer, the CLI and tests)."""
-
-    program: ir.Program
-    options: Options
-    device: DeviceSpec
-    egraph: EGraph
-    encoder: Encoder
-    roots: dict[str, Term]
-    saturator: Saturator
-    representative: dict[str, ir.Node] = field(default_factory=dict)
-    bindings: list[Binding] = field(default_factory=list)
-    fusion: FusionSearch | None = None
-    view: EGraphView | None = None
-    alternatives: list[Alternative] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    nodes: int = 0
-    budget_notes: list[str] = field(default_factory=list)  # what a budget cut short (explain() shows it)
-    numerics_notes: list[str] = field(default_factory=list)  # a stable spelling chosen over a cheaper one
-    refinements_dropped: str | None = None  # why the algebra ran without some refinements (_saturated)
-    overflow_risks: list[ir.Node] = field(default_factory=list)  # exps under a sum that may overflow
-    cancel_risks: list[ir.Node] = field(default_factory=list)  # differences of two sums ≥ 0
-    # what plan enumeration could not do: loops dropped (no extractable term), whether it stopped at
-    # max_plans (kept as data: the plan space's closures hold the e-graph, which must not outlive the
-    # compile's thread in a reference cycle — egglog's EGraph cannot be dropped on another thread)
-    dropped_loops: list[str] = field(default_factory=list)
-    plans_truncated: bool = False
-    held: list[Term] = field(default_factory=list)  # loads of inputs that hold a computed value
-
-    @property
-    def best(self) -> Alternative:
-        return self.alternatives[0]
-
-    @property
-    def numerics_risks(self) -> list[ir.Node]:
-        """What the stabilise phase can repair in the representative program."""
-        return [*self.overflow_risks, *self.cancel_risks]
-
-    @property
-    def rejected_notes(self) -> list[str]:
-        """The fusions the rules could not justify, one line each (loop, axis, why)."""
-        rejected = self.fusion.rejected if self.fusion else []
-        return [f"{', '.join(lp.names)} over {lp.axis}: {lp.reason}" for lp in rejected if lp.reason]
-
-    def axis_bits(self) -> dict[str, int]:
-        return {a: 1 << k for k, a in enumerate(self.encoder.axis_order)}
-
-
-def _rulesets(options: Options, refine: bool = True):
-    rules = [*ALGEBRA, *options.rules]
-    if not refine:  # (without the refinements by a value not known to be 0: _saturated)
-        rules = [r for r in rules if not any(c.kind == "not_zero" for c in r.conds)]
-    return ruleset(*[r.egglog() for r in rules], name=f"algebra_{len(rules)}_{refine}"), rules
-
-
-def _saturated(c: Compilation, options: Options) -> tuple[Compilation, list[Rule]]:
-    """The algebra saturated, then simplified. A refinement guarded by not_zero(b) (a·b/b → a) fires
-    while b is not yet known to be 0; where the algebra proves b = 0 later (Σⱼ (x − x)), 0/0 has been
-    equated with each constant the rule met, and those constants merge: a 0/0 (NaN) compiled to
-    −3.3e−4, and a Σⱼ (x − x) beside another output to 2.3e−13 (a hunt, session 56). Such an e-graph
-    is saturated again without those refinements; one that still equates two numbers is refused."""
-    merged = None
-    for refine in (True, False):
-        algebra, rules = _rulesets(options, refine)
-        c.saturator.rule_names = {r.egglog().decl: r.name for r in rules}
-        _timed(c, "saturate", lambda: _algebra(c, algebra))  # noqa: B023  (run now)
-        # (an e-graph whose algebra already equated numbers is not simplified: merging under folded
-        # constants that keep doubling ran 3 s an iteration without a new node, 18 s for a 0/0)
-        first, merged = merged, merged_constants(build_view(c.egraph, canonical=False))
-        if merged is None:
-            _timed(c, "saturate", lambda: _simplify(c, rules))  # noqa: B023
-            merged = merged_constants(build_view(c.egraph, canonical=False))
-        if merged is None:
-            if first is not None:
-                c.refinements_dropped = (f"the algebra proved 0 a value a refinement had divided by, equating "
-                                         f"{', '.join(f'{v:g}' for v in first[:4])}: saturated again without "
-                                         "the refinements by values not known to be 0")
-            return c, rules
-        if refine:
-            c = _encode(c.program, options, c.saturator.progress, started=c.saturator.started)
-    raise NeptuneError(f"program '{c.program.name}': the algebra equates the numbers "
-                       f"{', '.join(f'{v:g}' for v in merged[:4])} (a value it proves 0 divides another): "
-                       "not compiled, as no plan from it could be trusted")
-
-
-def _simplify_ruleset(rules: list[Rule]):
-    kept = [r for r in rules if simplifies(r)]
-    return ruleset(*[r.egglog() for r in kept], name=f"simplify_{len(kept)}")
+__all__ = ["Alternative", "Compilation", "Options", "compile_program"]  # (Options and the results: compilation.py)
 
 
 def compile_program(program: ir.Program, options: Options | None = None) -> Compilation:
@@ -210,13 +52,13 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     program = without_stopgrad(program.validate()).with_static_lengths()
     check_names(program)
     progress = stderr_progress if options.progress is True else (options.progress or None)
-    c, rules = _saturated(_encode(program, options, progress), options)
-    _timed(c, "extract", lambda: _represent(c))
+    c, rules = saturated(encode(program, options, progress), options)
+    timed(c, "extract", lambda: _represent(c))
     if c.numerics_risks:
-        _timed(c, "saturate", lambda: _stabilise(c, rules))
-    _timed(c, "fuse", lambda: _fuse(c, rules))
-    _timed(c, "saturate", lambda: _split_k(c))
-    _timed(c, "extract", lambda: _plans(c))
+        _stabilise(c, rules)
+    timed(c, "fuse", lambda: _fuse(c, rules))
+    timed(c, "saturate", lambda: _split_k(c))
+    timed(c, "extract", lambda: _plans(c))
     c.nodes = egraph_size(c.egraph)
     c.budget_notes = budget_notes(c) + ([c.refinements_dropped] if c.refinements_dropped else [])
     if not c.alternatives:
@@ -224,97 +66,12 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     return c
 
 
-def _algebra(c: Compilation, algebra) -> None:
-    """Saturate the algebra. An iteration that took the e-graph past the node budget is undone (the
-    program is encoded again and the iterations before it are replayed: egglog cannot drop a
-    snapshot), so the budget holds exactly and the result does not depend on how far it overshot."""
-    rep = c.saturator.phase("algebra", algebra, analysis=analysis.ANALYSIS, seed=analysis.SEED)
-    if rep.stop == "node budget" and rep.iterations > 1 and rep.nodes > c.options.budget.max_nodes:
-        fresh = _encode(c.program, c.options, c.saturator.progress, started=c.saturator.started)
-        fresh.saturator.rule_names = c.saturator.rule_names
-        again = fresh.saturator.phase("algebra", algebra, analysis=analysis.ANALYSIS, seed=analysis.SEED,
-                                      max_iterations=rep.iterations - 1)
-        again.stop = f"node budget (iteration {rep.iterations} undone: {rep.nodes} e-nodes)"
-        c.egraph, c.encoder, c.roots, c.saturator = fresh.egraph, fresh.encoder, fresh.roots, fresh.saturator
-        c.held = fresh.held
-
-
 def _stabilise(c: Compilation, rules: list[Rule]) -> None:
-    """The cheapest program sums exponentials that may overflow (exp(x)/Σexp(x) written naively), or
-    subtracts two sums ≥ 0 (E[x²] − E[x]²): saturate a few iterations more with the STABILITY rules, which
-    add the max-shifted and centred spellings, and extract again (the extractor prices an exp of an
-    exponent not known ≤ 0 as an overflow risk, such a difference as a cancellation risk). Its own node budget
-    (what the algebra left plus max_nodes), so a program that filled the algebra's still gets the shift."""
-    before, names = c.numerics_risks, list(c.roots)
-    old = c.representative
-    b = c.options.budget
-    budget = Budget(max_nodes=egraph_size(c.egraph) + b.max_nodes, max_seconds=b.max_seconds, max_iterations=4,
-                    match_limit=b.match_limit)
-    sat = Saturator(c.egraph, budget, c.saturator.progress, c.saturator.rule_names, c.saturator.started)
-    # the shifts, the cancellations they set up (e^M·a / e^M·b), and the merge-only rules: the whole
-    # algebra again would re-expand every new sum (an ALiBi attention's compile grew past 10 GB)
-    use = [*STABILITY, *(r for r in rules if simplifies(r) or r.name in STABILITY_HELPERS)]
-    stabilise = ruleset(*[r.egglog() for r in use], name=f"stabilise_{len(use)}")
-    sat.rule_names.update({r.egglog().decl: r.name for r in STABILITY})
-    c.saturator.reports.append(sat.phase("stabilise", stabilise, analysis=analysis.ANALYSIS, seed=analysis.SEED))
-    _simplify(c, rules)
-    _represent(c)
+    """phases.stabilise, then the cheapest program again; the notes say which spelling it chose."""
+    before, names, old = c.numerics_risks, list(c.roots), c.representative
+    timed(c, "saturate", lambda: stabilise(c, rules))
+    timed(c, "extract", lambda: _represent(c))
     c.numerics_notes = stability_notes(names, old, c.representative, before, c.numerics_risks)
-
-
-def _simplify(c: Compilation, rules: list[Rule]) -> None:
-    """Finish the merges that an algebra phase cut short left pending. A budget can stop saturation
-    between deriving Σ_d (x − μ)·rstd = (Σ_d (x − μ))·rstd = 0·rstd and merging 0·rstd with 0: its
-    e-class then holds both Σ_d y and Σ_d y / n (equal only because both are 0 over the reals) and
-    the extractor may take the one that is not 0 in floating point. Rules that only merge (simplifies())
-    add no terms of their own, so this phase runs outside the node and time budgets — for 4 iterations at
-    least, then to its fixpoint unless the analysis grows the e-graph past a bound (below)."""
-    budget = Budget(max_nodes=2**62, max_seconds=math.inf, max_iterations=32, match_limit=c.options.budget.match_limit)
-    sat = Saturator(c.egraph, budget, c.saturator.progress, c.saturator.rule_names, c.saturator.started)
-    t0, done = time.perf_counter(), [0]
-
-    def enough() -> bool:
-        # (merging can still grow the e-graph: a variance over a broadcast axis, x·4/4 beside −g/4·4,
-        # reached 7476 nodes and 5 s an iteration, the next exhausting memory inside egglog; after 4
-        # iterations the phase stops at a quarter of the compile's time budget or 1.5 times its node budget,
-        # or where it equates two numbers, an e-graph _saturated discards: folding constants that keep
-        # doubling had run 0.5 s an iteration without a new node, to the time budget)
-        done[0] += 1
-        return done[0] >= 4 and (time.perf_counter() - t0 > c.options.budget.max_seconds / 4
-                                 or egraph_size(c.egraph) > 1.5 * c.options.budget.max_nodes
-                                 or merged_constants(build_view(c.egraph, canonical=False)) is not None)
-
-    c.saturator.reports.append(sat.phase("simplify", _simplify_ruleset(rules), analysis=analysis.ANALYSIS,
-                                         seed=analysis.SEED,
-                                         stop_when=enough))
-
-
-def _timed(c: Compilation, key: str, fn) -> None:
-    t0 = time.perf_counter()
-    fn()
-    c.timings[key] = c.timings.get(key, 0.0) + time.perf_counter() - t0
-
-
-def _encode(program: ir.Program, options: Options, progress, started: float | None = None) -> Compilation:
-    t0 = time.perf_counter()
-    eg = EGraph()
-    enc = Encoder(eg, tuple(program.axes), dict(program.axes), program.dynamic)
-    roots = {o.name: enc.encode(o.expr) for o in program.outputs}
-    # an input that holds a computed value (a saved statistic) is that value: the analyses see what it
-    # is (s − m ≤ 0 for a saved max m), the extractor never recomputes it (_extractor)
-    held = {}
-    for ld in list(enc.loads.values()):
-        spec = program.inputs.get(ld.tensor)
-        if spec is not None and spec.holds is not None and ld.index == tuple(ir.Index(a) for a in spec.axes):
-            for value, spelled in held_forms(ld, spec.holds):
-                held[enc.encode(spelled)] = enc.encode(value)
-    enc.flush()
-    eg.register(*roots.values(), *(union(a).with_(b) for a, b in held.items()))
-    device = options.device or from_torch()
-    sat = Saturator(eg, options.budget, progress, started=started if started is not None else t0)
-    c = Compilation(program, options, device, eg, enc, roots, sat, held=list(held))
-    c.timings["encode"] = time.perf_counter() - t0
-    return c
 
 
 def _extractor(c: Compilation, view: EGraphView) -> TermExtractor:
@@ -485,11 +242,12 @@ def _plans(c: Compilation) -> None:
     at = priced_at(c.program)
     for plan in plans:
         costs: dict = {}  # (kernel, schedule) → its cost: each priced once per plan
+        memo: dict = {}  # what pricing a kernel finds of the plan alone
 
-        def priced(k, s, plan=plan, costs=costs):
+        def priced(k, s, plan=plan, costs=costs, memo=memo):
             key = (k.name, s.key())
             if key not in costs:
-                costs[key] = kernel_cost(plan, k, at, s, c.device)
+                costs[key] = kernel_cost(plan, k, at, s, c.device, memo)
             return costs[key]
 
         def cheapest(k, variants, priced=priced):

@@ -1,4 +1,4 @@
-"""An e-graph that equates two numbers is never extracted from (pipeline._saturated): a refinement
+"""An e-graph that equates two numbers is never extracted from (phases.saturated): a refinement
 guarded by not_zero(b) fires before the algebra proves b = 0, and 0/0 then merges every constant the
 rule met (a hunt, session 56: a 0/0 compiled to −3.3e−4, a 1/0 to −6.3e16, verify() passed)."""
 
