@@ -77,18 +77,3 @@ def test_found_is_bounded_and_keeps_the_recently_used():
     f.put("c", 3, 0.5)
     assert f.get("b", 1.0) is None and f.get("a", 1.0) == 1 and f.get("c", 1.0) == 3
     assert f.get("a", 0.25) is None  # found in 0.5 s: not for a budget of 0.25 s
-
-
-def test_the_same_question_under_other_names_is_served_in_the_askers_names(monkeypatch):
-    """A backward names a reduction sum_d3 where its forward said sum_d: one search serves both, and
-    each answer speaks of the asker's own references."""
-    calls = _counting(monkeypatch)
-    old_core = ir.substitute(CORE, {cur: old})
-    first = CorrectionSearcher(AXES, {"i": 8, "j": 64}, ALGEBRA).correction_for(CORE, old_core, "sum", "j")
-    n = len(calls)
-    names = {cur: ir.StateRef(ir.RefKind.CURRENT, "max_j2", ("i",)), old: ir.StateRef(ir.RefKind.OLD, "max_j2", ("i",))}
-    again = CorrectionSearcher(AXES, {"i": 8, "j": 64}, ALGEBRA).correction_for(
-        ir.substitute(CORE, names), ir.substitute(old_core, names), "sum", "j")
-    assert len(calls) == n and again.found
-    assert again.correction == ir.substitute(first.correction, names)
-    assert {r.name for r in again.correction.refs} == {"max_j2"}
