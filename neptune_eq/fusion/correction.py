@@ -53,18 +53,15 @@ class CorrectionSearcher:
 
     def search(self, q: ir.Node, axis: str, need_nonneg: bool) -> tuple[ir.Node | None, PhaseReport]:
         """The cheapest term free of `axis` in the e-class of q, or None; and the phase's report."""
-        # (searched with its references renamed r0, r1, … in walk order: the same question asked by a
-        # program that named its reductions otherwise — sum_d3 for sum_d — is then the same question)
-        canon, back = _renamed(q)
         b = self.budget
-        key = (self.key, b.max_nodes, b.max_iterations, b.match_limit, canon, axis, need_nonneg)
-        found = _FOUND.get(key, b.max_seconds)
-        if found is None:
-            found = self._search(canon, axis, need_nonneg)
-            if found[1].stop != "time budget":
-                _FOUND.put(key, found, found[1].seconds, alive=tuple(self.rules))
-        h, rep = found
-        return (None if h is None else _rename(h, back)), rep
+        key = (self.key, b.max_nodes, b.max_iterations, b.match_limit, q, axis, need_nonneg)
+        hit = _FOUND.get(key, b.max_seconds)
+        if hit is not None:
+            return hit
+        h, rep = self._search(q, axis, need_nonneg)
+        if rep.stop != "time budget":
+            _FOUND.put(key, (h, rep), rep.seconds, alive=tuple(self.rules))
+        return h, rep
 
     def _search(self, q: ir.Node, axis: str, need_nonneg: bool) -> tuple[ir.Node | None, PhaseReport]:
         eg = self.egraph
@@ -115,20 +112,6 @@ class CorrectionSearcher:
             reasons.append(why)
         return CorrectionResult(ir.Call(MONOIDS[monoid].dist[0][1], (core, old_core)),
                                 seconds=time.perf_counter() - t0, reason="; ".join(reasons))
-
-
-def _renamed(q: ir.Node) -> tuple[ir.Node, dict[str, str]]:
-    """q with its references' names r0, r1, … in walk order (kinds and axes kept), and the names back."""
-    names: dict[str, str] = {}
-    for n in ir.walk(q):
-        if isinstance(n, ir.StateRef) and n.name not in names:
-            names[n.name] = f"r{len(names)}"
-    return _rename(q, names), {v: k for k, v in names.items()}
-
-
-def _rename(node: ir.Node, names: dict[str, str]) -> ir.Node:
-    return ir.rebuild(node, lambda _o, n: ir.StateRef(n.kind, names[n.name], n.ref_axes)
-                      if isinstance(n, ir.StateRef) else n)
 
 
 def correction_for(core: ir.Node, old_core: ir.Node, monoid: str, axis: str, axis_order, extents,
