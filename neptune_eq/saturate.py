@@ -21,30 +21,20 @@ from egglog import EGraph, RunReport, back_off, run, seq
 from .ir import NeptuneError
 
 
-def _run_again(egraph: EGraph, step) -> RunReport:
-    """egraph.run(step) for a step this e-graph has run before. egglog 13.2's run() merges the step's
-    declarations (every rule of its rulesets, through runtime protocol checks) into the e-graph's on
-    every call, ~20 ms a run on this repository's 2-core CPU: a fifth of causal attention's first
-    training call (compile of its forward and both backwards, ~1.2 of 7–9 s). They were merged at the
-    step's first run; this sends the schedule alone. Where egglog's internals differ, run() itself."""
+def _run(egraph: EGraph, step) -> RunReport:
+    """egraph.run(step), without merging the step's declarations into the e-graph's when it holds the
+    step's rulesets already. egglog 13.2's run() merges every rule of the step's rulesets (through runtime
+    protocol checks) on every call, ~15–20 ms a run on this repository's 2-core CPU: a fifth of causal
+    attention's first training call, and again in each search of a CorrectionSearcher's pushed e-graph
+    (primed before its first push: prime). Where egglog does not know a ruleset of the step (KeyError:
+    a phase's first run on a fresh e-graph), or its internals differ, run() itself."""
     try:
         state, run_program = egraph._state, egraph._run_program
         command = state.run_schedule_to_egg(step.schedule)
-    except AttributeError:  # (another egglog than the pinned one)
+    except (AttributeError, KeyError):
         return egraph.run(step)
     (output,) = run_program(command)
     return RunReport._from_bindings(output.report, state)
-
-
-def _run(egraph: EGraph, step) -> RunReport:
-    """egraph.run(step), without merging the step's declarations where the e-graph holds its rulesets
-    already (a phase's first iteration, a seed run: each search of a CorrectionSearcher's e-graph, primed
-    before its first push, ran its rules' ~15 ms merge again). Where egglog does not know a ruleset of
-    the step (KeyError), or its internals differ, run() itself."""
-    try:
-        return _run_again(egraph, step)
-    except KeyError:
-        return egraph.run(step)
 
 
 def prime(egraph: EGraph, *rulesets) -> None:

@@ -14,7 +14,8 @@ from neptune_eq.rules.soundness import rule_verdict
 
 from neptune_eq import ir
 from neptune_eq.frontend import capture
-from neptune_eq.fusion.affine import _leaf, check_affine, relative_uses, split_linear
+from neptune_eq.fusion.affine import _leaf, relative_uses, split_linear
+from neptune_eq.fusion.affine_check import check_affine
 from neptune_eq.runtime import compile_ir
 
 OLD, CUR = ir.RefKind.OLD, ir.RefKind.CURRENT

@@ -13,7 +13,8 @@ import torch
 
 from neptune_eq import ir
 from neptune_eq.frontend import capture
-from neptune_eq.fusion.affine import check_affine, span_test, to_old
+from neptune_eq.fusion.affine import to_old
+from neptune_eq.fusion.affine_check import check_affine, span_test
 from neptune_eq.fusion.extrapolate import opaque_symbols
 from neptune_eq.pipeline import Options
 from neptune_eq.runtime import compile_ir

@@ -55,13 +55,12 @@ class CorrectionSearcher:
         """The cheapest term free of `axis` in the e-class of q, or None; and the phase's report."""
         b = self.budget
         key = (self.key, b.max_nodes, b.max_iterations, b.match_limit, q, axis, need_nonneg)
-        hit = _FOUND.get(key, b.max_seconds)
-        if hit is not None:
-            return hit
-        h, rep = self._search(q, axis, need_nonneg)
-        if rep.stop != "time budget":
-            _FOUND.put(key, (h, rep), rep.seconds, alive=tuple(self.rules))
-        return h, rep
+
+        def search():
+            h, rep = self._search(q, axis, need_nonneg)
+            return (h, rep), rep.seconds, rep.stop == "time budget"
+
+        return _FOUND.answer(key, b.max_seconds, search, alive=tuple(self.rules))
 
     def _search(self, q: ir.Node, axis: str, need_nonneg: bool) -> tuple[ir.Node | None, PhaseReport]:
         eg = self.egraph

@@ -12,7 +12,7 @@ never hits it compiles the same plans.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 
@@ -35,6 +35,16 @@ class Found:
         self._kept[key] = (value, seconds, alive)
         if len(self._kept) > self.size:
             self._kept.popitem(last=False)
+
+    def answer(self, key: Hashable, max_seconds: float, search: Callable[[], tuple[Any, float, bool]],
+               alive: tuple = ()) -> Any:
+        """The value kept for `key`, else `search()` → (value, seconds, cut by time), kept unless cut."""
+        value = self.get(key, max_seconds)
+        if value is None:
+            value, seconds, cut = search()
+            if not cut:
+                self.put(key, value, seconds, alive)
+        return value
 
 
 def rules_key(rules) -> tuple[int, ...]:

@@ -33,12 +33,10 @@ from .affine import (
     AffineResult,
     AffineSearcher,
     additive_uses,
-    check_affine,
-    describe_affine,
     relative_uses,
-    span_test,
     to_old,
 )
+from .affine_check import check_affine, describe_affine, span_test
 from .correction import CORRECTION_BUDGET, CorrectionSearcher
 from .extrapolate import centred, extrapolate, mean_shifts, mean_symbols, opaque_symbols, shifts_back
 from .types import Application, Binding, CompCandidate, CorrectionResult, LoopCandidate, count_name, direct_bindings
