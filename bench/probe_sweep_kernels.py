@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("rows", nargs="+")
     ap.add_argument("--alternatives", type=int, default=10)
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="also torch.compile's kernels of the same step")
     a = ap.parse_args()
     for want in a.rows:
         row = row_named(want)
@@ -56,6 +57,8 @@ def main() -> None:
         print(f"   step {ms * 1e3:.1f} us; kernels (us per step, launches):", flush=True)
         for name, us, n in kernel_times(step):
             print(f"     {us:9.1f}  x{n}  {name}", flush=True)
+        if a.compile:
+            _peer(row, xs)
         if row.backward or (a.alternatives <= 0 and not a.variants):
             continue
         ref = row.fn(*(x.double() if x.is_floating_point() else x for x in xs))
@@ -69,6 +72,25 @@ def main() -> None:
                   f"err {err:.1e}  {alt.structure}", flush=True)
         if a.variants:
             _variants(prog, xs, ref)
+
+
+def _peer(row, xs) -> None:
+    """torch.compile's kernels for the same step, for comparison."""
+    fn = torch.compile(row.fn)
+
+    def step():
+        if row.backward:
+            leaves = tuple(x.detach().requires_grad_(x.is_floating_point() and k not in row.buffers)
+                           for k, x in enumerate(xs))
+            out = fn(*leaves)
+            out.backward(torch.ones_like(out))
+        else:
+            with torch.no_grad():
+                fn(*xs)
+    ms = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
+    print(f"   torch.compile step {ms * 1e3:.1f} us; kernels (us per step, launches):", flush=True)
+    for name, us, n in kernel_times(step):
+        print(f"     {us:9.1f}  x{n}  {name}", flush=True)
 
 
 def _variants(prog, xs, ref) -> None:

@@ -87,6 +87,17 @@ def stderr_progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+# An iteration of an e-graph of at most this many nodes runs without the back-off scheduler. egglog 13
+# creates that scheduler afresh for every run, so it carries no bans over and only drops the matches of
+# a rule matching more than `match_limit` times in the run; and under it a run matches every rule against
+# the whole e-graph (not only what changed): ~8 ms a run on this repository's 2-core CPU where the same
+# rules take ~0.6 ms on a small e-graph, most of a correction search's time (a few hundred nodes, 7–10
+# iterations), and its pushed state took ~45 ms to pop. The e-graphs come out the same (iterations,
+# sizes, the rules that matched: tests/test_budgets.py; the ten operators' and bench/beyond's plans
+# identical, scripts/plan_dump.py). Only where the limit is at least ten matches a node (the default's
+# 20,000 is); should a rule's new matches pass it in a plain iteration, the back-off runs from the next.
+PLAIN_NODES = 2_000
+
 # relations the node budget does not count: `bounded` (session 51) holds a tuple for nearly every term, and
 # counted, it had cut the saturation of budgeted programs an iteration earlier than before it existed
 UNCOUNTED = frozenset({"bounded"})
@@ -118,10 +129,11 @@ class Saturator:
         limit = self.budget.max_iterations if max_iterations is None else min(max_iterations,
                                                                               self.budget.max_iterations)
         t0 = time.perf_counter()
-        step = run(schedule, scheduler=back_off(match_limit=self.budget.match_limit))
+        backed, plain = run(schedule, scheduler=back_off(match_limit=self.budget.match_limit)), run(schedule)
         if analysis is not None:
-            step = seq(step, run(analysis).saturate())
+            backed, plain = (seq(s, run(analysis).saturate()) for s in (backed, plain))
         rep.nodes = egraph_size(self.egraph)
+        plain_ok = True  # (see PLAIN_NODES)
         while True:
             if rep.iterations >= limit:
                 rep.stop = "iteration limit"
@@ -132,8 +144,11 @@ class Saturator:
             if rep.nodes > self.budget.max_nodes:
                 rep.stop = "node budget"
                 break
+            step = plain if plain_ok and rep.nodes <= PLAIN_NODES <= self.budget.match_limit // 10 else backed
             result = _run(self.egraph, step)
             rep.iterations += 1
+            if step is plain and any(n > self.budget.match_limit for n in result.num_matches_per_rule.values()):
+                plain_ok = False  # a rule the back-off would have banned: it bans from the next iteration on
             for decl, count in result.num_matches_per_rule.items():
                 if count:  # (str(decl) of a rule is long to build: only for a rule without a name)
                     rule = self.rule_names.get(decl)

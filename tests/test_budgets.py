@@ -90,3 +90,27 @@ def test_cli_shows_a_hit_budget(tmp_path):
     import json
 
     assert json.loads(r.stdout.splitlines()[-1])["budget_notes"]
+
+
+def _reports(monkeypatch, budget: Budget, plain_nodes: int):
+    """Every phase's report of small_softmax's compile (its correction searches' too: none served from
+    an earlier search), with iterations up to `plain_nodes` nodes run without the back-off scheduler."""
+    from neptune_eq import saturate
+    from neptune_eq.fusion import correction
+    from neptune_eq.fusion.found import Found
+
+    monkeypatch.setattr(saturate, "PLAIN_NODES", plain_nodes)
+    monkeypatch.setattr(correction, "_FOUND", Found())
+    c = compile_program(small_softmax(), Options(budget=budget))
+    # (the rules that matched: the back-off counts a rule's every match in each run, a plain run its new ones)
+    corr = [(r.found, r.iterations, r.nodes, set(r.matches)) for r in c.fusion.corrections.values()]
+    return [(r.name, r.iterations, r.nodes, r.stop, set(r.matches)) for r in c.saturator.reports], corr
+
+
+@pytest.mark.parametrize("budget", [Budget(), Budget(match_limit=1)])
+def test_iterations_without_the_back_off_scheduler_match_it(monkeypatch, budget):
+    """Small e-graphs' iterations skip the back-off scheduler (saturate.PLAIN_NODES): the same phases,
+    iterations, sizes and matching rules as with it; a match limit under ten a node keeps it throughout."""
+    phases, corr = _reports(monkeypatch, budget, 2_000)
+    assert corr and any(found for found, *_ in corr) == (budget.match_limit > 1)  # (at 1 every rule is banned)
+    assert (phases, corr) == _reports(monkeypatch, budget, 0)
