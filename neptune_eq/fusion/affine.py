@@ -26,6 +26,7 @@ Nothing here knows entropy or variance: they are what the rules find (tests/test
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import replace
@@ -276,18 +277,32 @@ def linear_term(view, tx: TermExtractor, root: int, leaves: dict[int, str], bit:
     nodes = [(c, n) for c, ns in view.classes.items() if view.sort.get(c) == "Term"
              for n in ns if n.op in _LINEAR_OPS]
     inf = math.inf
+    # rounds over the nodes in a fixed order (which of two equal costs is kept depends on it), each visiting
+    # only the nodes an argument of which changed since their last visit (the others would choose what
+    # they chose): a node dirtied ahead of the one being visited is visited in this round, else the next
+    users: dict[int, list[int]] = {}
+    for k, (_, n) in enumerate(nodes):
+        for a in set(n.args):
+            users.setdefault(a, []).append(k)
+    now, later = list(range(len(nodes))), set()
     for _ in range(64):
-        changed = False
-        for c, n in nodes:
+        queued = set(now)
+        while now:
+            k = heapq.heappop(now)
+            c, n = nodes[k]
             d = _degree_choice(n, cost0, best1, inf, zero)
-            if d is None:
+            if d is None or not d[0] < best1.get(c, (inf,))[0] - 1e-12:
                 continue
-            cost, degs = d
-            if cost < best1.get(c, (inf,))[0] - 1e-12:
-                best1[c] = (cost, n, degs)
-                changed = True
-        if not changed:
+            best1[c] = (d[0], n, d[1])
+            for u in users.get(c, ()):
+                if u > k and u not in queued:
+                    heapq.heappush(now, u)
+                    queued.add(u)
+                elif u <= k:
+                    later.add(u)
+        if not later:
             break
+        now, later = sorted(later), set()
     if root not in best1:
         return None
 
