@@ -71,17 +71,11 @@ def _simplify_ruleset(rules: list[Rule]):
 
 def saturate_algebra(c: Compilation, algebra) -> None:
     """Saturate the algebra. An iteration that took the e-graph past the node budget is undone (the
-    program is encoded again and the iterations before it are replayed: egglog cannot drop a
-    snapshot), so the budget holds exactly and the result does not depend on how far it overshot."""
-    rep = c.saturator.phase("algebra", algebra, analysis=analysis.ANALYSIS, seed=analysis.SEED)
-    if rep.stop == "node budget" and rep.iterations > 1 and rep.nodes > c.options.budget.max_nodes:
-        fresh = encode(c.program, c.options, c.saturator.progress, started=c.saturator.started)
-        fresh.saturator.rule_names = c.saturator.rule_names
-        again = fresh.saturator.phase("algebra", algebra, analysis=analysis.ANALYSIS, seed=analysis.SEED,
-                                      max_iterations=rep.iterations - 1)
-        again.stop = f"node budget (iteration {rep.iterations} undone: {rep.nodes} e-nodes)"
-        c.egraph, c.encoder, c.roots, c.saturator = fresh.egraph, fresh.encoder, fresh.roots, fresh.saturator
-        c.held = fresh.held
+    e-graph is pushed before each iteration and popped back), so the budget holds exactly and the
+    result does not depend on how far it overshot."""
+    rep = c.saturator.phase("algebra", algebra, analysis=analysis.ANALYSIS, seed=analysis.SEED, undo_past_nodes=True)
+    if rep.undone is not None:
+        rep.stop = f"node budget (iteration {rep.undone[0]} undone: {rep.undone[1]} e-nodes)"
 
 
 def stabilise(c: Compilation, rules: list[Rule]) -> None:

@@ -75,6 +75,7 @@ class PhaseReport:
     seconds: float = 0.0
     stop: str = "saturated"  # saturated | node budget | time budget | iteration limit
     matches: Counter = field(default_factory=Counter)
+    undone: tuple[int, int] | None = None  # (iteration, its e-nodes) undone for passing the node budget
 
     def __str__(self) -> str:
         return f"{self.name}: {self.iterations} iterations, {self.nodes} nodes, {self.seconds:.2f}s ({self.stop})"
@@ -119,10 +120,12 @@ class Saturator:
     reports: list[PhaseReport] = field(default_factory=list)
 
     def phase(self, name: str, schedule, *, analysis=None, seed=None, max_iterations: int | None = None,
-              stop_when=None) -> PhaseReport:
+              stop_when=None, undo_past_nodes: bool = False) -> PhaseReport:
         """Run `schedule` one iteration at a time until saturation, a budget, or `stop_when()`;
         `analysis` (a ruleset that adds no terms) is saturated after each iteration, `seed` (another) once
-        before the first: a rule conditioned on it fires from the first iteration."""
+        before the first: a rule conditioned on it fires from the first iteration. `undo_past_nodes`: an
+        iteration after the first that takes the e-graph past the node budget is undone (the e-graph is
+        pushed before each; `undone` says which and its size), so the budget holds exactly."""
         rep = PhaseReport(name)
         if seed is not None:
             _run(self.egraph, run(seed).saturate())
@@ -145,6 +148,9 @@ class Saturator:
                 rep.stop = "node budget"
                 break
             step = plain if plain_ok and rep.nodes <= PLAIN_NODES <= self.budget.match_limit // 10 else backed
+            before = (rep.nodes, Counter(rep.matches)) if undo_past_nodes and rep.iterations >= 1 else None
+            if before is not None:
+                self.egraph.push()  # (egglog has no way to drop a snapshot: one per iteration stays, small)
             result = _run(self.egraph, step)
             rep.iterations += 1
             if step is plain and any(n > self.budget.match_limit for n in result.num_matches_per_rule.values()):
@@ -165,6 +171,11 @@ class Saturator:
                 break
             if rep.nodes > self.budget.max_nodes:
                 rep.stop = "node budget"
+                if before is not None:
+                    self.egraph.pop()
+                    rep.undone = (rep.iterations, rep.nodes)
+                    rep.iterations -= 1
+                    rep.nodes, rep.matches = before
                 break
         rep.seconds = time.perf_counter() - t0
         self.reports.append(rep)
