@@ -270,12 +270,14 @@ def linear_term(view, tx: TermExtractor, root: int, leaves: dict[int, str], bit:
     """The cheapest term of `root` linear in the `leaves` classes (decoded as _leaf(name))
     with coefficients free of the axis `bit`; None if there is none. A product with a leaf of `zero`
     (a body that sums to 0) costs nothing: the repair drops it."""
+    nodes = [(c, n) for c, ns in view.classes.items() if view.sort.get(c) == "Term"
+             for n in ns if n.op in _LINEAR_OPS]
+    if root not in _maybe_linear(nodes, set(leaves), lambda c: view.free_of(c, bit)):
+        return None  # (before the costs, a pass over the whole e-graph, at every iteration of a search)
     free = lambda c, n: view.free_of(c, bit) and n.op != "red"  # noqa: E731
     c0 = tx.costs(allow=free)
     cost0 = {c: v[0] for c, v in c0.items() if v[1] is not None}
     best1: dict[int, tuple[float, object, tuple[int, ...]]] = {c: (0.0 if c in zero else 0.5, None, ()) for c in leaves}
-    nodes = [(c, n) for c, ns in view.classes.items() if view.sort.get(c) == "Term"
-             for n in ns if n.op in _LINEAR_OPS]
     inf = math.inf
     # rounds over the nodes in a fixed order (which of two equal costs is kept depends on it), each visiting
     # only the nodes an argument of which changed since their last visit (the others would choose what
@@ -314,6 +316,27 @@ def linear_term(view, tx: TermExtractor, root: int, leaves: dict[int, str], bit:
         return ir.Call(n.op, tuple(args))
 
     return go1(root)
+
+
+def _maybe_linear(nodes, leaves: set[int], free) -> set[int]:
+    """The classes that may have a term linear in `leaves`, by the argument patterns _degree_choice
+    takes, with `free` (the class does not vary along the axis) for "has a term free of the axis":
+    a superset of what linear_term finds (a class free of the axis may still have no such term)."""
+    patterns = {"neg": ((1,),), "add": ((1, 1), (1, 0), (0, 1)), "sub": ((1, 1), (1, 0), (0, 1)),
+                "mul": ((1, 0), (0, 1)), "div": ((1, 0),), "where": ((0, 1, 1), (0, 0, 1), (0, 1, 0))}
+    users: dict[int, list[int]] = {}
+    for k, (_, n) in enumerate(nodes):
+        for a in set(n.args):
+            users.setdefault(a, []).append(k)
+    reach, work = set(leaves), list(leaves)
+    while work:
+        for k in users.get(work.pop(), ()):
+            c, n = nodes[k]
+            if c not in reach and any(all((a in reach) if d else free(a) for a, d in zip(n.args, p))
+                                      for p in patterns[n.op]):
+                reach.add(c)
+                work.append(c)
+    return reach
 
 
 def _degree_choice(n, cost0, best1, inf, zero=frozenset()):
