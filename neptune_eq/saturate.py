@@ -1,7 +1,8 @@
 """Run rulesets under node and time budgets enforced from Python (egglog 13 has none of its own).
 
-Each phase runs one iteration at a time with egglog's back-off scheduler; after every iteration
-the driver checks the e-graph size and the clock and stops the phase when a budget is spent.
+Each phase runs one iteration at a time, with egglog's back-off scheduler past a small e-graph
+(PLAIN_NODES); after every iteration the driver checks the e-graph size and the clock and stops the
+phase when a budget is spent (an iteration past the node budget may be undone: undo_past_nodes).
 A phase may name analysis rules (facts about terms, no new terms) that run to their fixpoint after
 every rewrite iteration: a side condition such as "l is finite" or "b is free of j" then holds in
 the iteration after its term appears, however deep the term, instead of one level per iteration.

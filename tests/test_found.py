@@ -77,3 +77,39 @@ def test_found_is_bounded_and_keeps_the_recently_used():
     f.put("c", 3, 0.5)
     assert f.get("b", 1.0) is None and f.get("a", 1.0) == 1 and f.get("c", 1.0) == 3
     assert f.get("a", 0.25) is None  # found in 0.5 s: not for a budget of 0.25 s
+
+
+def test_a_kept_searcher_answers_as_a_new_one_and_is_kept_per_thread(monkeypatch):
+    """Searchers are kept for the main thread (an egglog e-graph may not cross threads) by rules, axes and
+    extents; a kept one's searches run pushed and popped, so after other searches it answers as a new one."""
+    import threading
+
+    from neptune_eq.fusion.found import Searchers
+
+    monkeypatch.setattr(correction, "_KEPT", Searchers(size=2))
+    ext = {"i": 8, "j": 64}
+    s = correction.searcher(AXES, ext, ALGEBRA)
+    assert correction.searcher(AXES, dict(ext), ALGEBRA) is s
+    assert correction.searcher(AXES, {"i": 8, "j": 32}, ALGEBRA) is not s
+    # another thread gets a new one each time, kept by none (plain objects stand in for searchers here:
+    # egglog refuses to free an e-graph from a thread other than its own, and a cycle may be collected anywhere)
+    pool, other = Searchers(), []
+    t = threading.Thread(target=lambda: other.extend(pool.get("k", object) for _ in range(2)))
+    t.start()
+    t.join()
+    assert other[0] is not other[1] and pool.get("k", object) is pool.get("k", object)
+    monkeypatch.setattr(correction, "_FOUND", Found())  # (each question searched, not served)
+    old_core = ir.substitute(CORE, {cur: old})
+    queries = [(CORE, old_core), (ir.Call("mul", (CORE, x)), ir.Call("mul", (old_core, x))),
+               (ir.Call("add", (x, cur)), ir.Call("add", (x, old)))]
+    kept = [s.correction_for(c, o, "sum", "j") for c, o in queries]
+    assert kept[0].found
+    again = [correction.searcher(AXES, ext, ALGEBRA).correction_for(c, o, "sum", "j") for c, o in reversed(queries)]
+    monkeypatch.setattr(correction, "_FOUND", Found())
+    new = [CorrectionSearcher(AXES, ext, ALGEBRA).correction_for(c, o, "sum", "j") for c, o in queries]
+    for a, b, c in zip(kept, reversed(again), new):
+        assert (a.found, a.correction, a.iterations, a.nodes) == (b.found, b.correction, b.iterations, b.nodes) \
+            == (c.found, c.correction, c.iterations, c.nodes)
+    correction.searcher(AXES, {"i": 8, "j": 32}, ALGEBRA)
+    correction.searcher(AXES, {"i": 4, "j": 64}, ALGEBRA)  # a third key: the least recently used goes
+    assert correction.searcher(AXES, ext, ALGEBRA) is not s

@@ -44,11 +44,12 @@ from neptune_eq.rules.base import Rule
 from neptune_eq.saturate import Budget, Saturator, prime
 from neptune_eq.terms import Encoder
 
-from .found import Found, rules_key
+from .found import Found, Searchers, rules_key
 from .types import AffineResult
 
 AFFINE_BUDGET = Budget(max_nodes=20_000, max_seconds=2.0, max_iterations=6)
 _FOUND = Found()  # what searches found, by rules, axes, extents, budget less its seconds and query (found.py)
+_KEPT = Searchers()  # searchers by rules, axes and extents, per thread (found.py)
 OLD, CUR = ir.RefKind.OLD, ir.RefKind.CURRENT
 # a basis body used as a leaf of the linear term: the *accumulated* sum tₖ it stands for is the old
 # running value of that reduction, but the leaf must not be confused with old:k appearing inside a
@@ -260,6 +261,13 @@ class AffineSearcher:
             return AffineResult(terms, const, iterations=its, nodes=nodes, seconds=time.perf_counter() - t0), stop
         finally:
             eg.pop()
+
+
+def searcher(axis_order, extents, rules: list[Rule], dynamic: frozenset[str] = frozenset()) -> AffineSearcher:
+    """An AffineSearcher for these rules, axes and extents: one kept from an earlier compile of this thread,
+    else a new one (its budget is the caller's to set before each search)."""
+    key = (rules_key(rules), tuple(axis_order), tuple(sorted(dict(extents).items())), frozenset(dynamic))
+    return _KEPT.get(key, lambda: AffineSearcher(axis_order, extents, rules, dynamic=dynamic))
 
 
 # ---------------------------------------------------------------- linear extraction

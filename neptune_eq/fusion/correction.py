@@ -29,11 +29,12 @@ from neptune_eq.rules.soundness import eval_ir_sampled
 from neptune_eq.saturate import Budget, PhaseReport, Saturator, prime
 from neptune_eq.terms import Encoder, deps, nonneg
 
-from .found import Found, rules_key
+from .found import Found, Searchers, rules_key
 from .types import Binding, CorrectionResult
 
 CORRECTION_BUDGET = Budget(max_nodes=20_000, max_seconds=5.0, max_iterations=10)
 _FOUND = Found()  # what searches found, by rules, axes, extents, budget less its seconds and query (found.py)
+_KEPT = Searchers()  # searchers by rules, axes and extents, per thread (found.py)
 
 
 class CorrectionSearcher:
@@ -111,6 +112,13 @@ class CorrectionSearcher:
             reasons.append(why)
         return CorrectionResult(ir.Call(MONOIDS[monoid].dist[0][1], (core, old_core)),
                                 seconds=time.perf_counter() - t0, reason="; ".join(reasons))
+
+
+def searcher(axis_order, extents, rules: list[Rule], dynamic: frozenset[str] = frozenset()) -> CorrectionSearcher:
+    """A CorrectionSearcher for these rules, axes and extents: one kept from an earlier compile of this
+    thread, else a new one (its budget is the caller's to set before each search)."""
+    key = (rules_key(rules), tuple(axis_order), tuple(sorted(dict(extents).items())), frozenset(dynamic))
+    return _KEPT.get(key, lambda: CorrectionSearcher(axis_order, extents, rules, dynamic=dynamic))
 
 
 def correction_for(core: ir.Node, old_core: ir.Node, monoid: str, axis: str, axis_order, extents,

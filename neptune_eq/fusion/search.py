@@ -36,8 +36,10 @@ from .affine import (
     relative_uses,
     to_old,
 )
+from .affine import searcher as affine_searcher
 from .affine_check import check_affine, describe_affine, span_test
 from .correction import CORRECTION_BUDGET, CorrectionSearcher
+from .correction import searcher as correction_searcher
 from .extrapolate import centred, extrapolate, mean_shifts, mean_symbols, opaque_symbols, shifts_back
 from .types import Application, Binding, CompCandidate, CorrectionResult, LoopCandidate, count_name, direct_bindings
 
@@ -166,8 +168,8 @@ class FusionSearch:
                 key = ir.Call("and", (core, old))
                 if key not in self.corrections:
                     if self._searcher is None:
-                        self._searcher = CorrectionSearcher(self.encoder.axis_order, self.encoder.extents, self.rules,
-                                                            dynamic=self.encoder.dynamic)
+                        self._searcher = correction_searcher(self.encoder.axis_order, self.encoder.extents,
+                                                             self.rules, self.encoder.dynamic)
                     self._searcher.budget = self._search_budget()
                     self.corrections[key] = self._searcher.correction_for(core, old, b.op, axis)
                 comp.correction = self.corrections[key]
@@ -250,8 +252,9 @@ class FusionSearch:
                 comp.affine = self.corrections_affine[key] = AffineResult(reason=f"no affine repair exists: {misfit}")
                 return
             if self._affine is None:
-                self._affine = AffineSearcher(self.encoder.axis_order, self.encoder.extents, self.rules,
-                                                  dynamic=self.encoder.dynamic)
+                self._affine = affine_searcher(self.encoder.axis_order, self.encoder.extents, self.rules,
+                                               self.encoder.dynamic)
+            self._affine.budget = AFFINE_BUDGET  # (a kept searcher holds its last compile's)
             if self._saturator is not None:  # within what the compile's time budget has left
                 left = max(0.0, min(AFFINE_BUDGET.max_seconds, self._saturator.remaining()))
                 self._affine.budget = replace(AFFINE_BUDGET, max_seconds=left)
