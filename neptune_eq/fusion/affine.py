@@ -49,7 +49,7 @@ from .types import AffineResult
 
 AFFINE_BUDGET = Budget(max_nodes=20_000, max_seconds=2.0, max_iterations=6)
 _FOUND = Found()  # what searches found, by rules, axes, extents, budget less its seconds and query (found.py)
-_KEPT = Searchers()  # searchers by rules, axes and extents, per thread (found.py)
+_KEPT = Searchers()  # searchers by rules, axes and extents, for the main thread (found.py)
 OLD, CUR = ir.RefKind.OLD, ir.RefKind.CURRENT
 # a basis body used as a leaf of the linear term: the *accumulated* sum tₖ it stands for is the old
 # running value of that reduction, but the leaf must not be confused with old:k appearing inside a
@@ -264,10 +264,10 @@ class AffineSearcher:
 
 
 def searcher(axis_order, extents, rules: list[Rule], dynamic: frozenset[str] = frozenset()) -> AffineSearcher:
-    """An AffineSearcher for these rules, axes and extents: one kept from an earlier compile of this thread,
+    """An AffineSearcher for these rules, axes and extents: one the main thread kept from an earlier compile,
     else a new one (its budget is the caller's to set before each search)."""
     key = (rules_key(rules), tuple(axis_order), tuple(sorted(dict(extents).items())), frozenset(dynamic))
-    return _KEPT.get(key, lambda: AffineSearcher(axis_order, extents, rules, dynamic=dynamic))
+    return _KEPT.get(key, lambda: AffineSearcher(axis_order, extents, rules, dynamic=dynamic), tuple(rules))
 
 
 # ---------------------------------------------------------------- linear extraction

@@ -34,7 +34,7 @@ from .types import Binding, CorrectionResult
 
 CORRECTION_BUDGET = Budget(max_nodes=20_000, max_seconds=5.0, max_iterations=10)
 _FOUND = Found()  # what searches found, by rules, axes, extents, budget less its seconds and query (found.py)
-_KEPT = Searchers()  # searchers by rules, axes and extents, per thread (found.py)
+_KEPT = Searchers()  # searchers by rules, axes and extents, for the main thread (found.py)
 
 
 class CorrectionSearcher:
@@ -115,10 +115,10 @@ class CorrectionSearcher:
 
 
 def searcher(axis_order, extents, rules: list[Rule], dynamic: frozenset[str] = frozenset()) -> CorrectionSearcher:
-    """A CorrectionSearcher for these rules, axes and extents: one kept from an earlier compile of this
-    thread, else a new one (its budget is the caller's to set before each search)."""
+    """A CorrectionSearcher for these rules, axes and extents: one the main thread kept from an earlier
+    compile, else a new one (its budget is the caller's to set before each search)."""
     key = (rules_key(rules), tuple(axis_order), tuple(sorted(dict(extents).items())), frozenset(dynamic))
-    return _KEPT.get(key, lambda: CorrectionSearcher(axis_order, extents, rules, dynamic=dynamic))
+    return _KEPT.get(key, lambda: CorrectionSearcher(axis_order, extents, rules, dynamic=dynamic), tuple(rules))
 
 
 def correction_for(core: ir.Node, old_core: ir.Node, monoid: str, axis: str, axis_order, extents,

@@ -54,7 +54,7 @@ def rules_key(rules) -> tuple[int, ...]:
 
 
 class Searchers:
-    """Searchers kept for the next compile of this thread with the same rules, axes and extents. Making
+    """Searchers kept for the next compile with the same rules, axes and extents. Making
     one declares its rules in a new egglog e-graph (~75 ms on this repository's 2-core CPU, two or three
     a compile, a training compiles three programs); each search runs between the e-graph's push and pop,
     so a kept searcher answers as a new one would. Kept for the main thread alone: an e-graph may not be
@@ -66,18 +66,17 @@ class Searchers:
         self._kept: OrderedDict[Hashable, Any] = OrderedDict()
         self.size = size
 
-    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
+    def get(self, key: Hashable, make: Callable[[], Any], alive: tuple = ()) -> Any:
         """On the main thread the searcher kept for `key`, else `make()` (kept); on another, `make()`.
-        The key names the rules by identity (rules_key): the searcher holds them, so no other object
-        takes their ids while kept."""
+        `alive`: objects whose ids the key holds (the rules: rules_key), kept alive with it."""
         if threading.current_thread() is not threading.main_thread():
             return make()
         kept = self._kept
         got = kept.get(key)
         if got is None:
-            got = kept[key] = make()
+            got = kept[key] = (make(), alive)
             if len(kept) > self.size:
                 kept.popitem(last=False)
         else:
             kept.move_to_end(key)
-        return got
+        return got[0]
