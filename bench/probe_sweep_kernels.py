@@ -42,23 +42,10 @@ def main() -> None:
         xs = row.make("cuda", g, False)
         prog = neptune_eq.compile(row.fn, *xs)
         print(f"== {row.name}: {prog.alternatives[0].structure}", flush=True)
-        if row.backward:
-            def step(prog=prog, xs=xs, buffers=row.buffers):
-                # (no copies: S._leaves clones; buffers such as RoPE's cos and sin need no gradient)
-                leaves = tuple(x.detach().requires_grad_(x.is_floating_point() and k not in buffers)
-                               for k, x in enumerate(xs))
-                out = prog(*leaves)
-                out.backward(torch.ones_like(out))
-        else:
-            def step(prog=prog, xs=xs):
-                with torch.no_grad():
-                    prog(*xs)
-        ms = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
-        print(f"   step {ms * 1e3:.1f} us; kernels (us per step, launches):", flush=True)
-        for name, us, n in kernel_times(step):
-            print(f"     {us:9.1f}  x{n}  {name}", flush=True)
-        if a.compile:
-            _peer(row, xs)
+        step = _step(prog, row, xs)
+        _show("step", step)
+        if a.compile:  # torch.compile's kernels for the same step, for comparison
+            _show("torch.compile step", _step(torch.compile(row.fn), row, xs))
         if row.backward or (a.alternatives <= 0 and not a.variants):
             continue
         ref = row.fn(*(x.double() if x.is_floating_point() else x for x in xs))
@@ -74,21 +61,25 @@ def main() -> None:
             _variants(prog, xs, ref)
 
 
-def _peer(row, xs) -> None:
-    """torch.compile's kernels for the same step, for comparison."""
-    fn = torch.compile(row.fn)
-
+def _step(fn, row, xs):
+    """One call of `fn` on the row's inputs: forward, or forward and backward where the row trains (no
+    copies: the inputs are detached into leaves; buffers such as RoPE's cos and sin need no gradient)."""
     def step():
-        if row.backward:
-            leaves = tuple(x.detach().requires_grad_(x.is_floating_point() and k not in row.buffers)
-                           for k, x in enumerate(xs))
-            out = fn(*leaves)
-            out.backward(torch.ones_like(out))
-        else:
+        if not row.backward:
             with torch.no_grad():
                 fn(*xs)
+            return
+        leaves = tuple(x.detach().requires_grad_(x.is_floating_point() and k not in row.buffers)
+                       for k, x in enumerate(xs))
+        out = fn(*leaves)
+        out.backward(torch.ones_like(out))
+    return step
+
+
+def _show(label: str, step) -> None:
+    """The step's median time and its CUDA kernels, slowest first."""
     ms = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
-    print(f"   torch.compile step {ms * 1e3:.1f} us; kernels (us per step, launches):", flush=True)
+    print(f"   {label} {ms * 1e3:.1f} us; kernels (us per step, launches):", flush=True)
     for name, us, n in kernel_times(step):
         print(f"     {us:9.1f}  x{n}  {name}", flush=True)
 

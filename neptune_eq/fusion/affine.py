@@ -44,7 +44,7 @@ from neptune_eq.rules.base import Rule
 from neptune_eq.saturate import Budget, Saturator, prime
 from neptune_eq.terms import Encoder
 
-from .found import Found, Searchers, rules_key
+from .found import Found, Searchers, searcher_key
 from .types import AffineResult
 
 AFFINE_BUDGET = Budget(max_nodes=20_000, max_seconds=2.0, max_iterations=6)
@@ -145,7 +145,7 @@ class AffineSearcher:
         self.names = {r.egglog().decl: r.name for r in rs}
         prime(self.egraph, self.schedule, analysis.SEED)  # (each search, pushed, then runs them unmerged)
         self.rules = tuple(rs)
-        self.key = (rules_key(rs), self.axis_order, tuple(sorted(self.extents.items())), frozenset(dynamic))
+        self.key = searcher_key(self.axis_order, self.extents, rs, dynamic)
 
     def search(self, core: ir.Node, basis: dict[str, ir.Node], running: set[str], axis: str,
                zero: frozenset[str] = frozenset()) -> AffineResult:
@@ -266,8 +266,8 @@ class AffineSearcher:
 def searcher(axis_order, extents, rules: list[Rule], dynamic: frozenset[str] = frozenset()) -> AffineSearcher:
     """An AffineSearcher for these rules, axes and extents: one the main thread kept from an earlier compile,
     else a new one (its budget is the caller's to set before each search)."""
-    key = (rules_key(rules), tuple(axis_order), tuple(sorted(dict(extents).items())), frozenset(dynamic))
-    return _KEPT.get(key, lambda: AffineSearcher(axis_order, extents, rules, dynamic=dynamic), tuple(rules))
+    return _KEPT.get(searcher_key(axis_order, extents, rules, dynamic),
+                     lambda: AffineSearcher(axis_order, extents, rules, dynamic=dynamic), tuple(rules))
 
 
 # ---------------------------------------------------------------- linear extraction
@@ -280,7 +280,11 @@ def linear_term(view, tx: TermExtractor, root: int, leaves: dict[int, str], bit:
     (a body that sums to 0) costs nothing: the repair drops it."""
     nodes = [(c, n) for c, ns in view.classes.items() if view.sort.get(c) == "Term"
              for n in ns if n.op in _LINEAR_OPS]
-    if root not in _maybe_linear(nodes, set(leaves), lambda c: view.free_of(c, bit)):
+    users: dict[int, list[int]] = {}  # class → the nodes that take it as an argument
+    for k, (_, n) in enumerate(nodes):
+        for a in set(n.args):
+            users.setdefault(a, []).append(k)
+    if root not in _maybe_linear(nodes, users, set(leaves), lambda c: view.free_of(c, bit)):
         return None  # (before the costs, a pass over the whole e-graph, at every iteration of a search)
     free = lambda c, n: view.free_of(c, bit) and n.op != "red"  # noqa: E731
     c0 = tx.costs(allow=free)
@@ -290,10 +294,6 @@ def linear_term(view, tx: TermExtractor, root: int, leaves: dict[int, str], bit:
     # rounds over the nodes in a fixed order (which of two equal costs is kept depends on it), each visiting
     # only the nodes an argument of which changed since their last visit (the others would choose what
     # they chose): a node dirtied ahead of the one being visited is visited in this round, else the next
-    users: dict[int, list[int]] = {}
-    for k, (_, n) in enumerate(nodes):
-        for a in set(n.args):
-            users.setdefault(a, []).append(k)
     now, later = list(range(len(nodes))), set()
     for _ in range(64):
         queued = set(now)
@@ -326,16 +326,12 @@ def linear_term(view, tx: TermExtractor, root: int, leaves: dict[int, str], bit:
     return go1(root)
 
 
-def _maybe_linear(nodes, leaves: set[int], free) -> set[int]:
+def _maybe_linear(nodes, users: dict[int, list[int]], leaves: set[int], free) -> set[int]:
     """The classes that may have a term linear in `leaves`, by the argument patterns _degree_choice
     takes, with `free` (the class does not vary along the axis) for "has a term free of the axis":
     a superset of what linear_term finds (a class free of the axis may still have no such term)."""
     patterns = {"neg": ((1,),), "add": ((1, 1), (1, 0), (0, 1)), "sub": ((1, 1), (1, 0), (0, 1)),
                 "mul": ((1, 0), (0, 1)), "div": ((1, 0),), "where": ((0, 1, 1), (0, 0, 1), (0, 1, 0))}
-    users: dict[int, list[int]] = {}
-    for k, (_, n) in enumerate(nodes):
-        for a in set(n.args):
-            users.setdefault(a, []).append(k)
     reach, work = set(leaves), list(leaves)
     while work:
         for k in users.get(work.pop(), ()):

@@ -29,7 +29,7 @@ from neptune_eq.rules.soundness import eval_ir_sampled
 from neptune_eq.saturate import Budget, PhaseReport, Saturator, prime
 from neptune_eq.terms import Encoder, deps, nonneg
 
-from .found import Found, Searchers, rules_key
+from .found import Found, Searchers, searcher_key
 from .types import Binding, CorrectionResult
 
 CORRECTION_BUDGET = Budget(max_nodes=20_000, max_seconds=5.0, max_iterations=10)
@@ -49,8 +49,7 @@ class CorrectionSearcher:
         self.schedule = ruleset(*[r.egglog() for r in rules], name=f"corr_rules_{len(rules)}") | analysis.ANALYSIS
         self.names = {r.egglog().decl: r.name for r in rules}
         prime(self.egraph, self.schedule, analysis.SEED)  # (each search, pushed, then runs them unmerged)
-        self.key = (rules_key(rules), self.axis_order, tuple(sorted(self.extents.items())),
-                    frozenset(dynamic))
+        self.key = searcher_key(self.axis_order, self.extents, rules, dynamic)
 
     def search(self, q: ir.Node, axis: str, need_nonneg: bool) -> tuple[ir.Node | None, PhaseReport]:
         """The cheapest term free of `axis` in the e-class of q, or None; and the phase's report."""
@@ -117,8 +116,8 @@ class CorrectionSearcher:
 def searcher(axis_order, extents, rules: list[Rule], dynamic: frozenset[str] = frozenset()) -> CorrectionSearcher:
     """A CorrectionSearcher for these rules, axes and extents: one the main thread kept from an earlier
     compile, else a new one (its budget is the caller's to set before each search)."""
-    key = (rules_key(rules), tuple(axis_order), tuple(sorted(dict(extents).items())), frozenset(dynamic))
-    return _KEPT.get(key, lambda: CorrectionSearcher(axis_order, extents, rules, dynamic=dynamic), tuple(rules))
+    return _KEPT.get(searcher_key(axis_order, extents, rules, dynamic),
+                     lambda: CorrectionSearcher(axis_order, extents, rules, dynamic=dynamic), tuple(rules))
 
 
 def correction_for(core: ir.Node, old_core: ir.Node, monoid: str, axis: str, axis_order, extents,

@@ -53,6 +53,11 @@ def rules_key(rules) -> tuple[int, ...]:
     return tuple(id(r) for r in rules)
 
 
+def searcher_key(axis_order, extents, rules, dynamic) -> tuple:
+    """What a searcher's e-graph is made from: its rules (by identity), axes, extents and dynamic axes."""
+    return rules_key(rules), tuple(axis_order), tuple(sorted(dict(extents).items())), frozenset(dynamic)
+
+
 class Searchers:
     """Searchers kept for the next compile with the same rules, axes and extents. Making
     one declares its rules in a new egglog e-graph (~75 ms on this repository's 2-core CPU, two or three

@@ -254,10 +254,9 @@ class FusionSearch:
             if self._affine is None:
                 self._affine = affine_searcher(self.encoder.axis_order, self.encoder.extents, self.rules,
                                                self.encoder.dynamic)
-            self._affine.budget = AFFINE_BUDGET  # (a kept searcher holds its last compile's)
-            if self._saturator is not None:  # within what the compile's time budget has left
-                left = max(0.0, min(AFFINE_BUDGET.max_seconds, self._saturator.remaining()))
-                self._affine.budget = replace(AFFINE_BUDGET, max_seconds=left)
+            sat = self._saturator  # (set every time: a kept searcher holds its last compile's budget)
+            self._affine.budget = AFFINE_BUDGET if sat is None else replace(  # within what the compile has left
+                AFFINE_BUDGET, max_seconds=max(0.0, min(AFFINE_BUDGET.max_seconds, sat.remaining())))
             res = self._affine.search(carried, basis, running, axis, zero=frozenset(zero))
             self.affine_seconds += res.seconds
             bad = check_affine(carried, basis, res) if res.found else None
