@@ -126,16 +126,19 @@ class _Counter:
             return 1.0  # one run: a row vector, or a single value
         return max(1.0, _SECTOR / (run * _BYTES[dt]))
 
-    def size(self, axes, loop: str | None) -> float:
+    def size(self, axes, loop: str | None, moved: bool = False) -> float:
+        """Elements of a block over `axes`; `moved`: those a masked load moves (a tile wider than its
+        axis, a row of 2304 held in 4096 lanes, reads the row)."""
         s = 1.0
         for a in axes:
             if a in self.block_axes or a == loop:
-                s *= self.tiles.get(a, 1)
+                t = self.tiles.get(a, 1)
+                s *= min(t, self.program.axes.get(a, t)) if moved else t
         return s
 
-    def load_size(self, n: ir.Load, loop: str | None) -> float:
-        """Elements a program loads for `n`. In a loop, an index that is one value for the whole
-        padded row tile (a single row, or a // G over a group of G rows) reads one slice."""
+    def load_size(self, n: ir.Load, loop: str | None, moved: bool = False) -> float:
+        """Elements a program loads for `n` (`moved`: as size). In a loop, an index that is one value
+        for the whole padded row tile (a single row, or a // G over a group of G rows) reads one slice."""
         in_loop = loop is not None and loop in n.axes
         axes: set[str] = set()
         for e in n.index:
@@ -144,7 +147,7 @@ class _Counter:
             if step and got[1] % step == 0:
                 continue
             axes |= e.axes
-        return self.size(axes, loop)
+        return self.size(axes, loop, moved)
 
     def dot(self, n: ir.Node, loop: str | None) -> bool:
         """A sum the lowering emits as tl.dot: a product over its axis and two more tiled ones (a row
@@ -170,7 +173,7 @@ class _Counter:
                     dt = self.plan.loaded_dtype(self.program, n.tensor)
                     # invariant loads are hoisted; inside a K-loop every step loads its tile
                     r = reps if loop is None or loop in n.axes or (kloop and n.axes & set(self.ksteps)) else 1.0
-                    b = self.load_size(n, loop) * _BYTES[dt] * r
+                    b = self.load_size(n, loop, moved=True) * _BYTES[dt] * r
                     self.bytes_loaded += b
                     self.loaded[n.tensor] = self.loaded.get(n.tensor, 0.0) + b
                     waste = self.sector_waste(n, loop, dt)

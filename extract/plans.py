@@ -21,6 +21,7 @@ from neptune_eq.fusion.types import Binding, LoopCandidate, direct_bindings
 from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 
+from .fold_rows import fold_row_kernels
 from .hoist import hoist_row_conditions
 from .materialise import materialise_inline, materialise_operands
 from .merge import merge_shared_sums
@@ -179,11 +180,11 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
                         continue
                     if plan is None:
                         continue
-                    sig = _signature(plan)
-                    if sig in seen:
-                        continue
-                    seen.add(sig)
-                    yield plan
+                    for p in (plan, *fold_row_kernels(plan, space.program)):
+                        sig = _signature(p)
+                        if sig not in seen:
+                            seen.add(sig)
+                            yield p
 
     explored = 0
     streams = []  # each policy's plans, in the order its covers give them

@@ -247,9 +247,33 @@ def _kinds(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule)
                     s = replace(base.with_tiles(**{rows: r}, **{a: lt for a in loops}), num_warps=warps,
                                 num_stages=3)
                     out.append(Variant(f"columns {r} × {lt}", s))
+    out += _whole_rows(k, plan, program, base)
     if not inner_axes(k, plan) and loops and all(program.axes[a] >= 8192 for a in loops):
         s = replace(base.with_tiles(**{a: 2048 for a in loops}), num_warps=8)
         out.append(Variant("streamed 2048", s))
+    return out
+
+
+def _whole_rows(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule) -> list[Variant]:
+    """A pass over rows i whose grid axis d is held whole for an inline row reduction over it (Σ_d of a
+    row, then per-element stores and column sums: a norm's backward folded into one kernel,
+    extract/fold_rows.py): a few rows a step, each row whole, no tensor cores. The default takes 16 rows
+    of a tile contraction's minimum: [16, 4096] blocks in 4 warps."""
+    whole = inner_axes(k, plan) & set(k.grid)
+    loops = {p.axis for p in k.passes()}
+    if not whole or len(loops) != 1 or any(isinstance(ph, Combine) for ph in k.phases):
+        return []
+    loop = next(iter(loops))
+    used = {n.name for e in k.exprs() for n in e.refs if n.kind is ir.RefKind.INLINE and n.name in plan.inline}
+    if any(plan.inline[u].axes - loops - (set(k.grid) - whole) for u in used):
+        return []  # (an inline value with a free axis held whole too is a tile contraction, a dot)
+    n = math.prod(next_pow2(program.axes[a]) for a in whole)
+    out = []
+    for r in (1, 2, 4):
+        if r * n <= 16384 and r <= next_pow2(program.axes[loop]):
+            tiles = {a: 1 for a in k.grid} | {a: next_pow2(program.axes[a]) for a in whole} | {loop: r}
+            s = replace(base, tiles=tiles, steps={}, num_warps=_warps(r * n), num_stages=2)
+            out.append(Variant(f"whole rows {r} × {n}", s))
     return out
 
 
@@ -311,7 +335,11 @@ def plan_variants(plan: Plan, program: ir.Program, bases: list[KernelSchedule], 
             s = v.schedule
             if v.kind == "combine" and scheds:
                 prev = scheds[-1]
-                s = replace(s.with_tiles(**{a: prev.tiles[a] for a in k.grid if a in prev.tiles}),
+                # (a row the partial kernel held whole for an inline sum over it, extract/fold_rows.py,
+                # in column tiles: one program would combine every chunk of the whole row)
+                whole = inner_axes(plan.kernels[len(scheds) - 1], plan)
+                s = replace(s.with_tiles(**{a: COLUMNS if a in whole and prev.tiles[a] > COLUMNS else prev.tiles[a]
+                                            for a in k.grid if a in prev.tiles}),
                             steps={a: n for a, n in prev.steps.items() if a in k.grid})
             scheds.append(s)
         out.append(("; ".join(v.kind for v in combo if v.kind != "combine"), scheds))
