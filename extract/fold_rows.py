@@ -1,4 +1,4 @@
-"""A row kernel folded into the pass that streams the same rows: the stores ride the column sums.
+"""A row (or map) kernel folded into the pass that streams the same rows: its stores ride the column sums.
 
 A norm's backward is a column sum and a row map over the same two tensors: dW[d] = Σᵢ dyᵢd·xᵢd·rᵢ
 (a pass over the rows i into [d], split into chunks of rows) and dXᵢd = f(dyᵢd, xᵢd, sᵢ) with
@@ -14,6 +14,10 @@ computed from the same terms, each store still written once per element. A's pas
 also offered in more chunks (its partial states combine as before, whatever their count): a program
 per chunk of rows needs a chunk per SM, not the few that the split-K rule's 512-element chunks give.
 The cost model chooses between the fold and the two kernels.
+
+B may also be a map kernel (stores over F ∪ {i, d} alone, nothing reduced): a bias's gradient beside
+the activation's, db[d] = Σᵢ gᵢd and dxᵢd = gᵢd with g = dy·act′(x + b), read x and dy twice as two
+kernels; folded, the map's stores ride A's pass (d need not be held whole: nothing sums it).
 """
 
 from __future__ import annotations
@@ -57,22 +61,29 @@ def _writers(plan: Plan) -> dict[str, int]:
 
 def _pairs(plan: Plan, program: ir.Program):
     """(A, B) kernel indices that fold: B a row kernel (passes over one axis d, plain reductions that
-    only its own stores read, no epilogue), A an earlier kernel of one pass over a row axis i of B whose
-    grid is B's with d for i, which B's stores span; B reads nothing written from A on."""
+    only its own stores read, no epilogue) or a map kernel (stores alone, in its epilogue); A an earlier
+    kernel of one pass over a row axis i of B whose grid is B's with d for i (a map kernel's without i),
+    and B's stores span A's grid and rows; B reads nothing written from A on."""
     writers = _writers(plan)
     for b, kb in enumerate(plan.kernels):
         passes = kb.passes()
-        if (kb.chunks > 1 or kb.epilogue or len(passes) != len(kb.phases) or not passes
-                or len({p.axis for p in passes}) != 1 or not any(p.stores for p in passes)):
+        if kb.chunks > 1 or len(passes) != len(kb.phases):
             continue
-        d = passes[0].axis
-        comps = [c for p in passes for c in p.comps]
-        if not all(_plain(c) and set(c.free) == set(kb.grid) for c in comps):
-            continue
-        if next_pow2(program.axes[d]) > WHOLE_MAX or d in kb.grid:
-            continue
-        names = {c.name for c in comps}
-        if any(n.kind is ir.RefKind.INLINE and n.name in names for e in plan.inline.values() for n in e.refs):
+        if passes:  # a row kernel
+            if kb.epilogue or len({p.axis for p in passes}) != 1 or not any(p.stores for p in passes):
+                continue
+            d = passes[0].axis
+            comps = [c for p in passes for c in p.comps]
+            if (not all(_plain(c) and set(c.free) == set(kb.grid) for c in comps)
+                    or next_pow2(program.axes[d]) > WHOLE_MAX or d in kb.grid):
+                continue
+            names = {c.name for c in comps}
+            if any(n.kind is ir.RefKind.INLINE and n.name in names for e in plan.inline.values() for n in e.refs):
+                continue
+            stores = [st for p in passes for st in p.stores]
+        elif kb.epilogue:  # a map kernel
+            d, stores = None, kb.epilogue
+        else:
             continue
         read = {ld.tensor for e in kb.exprs() for ld in e.loads}
         for a in range(b):
@@ -80,10 +91,10 @@ def _pairs(plan: Plan, program: ir.Program):
             if len(ka.phases) != 1 or not isinstance(ka.phases[0], Pass):
                 continue
             i = ka.phases[0].axis
-            if (i not in kb.grid or d not in ka.grid or i in ka.grid
-                    or set(kb.grid) - {i} != set(ka.grid) - {d}
-                    or any(set(st.axes) != set(ka.grid) | {i} for p in passes for st in p.stores)
-                    or any(writers.get(t, -1) >= a for t in read)):
+            rows = set(ka.grid) | {i}
+            grid = set(kb.grid) - {i} == set(ka.grid) - {d} if d is not None else set(kb.grid) == rows
+            if (i not in kb.grid or i in ka.grid or (d is not None and d not in ka.grid) or not grid
+                    or any(set(st.axes) != rows for st in stores) or any(writers.get(t, -1) >= a for t in read)):
                 continue
             yield a, b
             break
@@ -93,20 +104,20 @@ def _fold(plan: Plan, a: int, b: int, chunks: int) -> Plan:
     new = copy.deepcopy(plan)
     ka, kb = new.kernels[a], new.kernels[b]
     ps = ka.passes()[0]
-    d = kb.passes()[0].axis
     comps = [c for p in kb.passes() for c in p.comps]
+    stores = [st for p in kb.passes() for st in p.stores] or kb.epilogue
     refs = {c.ref(ir.RefKind.FINAL): c.ref(ir.RefKind.INLINE) for c in comps}
     for c in comps:
         body = c.core if c.mask is None else ir.Call("where", (c.mask, c.core, ir.Const(c.identity)))
-        new.inline[c.name] = ir.Reduce(c.op, d, body)
-    for p in kb.passes():
-        for st in p.stores:
-            st.expr = ir.substitute(st.expr, refs)
-            ps.stores.append(st)
+        new.inline[c.name] = ir.Reduce(c.op, kb.passes()[0].axis, body)
+    for st in stores:
+        st.expr = ir.substitute(st.expr, refs)
+        ps.stores.append(st)
     del new.kernels[b]
-    lines = [f"fold_rows: {kb.name}'s row values ({', '.join(c.name for c in comps) or 'none'}) are computed per "
-             f"tile of the pass over {ps.axis} with {d} held whole, and its stores "
-             f"({', '.join(st.target for p in kb.passes() for st in p.stores)}) ride that pass"]
+    targets = ", ".join(st.target for st in stores)
+    lines = [f"fold_rows: {kb.name}'s stores ({targets}) ride the pass over {ps.axis}" + (
+        f", its row values ({', '.join(c.name for c in comps)}) computed per tile with {kb.passes()[0].axis} "
+        "held whole" if comps else " (a map over the same rows)")]
     if chunks != ps.split:
         _rechunk(new, ka, ps, chunks)
         lines.append(f"fold_rows: the pass over {ps.axis} runs as {chunks} chunks (a chunk of rows a program)")

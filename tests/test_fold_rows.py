@@ -71,3 +71,37 @@ def test_the_cost_model_folds_a_wide_norm_backward_at_h100_size():
 def test_a_row_too_wide_to_hold_is_not_folded():
     c = compile_program(_norm_backward(4096, 16384))
     assert not any(any(ln.startswith("fold_rows") for ln in a.plan.derivation) for a in c.alternatives)
+
+
+def _bias_act_backward(m: int, n: int):
+    """The backward of tanh(x + b): a map (dx) and a column sum (db) of the same g = dy·(1 − tanh²)."""
+    P = ne.program("bias_act_backward")
+    i, d = P.axes(i=m, d=n)
+    x, b, dy = P.input("x", i, d), P.input("b", d), P.input("dy", i, d)
+    t = ne.tanh(x + b)
+    P.output("dx", dy * (1.0 - t * t), (i, d))
+    P.output("db", ne.sum(dy * (1.0 - t * t), i), (d,))
+    return P.build()
+
+
+def test_a_map_kernel_folds_into_the_column_sum_and_matches_float64():
+    m, n = 300, 70
+    prog = compile_ir(_bias_act_backward(m, n), Options(min_chunk=16))
+    folded = _folded(prog)
+    assert folded
+    g = torch.Generator().manual_seed(1)
+    xs = {"x": torch.randn(m, n, generator=g), "b": torch.randn(n, generator=g), "dy": torch.randn(m, n, generator=g)}
+    gx = xs["dy"].double() * (1 - torch.tanh(xs["x"].double() + xs["b"].double()) ** 2)
+    want = {"dx": gx, "db": gx.sum(0)}
+    picked = {(prog.alternatives[i].plan.kernels[0].chunks, prog.alternatives[i].kind.split(" ")[0]): i
+              for i in folded}
+    # (unsplit, the map is a second pass of the column kernel: nothing to fold)
+    runs = [picked[c, "columns"] for c in (2, 32) if (c, "columns") in picked]
+    assert len(runs) == 2, picked
+    for i in runs:
+        got = prog.pin(i).run(xs)
+        for k in ("dx", "db"):
+            err = float((got[k].double() - want[k]).norm() / want[k].norm())
+            assert err < 1e-5, (prog.alternatives[i].structure, k, err)
+    c = compile_program(_bias_act_backward(16384, 4096))
+    assert any(ln.startswith("fold_rows") for ln in c.alternatives[0].plan.derivation), c.alternatives[0].structure
