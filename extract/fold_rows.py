@@ -34,7 +34,7 @@ MIN_ROWS = 8  # rows a chunk takes at least
 
 
 def fold_row_kernels(plan: Plan, program: ir.Program) -> list[Plan]:
-    """The plans of `plan` with one row kernel folded into an earlier kernel's pass over its rows, in
+    """The plans of `plan` with one row (or map) kernel folded into another kernel's pass over its rows, in
     each chunk count offered (none where no kernel pair fits)."""
     out = []
     for a, b in _pairs(plan, program):
@@ -42,7 +42,7 @@ def fold_row_kernels(plan: Plan, program: ir.Program) -> list[Plan]:
         ps = ka.passes()[0]
         n = program.axes[ps.axis]
         counts = [ps.split] + ([c for c in CHUNKS if c > ps.split and n >= MIN_ROWS * c] if ps.split > 1 else [])
-        out += [_fold(plan, a, b, count) for count in counts]
+        out += [_fold(plan, program, a, b, count) for count in counts]
     return out
 
 
@@ -59,53 +59,77 @@ def _writers(plan: Plan) -> dict[str, int]:
     return out
 
 
+def _loads(e: ir.Node) -> set[str]:
+    return {ld.tensor for ld in e.loads}
+
+
+def _reads(k: KernelPlan) -> set[str]:
+    """The tensors kernel `k` loads (a Combine folds its chunks' states: not its source pass's loads)."""
+    exprs = [e for p in k.passes() for c in p.comps for e in (c.core, c.mask, c.corr) if e is not None]
+    exprs += [st.expr for p in k.passes() for st in p.stores] + [st.expr for st in k.epilogue]
+    return set().union(*map(_loads, exprs))
+
+
+def _foldable(kb: KernelPlan, plan: Plan, program: ir.Program):
+    """(d, reductions, stores, buffers) of a row kernel — passes over one axis d of plain reductions over
+    its grid, read by its own stores and by its epilogue's buffers (`buffers`: their names) alone — or
+    (None, [], stores, {}) of a map kernel (epilogue stores alone); else None."""
+    passes = kb.passes()
+    if kb.chunks > 1 or len(passes) != len(kb.phases):
+        return None
+    if not passes:
+        return (None, [], kb.epilogue, {}) if kb.epilogue else None
+    d = passes[0].axis
+    comps = [c for p in passes for c in p.comps]
+    stores = [st for p in passes for st in p.stores]
+    buffers = {st.target: c for st in kb.epilogue for c in comps if st.expr == c.ref(ir.RefKind.FINAL)}
+    names = {c.name for c in comps}
+    if (len(buffers) != len(kb.epilogue) or not stores or any(p.axis != d for p in passes) or d in kb.grid
+            or next_pow2(program.axes[d]) > WHOLE_MAX
+            or not all(_plain(c) and set(c.free) == set(kb.grid) for c in comps)
+            or any(n.kind is ir.RefKind.INLINE and n.name in names for e in plan.inline.values() for n in e.refs)
+            or any(_loads(e) & set(buffers) for e in plan.inline.values())):
+        return None
+    return d, comps, stores, buffers
+
+
 def _pairs(plan: Plan, program: ir.Program):
-    """(A, B) kernel indices that fold: B a row kernel (passes over one axis d, plain reductions that
-    only its own stores read, no epilogue) or a map kernel (stores alone, in its epilogue); A an earlier
-    kernel of one pass over a row axis i of B whose grid is B's with d for i (a map kernel's without i),
-    and B's stores span A's grid and rows; B reads nothing written from A on."""
+    """(A, B) kernel indices that fold: B a row or map kernel (_foldable), A another kernel of one pass
+    over a row axis i of B whose grid is B's with d for i (a map kernel's without i), B's stores spanning
+    A's grid and rows. B's work moves to A's place: where A comes first, B reads nothing written from A
+    on and stores no buffer; where B comes first, its buffers are read by A alone, and what it stores by
+    no kernel from B to A."""
     writers = _writers(plan)
+    reads = [_reads(k) for k in plan.kernels]
     for b, kb in enumerate(plan.kernels):
-        passes = kb.passes()
-        if kb.chunks > 1 or len(passes) != len(kb.phases):
+        got = _foldable(kb, plan, program)
+        if got is None:
             continue
-        if passes:  # a row kernel
-            if kb.epilogue or len({p.axis for p in passes}) != 1 or not any(p.stores for p in passes):
-                continue
-            d = passes[0].axis
-            comps = [c for p in passes for c in p.comps]
-            if (not all(_plain(c) and set(c.free) == set(kb.grid) for c in comps)
-                    or next_pow2(program.axes[d]) > WHOLE_MAX or d in kb.grid):
-                continue
-            names = {c.name for c in comps}
-            if any(n.kind is ir.RefKind.INLINE and n.name in names for e in plan.inline.values() for n in e.refs):
-                continue
-            stores = [st for p in passes for st in p.stores]
-        elif kb.epilogue:  # a map kernel
-            d, stores = None, kb.epilogue
-        else:
-            continue
-        read = {ld.tensor for e in kb.exprs() for ld in e.loads}
-        for a in range(b):
-            ka = plan.kernels[a]
-            if len(ka.phases) != 1 or not isinstance(ka.phases[0], Pass):
+        d, _, stores, buffers = got
+        for a, ka in enumerate(plan.kernels):
+            if a == b or len(ka.phases) != 1 or not isinstance(ka.phases[0], Pass):
                 continue
             i = ka.phases[0].axis
             rows = set(ka.grid) | {i}
             grid = set(kb.grid) - {i} == set(ka.grid) - {d} if d is not None else set(kb.grid) == rows
             if (i not in kb.grid or i in ka.grid or (d is not None and d not in ka.grid) or not grid
-                    or any(set(st.axes) != rows for st in stores) or any(writers.get(t, -1) >= a for t in read)):
+                    or any(set(st.axes) != rows for st in stores)):
+                continue
+            if a < b and (buffers or any(writers.get(t, -1) >= a for t in reads[b])):
+                continue
+            stored = {st.target for st in stores}
+            if a > b and (any(buffers.keys() & reads[k] for k in range(len(plan.kernels)) if k != a)
+                          or any(stored & reads[k] for k in range(b, a + 1))):
                 continue
             yield a, b
             break
 
 
-def _fold(plan: Plan, a: int, b: int, chunks: int) -> Plan:
+def _fold(plan: Plan, program: ir.Program, a: int, b: int, chunks: int) -> Plan:
     new = copy.deepcopy(plan)
     ka, kb = new.kernels[a], new.kernels[b]
     ps = ka.passes()[0]
-    comps = [c for p in kb.passes() for c in p.comps]
-    stores = [st for p in kb.passes() for st in p.stores] or kb.epilogue
+    _, comps, stores, buffers = _foldable(kb, new, program)
     refs = {c.ref(ir.RefKind.FINAL): c.ref(ir.RefKind.INLINE) for c in comps}
     for c in comps:
         body = c.core if c.mask is None else ir.Call("where", (c.mask, c.core, ir.Const(c.identity)))
@@ -113,7 +137,12 @@ def _fold(plan: Plan, a: int, b: int, chunks: int) -> Plan:
     for st in stores:
         st.expr = ir.substitute(st.expr, refs)
         ps.stores.append(st)
-    del new.kernels[b]
+    if buffers:  # (B came first: A read its reductions from buffers, now their inline values)
+        ka.substitute({ir.Load(t, tuple(ir.Index(x) for x in new.buffers[t].axes)): c.ref(ir.RefKind.INLINE)
+                       for t, c in buffers.items()})
+        for t in buffers:
+            del new.buffers[t]
+    new.kernels.remove(kb)
     targets = ", ".join(st.target for st in stores)
     lines = [f"fold_rows: {kb.name}'s stores ({targets}) ride the pass over {ps.axis}" + (
         f", its row values ({', '.join(c.name for c in comps)}) computed per tile with {kb.passes()[0].axis} "
