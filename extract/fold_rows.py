@@ -131,9 +131,9 @@ def _fold(plan: Plan, program: ir.Program, a: int, b: int, chunks: int) -> Plan:
     ps = ka.passes()[0]
     _, comps, stores, buffers = _foldable(kb, new, program)
     refs = {c.ref(ir.RefKind.FINAL): c.ref(ir.RefKind.INLINE) for c in comps}
-    for c in comps:
+    for c in comps:  # (a row value may read another: a variance about the row's mean)
         body = c.core if c.mask is None else ir.Call("where", (c.mask, c.core, ir.Const(c.identity)))
-        new.inline[c.name] = ir.Reduce(c.op, kb.passes()[0].axis, body)
+        new.inline[c.name] = ir.Reduce(c.op, kb.passes()[0].axis, ir.substitute(body, refs))
     for st in stores:
         st.expr = ir.substitute(st.expr, refs)
         ps.stores.append(st)

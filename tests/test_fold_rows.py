@@ -128,3 +128,31 @@ def test_a_row_kernel_before_the_column_sum_folds_with_its_statistic_inline():
         for k in ("dx", "dw"):
             err = float((got[k].double() - want[k]).norm() / want[k].norm())
             assert err < 1e-5, (alt.structure, k, err)
+
+
+def test_row_values_that_read_each_other_fold_and_match_float64():
+    """LayerNorm's backward recomputing its statistics: the centred sum of squares reads the row's mean,
+    and dx's row sums read both (each an inline value of the fold reading the others')."""
+    m, n = 300, 45
+    P = ne.program("layer_norm_backward")
+    i, d = P.axes(i=m, d=n)
+    x, w, g = P.input("x", i, d), P.input("w", d), P.input("g", i, d)
+    mu = ne.sum(x, d) * (1.0 / n)
+    rstd = ne.rsqrt(ne.sum((x - mu) * (x - mu), d) * (1.0 / n) + 1e-5)
+    xh = (x - mu) * rstd
+    s1, s2 = ne.sum(g * w, d) * (1.0 / n), ne.sum(g * w * xh, d) * (1.0 / n)
+    P.output("dx", rstd * (g * w - s1 - xh * s2), (i, d))
+    P.output("dw", ne.sum(g * xh, i), (d,))
+    prog = compile_ir(P.build(), Options(min_chunk=16))
+    whole = [a for a in prog.alternatives if a.id in _folded(prog) and a.plan.kernels[0].chunks > 1
+             and not any(p.axis == "d" for k in a.plan.kernels for p in k.passes())]
+    assert whole
+    gen = torch.Generator().manual_seed(3)
+    xs = {"x": torch.randn(m, n, generator=gen) + 3.0, "w": torch.randn(n, generator=gen),
+          "g": torch.randn(m, n, generator=gen)}
+    xd, wd = xs["x"].double().requires_grad_(), xs["w"].double().requires_grad_()
+    torch.nn.functional.layer_norm(xd, (n,), wd, eps=1e-5).backward(xs["g"].double())
+    got = prog.pin(whole[0].id).run(xs)
+    for k, want in (("dx", xd.grad), ("dw", wd.grad)):
+        err = float((got[k].double() - want).norm() / want.norm())
+        assert err < 1e-5, (whole[0].structure, k, err)
