@@ -20,6 +20,7 @@ from sweep_fourth import gemma_rms_norm
 
 import neptune_eq
 from neptune_eq import dsl as ne
+from neptune_eq.pipeline import Options
 from neptune_eq.runtime import compile_ir
 from neptune_eq.verify import rel_err
 
@@ -79,11 +80,11 @@ def bias_act_inputs(m, n, gen):
 
 
 def _folded(alt) -> bool:
-    return any(line.startswith("fold_rows") for line in alt.plan.derivation)
+    return alt.plan.folded
 
 
 def compare(name, program, inputs, reference) -> None:
-    prog = compile_ir(program)
+    prog = compile_ir(program, Options(fold_rows=True))
     want = reference(inputs)
     picks = [next((a for a in prog.alternatives if _folded(a)), None),
              next((a for a in prog.alternatives if not _folded(a)), None)]
@@ -105,8 +106,10 @@ def training_step(m: int, n: int, gen) -> None:
     gy = torch.randn(m, n, generator=gen, device=DEV[0]).bfloat16()
     xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
     gemma_rms_norm(xd, wd).backward(gy.double())
-    ours, theirs = neptune_eq.compile(gemma_rms_norm, x, w), torch.compile(gemma_rms_norm)
-    for label, fn in (("neptune_eq", ours), ("torch.compile", theirs)):
+    steps = (("neptune_eq", neptune_eq.compile(gemma_rms_norm, x, w)),
+             ("neptune_eq fold_rows", neptune_eq.compile(gemma_rms_norm, x, w, fold_rows=True)),
+             ("torch.compile", torch.compile(gemma_rms_norm)))
+    for label, fn in steps:
         xl, wl = x.detach().requires_grad_(), w.detach().requires_grad_()
 
         def step(fn=fn, xl=xl, wl=wl):
@@ -116,7 +119,7 @@ def training_step(m: int, n: int, gen) -> None:
         step()
         errs = (rel_err(xl.grad, xd.grad)[0], rel_err(wl.grad, wd.grad)[0])
         ms = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
-        print(f"   gemma_rms_norm fwd+bwd {label:14s} {ms * 1e3:7.1f} us  grad errs x {errs[0]:.1e} w {errs[1]:.1e}",
+        print(f"   gemma_rms_norm fwd+bwd {label:20s} {ms * 1e3:7.1f} us  grad errs x {errs[0]:.1e} w {errs[1]:.1e}",
               flush=True)
 
 

@@ -154,7 +154,7 @@ def _fold(plan: Plan, program: ir.Program, a: int, b: int, chunks: int) -> Plan:
                    else split) for ax, names, split in new.groups
                   if not set(names) <= {c.name for c in comps}]
     new.derivation = [*new.derivation, *lines]
-    new.cost = None
+    new.cost, new.folded = None, True
     return new
 
 

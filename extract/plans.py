@@ -56,6 +56,7 @@ class PlanSpace:
     representative: dict[str, ir.Node]  # output name → the representative expression
     inline_max: int = 256
     max_plans: int = 200
+    fold_rows: bool = False  # also offer each plan with a row kernel folded (fold_rows.py)
     _cache: dict = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)  # loops whose terms could not be extracted, and why
     bad_loops: set[int] = field(default_factory=set)
@@ -180,7 +181,7 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
                         continue
                     if plan is None:
                         continue
-                    for p in (plan, *fold_row_kernels(plan, space.program)):
+                    for p in (plan, *(fold_row_kernels(plan, space.program) if space.fold_rows else ())):
                         sig = _signature(p)
                         if sig not in seen:
                             seen.add(sig)

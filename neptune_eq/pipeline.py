@@ -224,7 +224,7 @@ def _plans(c: Compilation) -> None:
             splits[k] = sorted(split_of.get(cid(lp.term), ()))
     terms = PlanTerms(comp_mask, comp_core, comp_corr, inline_term, output_expr)
     space = PlanSpace(c.program, c.bindings, c.fusion.candidates, splits, terms, c.representative,
-                      c.options.inline_max, c.options.max_plans)
+                      c.options.inline_max, c.options.max_plans, fold_rows=c.options.fold_rows)
     plans = enumerate_plans(space)
     compared = compared_with_extreme(c.representative)
     once = {b.name for b in c.bindings if b.node in compared}

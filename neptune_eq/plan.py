@@ -150,6 +150,7 @@ class Plan:
     fused_kernels: bool
     derivation: list[str] = field(default_factory=list)
     cost: object | None = None  # extract.cost.Cost
+    folded: bool = False  # a row kernel rides another kernel's pass over its rows (extract/fold_rows.py)
 
     def loaded_dtype(self, program: ir.Program, tensor: str) -> str:
         """The storage dtype of a tensor a kernel loads: a program input or a plan buffer."""

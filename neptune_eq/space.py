@@ -122,6 +122,11 @@ def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kernel
             s = replace(s, num_stages=s.num_stages - 1)
         if n == 0 and not s.resident:  # (a resident row's tile is the row)
             s = _fit_shared(k, plan, program, s)
+        if n == 0 and plan.folded and not sums_whole(k, plan, program, s):
+            # a folded kernel's default may cut the row it sums (LayerNorm's backward: d in 256-wide tiles
+            # beside 64 rows): its default is then one row a step, held whole
+            v = next(iter(_whole_rows(k, plan, program, base)), v)
+            s = v.schedule
         if n and not sums_whole(k, plan, program, s):
             continue
         if n == 0 or s.resident or shared_bytes(k, program, plan, s) <= SHARED_BUDGET:
@@ -261,7 +266,7 @@ def _whole_rows(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSche
     of a tile contraction's minimum: [16, 4096] blocks in 4 warps."""
     whole = inner_axes(k, plan) & set(k.grid)
     loops = {p.axis for p in k.passes()}
-    if not whole or len(loops) != 1 or any(isinstance(ph, Combine) for ph in k.phases):
+    if not plan.folded or not whole or len(loops) != 1 or any(isinstance(ph, Combine) for ph in k.phases):
         return []
     loop = next(iter(loops))
     used = {n.name for e in k.exprs() for n in e.refs if n.kind is ir.RefKind.INLINE and n.name in plan.inline}
@@ -337,7 +342,8 @@ def plan_variants(plan: Plan, program: ir.Program, bases: list[KernelSchedule], 
                 prev = scheds[-1]
                 # (a row the partial kernel held whole for an inline sum over it, extract/fold_rows.py,
                 # in column tiles: one program would combine every chunk of the whole row)
-                whole = inner_axes(plan.kernels[len(scheds) - 1], plan)
+                # (unless the combine kernel sums that axis itself: a pass fused after the combine)
+                whole = inner_axes(plan.kernels[len(scheds) - 1], plan) - inner_axes(k, plan) if plan.folded else set()
                 s = replace(s.with_tiles(**{a: COLUMNS if a in whole and prev.tiles[a] > COLUMNS else prev.tiles[a]
                                             for a in k.grid if a in prev.tiles}),
                             steps={a: n for a, n in prev.steps.items() if a in k.grid})

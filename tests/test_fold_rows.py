@@ -9,6 +9,8 @@ from neptune_eq import dsl as ne
 from neptune_eq.pipeline import Options, compile_program
 from neptune_eq.runtime import compile_ir
 
+FOLD = Options(fold_rows=True)  # (off by default until measured on a GPU)
+
 
 def _norm_backward(m: int, n: int, out_dtype: str = "float32", saved: bool = True):
     """RMSNorm's backward given the saved row statistic rs = Σ_d x² (Gemma's weight as 1 + w), or
@@ -32,12 +34,12 @@ def _reference(xs: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
 
 
 def _folded(prog) -> list[int]:
-    return [a.id for a in prog.alternatives if any(line.startswith("fold_rows") for line in a.plan.derivation)]
+    return [a.id for a in prog.alternatives if a.plan.folded]
 
 
 def test_folded_norm_backward_matches_float64_unsplit_split_and_rechunked():
     m, n = 300, 45  # 300 rows: split-K 2..16 with 16-row chunks, and 32 chunks from the fold
-    prog = compile_ir(_norm_backward(m, n), Options(min_chunk=16))
+    prog = compile_ir(_norm_backward(m, n), Options(min_chunk=16, fold_rows=True))
     folded = _folded(prog)
     chunks = {a.id: a.plan.kernels[0].chunks for a in prog.alternatives if a.id in folded}
     assert {1, 32} <= set(chunks.values()), chunks
@@ -62,17 +64,20 @@ def test_the_cost_model_folds_a_wide_norm_backward_at_h100_size():
     """16384 rows of 2304: two kernels reading dy and x twice (the column sums, then the rows) against
     one reading them once in a chunk of rows a program; the fold is chosen, in more chunks than the
     split-K rule's 512-row ones."""
-    c = compile_program(_norm_backward(16384, 2304, "bfloat16"))
+    c = compile_program(_norm_backward(16384, 2304, "bfloat16"), FOLD)
     best = c.alternatives[0]
-    assert any(line.startswith("fold_rows") for line in best.plan.derivation), best.structure
+    assert best.plan.folded and any(line.startswith("fold_rows") for line in best.plan.derivation), best.structure
     assert best.plan.kernels[0].chunks >= 64 and "whole rows" in best.kind, best.structure
-    unfolded = next(a for a in c.alternatives if not any(ln.startswith("fold_rows") for ln in a.plan.derivation))
+    unfolded = next(a for a in c.alternatives if not a.plan.folded)
     assert best.cost.hbm_bytes < 0.7 * unfolded.cost.hbm_bytes
+    # off by default (Options.fold_rows): no folded plan, no whole-rows schedule
+    plain = compile_program(_norm_backward(16384, 2304, "bfloat16"))
+    assert not any(a.plan.folded or "whole rows" in a.kind for a in plain.alternatives)
 
 
 def test_a_row_too_wide_to_hold_is_not_folded():
-    c = compile_program(_norm_backward(4096, 16384))
-    assert not any(any(ln.startswith("fold_rows") for ln in a.plan.derivation) for a in c.alternatives)
+    c = compile_program(_norm_backward(4096, 16384), FOLD)
+    assert not any(a.plan.folded for a in c.alternatives)
 
 
 def _bias_act_backward(m: int, n: int):
@@ -88,7 +93,7 @@ def _bias_act_backward(m: int, n: int):
 
 def test_a_map_kernel_folds_into_the_column_sum_and_matches_float64():
     m, n = 300, 70
-    prog = compile_ir(_bias_act_backward(m, n), Options(min_chunk=16))
+    prog = compile_ir(_bias_act_backward(m, n), Options(min_chunk=16, fold_rows=True))
     folded = _folded(prog)
     assert folded
     g = torch.Generator().manual_seed(1)
@@ -105,8 +110,8 @@ def test_a_map_kernel_folds_into_the_column_sum_and_matches_float64():
         for k in ("dx", "db"):
             err = float((got[k].double() - want[k]).norm() / want[k].norm())
             assert err < 1e-5, (prog.alternatives[i].structure, k, err)
-    c = compile_program(_bias_act_backward(16384, 4096))
-    assert any(ln.startswith("fold_rows") for ln in c.alternatives[0].plan.derivation), c.alternatives[0].structure
+    c = compile_program(_bias_act_backward(16384, 4096), FOLD)
+    assert c.alternatives[0].plan.folded, c.alternatives[0].structure
 
 
 def test_a_row_kernel_before_the_column_sum_folds_with_its_statistic_inline():
@@ -114,7 +119,7 @@ def test_a_row_kernel_before_the_column_sum_folds_with_its_statistic_inline():
     column pass computes it per tile too, and the buffer is gone (the norm → matmul backward's map part:
     139 → 93 µs predicted at 4096 × 8192)."""
     m, n = 300, 45
-    prog = compile_ir(_norm_backward(m, n, saved=False), Options(min_chunk=16))
+    prog = compile_ir(_norm_backward(m, n, saved=False), Options(min_chunk=16, fold_rows=True))
     whole = [a for a in prog.alternatives if a.id in _folded(prog) and a.plan.kernels[0].chunks > 1
              and not any(p.axis == "d" for k in a.plan.kernels for p in k.passes())]
     assert whole
@@ -143,7 +148,7 @@ def test_row_values_that_read_each_other_fold_and_match_float64():
     s1, s2 = ne.sum(g * w, d) * (1.0 / n), ne.sum(g * w * xh, d) * (1.0 / n)
     P.output("dx", rstd * (g * w - s1 - xh * s2), (i, d))
     P.output("dw", ne.sum(g * xh, i), (d,))
-    prog = compile_ir(P.build(), Options(min_chunk=16))
+    prog = compile_ir(P.build(), Options(min_chunk=16, fold_rows=True))
     whole = [a for a in prog.alternatives if a.id in _folded(prog) and a.plan.kernels[0].chunks > 1
              and not any(p.axis == "d" for k in a.plan.kernels for p in k.passes())]
     assert whole
