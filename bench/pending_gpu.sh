@@ -8,6 +8,9 @@
 #                                    # fix (22.3 ms before it, document ids 3.2), and the host time of new
 #                                    # lengths (its step had timed out at 100 s: now one op, 250 s)
 #     bash bench/pending_gpu.sh b    # sweep 4's rows not run yet (norms, MoE)
+#     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
+#                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
+#                                    # pairs again
 #
 # On the device machine (task text): carry .whl, then
 #     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
@@ -41,8 +44,13 @@ case "${1:-}" in
     step sweep4_rest 500 python3 bench/sweep_fourth.py --only weight_standardize inf_norm logsumexp_two_dims \
       scalar_temperature moe_aux moe_router --out "$OUT/sweep4_rest/rows.json"
     ;;
+  c)
+    step fold_rows 200 python3 bench/probe_fold_rows.py
+    step norm_rows 350 python3 bench/sweep_fourth.py --only gemma_rms_norm layer_norm_plain channels_layer_norm \
+      var_mean_standardize --out "$OUT/norm_rows/rows.json"
+    ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c" >&2
     exit 2
     ;;
 esac

@@ -6,10 +6,12 @@ sᵢ = Σ_d dyᵢd·wd·xᵢd (a pass over d into [i], then a map over d). As tw
 x; Liger-Kernel and torch.compile write it as one: a program takes a chunk of rows, holds each row
 whole, computes sᵢ from it, stores dXᵢ and adds the row into its partial dW — dy and x read once.
 
-Here that is a plan rewrite: in a plan where kernel A runs a pass over i with grid F ∪ {d} and a
-later kernel B runs, over grid F ∪ {i}, passes over d whose reductions only B reads and whose stores
+Here that is a plan rewrite: in a plan where kernel A runs a pass over i with grid F ∪ {d} and
+another kernel B runs, over grid F ∪ {i}, passes over d whose reductions only B reads and whose stores
 are over F ∪ {i, d}, B's reductions become inline values (computed per tile of A's pass, d held
-whole: schedule.sums_whole) and its stores move into A's pass; B is dropped. Exact: every value is
+whole: schedule.sums_whole) and its stores move into A's pass; B is dropped. B may come before A when
+A read B's reductions from buffers (a recomputed Σ_d x² that the weight's gradient scales by): A then
+computes them inline too, and the buffers go. Exact: every value is
 computed from the same terms, each store still written once per element. A's pass, when split, is
 also offered in more chunks (its partial states combine as before, whatever their count): a program
 per chunk of rows needs a chunk per SM, not the few that the split-K rule's 512-element chunks give.
@@ -41,7 +43,8 @@ def fold_row_kernels(plan: Plan, program: ir.Program) -> list[Plan]:
         ka = plan.kernels[a]
         ps = ka.passes()[0]
         n = program.axes[ps.axis]
-        counts = [ps.split] + ([c for c in CHUNKS if c > ps.split and n >= MIN_ROWS * c] if ps.split > 1 else [])
+        # (every split base gives the same plan in a larger count: the counts come from the 2-way one alone)
+        counts = [ps.split] + ([c for c in CHUNKS if n >= MIN_ROWS * c] if ps.split == 2 else [])
         out += [_fold(plan, program, a, b, count) for count in counts]
     return out
 

@@ -33,8 +33,9 @@ class Options:
     min_chunk: int = 512  # a split-K chunk covers at least this many elements
     inline_max: int = 256  # contractions over axes up to this extent are computed per tile
     max_plans: int = 200
-    # also offer plans with a row kernel folded into the pass over the same rows (extract/fold_rows.py):
-    # off until measured on a GPU, where Triton 3.6 refused one folded kernel ("operand does not dominate")
+    # also offer plans with a row kernel folded into the pass over the same rows (extract/fold_rows.py;
+    # H100: a norm's backward 161 -> 103 us, a bias-activation's 616 -> 346). Off by default until the
+    # whole suite has run with it on (session 60's run hung at 98 %, its workers gone, cause not found)
     fold_rows: bool = False
     rules: tuple[Rule, ...] = ()  # extra (user) algebra rules, already checked for soundness
     strict_rules: bool = False  # reject user rules that only refine (docs/RULES.md) instead of warning

@@ -9,7 +9,7 @@ from neptune_eq import dsl as ne
 from neptune_eq.pipeline import Options, compile_program
 from neptune_eq.runtime import compile_ir
 
-FOLD = Options(fold_rows=True)  # (off by default until measured on a GPU)
+FOLD = Options(fold_rows=True)
 
 
 def _norm_backward(m: int, n: int, out_dtype: str = "float32", saved: bool = True):
@@ -70,7 +70,7 @@ def test_the_cost_model_folds_a_wide_norm_backward_at_h100_size():
     assert best.plan.kernels[0].chunks >= 64 and "whole rows" in best.kind, best.structure
     unfolded = next(a for a in c.alternatives if not a.plan.folded)
     assert best.cost.hbm_bytes < 0.7 * unfolded.cost.hbm_bytes
-    # off by default (Options.fold_rows): no folded plan, no whole-rows schedule
+    # Options(fold_rows=False), the default for now: no folded plan, no whole-rows schedule
     plain = compile_program(_norm_backward(16384, 2304, "bfloat16"))
     assert not any(a.plan.folded or "whole rows" in a.kind for a in plain.alternatives)
 
@@ -161,3 +161,19 @@ def test_row_values_that_read_each_other_fold_and_match_float64():
     for k, want in (("dx", xd.grad), ("dw", wd.grad)):
         err = float((got[k].double() - want).norm() / want.norm())
         assert err < 1e-5, (whole[0].structure, k, err)
+
+
+def test_broadcasts_of_values_from_before_a_loop_are_bound_before_it():
+    """Triton 3.6 (H100) merged `t12[:, None]` of two sibling loops inside one of them and refused the
+    folded kernel; bound once before each loop it compiles. A name the body assigns (a carried state),
+    or one bound inside an earlier loop, keeps its broadcast where it is."""
+    from neptune_eq.lower.values import hoist_broadcasts
+
+    outer = ["    t12 = (x11 + 1.0)", "    st = tl.zeros([BLOCK_d], tl.float32)", "    for start_i in range(0, 8, 4):",
+             "        y9 = tl.load(p)"]
+    body = ["        a = x1 * t12[:, None] + t12[:, None]", "        b = st[:, None] * y9[None, :]",
+            "        st = st + a"]
+    fresh = iter(f"b{k}" for k in range(10))
+    defs, out = hoist_broadcasts(outer, 1, body, lambda: next(fresh))
+    assert defs == ["b0 = t12[:, None]"]
+    assert out == ["        a = x1 * b0 + b0", "        b = st[:, None] * y9[None, :]", "        st = st + a"]

@@ -19,6 +19,7 @@ from .values import (
     _ident,
     _Scope,
     block_shape,
+    hoist_broadcasts,
 )
 
 CURRENT, OLD, FINAL = ir.RefKind.CURRENT, ir.RefKind.OLD, ir.RefKind.FINAL
@@ -237,6 +238,10 @@ class _PassWriter:
         restore = outer[0] is not None
         if restore:
             w.vector[self.axis], w.starts[self.axis], w.tail_masks[self.axis] = outer
+        if not any("tl.dot(" in line for line in body):  # (tensor-core loops keep the code they were measured with)
+            hoisted, body = hoist_broadcasts(w.lines, w.depth, body, lambda: w.tmp("b"))
+            for line in hoisted:
+                w.emit(line)
         if w.sched.wide_index:  # an int32 loop counter would wrap on its last step past 2^31
             lo = f"tl.cast({lo}, tl.int64)"
         if w.sched.warp_specialize and not masked and w.target == "cuda":

@@ -4,6 +4,7 @@ kind), the tensors and launch facts of a generated kernel, and how numbers are w
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from .. import ir
@@ -113,3 +114,33 @@ class _Scope:
 def block_shape(dims) -> str:
     """`[BLOCK_a, BLOCK_b]`: the shape of a block over axes `dims`."""
     return "[" + ", ".join(f"BLOCK_{_ident(a)}" for a in dims) + "]"
+
+
+_ASSIGNED = re.compile(r"^\s*(?:for\s+)?(\w+(?:\s*,\s*\w+)*)\s*(?:[-+*/]?=(?!=)|in\b)")
+_BROADCAST = re.compile(r"\b(\w+)\[((?:None|:)(?:, (?:None|:))*)\]")
+
+
+def hoist_broadcasts(outer: list[str], depth: int, body: list[str], fresh) -> tuple[list[str], list[str]]:
+    """A loop body's broadcasts of values computed before the loop (`t[:, None]` of a hoisted row) as
+    names bound before it: (the bindings, the body using them). Triton 3.6's layout pass merged one such
+    broadcast with the same one in a sibling loop, inside the other loop's region ("operand does not
+    dominate this use": a folded norm backward's three loops, edge and interior tiles, on the H100).
+    Only names bound at the loop's own level (`depth`, not inside an earlier loop) and not assigned by the
+    body are hoisted. `fresh()` gives a new name."""
+    def assigned(lines: list[str]) -> set[str]:
+        return {n.strip() for line in lines if (m := _ASSIGNED.match(line)) for n in m.group(1).split(",")}
+
+    before = assigned([line for line in outer if len(line) - len(line.lstrip()) <= 4 * depth])
+    inside = assigned(body)
+    names: dict[tuple[str, str], str] = {}
+
+    def sub(m: re.Match) -> str:
+        key = (m.group(1), m.group(2))
+        if key[0] not in before or key[0] in inside:
+            return m.group(0)
+        if key not in names:
+            names[key] = fresh()
+        return names[key]
+
+    body = [_BROADCAST.sub(sub, line) for line in body]
+    return [f"{v} = {n}[{i}]" for (n, i), v in names.items()], body
