@@ -113,6 +113,8 @@ def _pairs(plan: Plan, program: ir.Program):
             if a == b or len(ka.phases) != 1 or not isinstance(ka.phases[0], Pass):
                 continue
             i = ka.phases[0].axis
+            if any(c.mask is not None for c in ka.phases[0].comps):
+                continue  # (a mask may bound the rows the pass visits: B's stores need every row)
             rows = set(ka.grid) | {i}
             grid = set(kb.grid) - {i} == set(ka.grid) - {d} if d is not None else set(kb.grid) == rows
             if (i not in kb.grid or i in ka.grid or (d is not None and d not in ka.grid) or not grid

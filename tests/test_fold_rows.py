@@ -177,3 +177,17 @@ def test_broadcasts_of_values_from_before_a_loop_are_bound_before_it():
     defs, out = hoist_broadcasts(outer, 1, body, lambda: next(fresh))
     assert defs == ["b0 = t12[:, None]"]
     assert out == ["        a = x1 * b0 + b0", "        b = st[:, None] * y9[None, :]", "        st = st + a"]
+
+
+def test_a_column_sum_over_part_of_the_rows_is_not_folded():
+    """A mask on the column sum may bound the rows its pass visits (i < 100 of 300): the map's stores,
+    riding that pass, would miss the rows past it. No fold is offered."""
+    m, n = 300, 45
+    P = ne.program("masked_bias_backward")
+    i, d = P.axes(i=m, d=n)
+    x, b, dy = P.input("x", i, d), P.input("b", d), P.input("dy", i, d)
+    g = dy * (1.0 - ne.tanh(x + b) * ne.tanh(x + b))
+    P.output("dx", g, (i, d))
+    P.output("db", ne.sum(ne.where(i.index < 100, g, 0.0), i), (d,))
+    prog = compile_ir(P.build(), Options(min_chunk=16, fold_rows=True))
+    assert not _folded(prog)
