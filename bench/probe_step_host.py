@@ -1,22 +1,25 @@
-"""Host time of a training step of a bench/sweep_unseen.py row, piece by piece: the forward without
-grad (bound launches), the forward with grad (the training custom op), its backward, and for scale a
-do-nothing torch.library custom op and a do-nothing autograd.Function. GPU only; steps issued back to
-back with the GPU idle between timings (perf_counter around issue, synchronised before and after).
+"""Host time of a training step of a sweep row (bench/sweeps.py), piece by piece: the forward without
+grad (bound launches), the forward with grad (the training custom op), its backward, eager PyTorch's
+step, and for scale a do-nothing torch.library custom op and a do-nothing autograd.Function; with
+--profile, a cProfile of neptune_eq's steps (functions by their own time). GPU only; each call issued
+with the GPU idle (perf_counter around issue, synchronised before and after).
 
-    python bench/probe_step_host.py "attention fwd+bwd" "rms_norm fwd+bwd"
+    python bench/probe_step_host.py "attention fwd+bwd" "rms_norm fwd+bwd" [--profile 25]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sweep_unseen as S
-from host_profile import one_call_us
+from host_profile import one_call_us, profile_calls
+from sweeps import row_named
 
 import neptune_eq
 
@@ -48,10 +51,36 @@ class _Nothing(torch.autograd.Function):
         return g
 
 
-def probe(row: S.Row) -> None:
+def _python_backward_us(step, n: int = 30) -> float:
+    """Median µs a step spends inside neptune_eq's Python backward (autograd._Eager.backward), the
+    rest of the backward's host time being the autograd engine's (its device thread, the GIL)."""
+    from neptune_eq import autograd as A
+
+    inner = A._Eager.backward
+    spent = []
+
+    def timed(ctx, *grads):
+        t0 = time.perf_counter()
+        try:
+            return inner(ctx, *grads)
+        finally:
+            spent.append((time.perf_counter() - t0) * 1e6)
+
+    A._Eager.backward = staticmethod(timed)
+    try:
+        for _ in range(n):
+            step()
+            torch.cuda.synchronize()
+    finally:
+        A._Eager.backward = staticmethod(inner)
+    return statistics.median(spent) if spent else float("nan")
+
+
+def probe(row, top: int) -> None:
     xs = row.make("cuda", torch.Generator(device="cuda").manual_seed(0), False)
     prog = neptune_eq.compile(row.fn, *xs)
-    leaves = tuple(x.detach().requires_grad_(x.is_floating_point()) for x in xs)
+    leaves = tuple(x.detach().requires_grad_(x.is_floating_point() and k not in row.buffers)
+                   for k, x in enumerate(xs))
 
     def nograd():
         with torch.no_grad():
@@ -66,17 +95,33 @@ def probe(row: S.Row) -> None:
     def bwd():
         fwd().backward(g)
 
+    def eager():
+        out = row.fn(*leaves)
+        out.backward(torch.ones_like(out))
+
+    def empty_step():
+        _Nothing.apply(leaves[0]).backward(torch.ones_like(leaves[0]))
+
     t = {"forward, no grad": host_us(nograd), "forward with grad": host_us(fwd),
-         "forward + backward": host_us(bwd),
+         "forward + backward": host_us(bwd), "eager forward + backward": host_us(eager),
          "empty custom op": host_us(lambda: _nothing([xs[0]])),
-         "empty autograd.Function": host_us(lambda: _Nothing.apply(leaves[0]))}
+         "empty autograd.Function": host_us(lambda: _Nothing.apply(leaves[0])),
+         "empty autograd.Function + backward": host_us(empty_step)}
+    inside = _python_backward_us(bwd)
+    t["of which in the Python backward"] = inside
     print(f"== {row.name}: host µs per call (median): " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()),
           flush=True)
+    if top:
+        profile_calls(bwd, 50, top)
 
 
 def main() -> None:
-    for want in sys.argv[1:]:
-        probe(next(r for r in S.ROWS if r.name.startswith(want)))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rows", nargs="+")
+    ap.add_argument("--profile", type=int, default=0, help="cProfile the steps, this many functions")
+    a = ap.parse_args()
+    for want in a.rows:
+        probe(row_named(want), a.profile)
 
 
 if __name__ == "__main__":

@@ -34,9 +34,8 @@ class Options:
     inline_max: int = 256  # contractions over axes up to this extent are computed per tile
     max_plans: int = 200
     # also offer plans with a row kernel folded into the pass over the same rows (extract/fold_rows.py;
-    # H100: a norm's backward 161 -> 103 us, a bias-activation's 616 -> 346). Off by default until the
-    # whole suite has run with it on (session 60 stopped that run at 98 %, every test passed by then)
-    fold_rows: bool = False
+    # H100: a norm's backward 161 -> 103 us, a bias-activation's 616 -> 346); False: never fold
+    fold_rows: bool = True
     rules: tuple[Rule, ...] = ()  # extra (user) algebra rules, already checked for soundness
     strict_rules: bool = False  # reject user rules that only refine (docs/RULES.md) instead of warning
     progress: Progress | bool = None

@@ -70,8 +70,8 @@ def test_the_cost_model_folds_a_wide_norm_backward_at_h100_size():
     assert best.plan.kernels[0].chunks >= 64 and "whole rows" in best.kind, best.structure
     unfolded = next(a for a in c.alternatives if not a.plan.folded)
     assert best.cost.hbm_bytes < 0.7 * unfolded.cost.hbm_bytes
-    # Options(fold_rows=False), the default for now: no folded plan, no whole-rows schedule
-    plain = compile_program(_norm_backward(16384, 2304, "bfloat16"))
+    # Options(fold_rows=False): no folded plan, no whole-rows schedule
+    plain = compile_program(_norm_backward(16384, 2304, "bfloat16"), Options(fold_rows=False))
     assert not any(a.plan.folded or "whole rows" in a.kind for a in plain.alternatives)
 
 
