@@ -75,15 +75,15 @@ def schedule_times(compiled, alt_id: int, schedules, feed: dict, label: str, rep
         return None
 
 
-def profile_calls(thunk, calls: int, top: int) -> None:
-    """cProfile of `calls` calls of `thunk`, the functions by their own time."""
+def profile_calls(thunk, calls: int, top: int, sort: str = "tottime") -> None:
+    """cProfile of `calls` calls of `thunk`, the functions by their own time (or by `sort`)."""
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
         thunk()
     prof.disable()
     torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+    pstats.Stats(prof).sort_stats(sort).print_stats(top)
 
 
 def main(argv=None) -> int:

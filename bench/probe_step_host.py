@@ -112,13 +112,13 @@ def probe(row, top: int) -> None:
     print(f"== {row.name}: host µs per call (median): " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()),
           flush=True)
     if top:
-        profile_calls(bwd, 50, top)
+        profile_calls(bwd, 50, top, "cumulative")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("rows", nargs="+")
-    ap.add_argument("--profile", type=int, default=0, help="cProfile the steps, this many functions")
+    ap.add_argument("--profile", type=int, default=0, help="cProfile the steps, this many functions by cumulative time")
     a = ap.parse_args()
     for want in a.rows:
         probe(row_named(want), a.profile)

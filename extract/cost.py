@@ -365,11 +365,11 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     terms = [t_mem_eff, *t_compute]
     t_l2 = _l2_time(requested, c, sched, iters_total, active, dev)
     if memo is None:
-        chain = _data_bounded_chain(k, program, plan)
+        chain, per_call = _data_bounded_chain(k, program, plan, sched)
     else:
-        if ("chain", k.name) not in memo:
-            memo["chain", k.name] = _data_bounded_chain(k, program, plan)
-        chain = memo["chain", k.name]
+        if ("chain", k.name, sched.data_bounds) not in memo:
+            memo["chain", k.name, sched.data_bounds] = _data_bounded_chain(k, program, plan, sched)
+        chain, per_call = memo["chain", k.name, sched.data_bounds]
     if chain:
         # a loop bounded by the inputs' values (lower/databounds.py): the lengths are data, unknown
         # here. Priced under the prior that they spread evenly over [0, bound]: half the work on
@@ -396,7 +396,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     # that on the tensor cores
     work = time
     t_chain = waves * (steps_chain + sched.resident) * dev.mem_latency_s
-    time = max(time, t_chain) + dev.launch_s
+    time = max(time, t_chain) + dev.launch_s + (dev.data_bound_call_s if per_call else 0.0)
     latency = hbm / bw
     return KernelCost(k.name, programs, iters_total, hbm, requested + stored, c.tc * programs, c.alu * programs,
                       c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time, t_l2, t_chain, work)
@@ -444,21 +444,23 @@ def _loads_tile(n: ir.Node, axis: str, block: set[str]) -> bool:
     return not isinstance(n, ir.Reduce) and any(_loads_tile(c, axis, block) for c in n.children())
 
 
-def _data_bounded_chain(k: KernelPlan, program: ir.Program, plan: Plan) -> int:
-    """0 where no loop of `k` is bounded by data; else the longest chain of dependent loads its
-    loop tiles read (1: plain addresses; 2: an address read from a page table)."""
-    from neptune_eq.lower.databounds import data_conjuncts, with_plan_terms
+def _data_bounded_chain(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSchedule) -> tuple[int, bool]:
+    """(chain, per_call): chain 0 where no loop of `k` runs bounded by data under `sched`, else the
+    longest chain of dependent loads its loop tiles read (1: plain addresses; 2: an address read
+    from a page table); per_call whether the launcher works a bound out on every call."""
+    from neptune_eq.lower.databounds import kernel_data_bounds
     from neptune_eq.schedule import loop_loads
 
-    if not any(c.mask is not None and data_conjuncts(with_plan_terms(c.mask, plan, program), ps.axis, program)
-               for ps in k.passes() for c in ps.comps):
-        return 0
+    own, per_call = kernel_data_bounds(k, plan, program)
+    per_call = per_call and sched.data_bounds
+    if not (own or per_call):
+        return 0, False
 
     def depth(n: ir.Node) -> int:
         inner = [depth(m) for e in n.index for m in ir.walk(e) if isinstance(m, ir.Load)]
         return 1 + max(inner, default=0)
 
-    return max((depth(ld) for ld in loop_loads(k, plan)), default=1)
+    return max((depth(ld) for ld in loop_loads(k, plan)), default=1), per_call
 
 
 def _mma_efficiency(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> float:

@@ -35,6 +35,14 @@ class DeviceSpec:
     # the H100's GH100 die, bench/microbench.py l2, 2026-11-27): a K-loop tile of 64 rows re-reads the
     # weight of linear cross-entropy from L2 twice as often as one of 128 and ran 17.4 against 13.4 ms
     l2_read_bytes_per_s: float = 8.5e12
+    # what a loop bound worked out per call (lower/databounds.bound_tensor) costs the call whatever it
+    # saves: a few dozen small torch operations (replayed from a CUDA graph, lower/replay.py) the kernel
+    # waits on, and the checked launch path (a call with such a table does not bind its launches).
+    # Measured on an H100 (2026-12-06, bench/probe_step_host.py, probe_sweep_kernels.py): the MoE router
+    # losses' forward, one such kernel, took 352 µs of host a call where a bound call takes 35-70, and
+    # its training step ~300 µs of device time in those operations against 82 µs for all its kernels.
+    # 0: every such loop bounded (the data are known to leave tiles out)
+    data_bound_call_s: float = 150e-6
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536
 

@@ -49,6 +49,10 @@ class KernelSchedule:
     group: int = 1
     # the loop axis is held whole on chip: every pass of the kernel runs on one tile, loaded once
     resident: bool = False
+    # loops masked by comparisons of input values are bounded by a table the launcher works out on every
+    # call (lower/databounds.py); False: every tile is visited and the mask evaluated per element — no
+    # per-call work, and the launches bind to addresses. (Bounds a program works out itself are kept.)
+    data_bounds: bool = True
 
     def with_tiles(self, **tiles: int) -> KernelSchedule:
         return replace(self, tiles={**self.tiles, **tiles})
@@ -60,7 +64,7 @@ class KernelSchedule:
     def key(self) -> tuple:
         return (tuple(sorted(self.tiles.items())), self.num_warps, self.num_stages, self.input_precision,
                 self.fast_math, tuple(sorted(self.steps.items())), self.tma, self.warp_specialize, self.wide_index,
-                self.group, self.resident)
+                self.group, self.resident, self.data_bounds)
 
 
 def kernel_exprs(k: KernelPlan, plan: Plan, phases=None) -> list[ir.Node]:

@@ -14,6 +14,11 @@ what the program is called):
     kloop      an inline contraction over a long axis runs as a nested K-loop where it is used
                (the hidden axis of linear cross-entropy inside the pass over the vocabulary)
 
+A kernel whose loop a table worked out per call would bound (a mask comparing input values:
+lower/databounds.py) is also offered each of its schedules with every tile visited instead
+(KernelSchedule.data_bounds=False): the table costs the call its work whatever the data, and pays
+only where the data leave tiles out (packed documents), not for a one-hot count over random ids.
+
 Tile sizes, warps and stages within a kind are then the autotuner's (tune.py).
 """
 
@@ -131,6 +136,10 @@ def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kernel
             continue
         if n == 0 or s.resident or shared_bytes(k, program, plan, s) <= SHARED_BUDGET:
             out.append(Variant(v.kind, s))
+    from .lower.databounds import kernel_data_bounds
+
+    if kernel_data_bounds(k, plan, program)[1]:
+        out += [Variant(f"{v.kind}, every tile", replace(v.schedule, data_bounds=False)) for v in out]
     return out
 
 

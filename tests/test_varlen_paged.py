@@ -16,10 +16,17 @@ import torch
 import neptune_eq as ne
 from neptune_eq import ir
 from neptune_eq.frontend import capture
+from neptune_eq.device import H100
 from neptune_eq.lower.databounds import bound_tensor
 from neptune_eq.pipeline import Options
 from neptune_eq.plan import Combine
 from neptune_eq.runtime import compile_ir
+
+
+# the cost model prices a loop bound worked out per call at what it costs a call on an H100 (device.py
+# data_bound_call_s), more than these small shapes' kernels take: priced free here, the plans keep the
+# bounds these tests check (test_a_per_call_bound_is_taken_where_it_pays checks the pricing itself)
+BOUNDED = Options(device=H100.scaled(data_bound_call_s=0.0))
 
 
 def varlen_attention(q, k, v, doc):
@@ -47,7 +54,8 @@ def err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def test_packed_documents_match_float64_with_empty_and_length_one_documents_from_one_compile():
     """One dynamic compile serves packings of different totals and layouts (empty documents,
     length-1 documents, a document longer than a tile): no new capture or compile."""
-    prog = ne.compile(varlen_attention, *packed([40, 0, 1, 90, 0, 2]), dynamic={0: [1], 1: [1], 2: [1], 3: [0]})
+    prog = ne.compile(varlen_attention, *packed([40, 0, 1, 90, 0, 2]), dynamic={0: [1], 1: [1], 2: [1], 3: [0]},
+                      device=BOUNDED.device)
     before = prog.stats()
     for lengths in ([40, 0, 1, 90, 0, 2], [1, 1, 1, 160, 0, 35], [200, 0, 3], [0, 177, 1, 0, 1]):  # one bucket
         q, k, v, doc = packed(lengths, seed=len(lengths))
@@ -80,7 +88,7 @@ def test_packed_documents_at_head_dim_128_step_128_keys_and_match_float64():
 
 def _bounds(program, inputs):
     """The data bounds of a compiled program's kernels, evaluated for `inputs`."""
-    _, kernels = compile_ir(program).lowered("interpreter")
+    _, kernels = compile_ir(program, BOUNDED).lowered("interpreter")
     return [(db, bound_tensor(db, program, inputs)) for ks in kernels for db in ks.data_bounds]
 
 
@@ -117,7 +125,7 @@ def test_unsorted_document_ids_stay_exact():
     """Ids out of order only widen the ranges (interval arithmetic is sound for any layout)."""
     q, k, v, doc = packed([30, 1, 0, 50])
     doc = doc[torch.randperm(doc.numel(), generator=torch.Generator().manual_seed(3))]
-    prog = ne.compile(varlen_attention, q, k, v, doc)
+    prog = ne.compile(varlen_attention, q, k, v, doc, device=BOUNDED.device)
     assert err(prog(q, k, v, doc), varlen_attention(q.double(), k.double(), v.double(), doc)) < 1e-5
 
 
@@ -125,7 +133,7 @@ def test_packed_documents_gradients_match_float64():
     """The backward's loops (dQ over keys, dK/dV over queries) are bounded by the same mask.
     (Once silently wrong: the mask analysis sampled doc[i] and doc[j] apart and never equal.)"""
     q, k, v, doc = packed([20, 0, 1, 43], heads=1)
-    prog = ne.compile(varlen_attention, q, k, v, doc)
+    prog = ne.compile(varlen_attention, q, k, v, doc, device=BOUNDED.device)
     xs = [x.clone().requires_grad_() for x in (q, k, v)]
     out = prog(*xs, doc)
     g = torch.randn_like(out)
@@ -166,7 +174,7 @@ def test_documents_given_as_offsets_bound_the_loop_per_call_and_match_float64():
         lo, hi = b[t, :2].tolist()
         assert start - db.tile < lo <= start and hi >= last + 1, (t, lo, hi, start)
     prog = ne.compile(varlen_offsets, *packed([9, 0, 1, 30], heads=2)[:3], offsets([9, 0, 1, 30]),
-                      dynamic={0: [1], 1: [1], 2: [1], 3: [0]})
+                      dynamic={0: [1], 1: [1], 2: [1], 3: [0]}, device=BOUNDED.device)
     before = prog.stats()
     for lengths in ([9, 0, 1, 30], [1, 1, 40, 0, 2, 3], [60]):
         q, k, v, _ = packed(lengths, seed=len(lengths))
@@ -174,7 +182,7 @@ def test_documents_given_as_offsets_bound_the_loop_per_call_and_match_float64():
         assert err(prog(q, k, v, cu), varlen_offsets(q.double(), k.double(), v.double(), cu)) < 1e-5, lengths
     assert prog.stats()["compiles"] == before["compiles"]
     xs = [x.clone().requires_grad_() for x in packed([20, 0, 1, 43], heads=1)[:3]]
-    out = ne.compile(varlen_offsets, *xs, offsets([20, 0, 1, 43]))(*xs, offsets([20, 0, 1, 43]))
+    out = ne.compile(varlen_offsets, *xs, offsets([20, 0, 1, 43]), device=BOUNDED.device)(*xs, offsets([20, 0, 1, 43]))
     g = torch.randn_like(out)
     (out * g).sum().backward()
     ds = [x.detach().double().requires_grad_() for x in xs]
@@ -192,7 +200,7 @@ def test_documents_counted_once_per_token_still_bound_the_attention_loop():
     q, k, v, _ = packed(lengths, heads=2)
     cu = offsets(lengths)
     c = capture(varlen_offsets, q, k, v, cu)
-    p = compile_ir(c.program)
+    p = compile_ir(c.program, BOUNDED)
     stored = [a.id for a in p.alternatives if "pass over" in a.structure and "rolling over" in a.structure
               and not a.structure.startswith("1 kernel")]
     assert stored, [a.structure for a in p.alternatives]
@@ -204,6 +212,61 @@ def test_documents_counted_once_per_token_still_bound_the_attention_loop():
         attention = [ks for ks in kernels if "tl.dot" in ks.source]
         assert attention and all(ks.data_bounds for ks in attention), p.alternatives[i].structure
         assert err(c.call_with(run.run, (q, k, v, cu)), want) < 1e-5, p.alternatives[i].structure
+
+
+def _per_call_kernels(alt, program) -> list[bool]:
+    """Per kernel of alternative `alt` with a loop the launcher would bound per call: whether its
+    schedule keeps that bound."""
+    from neptune_eq.lower.databounds import kernel_data_bounds
+
+    return [s.data_bounds for kp, s in zip(alt.plan.kernels, alt.schedules)
+            if kernel_data_bounds(kp, alt.plan, program)[1]]
+
+
+def test_a_per_call_bound_is_taken_where_it_pays():
+    """A loop bounded by a table worked out per call costs the call that work whatever the data leave
+    out (device.py data_bound_call_s): the cost model keeps the bound for packed documents at 32 heads ×
+    32768 tokens (the kernel takes milliseconds), visits every tile at 2 heads × 133 tokens; both plans
+    are exact (the mask is evaluated per element wherever the loop runs)."""
+    q, k, v, doc = packed([40, 0, 1, 90, 0, 2])
+    q, k, v = (x.half() for x in (q, k, v))
+    small = capture(varlen_attention, q, k, v, doc).program
+    big = small.with_extents({"b": 32, "i": 32768, "j": 32768, "d": 128, "e": 128})
+    assert _per_call_kernels(compile_ir(big).alternatives[0], big) == [True]
+    c = compile_ir(small)
+    best = c.alternatives[0]
+    assert _per_call_kernels(best, small) == [False] and "every tile" in best.kind, best.kind
+    bounded = next(a for a in c.alternatives if _per_call_kernels(a, small) == [True])
+    ref = varlen_attention(q.double(), k.double(), v.double(), doc)
+    cap = capture(varlen_attention, q, k, v, doc)
+    for alt in (best, bounded):
+        run = c.pin(alt.id)
+        _, kernels = run.lowered("interpreter")
+        assert any(ks.data_bounds for ks in kernels) == (alt is bounded)
+        assert err(cap.call_with(run.run, (q, k, v, doc)), ref) < 2e-3, alt.kind
+
+
+def one_hot_share(logits, selected):
+    """Mixtral's load-balancing term: the share of tokens routed to each expert (a one-hot count of the
+    chosen ids) times the mean router probability."""
+    e = logits.shape[-1]
+    hits = torch.nn.functional.one_hot(selected, e).float().mean(0)
+    return (hits * torch.softmax(logits, -1).mean(0)).sum() * e
+
+
+def test_a_one_hot_count_over_random_ids_visits_every_tile_and_matches_float64():
+    """Σ_t [selected[t, k] == e] compares input values along the loop over tokens, so a table could
+    bound it per call; over random ids every tile holds every expert, and the MoE router losses' step
+    spent ~300 µs of device time a call working that table out for kernels of 82 µs (H100). The model
+    visits every tile at the real size, and the count matches float64."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(301, 13, generator=g)
+    selected = torch.topk(logits + torch.randn(301, 13, generator=g), 2, -1).indices
+    program = capture(one_hot_share, logits, selected).program
+    big = program.with_extents({a: 65536 if n == 301 else (64 if n == 13 else n) for a, n in program.axes.items()})
+    assert _per_call_kernels(compile_ir(big).alternatives[0], big) == [False]
+    prog = ne.compile(one_hot_share, logits, selected)
+    assert err(prog(logits, selected), one_hot_share(logits.double(), selected)) < 1e-6
 
 
 # ---------------------------------------------------------------- paged KV

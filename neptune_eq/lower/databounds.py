@@ -191,6 +191,35 @@ def index_comparisons(db: DataBound) -> list[tuple[str, ir.Node]] | None:
     return out
 
 
+def in_kernel(db: DataBound, grid, program: ir.Program) -> bool:
+    """Can a program of a kernel over `grid` bound its loop under `db` itself, with no per-call work
+    (KernelWriter.in_kernel_bound): every comparison is the loop index against an exact integer over
+    grid axes alone, no reduction inside (a request's length lens[b])."""
+    cmps = index_comparisons(db)
+    return cmps is not None and all(
+        axes_of(v) <= set(grid) and exact_integer(v, program) and not any(isinstance(m, ir.Reduce) for m in ir.walk(v))
+        for _, v in cmps)
+
+
+def kernel_data_bounds(k, plan, program: ir.Program) -> tuple[bool, bool]:
+    """(bounded in the kernel, bounded per call by the launcher): whether some loop of kernel `k` is
+    bounded by data its programs read themselves, and whether some is bounded by a table the launcher
+    works out on every call (bound_tensor) — the plan's schedule may leave the latter unbounded
+    (KernelSchedule.data_bounds), every tile then visited and its mask evaluated per element."""
+    own = per_call = False
+    for ps in k.passes():
+        for c in ps.comps:
+            if c.mask is None:
+                continue
+            preds = data_conjuncts(with_plan_terms(c.mask, plan, program), ps.axis, program)
+            if preds:
+                if in_kernel(DataBound(ps.axis, 1, tuple(preds), ()), k.grid, program):
+                    own = True
+                else:
+                    per_call = True
+    return own, per_call
+
+
 def loop_range(op: str, vmin: str, vmax: str, end: str) -> tuple[str, str, str, str]:
     """Code of (lo, hi, flo, fhi), element offsets of the loop index j where `j op v` can hold for
     some value v of the program's, in [vmin, vmax], and where it holds for all of them: the loop

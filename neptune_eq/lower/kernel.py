@@ -12,7 +12,7 @@ from ..ops import OPS
 from ..plan import KernelPlan, Plan
 from ..schedule import KernelSchedule, inner_axes
 from .contract import ContractOps
-from .databounds import INTEGER, DataBound, axes_of, exact_integer, index_comparisons, loop_range
+from .databounds import INTEGER, DataBound, in_kernel, index_comparisons, loop_range
 from .memory import MemoryOps
 from .values import (
     _TL_DTYPE,
@@ -102,14 +102,9 @@ class KernelWriter(MemoryOps, ContractOps):
         loop index against integers over the program's own grid lanes (a request's length lens[b]:
         FlashAttention's varlen kernels read their offsets the same way): their min and max over the
         lanes inside the extents bound the loop. None else. An integer has no NaN."""
-        cmps = index_comparisons(db)
-        if cmps is None:
+        if not in_kernel(db, self.k.grid, self.program):
             return None
-        grid = set(self.k.grid)
-        for _, v in cmps:
-            if not axes_of(v) <= grid or not exact_integer(v, self.program) or any(
-                    isinstance(m, ir.Reduce) for m in ir.walk(v)):
-                return None
+        cmps = index_comparisons(db)
         vals = [self.value(v) for _, v in cmps]
         if any(x.kind not in ("i", *INTEGER) for x in vals):
             return None

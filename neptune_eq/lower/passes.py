@@ -10,7 +10,7 @@ from ..contraction import opened
 from ..masks import affine, affine_part, conjunction, conjuncts
 from ..ops import MONOIDS, OPS
 from ..plan import Combine, CompPlan, Pass
-from .databounds import bound_for, data_conjuncts, with_plan_terms
+from .databounds import bound_for, data_conjuncts, in_kernel, with_plan_terms
 from .kernel import KernelWriter
 from .values import (
     Val,
@@ -165,6 +165,8 @@ class _PassWriter:
                 mask = with_plan_terms(c.mask, w.plan, w.program)  # (a document counted from offsets)
                 data = data_conjuncts(mask, j, w.program)
                 db = bound_for(data, j, T, [(x, w.sched.step(x)) for x in w.k.grid], w.program) if data else None
+                if db is not None and not w.sched.data_bounds and not in_kernel(db, w.k.grid, w.program):
+                    db = None  # (the schedule visits every tile: no table worked out per call)
                 if db is not None:
                     lo_code, hi_code, flo_code, fhi_code = w.data_bound(db)
                     c_low.append(lo_code)
