@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--alternatives", type=int, default=10)
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--compile", action="store_true", help="also torch.compile's kernels of the same step")
+    ap.add_argument("--forward", action="store_true", help="time the alternatives of a fwd+bwd row's forward too")
     a = ap.parse_args()
     for want in a.rows:
         row = row_named(want)
@@ -46,7 +47,7 @@ def main() -> None:
         _show("step", step)
         if a.compile:  # torch.compile's kernels for the same step, for comparison
             _show("torch.compile step", _step(torch.compile(row.fn), row, xs))
-        if row.backward or (a.alternatives <= 0 and not a.variants):
+        if (row.backward and not a.forward) or (a.alternatives <= 0 and not a.variants):
             continue
         ref = row.fn(*(x.double() if x.is_floating_point() else x for x in xs))
         base = prog.program.pin(0)
