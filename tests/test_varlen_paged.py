@@ -15,13 +15,12 @@ import torch
 
 import neptune_eq as ne
 from neptune_eq import ir
-from neptune_eq.frontend import capture
 from neptune_eq.device import H100
+from neptune_eq.frontend import capture
 from neptune_eq.lower.databounds import bound_tensor
 from neptune_eq.pipeline import Options
 from neptune_eq.plan import Combine
 from neptune_eq.runtime import compile_ir
-
 
 # the cost model prices a loop bound worked out per call at what it costs a call on an H100 (device.py
 # data_bound_call_s), more than these small shapes' kernels take: priced free here, the plans keep the
