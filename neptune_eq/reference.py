@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import ir
@@ -28,6 +30,10 @@ _TORCH_OPS = {
 
 
 _NARROW_INTS = (torch.uint8, torch.int8, torch.int16)
+
+
+def _finite_constant(n: ir.Node) -> bool:
+    return isinstance(n, ir.Const) and math.isfinite(float(n.value))
 
 
 class _Val:
@@ -152,7 +158,11 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
         if not parts.conditions:
             return None
         vals = [go(f) for f in parts.factors]
-        if not all(bool(torch.isfinite(v.t).all()) for v in vals if v.t.is_floating_point()):
+        # (a finite constant needs no look: Σ_l [cu[l] <= i]·1, a token's document counted from its
+        # offsets per call, had synchronised the host here on every call, which also kept the per-call
+        # loop bounds out of their CUDA graph: 4.1 ms of host a packed-prefill call, H100)
+        if not all(bool(torch.isfinite(v.t).all()) for f, v in zip(parts.factors, vals)
+                   if v.t.is_floating_point() and not _finite_constant(f)):
             return None
         vals += [_Val(v.t.to(dtype), v.dims) for v in map(go, parts.conditions)]
         # an operand over a subset of another's axes is multiplied into it first, so that no pairwise
