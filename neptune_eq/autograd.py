@@ -25,7 +25,6 @@ an axis read twice, a second derivative) raises NoBackward at the call that need
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,40 +32,13 @@ import torch
 
 from . import ir
 from .grad import Backward, NoBackward
-from .lower.launch import length_source
-from .training import _derive, _Training
+from .training import _derive, _Training, lengths_of, shape_at
 
 _BACKWARD_OPS: dict[str, object] = {}  # backward op qualname → the op
 _RUNNERS: dict[str, object] = {}  # program key → its compiled program (on first use)
 _TRAINING: dict[str, _Training] = {}  # training key (_variant) → what its training calls run
 _ATTACHED: dict[str, tuple] = {}  # forward op qualname → (program, input names, outputs, compile_fn)
 _LAST: dict[str, str] = {}  # forward op qualname → the training key its last training call ran
-
-
-def _lengths(program: ir.Program, named: dict[str, torch.Tensor]) -> dict[str, int]:
-    """The lengths of `program`'s dynamic axes in a call, read off the tensors `named` (input name →
-    tensor) that have them ({} for a program compiled for one length)."""
-    out = {}
-    for a in program.dynamic:
-        got = next(((n, s.axes.index(a)) for n, s in program.inputs.items()
-                    if a in s.axes and n in named and named[n].dim() == len(s.axes)), None)
-        if got is None:  # (an axis no input is declared over, read along one's dimension: x[b, j] of x[b, i])
-            with contextlib.suppress(ir.NeptuneError):
-                src = length_source(program, a)
-                got = src if src[0] in named and named[src[0]].dim() == len(program.inputs[src[0]].axes) else None
-        if got is not None:
-            out[a] = named[got[0]].shape[got[1]]
-    return out
-
-
-def _shape(program: ir.Program, axes, at: dict[str, int]) -> tuple[int, ...]:
-    """The shape over `axes` of a call with dynamic axes at lengths `at` (each dynamic one must be there:
-    a compile's bound in its place would reshape a tensor of the call's lengths wrongly)."""
-    missing = [a for a in axes if a in program.dynamic and a not in at]
-    if missing:
-        raise ir.NeptuneError(f"{program.name}: the length of dynamic axis '{missing[0]}' is read by none of the "
-                              "tensors at hand (a training call cannot shape its gradients)")
-    return tuple(at.get(a, program.axes[a]) for a in axes)
 
 
 def _compiled(key: str, program: ir.Program, compile_fn):
@@ -182,9 +154,9 @@ def tune_training(qualname: str, inputs: dict[str, torch.Tensor], tune: Callable
     if back.saved is not None:
         feed |= {n: written[n] for n in (*back.saved.outputs, *back.saved.stats)}
     gen = torch.Generator(device=next(iter(inputs.values())).device).manual_seed(0)
-    at = _lengths(back.program, feed)  # (a dynamic program's cotangents at the lengths of `inputs`)
+    at = lengths_of(back.program, feed)  # (a dynamic program's cotangents at the lengths of `inputs`)
     for name in back.cotangents.values():
-        feed[name] = torch.randn(_shape(back.program, spec[name].axes, at), generator=gen, device=gen.device,
+        feed[name] = torch.randn(shape_at(back.program, spec[name].axes, at), generator=gen, device=gen.device,
                                  dtype=getattr(torch, spec[name].dtype))
     tune(_compiled(f"{qualname}:{mode}", back.program, t.compile_fn), feed)
     return mode
@@ -316,9 +288,9 @@ def _parts(qualname: str, t: _Training, names: list[str], outs: list[tuple], com
         back = _choose(qualname, t, compile_fn)
         by = {c: t.split(c, by_name[c]) for c in names} | {m: by_name[m] for m in split.made}
         device = by_name[names[0]].device
-        at = _lengths(t.program, {c: x for c, x in by.items() if c in t.program.inputs})
+        at = lengths_of(t.program, {c: x for c, x in by.items() if c in t.program.inputs})
         cots = [t.split(name, g if g is not None else torch.zeros(
-                    _shape(t.program, axes[name], at) if t.program.dynamic else shape, dtype=dt, device=device))
+                    shape_at(t.program, axes[name], at) if t.program.dynamic else shape, dtype=dt, device=device))
                 for g, (name, shape, dt) in zip(grads, outs) if name in back.cotangents]
         op, direct = _backward_op(qualname, back, split.core_names, outs, compile_fn)
         res = (direct if eager else op)([by[c] for c in split.core_names]
@@ -482,12 +454,12 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
         run = _compiled(run_key, program, compile_fn)
         inputs = dict(zip(given, xs))
         # (a dynamic program: shapes at the call's lengths, read off its inputs and the cotangents)
-        at = _lengths(program, inputs | {name: g for (name, _, _), g in zip(cots, xs[len(given):])})
+        at = lengths_of(program, inputs | {name: g for (name, _, _), g in zip(cots, xs[len(given):])})
         for (name, shape, want), g in zip(cots, xs[len(given):]):
-            shape = _shape(program, spec[name].axes, at) if program.dynamic else shape
+            shape = shape_at(program, spec[name].axes, at) if program.dynamic else shape
             inputs[name] = g.reshape(shape).to(want).contiguous()
         res = _run(run_key, run, inputs)
-        return [res[n].reshape(_shape(program, spec[w].axes, at) if program.dynamic else shape)
+        return [res[n].reshape(shape_at(program, spec[w].axes, at) if program.dynamic else shape)
                 for n, w, shape in zip(got_names, wrt, shapes)]
 
     @torch.library.custom_op(key, mutates_args=())

@@ -25,16 +25,15 @@ from .autograd import (
     _PARTS,
     _TRAINING,
     _compiled,
-    _lengths,
     _non_differentiable,
     _operands_key,
     _Parts,
     _run_key,
-    _shape,
     _training_key,
     savable,
 )
 from .ir import NeptuneError
+from .training import lengths_of, shape_at
 
 _FAMILIES: dict[str, object] = {}  # a dynamic function's op name → the function (frontend.dynamic.DynamicFunction)
 _TRAIN_OPS: dict[str, object] = {}  # training op name → the op
@@ -124,8 +123,8 @@ def _family_op(name: str, family, requires: tuple[bool, ...]):
 
     @top.register_fake
     def _(xs):
-        at = _lengths(program.with_dynamic(family.lengths.axes), dict(zip(names, xs)))
-        extra = [xs[0].new_empty(_shape(p0.program, axes, at), dtype=dt) for axes, (_, dt) in zip(p0.axes, p0.specs)]
+        at = lengths_of(program.with_dynamic(family.lengths.axes), dict(zip(names, xs)))
+        extra = [xs[0].new_empty(shape_at(p0.program, axes, at), dtype=dt) for axes, (_, dt) in zip(p0.axes, p0.specs)]
         return family.fake_outputs(xs) + extra
 
     @torch.library.custom_op(name + "_bwd", mutates_args=())

@@ -12,6 +12,7 @@ map writing the operands: neptune_eq.grad_prologue); one with grouped-query head
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ import torch
 from . import ir
 from .grad import Backward, NoBackward, backward_program
 from .grad_prologue import Prologue, split_prologue
+from .lower.launch import length_source
 from .masks import large_constants
 from .regroup import Regroup, regroup
 
@@ -120,3 +122,29 @@ def _large_fill(program: ir.Program) -> bool:
     """Does a finite constant of magnitude `_FILL` or more appear in the program (a mask's fill:
     `masked_fill(~m, -1e9)`, BERT's −10000, finfo.min)?"""
     return any(large_constants(o.expr, _FILL) for o in program.outputs)
+
+
+def lengths_of(program: ir.Program, named: dict[str, torch.Tensor]) -> dict[str, int]:
+    """The lengths of `program`'s dynamic axes in a call, read off the tensors `named` (input name →
+    tensor) that have them ({} for a program compiled for one length)."""
+    out = {}
+    for a in program.dynamic:
+        got = next(((n, s.axes.index(a)) for n, s in program.inputs.items()
+                    if a in s.axes and n in named and named[n].dim() == len(s.axes)), None)
+        if got is None:  # (an axis no input is declared over, read along one's dimension: x[b, j] of x[b, i])
+            with contextlib.suppress(ir.NeptuneError):
+                src = length_source(program, a)
+                got = src if src[0] in named and named[src[0]].dim() == len(program.inputs[src[0]].axes) else None
+        if got is not None:
+            out[a] = named[got[0]].shape[got[1]]
+    return out
+
+
+def shape_at(program: ir.Program, axes, at: dict[str, int]) -> tuple[int, ...]:
+    """The shape over `axes` of a call with dynamic axes at lengths `at` (each dynamic one must be there:
+    a compile's bound in its place would reshape a tensor of the call's lengths wrongly)."""
+    missing = [a for a in axes if a in program.dynamic and a not in at]
+    if missing:
+        raise ir.NeptuneError(f"{program.name}: the length of dynamic axis '{missing[0]}' is read by none of the "
+                              "tensors at hand (a training call cannot shape its gradients)")
+    return tuple(at.get(a, program.axes[a]) for a in axes)
