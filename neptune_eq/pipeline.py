@@ -169,12 +169,17 @@ def _plans(c: Compilation) -> None:
     tables: dict = {}
 
     def best(term: Term, *, allow=no_red, key=None) -> ir.Node:
+        # (keyed by the term's id, so the entry keeps the term alive: a term freed after its lookup, its
+        # id then taken by another, had given that other one its term — a training forward's rolling sum
+        # decoded as exp(cur:max_d − max) instead of exp(x − max), every rolling plan of the compile
+        # silently wrong, and cached on disk; it depended on what the process had allocated before)
         k = (key, id(term))
-        if k not in cache:
+        hit = cache.get(k)
+        if hit is None or hit[0] is not term:
             if key not in tables:  # one cost table per configuration, shared by all terms
                 tables[key] = tx.costs(allow=allow)
-            cache[k] = tx.decode(cid(term), tables[key])
-        return cache[k]
+            hit = cache[k] = (term, tx.decode(cid(term), tables[key]))
+        return hit[1]
 
     def comp_mask(lp, i):
         t = lp.comps[i].mask_term

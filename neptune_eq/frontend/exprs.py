@@ -70,8 +70,8 @@ def substitute(node: ir.Node, mapping: dict[str, ir.Node], fresh: Callable[[str]
             return n
         key = (id(n), tuple(sorted((k, id(v)) for k, v in live.items())))
         hit = memo.get(key)
-        if hit is not None:
-            return hit
+        if hit is not None and hit[1] is n and all(hit[2].get(k) is v for k, v in live.items()):
+            return hit[0]
         if isinstance(n, ir.Index):
             out = live[n.axis]
         elif isinstance(n, ir.Load):
@@ -87,7 +87,10 @@ def substitute(node: ir.Node, mapping: dict[str, ir.Node], fresh: Callable[[str]
             out = ir.Reduce(n.op, axis, go(body, inner))
         else:
             out = n
-        memo[key] = out
+        # (n and the values kept with the entry, and checked on a hit: the key holds their ids, and a
+        # renamed body or a fresh index built here would otherwise be freed and its id taken by another
+        # node, which would then find this entry)
+        memo[key] = (out, n, live)
         return out
 
     return go(node, dict(mapping))
