@@ -199,7 +199,8 @@ def test_the_per_call_bounds_of_offsets_never_read_a_value_back_to_the_host(monk
     cu = offsets(lengths)
     program = capture(varlen_offsets, q, k, v, cu).program
     c = compile_ir(program, BOUNDED)
-    alt = next(a for a in c.alternatives if a.structure.startswith("1 kernel") and all(s.data_bounds for s in a.schedules))
+    alt = next(a for a in c.alternatives
+               if a.structure.startswith("1 kernel") and all(s.data_bounds for s in a.schedules))
     _, kernels = c.pin(alt.id).lowered("interpreter")
     dbs = [db for ks in kernels for db in ks.data_bounds]
     assert dbs, alt.structure
