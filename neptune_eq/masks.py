@@ -109,6 +109,10 @@ def _sample_env(nodes, seed: int = 0, thresholds: list[float] = (), fills: list[
             v = np.where(kind == 1, np.inf, v)
             if fills:
                 v = np.where(kind == 2, _near(rng, fills), v)
+            if compared:  # a state may equal what the body compares it with: a row's max is the 0 of its
+                # masked entries (max_d where(d ≤ i, w, 0) on a row of negative w); never drawn at 0, the
+                # count [where(c, w, 0) == max] split off c as a mask and a max gradient divided 0 by 0
+                v = np.where(kind == 3, rng.choice(np.asarray(compared), _SAMPLES), v)
             env[key] = v
         else:  # (a loaded value too: a saved statistic, the backward's log-sum-exp of a masked row)
             v = some_equal(rng, rng.normal(0, 4, _SAMPLES))

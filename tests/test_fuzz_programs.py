@@ -27,6 +27,16 @@ def test_a_random_program_trains_like_float64():
     assert out.verdict == "ok", (out, random_program(111).source)
 
 
+def test_a_max_attained_by_masked_zeros_trains_without_nan():
+    """1017: the max over a row of where(d ≤ j, w, 0), beside a log-softmax. On a row of negative w the
+    max is a masked 0, which passes w no gradient; the count of the elements attaining the max,
+    Σ_d [where(d ≤ j, w, 0) == max], had split d ≤ j off as a mask — its masked branch, 0 == max, looked
+    never true, the running max never being sampled at the constant it is compared with — so it counted
+    0 and the gradient was 0/0 = NaN (masks.py _sample_env, session 61)."""
+    out = check(random_program(1017), grad=True)
+    assert out.verdict == "ok", (out, random_program(1017).source)
+
+
 def test_the_check_reports_a_wrong_result_and_a_wrong_gradient(monkeypatch):
     real = neptune_eq.compile
 
