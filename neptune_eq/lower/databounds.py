@@ -202,10 +202,11 @@ def in_kernel(db: DataBound, grid, program: ir.Program) -> bool:
 
 
 def kernel_data_bounds(k, plan, program: ir.Program) -> tuple[bool, bool]:
-    """(bounded in the kernel, bounded per call by the launcher): whether some loop of kernel `k` is
-    bounded by data its programs read themselves, and whether some is bounded by a table the launcher
-    works out on every call (bound_tensor) — the plan's schedule may leave the latter unbounded
-    (KernelSchedule.data_bounds), every tile then visited and its mask evaluated per element."""
+    """(bounded for free, bounded per call by the launcher): whether some loop of kernel `k` is bounded
+    by data its programs read themselves or by indices alone (a head's group, h // G == g: the table
+    depends on the layout, not on the values), and whether some is bounded by a table of input values
+    the launcher works out on every call (bound_tensor) — the plan's schedule may leave the latter
+    unbounded (KernelSchedule.data_bounds), every tile then visited and its mask evaluated per element."""
     own = per_call = False
     for ps in k.passes():
         for c in ps.comps:
@@ -213,7 +214,8 @@ def kernel_data_bounds(k, plan, program: ir.Program) -> tuple[bool, bool]:
                 continue
             preds = data_conjuncts(with_plan_terms(c.mask, plan, program), ps.axis, program)
             if preds:
-                if in_kernel(DataBound(ps.axis, 1, tuple(preds), ()), k.grid, program):
+                if in_kernel(DataBound(ps.axis, 1, tuple(preds), ()), k.grid, program) or not any(
+                        isinstance(n, ir.Load) for p in preds for n in ir.walk(p)):
                     own = True
                 else:
                     per_call = True
