@@ -252,6 +252,7 @@ class Contraction:
         slots = tx.combine(c, 1 + max(a_slots + b_slots), operands)
         if slots[k] is not None:
             tx.axes.prefer.add(slots[k])
+        tx.keep_apart(slots)  # (the summed class stays apart from every axis of the result, later too)
         return [slots[s] for s in res]
 
     def build(self, tx, c):

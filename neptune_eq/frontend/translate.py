@@ -148,6 +148,9 @@ class Translator(LengthValues):
     axes: AxisTable = field(default_factory=AxisTable)
     infos: dict = field(default_factory=dict)
     renames: dict = field(default_factory=dict)
+    # the classes a contraction's product varies along (its result's and the one it sums over): an axis
+    # unified later with its summed class would be captured by the sum (keep_apart)
+    bodies: list = field(default_factory=list)
     exprs: dict = field(default_factory=dict)
     exact_exprs: dict = field(default_factory=dict)  # rounding.exact's memo
     narrowed: dict = field(default_factory=dict)  # rounding.narrowed's memo
@@ -297,14 +300,19 @@ class Translator(LengthValues):
                 rec[operands[k][0].pos] = mapping
         return out
 
+    def keep_apart(self, dims: list) -> None:
+        """Record a value no fx node holds that varies along `dims` (a contraction's product, before
+        its sum): t1 @ t1.mT + t1 had unified the product's column axis with the class it sums over, t1's
+        columns, so the sum bound its own output axis — wrong, silently (fuzzer seed 1057)."""
+        self.bodies.append([v for v in dims if v is not None])
+
     def _apart(self, a: int, b: int) -> bool:
         """Some value seen so far varies along both classes (unifying them would make it a diagonal)."""
         find = self.axes.find
-        for info in self.infos.values():
-            for part in _tensor_parts(info):
-                roots = {find(v) for v in part.dims if v is not None}
-                if a in roots and b in roots:
-                    return True
+        for dims in (*(part.dims for info in self.infos.values() for part in _tensor_parts(info)), *self.bodies):
+            roots = {find(v) for v in dims if v is not None}
+            if a in roots and b in roots:
+                return True
         return False
 
     def broadcast(self, call: OpCall, operands: list[Operand], rank: int | None = None) -> list[Dim]:
