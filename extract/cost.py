@@ -365,11 +365,13 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     terms = [t_mem_eff, *t_compute]
     t_l2 = _l2_time(requested, c, sched, iters_total, active, dev)
     if memo is None:
-        chain, per_call = _data_bounded_chain(k, program, plan, sched)
+        depth, own, per_call = _data_bounded_chain(k, program, plan)
     else:
-        if ("chain", k.name, sched.data_bounds) not in memo:
-            memo["chain", k.name, sched.data_bounds] = _data_bounded_chain(k, program, plan, sched)
-        chain, per_call = memo["chain", k.name, sched.data_bounds]
+        if ("chain", k.name) not in memo:
+            memo["chain", k.name] = _data_bounded_chain(k, program, plan)
+        depth, own, per_call = memo["chain", k.name]
+    per_call = per_call and sched.data_bounds  # (a schedule visiting every tile works out no table)
+    chain = depth if own or per_call else 0
     if chain:
         # a loop bounded by the inputs' values (lower/databounds.py): the lengths are data, unknown
         # here. Priced under the prior that they spread evenly over [0, bound]: half the work on
@@ -444,23 +446,22 @@ def _loads_tile(n: ir.Node, axis: str, block: set[str]) -> bool:
     return not isinstance(n, ir.Reduce) and any(_loads_tile(c, axis, block) for c in n.children())
 
 
-def _data_bounded_chain(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSchedule) -> tuple[int, bool]:
-    """(chain, per_call): chain 0 where no loop of `k` runs bounded by data under `sched`, else the
-    longest chain of dependent loads its loop tiles read (1: plain addresses; 2: an address read
-    from a page table); per_call whether the launcher works a bound out on every call."""
+def _data_bounded_chain(k: KernelPlan, program: ir.Program, plan: Plan) -> tuple[int, bool, bool]:
+    """(chain, own, per_call) of kernel `k`, whatever its schedule: the longest chain of dependent loads
+    its loop tiles read (1: plain addresses; 2: an address read from a page table; 0 where no loop is
+    bounded by data) and lower/databounds.kernel_data_bounds's two answers."""
     from neptune_eq.lower.databounds import kernel_data_bounds
     from neptune_eq.schedule import loop_loads
 
     own, per_call = kernel_data_bounds(k, plan, program)
-    per_call = per_call and sched.data_bounds
     if not (own or per_call):
-        return 0, False
+        return 0, False, False
 
     def depth(n: ir.Node) -> int:
         inner = [depth(m) for e in n.index for m in ir.walk(e) if isinstance(m, ir.Load)]
         return 1 + max(inner, default=0)
 
-    return max((depth(ld) for ld in loop_loads(k, plan)), default=1), per_call
+    return max((depth(ld) for ld in loop_loads(k, plan)), default=1), own, per_call
 
 
 def _mma_efficiency(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> float:

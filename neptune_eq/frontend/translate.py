@@ -309,7 +309,8 @@ class Translator(LengthValues):
     def _apart(self, a: int, b: int) -> bool:
         """Some value seen so far varies along both classes (unifying them would make it a diagonal)."""
         find = self.axes.find
-        for dims in (*(part.dims for info in self.infos.values() for part in _tensor_parts(info)), *self.bodies):
+        values = (part.dims for info in self.infos.values() for part in _tensor_parts(info))
+        for dims in itertools.chain(values, self.bodies):
             roots = {find(v) for v in dims if v is not None}
             if a in roots and b in roots:
                 return True
