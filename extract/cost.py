@@ -22,6 +22,7 @@ import numpy as np
 from neptune_eq import ir
 from neptune_eq.contraction import gemm_sides, is_product, masked_body, opened, plain_input
 from neptune_eq.device import DeviceSpec
+from neptune_eq.lower.eviction import reread
 from neptune_eq.masks import affine_part
 from neptune_eq.ops import OPS
 from neptune_eq.plan import Combine, KernelPlan, Pass, Plan
@@ -341,8 +342,15 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     requested = c.bytes_loaded * programs
     occ, spill = on_chip(k, sched, program, plan, bool(c.tc))
     slots = dev.sms * occ
+    if memo is None or ("reread", k.name) not in memo:
+        again = frozenset(reread(k, plan))
+        if memo is not None:
+            memo["reread", k.name] = again
+    else:
+        again = memo["reread", k.name]
+    kept = frozenset() if sched.resident else again  # (lower/eviction.py keeps them in L2)
     hbm = hbm_reads(c.loaded, program, plan, k, sched, programs, slots, dev, loop_iters,
-                     streamed_out / max(1, programs), c.sectors) + stored
+                     streamed_out / max(1, programs), c.sectors, kept) + stored
     t_mem = hbm / dev.hbm_bytes_per_s
     t_tc = c.tc * programs / (dev.tensor_flops * _mma_efficiency(k, sched, program, plan))
     t_alu = c.alu * programs / dev.fma_per_s * spill

@@ -73,14 +73,16 @@ def slice_bytes(t: str, program, plan, k: KernelPlan, sched: KernelSchedule) -> 
 
 def hbm_reads(loaded: dict[str, float], program, plan, k, sched, programs: int, concurrent: int,
                dev: DeviceSpec, iters: dict[str, float], written: float = 0.0,
-               sectors: dict[str, float] | None = None) -> float:
+               sectors: dict[str, float] | None = None, kept: frozenset[str] = frozenset()) -> float:
     """Bytes read from HBM. A program's repeated reads of its own slice of a tensor (a K-loop
     re-reading its rows for every column tile) hit L2 while the slices of the programs running
     together fit in it; each wave of concurrent programs then reads the distinct slices it touches
     once (a 2-D tiled GEMM reads A once per column group of tiles and B once per row group;
     grouping the program order shrinks both), and a tensor that fits in its share of L2 is read
     once in all. Past L2, re-reads miss in proportion. What the wave writes (`written` bytes a
-    program) passes through L2 too and takes its share."""
+    program) passes through L2 too and takes its share — unless the tensors a later pass reads again
+    are `kept` (lower/eviction.py: loaded evict_last, the writes evict_first), when the writes stream
+    past them."""
     waves = max(1.0, programs / concurrent)
     touched = wave_extents(k, sched, program, concurrent)
     split_axes = {p.axis for p in k.passes() if p.split > 1}
@@ -101,7 +103,8 @@ def hbm_reads(loaded: dict[str, float], program, plan, k, sched, programs: int, 
         streamed = [iters.get(a, 1.0) for a in (spec.axes if spec else ())]
         again = loaded[t] > 1.5 * slice_bytes(t, program, plan, k, sched)
         working += b if again else b / max(1.0, math.prod(streamed))
-    working += written * min(programs, concurrent)
+    if not kept or set(kept) != {t for t in loaded if loaded[t] > 1.5 * slice_bytes(t, program, plan, k, sched)}:
+        working += written * min(programs, concurrent)
     total = 0.0
     for t, per_program in loaded.items():
         # never more than the programs request (a gather reads only the rows it indexes)

@@ -37,6 +37,8 @@ from .schedule import SHARED_BUDGET, KernelSchedule, inner_axes, loop_loads, sha
 # registers of an SM (32 warps); whether a row of a given kernel fits is the cost model's
 # (extract/onchip.py: what it keeps across its passes, and at what width)
 RESIDENT_MAX = 65536
+# the widest streamed loop tile of a kernel without tensor cores: 16 values a thread of 32 warps
+WIDE_TILE = 16384
 # an inline contraction over an axis longer than this runs as a K-loop (a whole tile would spill)
 WHOLE_INNER_MAX = 256
 KLOOP_TILE = 64
@@ -265,6 +267,16 @@ def _kinds(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule)
     if not inner_axes(k, plan) and loops and all(program.axes[a] >= 8192 for a in loops):
         s = replace(base.with_tiles(**{a: 2048 for a in loops}), num_warps=8)
         out.append(Variant("streamed 2048", s))
+        if all(base.tiles.get(a, 1) == 1 for a in k.grid):
+            # rows too long to hold: the widest tile up to 16384 that leaves two or more a row, 16
+            # values a thread. Few programs per SM, each with much in flight: the rows a later pass
+            # reads again (kept in L2, lower/eviction.py) stay there (softmax of 4096 × 65536 fp16
+            # rows, H100, bench/probe_persistent_rows.py: tiles of 4096 in 8 warps 511 µs, 8192 in 16
+            # 422, 16384 in 32 369, a copy 359; the widest tile was never slower at 16K-256K rows)
+            lt = min(WIDE_TILE, next_pow2(min(program.axes[a] for a in loops) // 2 + 1) // 2)
+            if lt > 2048:
+                s = replace(base.with_tiles(**{a: lt for a in loops}), num_warps=lt // 512)
+                out.append(Variant(f"streamed {lt}", s))
     return out
 
 

@@ -55,6 +55,8 @@ class KernelWriter(MemoryOps, ContractOps):
         self.buffers_written: set[str] = set()
         self.reversed_states: set[str] = set()  # 2-D states laid out [n, m] for the tensor cores (passes.py)
         self.data_bounds: list[DataBound] = []  # loop bounds the launcher works out per call (databounds.py)
+        self.hints: dict[str, str] = {}  # tensor → cache eviction policy in the current pass (eviction.py)
+        self.hint_axis: str | None = None  # that pass's loop axis: the loads along it take the hint
         order = [a for a in kernel.grid if self.tiles.get(a, 1) > 1]
         loop_axes = list(dict.fromkeys(p.axis for p in kernel.passes()))
         self.canon = order + [a for a in loop_axes if a not in order] + sorted(self.inner - set(order) - set(loop_axes))

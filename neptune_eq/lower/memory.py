@@ -116,7 +116,9 @@ class MemoryOps:
             shifts, edges = self._unit_shifts(n, uniform)
             ptr, mask, dims, valid = self.pointer(n.tensor, n.index, order, uniform_rows=uniform,
                                                   clamp_rows=True, shifts=shifts)
-            code = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
+            hint = self.hints.get(n.tensor) if self.hint_axis in n.axes else None
+            extra = f", eviction_policy={hint!r}" if hint else ""
+            code = f"tl.load({ptr}, mask={mask}, other=0{extra})" if mask else f"tl.load({ptr}{extra})"
             if valid is not None and dtype.startswith("float"):
                 code = f"tl.where({valid}, {code}, _nan().to({_TL_DTYPE[dtype]}))"  # keeps the load's dtype
         kind = dtype if dtype in ("float16", "bfloat16") else ("f" if dtype.startswith("float") else
@@ -284,8 +286,9 @@ class MemoryOps:
             code = self.arrange(Val(code, dims, "f"), dims_all)
         if v.kind not in ("i", "b"):
             code = self.rounded(code, dtype)
+        hint = self.hints.get(st.target)
         self.emit(f"tl.store({ptr}, ({code}).to({_ident(st.target)}_ptr.dtype.element_ty)"
-                  + (f", mask={m})" if m else ")"))
+                  + (f", mask={m}" if m else "") + (f", eviction_policy={hint!r})" if hint else ")"))
         if guard:
             self.depth -= 1
 

@@ -15,6 +15,7 @@ from .. import ir
 from ..masks import affine_part
 from ..plan import Combine, KernelPlan, Plan
 from ..schedule import KernelSchedule, grouped_pair
+from .eviction import pass_hints
 from .kernel import KernelWriter
 from .mathlib import math_helpers
 from .passes import _combine_phase, _PassWriter
@@ -99,11 +100,14 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
             w.starts[a] = "0"
             w.tail_masks[a] = not w.one_tile(a, sched.tiles.get(a))
     w.hoist_lines, w.hoist_depth = w.lines, w.depth
-    for ph in k.phases:
+    hints = pass_hints(k, plan, sched)
+    for i, ph in enumerate(k.phases):
         if isinstance(ph, Combine):
             _combine_phase(w, ph)
         else:
+            w.hints, w.hint_axis = hints.get(i, {}), ph.axis
             _PassWriter(w, ph).run()
+            w.hints = {}
     for st in k.epilogue:
         w.store(st)
     # signature
