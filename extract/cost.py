@@ -30,7 +30,7 @@ from neptune_eq.schedule import KernelSchedule, inner_axes
 from neptune_eq.space import gemm_axes
 
 from .onchip import on_chip
-from .traffic import footprint, hbm_reads
+from .traffic import footprint, hbm_reads, l2_time
 
 _BYTES = ir.DTYPE_BYTES
 
@@ -52,7 +52,7 @@ class KernelCost:
     efficiency: float
     latency: float
     time: float
-    t_l2: float = 0.0  # L2 → SM delivery of every byte the programs load (_l2_time)
+    t_l2: float = 0.0  # L2 → SM delivery of every byte the programs load (traffic.l2_time)
     t_chain: float = 0.0  # the programs' loop steps one after another, a memory latency or more each
     work: float = 0.0  # the time the units need, before the chain's bound (ranks plans it ties)
 
@@ -342,12 +342,11 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     requested = c.bytes_loaded * programs
     occ, spill = on_chip(k, sched, program, plan, bool(c.tc))
     slots = dev.sms * occ
-    if memo is None or ("reread", k.name) not in memo:
+    again = None if memo is None else memo.get(("reread", k.name))
+    if again is None:
         again = frozenset(reread(k, plan))
         if memo is not None:
             memo["reread", k.name] = again
-    else:
-        again = memo["reread", k.name]
     kept = frozenset() if sched.resident else again  # (lower/eviction.py keeps them in L2)
     hbm = hbm_reads(c.loaded, program, plan, k, sched, programs, slots, dev, loop_iters,
                      streamed_out / max(1, programs), c.sectors, kept) + stored
@@ -371,7 +370,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     bw = min(dev.hbm_bytes_per_s, active * rate)
     t_mem_eff = hbm / bw * (waves * active / programs if programs > slots else 1.0) * spill
     terms = [t_mem_eff, *t_compute]
-    t_l2 = _l2_time(requested, c, sched, iters_total, active, dev)
+    t_l2 = l2_time(requested, c.bytes_loaded, c.ksteps, sched, iters_total, active, dev)
     if memo is None:
         depth, own, per_call = _data_bounded_chain(k, program, plan)
     else:
@@ -410,24 +409,6 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     latency = hbm / bw
     return KernelCost(k.name, programs, iters_total, hbm, requested + stored, c.tc * programs, c.alu * programs,
                       c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time, t_l2, t_chain, work)
-
-
-def _l2_time(requested: float, c: _Counter, sched: KernelSchedule, iters_total: float, active: int,
-             dev: DeviceSpec) -> float:
-    """Seconds for L2 to deliver every byte the programs load (HBM's share passes through it too). A
-    K-loop, or a GEMM's pass over K tiles (a grouped 2-D schedule), keeps `num_stages − 1` K steps in
-    flight per program (the software pipeline's prefetch); the programs running together then pull at
-    most that per memory latency. H200, linear cross-entropy's K-loop kernel
-    (bench/results/h200_2026-11-27/kloop_tiles.json): 64 rows × 256 × 64, 168 GB requested, 31.1 ms at
-    2 stages (one 40 KB step in flight: 5.3 TB/s) and 17.4 at 3 (the 8.5 TB/s roof: 19.8); 128 rows,
-    101 GB: 16.5 and 13.4 ms. Other kernels stream their loop tiles as the HBM term prices them (its
-    latency model), under L2's rate alone."""
-    if not (c.ksteps or sched.group > 1) or requested <= 0:
-        return requested / dev.l2_read_bytes_per_s
-    steps = max(1.0, iters_total) * math.prod(c.ksteps.values())
-    step_bytes = c.bytes_loaded / steps
-    per_program = max(step_bytes * max(1, sched.num_stages - 1) / dev.mem_latency_s, dev.sm_stream_bytes_per_s)
-    return requested / min(dev.l2_read_bytes_per_s, active * per_program)
 
 
 # operations per element of a computed dot operand beside its arithmetic: a load from shared

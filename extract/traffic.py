@@ -103,7 +103,7 @@ def hbm_reads(loaded: dict[str, float], program, plan, k, sched, programs: int, 
         streamed = [iters.get(a, 1.0) for a in (spec.axes if spec else ())]
         again = loaded[t] > 1.5 * slice_bytes(t, program, plan, k, sched)
         working += b if again else b / max(1.0, math.prod(streamed))
-    if not kept or set(kept) != {t for t in loaded if loaded[t] > 1.5 * slice_bytes(t, program, plan, k, sched)}:
+    if not kept:  # (kept tensors: the lowering writes evict_first past them)
         working += written * min(programs, concurrent)
     total = 0.0
     for t, per_program in loaded.items():
@@ -118,3 +118,21 @@ def hbm_reads(loaded: dict[str, float], program, plan, k, sched, programs: int, 
             moved = unique + max(0.0, per_program * programs - unique) * (1 - 0.5 * dev.l2_bytes / working)
         total += moved * (sectors or {}).get(t, 1.0)  # whole sectors for short strided runs
     return total
+
+
+def l2_time(requested: float, bytes_loaded: float, ksteps: dict[str, int], sched: KernelSchedule,
+            iters_total: float, active: int, dev: DeviceSpec) -> float:
+    """Seconds for L2 to deliver every byte the programs load (HBM's share passes through it too). A
+    K-loop, or a GEMM's pass over K tiles (a grouped 2-D schedule), keeps `num_stages − 1` K steps in
+    flight per program (the software pipeline's prefetch); the programs running together then pull at
+    most that per memory latency. H200, linear cross-entropy's K-loop kernel
+    (bench/results/h200_2026-11-27/kloop_tiles.json): 64 rows × 256 × 64, 168 GB requested, 31.1 ms at
+    2 stages (one 40 KB step in flight: 5.3 TB/s) and 17.4 at 3 (the 8.5 TB/s roof: 19.8); 128 rows,
+    101 GB: 16.5 and 13.4 ms. Other kernels stream their loop tiles as the HBM term prices them (its
+    latency model), under L2's rate alone."""
+    if not (ksteps or sched.group > 1) or requested <= 0:
+        return requested / dev.l2_read_bytes_per_s
+    steps = max(1.0, iters_total) * math.prod(ksteps.values())
+    step_bytes = bytes_loaded / steps
+    per_program = max(step_bytes * max(1, sched.num_stages - 1) / dev.mem_latency_s, dev.sm_stream_bytes_per_s)
+    return requested / min(dev.l2_read_bytes_per_s, active * per_program)

@@ -47,13 +47,14 @@ from .checks import IndexCheck, run_checks
 from .guards import Guards, Held, TensorGuard, same_value
 from .merge_axes import merge_reduced_axes
 from .narrow_ints import guard_narrow
+from .operands import InputDecl, dtype_name
 from .results import Mutation, OutputStructure, find_mutations
 from .scan import scan
 from .sdpa import SdpaAsMath
 from .source import CaptureError, SourceLocator, capture_boundary, location
 from .symsizes import SizeTrace, trace_sizes
 from .tracing import RESTORED, ZeroSizeCapture, check_sizes, trace, untouched
-from .translate import InputDecl, Translator, dtype_name
+from .translate import Translator
 
 HANDLERS = guard_narrow({**ops_shape.HANDLERS, **ops_math.HANDLERS, **ops_reduce.HANDLERS, **ops_index.HANDLERS,
                          **ops_more.HANDLERS}, {*ops_shape.HANDLERS, *ops_index.HANDLERS})

@@ -10,8 +10,8 @@ import torch
 
 from .. import ir
 from .exprs import add, call, const, mul
+from .operands import norm_dim
 from .source import CaptureError
-from .translate import norm_dim
 
 aten = torch.ops.aten
 

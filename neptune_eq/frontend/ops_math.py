@@ -9,8 +9,8 @@ import torch
 from .. import ir
 from ..ops import COMPARISONS
 from .exprs import add, call, const, is_const, mul, power
+from .operands import Operand
 from .source import CaptureError
-from .translate import Operand
 
 aten = torch.ops.aten
 

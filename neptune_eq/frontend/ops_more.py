@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from .exprs import call, const
+from .operands import Operand
 from .ops_math import binary
 from .ops_reduce import Reduction
 from .source import CaptureError
-from .translate import Operand
 
 aten = torch.ops.aten
 

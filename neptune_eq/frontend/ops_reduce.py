@@ -16,8 +16,8 @@ import torch
 
 from .. import ir, library
 from .exprs import call, const, is_const, power
+from .operands import Unavailable, norm_dim
 from .source import CaptureError
-from .translate import Unavailable, norm_dim
 
 aten = torch.ops.aten
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from .. import ir
+from .operands import norm_dim
 from .source import CaptureError
-from .translate import norm_dim
 
 aten = torch.ops.aten
 

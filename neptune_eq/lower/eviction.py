@@ -35,7 +35,7 @@ def reread(k: KernelPlan, plan: Plan) -> dict[str, list[int]]:
 
 
 def pass_hints(k: KernelPlan, plan: Plan, sched: KernelSchedule) -> dict[int, dict[str, str]]:
-    """Phase index → {tensor: eviction policy} for its loads along the loop and its stores. None for
+    """Phase index → {tensor: eviction policy} for its loads along the loop and its stores; empty for
     a resident schedule (its row is loaded once) or a kernel that reads nothing twice."""
     if sched.resident:
         return {}
