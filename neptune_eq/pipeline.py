@@ -62,7 +62,9 @@ def compile_program(program: ir.Program, options: Options | None = None) -> Comp
     c.nodes = egraph_size(c.egraph)
     c.budget_notes = budget_notes(c) + ([c.refinements_dropped] if c.refinements_dropped else [])
     if not c.alternatives:
-        raise NeptuneError(f"no executable plan found for program '{program.name}'")
+        why = [*c.dropped_loops, *c.budget_notes]
+        raise NeptuneError(f"no executable plan found for program '{program.name}'"
+                           + (": " + "; ".join(why) if why else ""))
     return c
 
 
