@@ -53,16 +53,20 @@ def _two_pass(x_ptr, o_ptr, M, N: tl.constexpr, BLOCK: tl.constexpr, GRID: tl.co
                 tl.store(o_ptr + offs, y.to(o_ptr.dtype.element_ty))
 
 
-def measure2(M: int, N: int, sms: int) -> list[dict]:
-    """Second round: hints on the loads only (2) or on the store too (1), the second pass reversed."""
-    res = []
+def _rows_and_copy(M: int, N: int):
+    """Fresh rows x, an output y, softmax's float64 reference, the GB a pass moves, and the copy's row."""
     x = torch.randn(M, N, device="cuda", dtype=torch.float16) * 3
-    ref = torch.softmax(x.double(), -1)
     y = torch.empty_like(x)
     gb = 2 * x.numel() * 2 / 1e9
     t = triton.testing.do_bench(lambda: y.copy_(x), rep=300)
-    res.append(dict(M=M, N=N, kind="copy", us=t * 1e3, gbps=gb / t * 1e3))
+    res = [dict(M=M, N=N, kind="copy", us=t * 1e3, gbps=gb / t * 1e3)]
     print(res[-1], flush=True)
+    return x, y, torch.softmax(x.double(), -1), gb, res
+
+
+def measure2(M: int, N: int, sms: int) -> list[dict]:
+    """Second round: hints on the loads only (2) or on the store too (1), the second pass reversed."""
+    x, y, ref, gb, res = _rows_and_copy(M, N)
     configs = []
     for blk, w in ((4096, 8), (8192, 16), (16384, 32), (8192, 8), (16384, 16)):
         for hint in (0, 1, 2):
@@ -87,14 +91,7 @@ def measure2(M: int, N: int, sms: int) -> list[dict]:
 
 
 def measure(M: int, N: int, sms: int) -> list[dict]:
-    res = []
-    x = torch.randn(M, N, device="cuda", dtype=torch.float16) * 3
-    ref = torch.softmax(x.double(), -1)
-    y = torch.empty_like(x)
-    gb = 2 * x.numel() * 2 / 1e9
-    t = triton.testing.do_bench(lambda: y.copy_(x), rep=300)
-    res.append(dict(M=M, N=N, kind="copy", us=t * 1e3, gbps=gb / t * 1e3))
-    print(res[-1], flush=True)
+    x, y, ref, gb, res = _rows_and_copy(M, N)
     t = triton.testing.do_bench(lambda: torch.softmax(x, -1), rep=300)
     res.append(dict(M=M, N=N, kind="torch.softmax", us=t * 1e3, gbps=gb / t * 1e3))
     print(res[-1], flush=True)
