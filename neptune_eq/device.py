@@ -43,6 +43,10 @@ class DeviceSpec:
     # its training step ~300 µs of device time in those operations against 82 µs for all its kernels.
     # 0: every such loop bounded (the data are known to leave tiles out)
     data_bound_call_s: float = 150e-6
+    # what a call that cannot launch bound kernels (a library GEMM takes tensors, not addresses) spends
+    # on the host beyond one that can: the checked path's dicts, shapes and specialisation keys. A
+    # layout's checked call took 124 µs against a bound call's 48-54 (H100, 2026-11-24, README)
+    checked_call_s: float = 60e-6
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536
 

@@ -53,6 +53,9 @@ class KernelSchedule:
     # call (lower/databounds.py); False: every tile is visited and the mask evaluated per element — no
     # per-call work, and the launches bind to addresses. (Bounds a program works out itself are kept.)
     data_bounds: bool = True
+    # the kernel is a plain matrix product run by the vendor's GEMM (cuBLAS through torch.matmul) instead
+    # of generated Triton; its tiles then only describe it to the cost model (lower/library.py)
+    library: bool = False
 
     def with_tiles(self, **tiles: int) -> KernelSchedule:
         return replace(self, tiles={**self.tiles, **tiles})
@@ -64,7 +67,7 @@ class KernelSchedule:
     def key(self) -> tuple:
         return (tuple(sorted(self.tiles.items())), self.num_warps, self.num_stages, self.input_precision,
                 self.fast_math, tuple(sorted(self.steps.items())), self.tma, self.warp_specialize, self.wide_index,
-                self.group, self.resident, self.data_bounds)
+                self.group, self.resident, self.data_bounds, self.library)
 
 
 def kernel_exprs(k: KernelPlan, plan: Plan, phases=None) -> list[ir.Node]:

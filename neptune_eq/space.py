@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from . import ir
 from .block_bounds import next_pow2
+from .lower.library import library_gemm
 from .plan import Combine, KernelPlan, Plan
 from .schedule import SHARED_BUDGET, KernelSchedule, inner_axes, loop_loads, shared_bytes, sums_whole
 
@@ -222,6 +223,9 @@ def _kinds(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule)
             seen.add(key)
             s = replace(base.with_tiles(**tiles), num_warps=warps, num_stages=stages, group=GEMM_GROUP)
             out.append(Variant(f"2-D {tiles[m]}×{tiles[n]}, K-tile {tiles[kk]}, grouped {GEMM_GROUP}", s))
+        if library_gemm(k, plan, program) is not None:  # nothing fused into the product: the vendor's GEMM
+            s = replace(base.with_tiles(**gemm_tiles(program, g, GEMM_TILES[1][:3])), library=True)
+            out.append(Variant("library GEMM (torch.matmul)", s))
         return out
     axis = _resident_axis(k, plan, program)
     rows = _batch_rows(k, program, base)

@@ -176,7 +176,7 @@ def _median_ms(launcher, inputs: dict, rep_ms: int) -> float:
 
 
 _SCHEDULE_KEYS = {"tiles", "num_warps", "num_stages", "input_precision", "fast_math", "tma", "warp_specialize",
-                  "steps", "group", "resident", "data_bounds"}
+                  "steps", "group", "resident", "data_bounds", "library"}
 _PRECISIONS = ("ieee", "tf32", "tf32x3")
 _MAX_TILE = 1 << 20  # Triton's largest block (elements)
 
@@ -205,10 +205,11 @@ def _schedule_from(d) -> KernelSchedule:
     group = d.get("group", 1)
     if not (_int(group) and 1 <= group <= 64):
         raise ValueError(f"bad group {str(group)[:20]}")
-    if type(d.get("resident", False)) is not bool or type(d.get("data_bounds", True)) is not bool:
-        raise ValueError("resident and data_bounds must be true or false")
+    if any(type(d.get(f, v)) is not bool for f, v in (("resident", False), ("data_bounds", True), ("library", False))):
+        raise ValueError("resident, data_bounds and library must be true or false")
     return KernelSchedule(dict(tiles), d["num_warps"], d["num_stages"], precision, steps=dict(steps), group=group,
-                          resident=d.get("resident", False), data_bounds=d.get("data_bounds", True), **flags)
+                          resident=d.get("resident", False), data_bounds=d.get("data_bounds", True),
+                          library=d.get("library", False), **flags)
 
 
 def _int(v) -> bool:
@@ -228,7 +229,7 @@ def _schedule_to(s: KernelSchedule) -> dict:
     return {"tiles": s.tiles, "num_warps": s.num_warps, "num_stages": s.num_stages,
             "input_precision": s.input_precision, "fast_math": s.fast_math, "steps": s.steps, "tma": s.tma,
             "warp_specialize": s.warp_specialize, "group": s.group, "resident": s.resident,
-            "data_bounds": s.data_bounds}
+            "data_bounds": s.data_bounds, "library": s.library}
 
 
 def sample_rows(program: ir.Program, limit: int = 2**27, rows: int = 256) -> dict:

@@ -26,6 +26,7 @@ from ..ir import NeptuneError, NeptuneWarning
 from ..plan import Plan
 from .buffers import TORCH_DTYPES, Buffers
 from .databounds import bound_tensor, evaluation_box
+from .library import LibraryGemm, run_gemm
 from .replay import MAX_ELEMENTS, STAGED_ELEMENTS, Replayer, layout_of, shapes_of
 from .values import KernelSource, _ident
 
@@ -138,8 +139,8 @@ class Launcher:
             if ks.pdl and pdl:
                 opts["launch_pdl"] = True
             extents, grid = _sizes(ks, program.axes)
-            self._calls.append((getattr(module, ks.name), [t.name for t in ks.tensors], extents, grid,
-                                consts, {**consts, **opts}))
+            fn = ks.library if ks.library is not None else getattr(module, ks.name)
+            self._calls.append((fn, [t.name for t in ks.tensors], extents, grid, consts, {**consts, **opts}))
 
     def _at(self, inputs: dict[str, torch.Tensor]) -> tuple[list, list, dict[str, int] | None]:
         """This call's launches and output shapes: the compiled ones, or for a dynamic program those
@@ -201,6 +202,9 @@ class Launcher:
             require_interpreter()
         bounds = self._bounds_at(inputs, axes)
         for ki, (fn, names, extents, grid, interp_kw, cuda_kw) in enumerate(calls):
+            if isinstance(fn, LibraryGemm):  # the vendor's GEMM, on the CPU too (lower/library.py)
+                run_gemm(fn, tensors)
+                continue
             ks_bounds = [bounds[db] for db in self.kernels[ki].data_bounds]
             args, _ = _launch_args([tensors[n] for n in names], extents, ks_bounds)
             if not cuda:
@@ -268,8 +272,10 @@ class Launcher:
         if wide is not None:
             return wide.bind(inputs, order, out_dtypes)
         device = next(iter(inputs.values())).device
-        if device.type != "cuda" or self._descriptors or any(ks.data_bounds for ks in self.kernels):
-            return None  # (loop bounds read from the inputs' values are worked out on every call)
+        if device.type != "cuda" or self._descriptors or any(ks.data_bounds or ks.library for ks in self.kernels):
+            # (loop bounds read from the inputs' values are worked out on every call; a library GEMM
+            # takes tensors, not addresses: the cost model prices the checked path it keeps)
+            return None
         slot = {name: k for k, name in enumerate(order)}
         calls, out_shapes, axes = self._at(inputs)
         outs = [(name, shape, (out_dtypes or {}).get(name) or dt) for name, shape, dt in out_shapes]

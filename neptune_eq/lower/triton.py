@@ -17,6 +17,7 @@ from ..plan import Combine, KernelPlan, Plan
 from ..schedule import KernelSchedule, grouped_pair
 from .eviction import pass_hints
 from .kernel import KernelWriter
+from .library import library_kernel
 from .mathlib import math_helpers
 from .passes import _combine_phase, _PassWriter
 from .values import (
@@ -155,7 +156,7 @@ def _dependent_launches(kernels: list[KernelSource]) -> list[KernelSource]:
     out = list(kernels)
     for i in range(1, len(out)):
         prev, ks = out[i - 1], out[i]
-        if not ks.buffers_read & prev.buffers_written:
+        if not ks.buffers_read & prev.buffers_written or prev.library or ks.library:
             continue
         out[i - 1] = _with_first_line(prev, "tl.extra.cuda.gdc_launch_dependents()")
         out[i] = replace(_with_first_line(ks, "tl.extra.cuda.gdc_wait()"), pdl=True)
@@ -301,7 +302,8 @@ def _tanh(x):
 
 def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule], target: str,
                  prefix: str) -> tuple[str, list[KernelSource]]:
-    kernels = [write_kernel(plan, k, program, s, target, f"{prefix}_{k.name}")
+    kernels = [library_kernel(plan, k, program, s, f"{prefix}_{k.name}") if s.library
+               else write_kernel(plan, k, program, s, target, f"{prefix}_{k.name}")
                for k, s in zip(plan.kernels, schedules)]
     if target == "cuda" and pdl_supported():
         kernels = _dependent_launches(kernels)

@@ -56,6 +56,8 @@ class KernelSource:
     pdl: bool = False
     # loop bounds worked out per call from the inputs' values (lower/databounds.py: DataBound)
     data_bounds: tuple = ()
+    # run by the vendor's GEMM (lower/library.py: LibraryGemm), not generated: `source` is a comment
+    library: object | None = None
 
 
 def _int_const(n: ir.Node) -> int | None:

@@ -1,0 +1,141 @@
+"""A kernel that is a plain matrix product run by the vendor's GEMM (cuBLAS through torch) instead of
+generated Triton.
+
+A kernel qualifies when nothing is fused into its product: one pass over a contraction axis k carrying
+one unmasked, unrepaired sum of two 16-bit operands read as they are stored (inputs or the plan's
+buffers, every index a plain axis), and an epilogue that stores that sum, and only it, over the grid.
+Such a kernel is what a plan leaves after writing a computed operand once (a norm's rows before the
+matmul, extract/materialise.py) and what a backward's weight and input gradients often are. The
+vendor's GEMM runs it faster than a generated one can (H100, 2026-11-24: torch.mm 700 µs against 790-850
+for Triton 3.6's best tiles at 4096 × 8192 × 8192 bf16, bench/results/h100_2026-11-24/issue11/
+probe_gemm_materialised.json): clustered tiles, warp-specialised pipelines. It is a schedule kind the
+cost model ranks like the others (space.py, extract/cost.py), never a rewrite of what is computed: the
+sum is accumulated in float32 and rounded once to the stored dtype, as the generated kernel does.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+
+import torch
+
+from .. import ir
+from ..contraction import opened
+from ..plan import KernelPlan, Pass, Plan
+from .values import KernelSource, TensorArg
+
+GEMM_DTYPES = ("float16", "bfloat16")  # (fp32 would follow torch's TF32 switch, not the plan's precision)
+
+
+@dataclass(frozen=True)
+class LibraryGemm:
+    """out[out_axes] = Σ_k a[a_axes] · b[b_axes]: each tensor's dimensions named by the axes they index."""
+
+    a: str
+    a_axes: tuple[str, ...]
+    b: str
+    b_axes: tuple[str, ...]
+    out: str
+    out_axes: tuple[str, ...]
+    k: str
+
+    def describe(self) -> str:
+        def ref(t, axes):
+            return f"{t}[{', '.join(axes)}]"
+        return f"{ref(self.out, self.out_axes)} = Σ_{self.k} {ref(self.a, self.a_axes)} · {ref(self.b, self.b_axes)}"
+
+    def einsum(self) -> str:
+        letters = dict(zip(sorted({*self.a_axes, *self.b_axes}), string.ascii_letters))
+        return "{},{}->{}".format(*("".join(letters[x] for x in axes) for axes in (self.a_axes, self.b_axes,
+                                                                                     self.out_axes)))
+
+
+def _plain_axes(n: ir.Node) -> tuple[str, ...] | None:
+    """The axes a load indexes, one per dimension in order, where each index is a plain axis and no
+    axis repeats (a gather, a shifted or a diagonal read is no GEMM operand)."""
+    if not isinstance(n, ir.Load) or not all(isinstance(i, ir.Index) and isinstance(i.axis, str) for i in n.index):
+        return None
+    axes = tuple(i.axis for i in n.index)
+    return axes if len(set(axes)) == len(axes) else None
+
+
+def library_gemm(k: KernelPlan, plan: Plan, program: ir.Program) -> LibraryGemm | None:
+    """The plain matrix product kernel `k` computes, or None where anything else is fused into it."""
+    if k.chunks != 1 or len(k.phases) != 1 or not isinstance(k.phases[0], Pass) or len(k.epilogue) != 1:
+        return None
+    ps: Pass = k.phases[0]
+    if ps.split != 1 or ps.stores or len(ps.comps) != 1:
+        return None
+    c = ps.comps[0]
+    if (c.op != "sum" or c.mask is not None or c.corr is not None or c.affine or c.producers or c.integer):
+        return None
+    body = opened(c.core)
+    if body.conditions or len(body.factors) != 2:
+        return None
+    (a, a_axes), (b, b_axes) = ((f, _plain_axes(f)) for f in body.factors)
+    if a_axes is None or b_axes is None or ps.axis not in a_axes or ps.axis not in b_axes:
+        return None
+    dtypes = {plan.loaded_dtype(program, t.tensor) for t in (a, b)}
+    if len(dtypes) != 1 or not dtypes <= set(GEMM_DTYPES):
+        return None
+    st = k.epilogue[0]
+    out_axes = tuple(st.axes)
+    if st.expr != c.ref(ir.RefKind.FINAL) or not all(isinstance(x, str) for x in out_axes):
+        return None
+    grid = set(out_axes)
+    if grid != {*a_axes, *b_axes} - {ps.axis} or set(k.grid) != grid or set(c.free) != grid:
+        return None
+    return LibraryGemm(a.tensor, a_axes, b.tensor, b_axes, st.target, out_axes, ps.axis)
+
+
+def run_gemm(g: LibraryGemm, tensors: dict[str, torch.Tensor]) -> None:
+    """Compute `g` into tensors[g.out] (each tensor laid out as its axes say; any strides)."""
+    a, b, out = tensors[g.a], tensors[g.b], tensors[g.out]
+    # (empty axes: torch returns zeros of the right shape; the generated kernel stores the monoid's identity)
+    mm = _as_mm(g, a, b, out)
+    if mm is not None:
+        x, y, o = mm
+        if o.is_contiguous() and o.dtype == x.dtype:
+            torch.matmul(x, y, out=o)
+        else:
+            o.copy_(torch.matmul(x, y))
+        return
+    out.copy_(torch.einsum(g.einsum(), a, b))
+
+
+def _as_mm(g: LibraryGemm, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
+    """(x, y, o), views with o = x @ y (batch dimensions first), where the axes line up as one row
+    axis, one column axis and batch axes in one order; else None (einsum then, with copies)."""
+    batch = tuple(x for x in g.out_axes if x in g.a_axes and x in g.b_axes)
+    rows = [x for x in g.a_axes if x not in g.b_axes]
+    cols = [x for x in g.b_axes if x not in g.a_axes]
+    if len(rows) != 1 or len(cols) != 1 or g.out_axes != (*batch, rows[0], cols[0]):
+        return None
+
+    def view(t: torch.Tensor, axes: tuple[str, ...], last2: tuple[str, str]) -> torch.Tensor:
+        return t.permute([axes.index(x) for x in (*batch, *last2)])
+
+    return view(a, g.a_axes, (rows[0], g.k)), view(b, g.b_axes, (g.k, cols[0])), out
+
+
+def library_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched, fn_name: str) -> KernelSource:
+    """Kernel `k` as a library GEMM: its source a comment saying what runs (no Triton function)."""
+    g = library_gemm(k, plan, program)
+    if g is None:
+        raise ir.NeptuneError(f"kernel {k.name}: its schedule runs it as a library GEMM, but it is no plain "
+                              "matrix product (internal: space.py offers that kind only where library_gemm holds)")
+    names = (g.a, g.b, g.out)
+    tensors = [TensorArg(t, axes, plan.loaded_dtype(program, t) if t != g.out else _stored_dtype(plan, program, t),
+                         "output" if t in {o.name for o in program.outputs} else
+                         "buffer" if t in plan.buffers else "input")
+               for t, axes in zip(names, (g.a_axes, g.b_axes, g.out_axes))]
+    src = f"# {fn_name}: library GEMM (torch.matmul: cuBLAS on CUDA), {g.describe()}\n"
+    return KernelSource(fn_name, src, tensors, [], [], 1, {}, sched,
+                        buffers_read=frozenset(t for t in (g.a, g.b) if t in plan.buffers),
+                        buffers_written=frozenset({g.out} & plan.buffers.keys()), library=g)
+
+
+def _stored_dtype(plan: Plan, program: ir.Program, name: str) -> str:
+    out = next((o for o in program.outputs if o.name == name), None)
+    return (out.dtype or "float32") if out is not None else plan.buffers[name].dtype

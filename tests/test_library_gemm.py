@@ -1,0 +1,150 @@
+"""A kernel that is a plain matrix product may run as the vendor's GEMM (lower/library.py): offered
+only where nothing is fused into the product, priced by the cost model beside the generated tiles,
+and computing what the generated kernel computes (float32 accumulation, one rounding)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neptune_eq import dsl as ne
+from neptune_eq.device import H100
+from neptune_eq.frontend import capture
+from neptune_eq.lower.library import library_gemm
+from neptune_eq.pipeline import Options, compile_program
+from neptune_eq.runtime import compile_ir
+from neptune_eq.tune import _schedule_from, _schedule_to
+
+BF16 = "bfloat16"
+
+
+def _rms_matmul(m=40, k=96, n=72, dtype=BF16):
+    P = ne.program("rms_matmul")
+    i, d, e = P.axes(i=m, d=k, e=n)
+    x, w, W = P.input("x", i, d, dtype=dtype), P.input("w", d, dtype=dtype), P.input("W", d, e, dtype=dtype)
+    r = ne.rsqrt(ne.sum(x * x, d) * (1.0 / k) + 1e-6)
+    P.output("o", ne.sum(x * r * w * W, d), (i, e), dtype=dtype)
+    return P.build()
+
+
+def _product(a_axes, b_axes, out_axes, extents, dtype=BF16, mask=False, scale=None):
+    """out[out_axes] = Σ_k a[a_axes]·b[b_axes] (k the axis both read and out lacks)."""
+    P = ne.program("product")
+    ax = dict(zip(extents, P.axes(**extents)))
+    a = P.input("a", *(ax[x] for x in a_axes), dtype=dtype)
+    b = P.input("b", *(ax[x] for x in b_axes), dtype=dtype)
+    (k,) = set(a_axes) & set(b_axes) - set(out_axes)
+    body = a * b
+    if scale is not None:
+        body = body * scale
+    if mask:
+        body = ne.where(ax[k].index <= ax[out_axes[0]].index, body, 0.0)
+    P.output("o", ne.sum(body, ax[k]), tuple(ax[x] for x in out_axes), dtype=dtype)
+    return P.build()
+
+
+def _library(prog):
+    alt = next((a for a in prog.alternatives if "library GEMM" in a.kind), None)
+    return None if alt is None else prog.pin(alt.id)
+
+
+def _rel(a, b):
+    return float((a.double() - b).norm() / b.norm())
+
+
+def _inputs(program, g):
+    dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    return {n: torch.randn(*(program.axes[a] for a in s.axes), generator=g).to(dt[s.dtype])
+            for n, s in program.inputs.items()}
+
+
+def _torch_rms_matmul(x, w, W):
+    rms = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (x * rms.to(x.dtype) * w) @ W
+
+
+def test_a_norm_feeding_a_matmul_runs_its_product_as_a_library_gemm():
+    g = torch.Generator().manual_seed(1)
+    x, w, W = (torch.randn(*s, generator=g).bfloat16() for s in ((40, 96), (96,), (96, 72)))
+    prog = _library(capture(_torch_rms_matmul, x, w, W).compile().compiled)
+    assert prog is not None and "operand" in prog.alternative.structure  # x̂ written once, then the product
+    src = prog.source
+    gemm = [line for line in src.splitlines() if "library GEMM" in line]
+    assert len(gemm) == 1 and "Σ_d" in gemm[0] and gemm[0].split(":")[0] == "# " + prog.kernels[-1].name
+    assert sum("@triton.jit\ndef " in part for part in src.split("\n\n")) == len(prog.kernels) - 1 + src.count(
+        "@triton.jit\ndef _")  # (one generated kernel, the norm's, beside the helpers)
+    ref = _torch_rms_matmul(*(t.double() for t in (x, w, W)))
+    out = prog.run(dict(zip(prog.program.inputs, (x, w, W))))
+    out = next(iter(out.values()))
+    assert out.dtype == torch.bfloat16 and _rel(out.reshape(ref.shape), ref) < 1e-2
+
+
+@pytest.mark.parametrize("a_axes, b_axes, out_axes", [
+    (("i", "d"), ("d", "e"), ("i", "e")),              # A @ B
+    (("d", "i"), ("e", "d"), ("i", "e")),              # Aᵀ @ Bᵀ: strided views, no copy
+    (("b", "i", "d"), ("b", "d", "e"), ("b", "i", "e")),  # batched
+    (("i", "b", "d"), ("e", "d", "b"), ("e", "b", "i")),  # any order: einsum, then a copy
+])
+def test_every_layout_of_a_plain_product_matches_float64(a_axes, b_axes, out_axes):
+    extents = {"b": 3, "i": 33, "d": 70, "e": 19}
+    extents = {a: n for a, n in extents.items() if a in {*a_axes, *b_axes}}
+    program = _product(a_axes, b_axes, out_axes, extents)
+    prog = _library(compile_ir(program))
+    assert prog is not None
+    xs = _inputs(program, torch.Generator().manual_seed(2))
+    spec = "{},{}->{}".format(*("".join(axes) for axes in (a_axes, b_axes, out_axes)))
+    ref = torch.einsum(spec, xs["a"].double(), xs["b"].double())
+    assert _rel(prog.run(xs)["o"], ref) < 1e-2
+
+
+@pytest.mark.parametrize("case", ["masked", "fp32", "scaled", "fused norm"])
+def test_only_a_product_with_nothing_fused_qualifies(case):
+    extents = {"i": 32, "d": 64, "e": 32}
+    program = {"masked": lambda: _product(("i", "d"), ("d", "e"), ("i", "e"), extents, mask=True),
+               "fp32": lambda: _product(("i", "d"), ("d", "e"), ("i", "e"), extents, dtype="float32"),
+               "scaled": lambda: _product(("i", "d"), ("d", "e"), ("i", "e"), extents, scale=0.5),
+               "fused norm": lambda: _rms_matmul()}[case]()
+    prog = compile_ir(program)
+    if case == "fused norm":  # the one-kernel plan fuses the norm's statistics into the product
+        alts = [a for a in prog.alternatives if len(a.plan.kernels) == 1]
+        assert alts and all("library" not in a.kind for a in alts)
+        return
+    # (a constant factor too: torch.matmul takes no scale, and a pass over the output would cost a write)
+    assert _library(prog) is None
+    assert all(library_gemm(k, a.plan, prog.program) is None for a in prog.alternatives for k in a.plan.kernels)
+
+
+def test_the_cost_model_takes_the_library_gemm_where_the_product_is_large():
+    small = compile_ir(_rms_matmul())
+    assert "library" not in small.alternatives[0].kind  # a checked call's host time outweighs a tiny GEMM
+    x, w, W = (torch.empty(*s, dtype=torch.bfloat16) for s in ((4096, 8192), (8192,), (8192, 8192)))
+    program = capture(_torch_rms_matmul, x, w, W).program
+    large = compile_program(program, Options(device=H100))
+    assert "library GEMM" in large.alternatives[0].kind
+    lib = next(c for c in large.alternatives[0].cost.kernels if c.tensor_flops > 0)
+    assert lib.tensor_flops == 2 * 4096 * 8192 * 8192
+
+
+def test_a_tuned_library_schedule_round_trips_and_is_checked():
+    program = _product(("i", "d"), ("d", "e"), ("i", "e"), {"i": 32, "d": 64, "e": 32})
+    s = _library(compile_ir(program)).alternative.schedules[-1]
+    assert s.library and _schedule_from(_schedule_to(s)) == s
+    with pytest.raises(ValueError, match="library"):
+        _schedule_from({**_schedule_to(s), "library": "yes"})
+
+
+def test_a_dynamic_length_reaches_the_library_gemm(tmp_path):
+    import neptune_eq
+
+    def fn(x, W):
+        return x @ W
+
+    g = torch.Generator().manual_seed(3)
+    x, W = torch.randn(40, 64, generator=g).bfloat16(), torch.randn(64, 48, generator=g).bfloat16()
+    # (a device whose checked calls cost nothing: the model then takes the library GEMM at this size)
+    f = neptune_eq.compile(fn, x, W, dynamic={0: [0]}, device=H100.scaled(checked_call_s=0.0), cache_dir=tmp_path)
+    assert "library GEMM" in f.explain()
+    for n in (40, 33, 57):  # (one bucket of lengths: 33-64)
+        xs = torch.randn(n, 64, generator=g).bfloat16()
+        assert _rel(f(xs, W), xs.double() @ W.double()) < 1e-2
+    assert f.stats()["compiles"] == 1
