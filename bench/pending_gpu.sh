@@ -8,6 +8,9 @@
 #                                    # fix (22.3 ms before it, document ids 3.2), and the host time of new
 #                                    # lengths (its step had timed out at 100 s: now one op, 250 s)
 #     bash bench/pending_gpu.sh b    # sweep 4's rows not run yet (norms, MoE)
+#     bash bench/pending_gpu.sh d    # session 63: plain products as the vendor's GEMM (lower/library.py)
+#                                    # against the generated GEMM and the peers, forward and fwd+bwd; then
+#                                    # bench/beyond's norm -> matmul rows (tuned) and linear CE's training
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -49,8 +52,16 @@ case "${1:-}" in
     step norm_rows 350 python3 bench/sweep_fourth.py --only gemma_rms_norm layer_norm_plain channels_layer_norm \
       var_mean_standardize --out "$OUT/norm_rows/rows.json"
     ;;
+  d)
+    step library_probe 330 python3 bench/probe_library_gemm.py --out "$OUT/library_probe/rows.json"
+    step beyond_norm 260 python3 bench/beyond/run.py --programs rmsnorm_matmul layernorm_matmul --alternatives 3 \
+      --out "$OUT/beyond_norm" --cache-dir /tmp/nc
+    ;;
+  e)
+    step lce_train 560 python3 bench/grad_memory.py --only linear_ce --out "$OUT/lce_train/rows.json"
+    ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e" >&2
     exit 2
     ;;
 esac

@@ -36,6 +36,9 @@ class Options:
     # also offer plans with a row kernel folded into the pass over the same rows (extract/fold_rows.py;
     # H100: a norm's backward 161 -> 103 us, a bias-activation's 616 -> 346); False: never fold
     fold_rows: bool = True
+    # also offer a kernel that is a plain matrix product as the vendor's GEMM (cuBLAS through torch.matmul,
+    # lower/library.py) beside the generated tiles; False: every kernel is generated Triton
+    library_gemm: bool = True
     rules: tuple[Rule, ...] = ()  # extra (user) algebra rules, already checked for soundness
     strict_rules: bool = False  # reject user rules that only refine (docs/RULES.md) instead of warning
     progress: Progress | bool = None

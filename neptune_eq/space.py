@@ -339,14 +339,14 @@ def _kloop_label(k: KernelPlan, plan: Plan, program: ir.Program, s: KernelSchedu
 
 
 def plan_variants(plan: Plan, program: ir.Program, bases: list[KernelSchedule], pick,
-                  limit: int = 8, price=None) -> list[tuple[str, list[KernelSchedule]]]:
+                  limit: int = 8, price=None, library: bool = True) -> list[tuple[str, list[KernelSchedule]]]:
     """(label, schedules) per way to run `plan`: per kernel the best schedule of each kind by
     `pick(kernel, variants)` (the cheapest), kinds combined across kernels (the default first, at
     most `limit`). With `price(kernel, variant)` (seconds), the combinations after the default are
     the cheapest one and those that change one kernel of it, cheapest first: a kernel's time does not
     depend on the others' schedules, so the product's first few (which vary the last kernels only)
     could miss the best kind of the first. A split-K combine kernel follows the tiles of the partial
-    kernel before it."""
+    kernel before it. `library`: False leaves out the vendor's GEMM (every kernel generated)."""
     options: list[list[Variant]] = []
     for k, base in zip(plan.kernels, bases):
         if any(isinstance(ph, Combine) for ph in k.phases):
@@ -354,6 +354,8 @@ def plan_variants(plan: Plan, program: ir.Program, bases: list[KernelSchedule], 
             continue
         kinds: dict[str, list[Variant]] = {}
         for v in kernel_variants(k, plan, program, base):
+            if v.schedule.library and not library:
+                continue
             kinds.setdefault(v.kind.split(" ", 1)[0], []).append(v)
         options.append([pick(k, vs) for vs in kinds.values()])
     combos = (itertools.islice(itertools.product(*options), limit) if price is None

@@ -10,7 +10,7 @@ import torch
 from neptune_eq import dsl as ne
 from neptune_eq.device import H100
 from neptune_eq.frontend import capture
-from neptune_eq.lower.library import library_gemm
+from neptune_eq.lower.library import _as_mm, library_gemm
 from neptune_eq.pipeline import Options, compile_program
 from neptune_eq.runtime import compile_ir
 from neptune_eq.tune import _schedule_from, _schedule_to
@@ -79,13 +79,14 @@ def test_a_norm_feeding_a_matmul_runs_its_product_as_a_library_gemm():
     assert out.dtype == torch.bfloat16 and _rel(out.reshape(ref.shape), ref) < 1e-2
 
 
-@pytest.mark.parametrize("a_axes, b_axes, out_axes", [
-    (("i", "d"), ("d", "e"), ("i", "e")),              # A @ B
-    (("d", "i"), ("e", "d"), ("i", "e")),              # Aᵀ @ Bᵀ: strided views, no copy
-    (("b", "i", "d"), ("b", "d", "e"), ("b", "i", "e")),  # batched
-    (("i", "b", "d"), ("e", "d", "b"), ("e", "b", "i")),  # any order: einsum, then a copy
+@pytest.mark.parametrize("a_axes, b_axes, out_axes, direct", [
+    (("i", "d"), ("d", "e"), ("i", "e"), True),              # A @ B
+    (("d", "i"), ("e", "d"), ("i", "e"), True),              # Aᵀ @ Bᵀ: strided views, no copy
+    (("i", "e"), ("i", "d"), ("d", "e"), True),              # a weight's gradient: Bᵀ @ A, no copy
+    (("b", "i", "d"), ("b", "d", "e"), ("b", "i", "e"), True),  # batched
+    (("i", "b", "d"), ("e", "d", "b"), ("e", "b", "i"), False),  # any order: einsum, then a copy
 ])
-def test_every_layout_of_a_plain_product_matches_float64(a_axes, b_axes, out_axes):
+def test_every_layout_of_a_plain_product_matches_float64(a_axes, b_axes, out_axes, direct):
     extents = {"b": 3, "i": 33, "d": 70, "e": 19}
     extents = {a: n for a, n in extents.items() if a in {*a_axes, *b_axes}}
     program = _product(a_axes, b_axes, out_axes, extents)
@@ -95,6 +96,9 @@ def test_every_layout_of_a_plain_product_matches_float64(a_axes, b_axes, out_axe
     spec = "{},{}->{}".format(*("".join(axes) for axes in (a_axes, b_axes, out_axes)))
     ref = torch.einsum(spec, xs["a"].double(), xs["b"].double())
     assert _rel(prog.run(xs)["o"], ref) < 1e-2
+    g = library_gemm(prog.plan.kernels[-1], prog.plan, prog.program)
+    out = torch.empty(*(extents[a] for a in out_axes), dtype=torch.bfloat16)
+    assert (_as_mm(g, xs[g.a], xs[g.b], out) is not None) == direct  # (a copy of the output costs a pass)
 
 
 @pytest.mark.parametrize("case", ["masked", "fp32", "scaled", "fused norm"])
@@ -148,3 +152,10 @@ def test_a_dynamic_length_reaches_the_library_gemm(tmp_path):
         xs = torch.randn(n, 64, generator=g).bfloat16()
         assert _rel(f(xs, W), xs.double() @ W.double()) < 1e-2
     assert f.stats()["compiles"] == 1
+
+
+def test_library_gemm_false_generates_every_kernel():
+    program = _product(("i", "d"), ("d", "e"), ("i", "e"), {"i": 32, "d": 64, "e": 32})
+    assert _library(compile_ir(program)) is not None
+    off = compile_program(program, Options(library_gemm=False))
+    assert off.alternatives and not any(s.library for a in off.alternatives for s in a.schedules)

@@ -106,17 +106,16 @@ def run_gemm(g: LibraryGemm, tensors: dict[str, torch.Tensor]) -> None:
 
 def _as_mm(g: LibraryGemm, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
     """(x, y, o), views with o = x @ y (batch dimensions first), where the axes line up as one row
-    axis, one column axis and batch axes in one order; else None (einsum then, with copies)."""
+    axis, one column axis and batch axes in one order, a's or b's rows first (a weight's gradient
+    Σ_i dy[i, e]·x[i, d] into [d, e] is x viewed [d, i] times dy); else None (einsum, then a copy)."""
     batch = tuple(x for x in g.out_axes if x in g.a_axes and x in g.b_axes)
-    rows = [x for x in g.a_axes if x not in g.b_axes]
-    cols = [x for x in g.b_axes if x not in g.a_axes]
-    if len(rows) != 1 or len(cols) != 1 or g.out_axes != (*batch, rows[0], cols[0]):
-        return None
-
-    def view(t: torch.Tensor, axes: tuple[str, ...], last2: tuple[str, str]) -> torch.Tensor:
-        return t.permute([axes.index(x) for x in (*batch, *last2)])
-
-    return view(a, g.a_axes, (rows[0], g.k)), view(b, g.b_axes, (g.k, cols[0])), out
+    for (p, p_axes), (q, q_axes) in (((a, g.a_axes), (b, g.b_axes)), ((b, g.b_axes), (a, g.a_axes))):
+        rows = [x for x in p_axes if x not in q_axes]
+        cols = [x for x in q_axes if x not in p_axes]
+        if len(rows) == 1 and len(cols) == 1 and g.out_axes == (*batch, rows[0], cols[0]):
+            return (p.permute([p_axes.index(x) for x in (*batch, rows[0], g.k)]),
+                    q.permute([q_axes.index(x) for x in (*batch, g.k, cols[0])]), out)
+    return None
 
 
 def library_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched, fn_name: str) -> KernelSource:
