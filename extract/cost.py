@@ -24,6 +24,7 @@ from neptune_eq.contraction import gemm_sides, is_product, masked_body, opened, 
 from neptune_eq.device import DeviceSpec
 from neptune_eq.lower.eviction import reread
 from neptune_eq.lower.library import library_gemm
+from neptune_eq.lower.passes import combine_unroll
 from neptune_eq.masks import affine_part
 from neptune_eq.ops import OPS
 from neptune_eq.plan import Combine, KernelPlan, Pass, Plan
@@ -273,6 +274,8 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
                 c.loaded["part_" + comp.name] = el * 4 * ph.chunks
                 c.alu += el * 8 * ph.chunks
                 c.sfu += el * 2 * ph.chunks
+            # a loop over the chunk states, each step waiting about a memory latency on its loads
+            steps_chain += ph.chunks / combine_unroll(ph.chunks)
             continue
         iters = 1.0 if sched.resident else _pass_tiles(ph, k, program, tiles) / max(1, ph.split)
         iters_total += iters
