@@ -221,8 +221,9 @@ def _pow2(v, limit: int) -> bool:
 
 
 def _fits(s: KernelSchedule, base: KernelSchedule) -> bool:
-    """Does cached schedule `s` tile the axes the kernel's default schedule `base` tiles?"""
-    return set(s.tiles) == set(base.tiles)
+    """Does cached schedule `s` tile the axes the kernel's default schedule `base` tiles, and run as the
+    vendor's GEMM exactly where `base` does (a cache entry never turns a kernel into one)?"""
+    return set(s.tiles) == set(base.tiles) and s.library == base.library
 
 
 def _schedule_to(s: KernelSchedule) -> dict:
@@ -372,6 +373,9 @@ def autotune(compiled, inputs: dict, *, cache_dir: Path | None = None, progress=
             current[ki] = cache[key]
             log(f"  tune {k.name}: cached {current[ki].tiles} w{current[ki].num_warps} s{current[ki].num_stages}"
                 f"{' tma' if current[ki].tma else ''}")
+            continue
+        if current[ki].library:  # (the vendor's GEMM picks its own tiles)
+            log(f"  tune {k.name}: library GEMM, nothing to tune")
             continue
         cands = _candidates(k, program, plan, current[ki], max_candidates)
         if uses_tanh:  # fast tanh first (verified against float64), the plain default as a fallback

@@ -4,6 +4,8 @@ and computing what the generated kernel computes (float32 accumulation, one roun
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from neptune_eq.frontend import capture
 from neptune_eq.lower.library import _as_mm, library_gemm
 from neptune_eq.pipeline import Options, compile_program
 from neptune_eq.runtime import compile_ir
-from neptune_eq.tune import _schedule_from, _schedule_to
+from neptune_eq.tune import _fits, _schedule_from, _schedule_to
 
 BF16 = "bfloat16"
 
@@ -135,6 +137,8 @@ def test_a_tuned_library_schedule_round_trips_and_is_checked():
     assert s.library and _schedule_from(_schedule_to(s)) == s
     with pytest.raises(ValueError, match="library"):
         _schedule_from({**_schedule_to(s), "library": "yes"})
+    # a cached entry applies only to a kernel of its own kind: it never makes a generated kernel a GEMM call
+    assert _fits(s, s) and not _fits(s, replace(s, library=False)) and not _fits(replace(s, library=False), s)
 
 
 def test_a_dynamic_length_reaches_the_library_gemm(tmp_path):
