@@ -29,7 +29,7 @@ def _rms_matmul(m=40, k=96, n=72, dtype=BF16):
     return P.build()
 
 
-def _product(a_axes, b_axes, out_axes, extents, dtype=BF16, mask=False, scale=None):
+def _product(a_axes, b_axes, out_axes, extents, dtype=BF16, mask=False, scale=None, out_dtype=None):
     """out[out_axes] = Σ_k a[a_axes]·b[b_axes] (k the axis both read and out lacks)."""
     P = ne.program("product")
     ax = dict(zip(extents, P.axes(**extents)))
@@ -41,7 +41,7 @@ def _product(a_axes, b_axes, out_axes, extents, dtype=BF16, mask=False, scale=No
         body = body * scale
     if mask:
         body = ne.where(ax[k].index <= ax[out_axes[0]].index, body, 0.0)
-    P.output("o", ne.sum(body, ax[k]), tuple(ax[x] for x in out_axes), dtype=dtype)
+    P.output("o", ne.sum(body, ax[k]), tuple(ax[x] for x in out_axes), dtype=out_dtype or dtype)
     return P.build()
 
 
@@ -103,11 +103,13 @@ def test_every_layout_of_a_plain_product_matches_float64(a_axes, b_axes, out_axe
     assert (_as_mm(g, xs[g.a], xs[g.b], out) is not None) == direct  # (a copy of the output costs a pass)
 
 
-@pytest.mark.parametrize("case", ["masked", "fp32", "scaled", "fused norm"])
+@pytest.mark.parametrize("case", ["masked", "fp32", "fp32 out", "scaled", "fused norm"])
 def test_only_a_product_with_nothing_fused_qualifies(case):
     extents = {"i": 32, "d": 64, "e": 32}
     program = {"masked": lambda: _product(("i", "d"), ("d", "e"), ("i", "e"), extents, mask=True),
                "fp32": lambda: _product(("i", "d"), ("d", "e"), ("i", "e"), extents, dtype="float32"),
+               # (bf16 operands, the sum stored in fp32: torch's GEMM would round it to bf16 first)
+               "fp32 out": lambda: _product(("i", "d"), ("d", "e"), ("i", "e"), extents, out_dtype="float32"),
                "scaled": lambda: _product(("i", "d"), ("d", "e"), ("i", "e"), extents, scale=0.5),
                "fused norm": lambda: _rms_matmul()}[case]()
     prog = compile_ir(program)

@@ -83,6 +83,8 @@ def library_gemm(k: KernelPlan, plan: Plan, program: ir.Program) -> LibraryGemm 
     out_axes = tuple(st.axes)
     if st.expr != c.ref(ir.RefKind.FINAL) or not all(isinstance(x, str) for x in out_axes):
         return None
+    if _stored_dtype(plan, program, st.target) not in dtypes:  # (an fp32 store keeps the unrounded sum)
+        return None
     grid = set(out_axes)
     if grid != {*a_axes, *b_axes} - {ps.axis} or set(k.grid) != grid or set(c.free) != grid:
         return None
