@@ -11,6 +11,9 @@
 #     bash bench/pending_gpu.sh d    # session 63: plain products as the vendor's GEMM (lower/library.py)
 #                                    # against the generated GEMM and the peers, forward and fwd+bwd; then
 #                                    # bench/beyond's norm -> matmul rows (tuned) and linear CE's training
+#     bash bench/pending_gpu.sh f    # session 63, not run: split-K combines unrolled (decode operators and
+#                                    # RMSNorm -> matmul's training, unroll 1 against 8), then the library
+#                                    # GEMM's training rows again (the weight gradient's copy removed)
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -60,8 +63,13 @@ case "${1:-}" in
   e)
     step lce_train 560 python3 bench/grad_memory.py --only linear_ce --out "$OUT/lce_train/rows.json"
     ;;
+  f)
+    step combine_unroll 200 python3 bench/probe_combine_unroll.py --out "$OUT/combine_unroll/rows.json"
+    step library_train 200 python3 bench/probe_library_gemm.py --only rms_train ln_train --rounds 5 \
+      --out "$OUT/library_train/rows.json"
+    ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f" >&2
     exit 2
     ;;
 esac

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,7 +22,6 @@ from neptune_eq import ir
 from neptune_eq.contraction import gemm_sides, is_product, masked_body, opened, plain_input
 from neptune_eq.device import DeviceSpec
 from neptune_eq.lower.eviction import reread
-from neptune_eq.lower.library import library_gemm
 from neptune_eq.lower.passes import combine_unroll
 from neptune_eq.masks import affine_part
 from neptune_eq.ops import OPS
@@ -31,76 +29,12 @@ from neptune_eq.plan import Combine, KernelPlan, Pass, Plan
 from neptune_eq.schedule import KernelSchedule, inner_axes
 from neptune_eq.space import gemm_axes
 
+from .library_cost import library_cost
 from .onchip import on_chip
+from .prices import Cost, KernelCost
 from .traffic import footprint, hbm_reads, l2_time
 
 _BYTES = ir.DTYPE_BYTES
-
-
-@dataclass
-class KernelCost:
-    name: str
-    programs: int
-    iterations: float  # per program, all passes
-    hbm_bytes: float
-    requested_bytes: float
-    tensor_flops: float
-    alu_ops: float
-    sfu_ops: float
-    t_mem: float
-    t_tc: float
-    t_alu: float
-    t_sfu: float
-    efficiency: float
-    latency: float
-    time: float
-    t_l2: float = 0.0  # L2 → SM delivery of every byte the programs load (traffic.l2_time)
-    t_chain: float = 0.0  # the programs' loop steps one after another, a memory latency or more each
-    work: float = 0.0  # the time the units need, before the chain's bound (ranks plans it ties)
-
-    def __str__(self) -> str:
-        return (f"kernel {self.name}: {self.programs} programs, {self.iterations:.1f} loop tiles each, "
-                f"{self.hbm_bytes / 1e6:.3f} MB HBM, predicted {self.time * 1e6:.2f} µs "
-                f"(mem {self.t_mem * 1e6:.2f}, tensor {self.t_tc * 1e6:.2f}, alu {self.t_alu * 1e6:.2f}, "
-                f"sfu {self.t_sfu * 1e6:.2f}, L2 {self.t_l2 * 1e6:.2f}, steps {self.t_chain * 1e6:.2f} µs; "
-                f"fill {self.efficiency:.0%})")
-
-
-@dataclass
-class Cost:
-    kernels: list[KernelCost] = field(default_factory=list)
-
-    @property
-    def time(self) -> float:
-        return sum(k.time for k in self.kernels)
-
-    @property
-    def rank(self) -> tuple[float, float]:
-        """Sort key: the time, then the units' work where the chain bounds plans alike."""
-        return self.time, sum(k.work for k in self.kernels)
-
-    @property
-    def hbm_bytes(self) -> float:
-        return sum(k.hbm_bytes for k in self.kernels)
-
-    @property
-    def flops(self) -> float:
-        return sum(k.tensor_flops + k.alu_ops for k in self.kernels)
-
-    @property
-    def exps(self) -> float:
-        return sum(k.sfu_ops for k in self.kernels)
-
-    def terms(self) -> dict[str, float]:
-        return {
-            "time_us": self.time * 1e6,
-            "hbm_MB": self.hbm_bytes / 1e6,
-            "tensor_GFLOP": sum(k.tensor_flops for k in self.kernels) / 1e9,
-            "alu_Gop": sum(k.alu_ops for k in self.kernels) / 1e9,
-            "sfu_Gop": self.exps / 1e9,
-            "launches": len(self.kernels),
-            "programs": sum(k.programs for k in self.kernels),
-        }
 
 
 class _Counter:
@@ -254,7 +188,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     """`memo` (one dict per plan, while the plan is not changed): what does not depend on the schedule,
     computed once for all the schedules of a kernel priced against each other."""
     if sched.library:
-        return _library_cost(plan, k, program, sched, dev)
+        return library_cost(plan, k, program, sched, dev)
     tiles = sched.tiles
     programs = k.chunks
     for a in k.grid:
@@ -415,26 +349,6 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     latency = hbm / bw
     return KernelCost(k.name, programs, iters_total, hbm, requested + stored, c.tc * programs, c.alu * programs,
                       c.sfu * programs, t_mem, t_tc, t_alu, t_sfu, eff, latency, time, t_l2, t_chain, work)
-
-
-def _library_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSchedule,
-                  dev: DeviceSpec) -> KernelCost:
-    """A plain matrix product run by the vendor's GEMM (lower/library.py): its products at the rate
-    dev.tensor_flops was measured at (torch.mm), in waves of output tiles as large as the schedule's,
-    each operand read once and the output written once, and the checked launch path it keeps (a
-    library call takes tensors, not the addresses a bound call passes)."""
-    g = library_gemm(k, plan, program)
-    flops = 2.0 * math.prod(program.axes[a] for a in g.out_axes) * program.axes[g.k]
-    tiles = 1
-    for a in g.out_axes:
-        tiles *= math.ceil(program.axes[a] / max(1, sched.tiles.get(a, 1)))
-    fill = tiles / (math.ceil(tiles / dev.sms) * dev.sms)
-    hbm = sum(footprint(program, plan, t, (), k) for t in (g.a, g.b, g.out))
-    t_mem, t_tc = hbm / dev.hbm_bytes_per_s, flops / dev.tensor_flops / fill
-    work = max(t_mem, t_tc) + dev.overlap * min(t_mem, t_tc)
-    time = work + dev.launch_s + dev.checked_call_s
-    return KernelCost(k.name, tiles, 1.0, hbm, hbm, flops, 0.0, 0.0, t_mem, t_tc, 0.0, 0.0, fill, t_mem, time,
-                      work=work)
 
 
 # operations per element of a computed dot operand beside its arithmetic: a load from shared
