@@ -10,7 +10,9 @@ vendor's GEMM runs it faster than a generated one can (H100, 2026-11-24: torch.m
 for Triton 3.6's best tiles at 4096 × 8192 × 8192 bf16, bench/results/h100_2026-11-24/issue11/
 probe_gemm_materialised.json): clustered tiles, warp-specialised pipelines. It is a schedule kind the
 cost model ranks like the others (space.py, extract/cost.py), never a rewrite of what is computed: the
-sum is accumulated in float32 and rounded once to the stored dtype, as the generated kernel does.
+sum is accumulated in float32 and rounded once to the stored dtype, as the generated kernel does (unless
+torch's cuBLAS settings allow reduced-precision reductions: torch.backends.cuda.matmul's
+allow_bf16_reduced_precision_reduction and allow_fp16_reduced_precision_reduction, on by default).
 """
 
 from __future__ import annotations
