@@ -165,3 +165,19 @@ def test_library_gemm_false_generates_every_kernel():
     assert _library(compile_ir(program)) is not None
     off = compile_program(program, Options(library_gemm=False))
     assert off.alternatives and not any(s.library for a in off.alternatives for s in a.schedules)
+
+
+def test_training_under_torch_compile_runs_its_gradient_products_as_library_gemms(tmp_path):
+    import neptune_eq
+
+    g = torch.Generator().manual_seed(5)
+    x, w, W = (torch.randn(*s, generator=g).bfloat16() for s in ((48, 64), (64,), (64, 40)))
+    prog = neptune_eq.compile(_torch_rms_matmul, x, w, W, device=H100.scaled(checked_call_s=0.0), cache_dir=tmp_path)
+    model = torch.compile(lambda a, b, c: prog(a, b, c).float().sum())
+    leaves = [t.clone().requires_grad_() for t in (x, w, W)]
+    model(*leaves).backward()
+    ref = [t.double().requires_grad_() for t in (x, w, W)]
+    _torch_rms_matmul(*ref).sum().backward()
+    assert all(_rel(a.grad, b.grad) < 1e-2 for a, b in zip(leaves, ref))
+    backward = prog.explain().split("backward:", 1)[1]
+    assert backward.count("library GEMM") == 2  # the input's and the weight's gradient products
