@@ -17,6 +17,7 @@ allow_bf16_reduced_precision_reduction and allow_fp16_reduced_precision_reductio
 
 from __future__ import annotations
 
+import functools
 import string
 from dataclasses import dataclass
 
@@ -41,16 +42,33 @@ class LibraryGemm:
     out: str
     out_axes: tuple[str, ...]
     k: str
+    dtype: str  # of both operands and of the stored sum
 
     def describe(self) -> str:
         def ref(t, axes):
             return f"{t}[{', '.join(axes)}]"
         return f"{ref(self.out, self.out_axes)} = Σ_{self.k} {ref(self.a, self.a_axes)} · {ref(self.b, self.b_axes)}"
 
+    @functools.cached_property
     def einsum(self) -> str:
         letters = dict(zip(sorted({*self.a_axes, *self.b_axes}), string.ascii_letters))
         return "{},{}->{}".format(*("".join(letters[x] for x in axes) for axes in (self.a_axes, self.b_axes,
                                                                                      self.out_axes)))
+
+    @functools.cached_property
+    def mm(self) -> tuple[bool, list[int], list[int]] | None:
+        """(b first, the permutation of the first operand, of the second) that view the product as
+        out = x @ y with batch dimensions first, where the axes line up as one row axis, one column axis
+        and batch axes in the output's order, a's or b's rows first (a weight's gradient Σ_i dy[i, e]·x[i, d]
+        into [d, e] is x viewed [d, i] times dy); else None (einsum, then a copy). Worked out once."""
+        batch = tuple(x for x in self.out_axes if x in self.a_axes and x in self.b_axes)
+        for swapped, p_axes, q_axes in ((False, self.a_axes, self.b_axes), (True, self.b_axes, self.a_axes)):
+            rows = [x for x in p_axes if x not in q_axes]
+            cols = [x for x in q_axes if x not in p_axes]
+            if len(rows) == 1 and len(cols) == 1 and self.out_axes == (*batch, rows[0], cols[0]):
+                return (swapped, [p_axes.index(x) for x in (*batch, rows[0], self.k)],
+                        [q_axes.index(x) for x in (*batch, self.k, cols[0])])
+        return None
 
 
 def _plain_axes(n: ir.Node) -> tuple[str, ...] | None:
@@ -85,12 +103,13 @@ def library_gemm(k: KernelPlan, plan: Plan, program: ir.Program) -> LibraryGemm 
     out_axes = tuple(st.axes)
     if st.expr != c.ref(ir.RefKind.FINAL) or not all(isinstance(x, str) for x in out_axes):
         return None
-    if _stored_dtype(plan, program, st.target) not in dtypes:  # (an fp32 store keeps the unrounded sum)
+    # (an fp32 store keeps the unrounded sum; the dtype rule is lower/memory.py's store's)
+    if (plan.buffers[st.target].dtype if st.target in plan.buffers else st.dtype) not in dtypes:
         return None
     grid = set(out_axes)
     if grid != {*a_axes, *b_axes} - {ps.axis} or set(k.grid) != grid or set(c.free) != grid:
         return None
-    return LibraryGemm(a.tensor, a_axes, b.tensor, b_axes, st.target, out_axes, ps.axis)
+    return LibraryGemm(a.tensor, a_axes, b.tensor, b_axes, st.target, out_axes, ps.axis, dtypes.pop())
 
 
 def run_gemm(g: LibraryGemm, tensors: dict[str, torch.Tensor]) -> None:
@@ -105,21 +124,16 @@ def run_gemm(g: LibraryGemm, tensors: dict[str, torch.Tensor]) -> None:
         else:
             o.copy_(torch.matmul(x, y))
         return
-    out.copy_(torch.einsum(g.einsum(), a, b))
+    out.copy_(torch.einsum(g.einsum, a, b))
 
 
 def _as_mm(g: LibraryGemm, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
-    """(x, y, o), views with o = x @ y (batch dimensions first), where the axes line up as one row
-    axis, one column axis and batch axes in one order, a's or b's rows first (a weight's gradient
-    Σ_i dy[i, e]·x[i, d] into [d, e] is x viewed [d, i] times dy); else None (einsum, then a copy)."""
-    batch = tuple(x for x in g.out_axes if x in g.a_axes and x in g.b_axes)
-    for (p, p_axes), (q, q_axes) in (((a, g.a_axes), (b, g.b_axes)), ((b, g.b_axes), (a, g.a_axes))):
-        rows = [x for x in p_axes if x not in q_axes]
-        cols = [x for x in q_axes if x not in p_axes]
-        if len(rows) == 1 and len(cols) == 1 and g.out_axes == (*batch, rows[0], cols[0]):
-            return (p.permute([p_axes.index(x) for x in (*batch, rows[0], g.k)]),
-                    q.permute([q_axes.index(x) for x in (*batch, g.k, cols[0])]), out)
-    return None
+    """(x, y, o), views with o = x @ y (LibraryGemm.mm), or None."""
+    if g.mm is None:
+        return None
+    swapped, px, py = g.mm
+    x, y = (b, a) if swapped else (a, b)
+    return x.permute(px), y.permute(py), out
 
 
 def library_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched, fn_name: str) -> KernelSource:
@@ -128,17 +142,11 @@ def library_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched, fn_nam
     if g is None:
         raise ir.NeptuneError(f"kernel {k.name}: its schedule runs it as a library GEMM, but it is no plain "
                               "matrix product (internal: space.py offers that kind only where library_gemm holds)")
-    names = (g.a, g.b, g.out)
-    tensors = [TensorArg(t, axes, plan.loaded_dtype(program, t) if t != g.out else _stored_dtype(plan, program, t),
-                         "output" if t in {o.name for o in program.outputs} else
-                         "buffer" if t in plan.buffers else "input")
-               for t, axes in zip(names, (g.a_axes, g.b_axes, g.out_axes))]
+    outputs = {o.name for o in program.outputs}
+    tensors = [TensorArg(t, axes, g.dtype, "output" if t in outputs else "buffer" if t in plan.buffers else "input")
+               for t, axes in ((g.a, g.a_axes), (g.b, g.b_axes), (g.out, g.out_axes))]
     src = f"# {fn_name}: library GEMM (torch.matmul: cuBLAS on CUDA), {g.describe()}\n"
     return KernelSource(fn_name, src, tensors, [], [], 1, {}, sched,
                         buffers_read=frozenset(t for t in (g.a, g.b) if t in plan.buffers),
                         buffers_written=frozenset({g.out} & plan.buffers.keys()), library=g)
 
-
-def _stored_dtype(plan: Plan, program: ir.Program, name: str) -> str:
-    out = next((o for o in program.outputs if o.name == name), None)
-    return (out.dtype or "float32") if out is not None else plan.buffers[name].dtype
