@@ -181,3 +181,12 @@ def test_training_under_torch_compile_runs_its_gradient_products_as_library_gemm
     assert all(_rel(a.grad, b.grad) < 1e-2 for a, b in zip(leaves, ref))
     backward = prog.explain().split("backward:", 1)[1]
     assert backward.count("library GEMM") == 2  # the input's and the weight's gradient products
+
+
+def test_a_batched_fp16_product_matches_float64():
+    program = _product(("b", "i", "d"), ("b", "d", "e"), ("b", "i", "e"), {"b": 2, "i": 33, "d": 70, "e": 19},
+                       dtype="float16")
+    prog = _library(compile_ir(program))
+    xs = _inputs(program, torch.Generator().manual_seed(6))
+    out = prog.run(xs)["o"]
+    assert out.dtype == torch.float16 and _rel(out, xs["a"].double() @ xs["b"].double()) < 2e-3
