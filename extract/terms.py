@@ -206,10 +206,11 @@ class TermExtractor:
         # a tie in cost goes to the node as written, then to a constant on the right (x·c, as people write
         # it), then to the smaller hash of the term it spells: the same term in every process and every
         # e-graph holding the same candidates (two corrections found in two searches agree on e^(a−b)
-        # against 2^((a−b)·log₂e), and the cost model sees one)
+        # against 2^((a−b)·log₂e), and the cost model sees one). Among constants of one class (real
+        # algebra over rounded folds merges 0 with 8.97e-15), the plainest: see _plainness
         heap = [(0.0, 0, 0, spelled[c], c, -1) for c in best]
-        heap += [(own, written[k], 0, hash((labels[k],)), c, k) for k, (c, _, own, kids) in enumerate(entries)
-                 if ok[k] and not kids]
+        heap += [(own, written[k], _plainness(n), hash((labels[k],)), c, k)
+                 for k, (c, n, own, kids) in enumerate(entries) if ok[k] and not kids]
         heapq.heapify(heap)
 
         def constant_first(kids: list[int]) -> int:
@@ -411,3 +412,21 @@ class TermExtractor:
         classes: dict[ir.Node, int] = {}
         terms = [self.decode(r, table, leaves, classes) for r in roots]
         return terms, classes
+
+
+def _plainness(n: ENode) -> int:
+    """The tie-break of a leaf: 0 for the constant 0, 1 for another integer, 2 + its digits for another
+    constant, 0 for every other leaf. Folding constants in doubles is not associative, so real algebra
+    merges spellings that differ by rounding — 0 with 8.97e-15 (a fold of products and differences in
+    two orders) — and the program's 0 in max(e − 4, 0), an index, came out as 8.97e-15: every kernel
+    then read element 0 of the second half of a concatenation as out of range (a silent wrong answer,
+    found by scripts/fuzz_programs.py, seed 3009). A class's zero or integer is the value as written,
+    the others drifted from it."""
+    if n.op != "const" or not n.args:
+        return 0
+    v = float(n.args[0])
+    if v != v or v in (math.inf, -math.inf):
+        return 1
+    if v == 0.0:
+        return 0
+    return 1 if v == int(v) else 2 + len(repr(v))

@@ -55,6 +55,25 @@ def test_a_self_product_beside_its_factor_matches_torch():
     assert out.verdict == "ok", (out, random_program(1057).source)
 
 
+def test_an_index_clamped_at_zero_keeps_its_zero():
+    """Fuzzer seed 3009, minimal: the second half of a concatenation reads t3[i, max(e − 4, 0)]. Folding
+    constants in doubles in two orders (products by log₂e, differences) merged 0 with 8.97e-15 in one
+    e-class, and the extractor took 8.97e-15 for the index's 0: max(e − 4, 8.97e-15) ≤ i was false at
+    e = 4, i = 0, so that element came out as the mask's −1e4 (the extractor now takes a class's
+    plainest constant: extract/terms._plainness)."""
+    def fn(y):
+        keep = torch.arange(y.shape[-1])[None, :] >= torch.arange(y.shape[-2])[:, None]
+        t1 = torch.softmax(torch.where(keep, y, 0.0), -1)
+        t3 = torch.where(torch.arange(t1.shape[-1])[None, :] <= torch.arange(t1.shape[-2])[:, None], t1, -1e4)
+        return torch.cat([t3, t3], -1)
+
+    y = torch.randn(7, 4, generator=torch.Generator().manual_seed(0))
+    got = neptune_eq.compile(fn, y)(y)
+    torch.testing.assert_close(got.double(), fn(y.double()), rtol=1e-5, atol=1e-5)
+    out = check(random_program(3009))
+    assert out.verdict == "ok", (out, random_program(3009).source)
+
+
 def test_the_check_reports_a_wrong_result_and_a_wrong_gradient(monkeypatch):
     real = neptune_eq.compile
 
