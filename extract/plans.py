@@ -176,8 +176,9 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
                         space.dropped.append(e.why)
                         continue
                     except LookupError as e:  # an output's term, cut the same way: this plan only
-                        if str(e) not in space.dropped:
-                            space.dropped.append(f"an output of a plan: {e}")
+                        why = str(e).strip("'\"")
+                        if why not in space.dropped:  # (each reason once: the message had repeated it per plan)
+                            space.dropped.append(why)
                         continue
                     if plan is None:
                         continue

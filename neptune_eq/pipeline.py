@@ -217,7 +217,10 @@ def _plans(c: Compilation) -> None:
             inline = space.inlinable()
             leaves = leaves_for(lambda b: ir.RefKind.INLINE if b.name in inline else ir.RefKind.FINAL)
             root = cid(c.roots[out.name])
-            cache[key] = leaves[root] if root in leaves else tx.best_term(root, allow=no_red, leaves=leaves)
+            try:
+                cache[key] = leaves[root] if root in leaves else tx.best_term(root, allow=no_red, leaves=leaves)
+            except LookupError as e:  # (said once per output, naming it: plans.py collects the reasons)
+                raise LookupError(f"output '{out.name}' has no term over this plan's reductions ({e})") from None
         return cache[key]
 
     split_of: dict[int, set[int]] = {}
