@@ -375,3 +375,46 @@ def test_searchsorted_refuses_what_it_does_not_count():
     with pytest.raises(CaptureError, match="sorter"):
         neptune_eq.compile(lambda s, v: torch.searchsorted(s, v, sorter=torch.argsort(s)), torch.zeros(3),
                            torch.zeros(4))
+
+
+# ---------------------------------------------------------------- nansum, nanmean, count_nonzero, logit (session 64)
+
+
+_NAN_FNS = [lambda x: torch.nansum(x * x, -1), lambda x: torch.nanmean(x, -1), lambda x: torch.nansum(x, (0, 1)),
+            lambda x: x.nansum(-1, keepdim=True) * x]
+
+
+@pytest.mark.parametrize("fn", _NAN_FNS)
+def test_nan_ignoring_reductions_are_torchs(fn):
+    x = torch.randn(5, 7, generator=torch.Generator().manual_seed(0))
+    x[1, 2], x[3, 0], x[4] = NAN, NAN, NAN  # (row 4 all NaN: nansum 0, nanmean NaN)
+    _assert_same(neptune_eq.compile(fn, x)(x), fn(x.double()))
+    # the gradient: 0 at NaN, as torch's. (Where torch's is NaN ours may be a number, README's guarantee:
+    # of an all-NaN row torch's nanmean gives 0·∞, and through nansum·x a NaN row sum times nansum's 0)
+    if fn(x).dim() and fn is not _NAN_FNS[3]:
+        _edge_grads(fn, x[:4].clone())
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.count_nonzero(torch.relu(x), -1),
+                                lambda x: torch.relu(x) * torch.count_nonzero(x > 0.5, dim=1)[:, None],
+                                lambda x: torch.count_nonzero(x)])
+def test_count_nonzero_counts_as_torch(fn):
+    x = torch.randn(6, 9, generator=torch.Generator().manual_seed(1))
+    x[2, 3], x[0, :] = NAN, 0.0  # (NaN is nonzero)
+    got, want = neptune_eq.compile(fn, x)(x), fn(x)
+    assert got.dtype == want.dtype, (got, want)
+    if want.is_floating_point():
+        _assert_same(got, fn(x.double()))
+    else:
+        assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("eps", [None, 1e-3])
+def test_logit_values_and_gradient(eps):
+    x = torch.tensor([[0.0, 1e-4, 0.25, 0.5, 0.999, 1.0, 1e-3, 1 - 1e-3, 2.0, -1.0]])
+    def fn(x):
+        return torch.logit(x, eps=eps) * 2.0
+
+    _assert_same(neptune_eq.compile(fn, x)(x), fn(x.double()))
+    inner = torch.rand(4, 8, generator=torch.Generator().manual_seed(2)) * 0.98 + 0.01
+    _edge_grads(fn, inner)

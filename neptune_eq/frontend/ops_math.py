@@ -175,6 +175,16 @@ def _hardswish(tx, c, x):  # (torch's backward: x/3 + 1/2 on (−3, 3), 0 at −
     return call("where", call("le", x, const(-3)), const(0), call("where", call("ge", x, const(3)), x, inner))
 
 
+def _logit(tx, c, x):
+    """log(z / (1 − z)), z = x clamped into [eps, 1 − eps] where eps is given (torch's logit; its gradient is
+    0 outside that range and passes at its ends, the clamp's)."""
+    eps = c.arg(1, "eps")
+    if isinstance(eps, Operand):
+        raise CaptureError("torch.logit with a tensor eps is not supported; pass a number")
+    z = x if eps is None else _clamped(c, x, const(eps), const(1.0 - eps))
+    return call("log", call("div", z, call("sub", const(1), z)))
+
+
 def _float_only(fn):
     """An op torch implements for floating tensors only: of an integer tensor its fake-tensor trace
     gives an integer result where eager raises, so it is refused rather than computed and truncated."""
@@ -376,6 +386,7 @@ HANDLERS = {
     aten.isinf.default: Pointwise(1, lambda tx, c, x: call("eq", call("abs", x), const(math.inf))),
     aten.isposinf.default: Pointwise(1, lambda tx, c, x: call("eq", x, const(math.inf))),
     aten.isneginf.default: Pointwise(1, lambda tx, c, x: call("eq", x, const(-math.inf))),
+    aten.logit.default: Pointwise(1, _float_only(_logit)),
     aten.log10.default: Pointwise(1, lambda tx, c, x: call("mul", call("log", x), const(1 / math.log(10)))),
     # (relu and hardtanh as selects: torch's gradient is 0 at their kinks, where clamp passes it)
     aten.relu.default: Pointwise(1, lambda tx, c, x: call("where", call("le", x, const(0)), const(0), x)),

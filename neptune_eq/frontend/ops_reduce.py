@@ -62,6 +62,10 @@ class Reduction:
         kind = self.kind
         if kind in ("sum", "max", "min"):
             out = tx.reduce(kind, e, vs)
+        elif kind == "nansum":  # NaN counts 0 (and passes no gradient: torch's)
+            out = tx.reduce("sum", call("where", call("ne", e, e), const(0), e), vs)
+        elif kind == "count_nonzero":  # an integer count (NaN is nonzero: torch's)
+            out = tx.reduce("sum", call("where", call("ne", e, const(0)), const(1), const(0)), vs)
         elif kind == "mean":
             out = call("div", tx.reduce("sum", e, vs), tx.count(vs))
         elif kind in ("var", "std", "var_mean", "std_mean"):
@@ -328,6 +332,9 @@ CONTRACTIONS = (aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.def
 HANDLERS = {
     aten.sum.dim_IntList: Reduction("sum"),
     aten.sum.default: Reduction("sum", None, None),
+    aten.nansum.default: Reduction("nansum"),  # (torch.nanmean: nansum over the count of non-NaN)
+    aten.count_nonzero.dim_IntList: Reduction("count_nonzero", 1, None),
+    aten.count_nonzero.default: Reduction("count_nonzero", 1, None),
     aten.mean.dim: Reduction("mean"),
     aten.mean.default: Reduction("mean", None, None),
     aten.amax.default: Reduction("max"),
