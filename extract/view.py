@@ -60,8 +60,10 @@ def merged_constants(view: EGraphView, rel: float = 1e-6, visible: float = 1e-6)
     """The constants of the first e-class equating two numbers that differ by more than `rel` of the
     larger, one of them at least `visible` in magnitude (0 and 1; −7e19 and 3e19), else None. Real
     algebra over float constants merges spellings that differ by rounding (6.249890 against its
-    neighbour, a product folded in two orders), and a class of numbers all within 1e−6 of 0 is 0 to
-    every kernel; anything more takes an unsound chain of refinements (phases.saturated)."""
+    neighbour, a product folded in two orders), and a class of numbers all within 1e−6 of 0 holds the
+    program's 0, which the extractor takes (extract/terms._plainness: a drifted 8.97e−15 had stood for
+    the 0 of an index, max(e − 4, 8.97e−15) ≤ i); anything more takes an unsound chain of refinements
+    (phases.saturated)."""
     for nodes in view.classes.values():
         values = sorted({float(n.args[0]) + 0.0 for n in nodes if n.op == "const" and n.args
                          and n.args[0] == n.args[0]})
