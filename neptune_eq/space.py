@@ -298,10 +298,14 @@ def _whole_rows(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSche
     if any(plan.inline[u].axes - loops - (set(k.grid) - whole) for u in used):
         return []  # (an inline value with a free axis held whole too is a tile contraction, a dot)
     n = math.prod(next_pow2(program.axes[a]) for a in whole)
+    # (a row value may sum another axis than the grid's, d2 beside d: a copy of d kept apart for a second
+    # read of the row, fuzzer seed 3330; it keeps the base schedule's tile, held whole too)
+    other = {a: t for a, t in base.tiles.items() if a in inner_axes(k, plan) - set(k.grid)}
+    n = max(n, math.prod(other.values(), start=1))
     out = []
     for r in (1, 2, 4):
         if r * n <= 16384 and r <= next_pow2(program.axes[loop]):
-            tiles = {a: 1 for a in k.grid} | {a: next_pow2(program.axes[a]) for a in whole} | {loop: r}
+            tiles = other | {a: 1 for a in k.grid} | {a: next_pow2(program.axes[a]) for a in whole} | {loop: r}
             s = replace(base, tiles=tiles, steps={}, num_warps=_warps(r * n), num_stages=2)
             out.append(Variant(f"whole rows {r} × {n}", s))
     return out

@@ -10,6 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 import torch
+import torch.nn.functional as F
 from fuzz_programs import check, random_program
 
 import neptune_eq
@@ -72,6 +73,23 @@ def test_an_index_clamped_at_zero_keeps_its_zero():
     torch.testing.assert_close(got.double(), fn(y.double()), rtol=1e-5, atol=1e-5)
     out = check(random_program(3009))
     assert out.verdict == "ok", (out, random_program(3009).source)
+
+
+def test_a_row_value_over_a_copied_axis_runs_in_a_folded_pass():
+    """Fuzzer seeds 3330 and 3336, minimal: a layer norm's rows read twice, its statistics over d2 (a copy
+    of d kept apart), beside a logsumexp down the columns. The plan folding the norm's rows into the pass
+    over i held d whole for the row values but dropped d2's tile: the kernel named BLOCK_d2 and never
+    declared it (a NameError at the launch; space._whole_rows keeps it now)."""
+    def fn(w):
+        t2 = F.layer_norm(torch.log1p(w.abs()), (w.shape[-1],))
+        return torch.logsumexp(t2, -2), t2
+
+    w = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    for got, want in zip(neptune_eq.compile(fn, w)(w), fn(w.double())):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    for seed in (3330, 3336):
+        out = check(random_program(seed))
+        assert out.verdict == "ok", (seed, out, random_program(seed).source)
 
 
 def test_the_check_reports_a_wrong_result_and_a_wrong_gradient(monkeypatch):
