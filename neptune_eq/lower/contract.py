@@ -197,7 +197,7 @@ class ContractOps:
             a = self._cast(a, b.kind, a_at)
         elif a.native and b.native and a.kind != b.kind:
             a, b = self.f32(a), self.f32(b)
-        elif not a.native and not b.native and (kind := self._data_dtype(left + right)) is not None:
+        elif not a.native and not b.native and (kind := self._data_dtype(left + right, k)) is not None:
             # both computed, each an elementwise function of one 16-bit dtype's data (RoPE's q·cos +
             # rotate_half(q)·sin beside k's): rounded to it once, as torch holds such values, rather
             # than an fp32 IEEE dot off the tensor cores (1.86 s against SDPA's 0.6 ms, H100)
@@ -272,21 +272,32 @@ class ContractOps:
             return self.bind(f"({codes[0]} / {codes[1]})", dims, "f")
         return self._mul(prod, self.f32(self.value(f)))
 
-    def _data_dtype(self, factors: list[ir.Node]) -> str | None:
-        """The one 16-bit dtype of every floating tensor the factors load, where they read no loop
-        state: the dtype torch holds such a function of the data in (QK-norm's q·rsqrt(mean_d q²)·w,
-        its row reduction computed in the tile, is a bf16 tensor to torch; an fp32 IEEE dot of it ran
-        off the tensor cores). None otherwise, and where a factor is marked float32 (`round_f32`: the
-        frontend's operand of a float32 matmul, F.normalize(q.float()))."""
+    def _data_dtype(self, factors: list[ir.Node], k: str) -> str | None:
+        """The one 16-bit dtype of every floating tensor the factors load: the dtype torch holds such a
+        function of the data in (QK-norm's q·rsqrt(mean_d q²)·w, its row reduction computed in the tile,
+        is a bf16 tensor to torch; an fp32 IEEE dot of it ran off the tensor cores). A statistic read as
+        a per-row factor — a loop state, or a plan buffer of a reduction, free of the contraction axis k
+        — is the kernels' float32 copy of what torch held in the data's dtype (F.normalize(q) @
+        F.normalize(keys)ᵀ in fp16: each operand an fp16 tensor to torch; divided by the running norm
+        and by the keys' norm buffer it had run as an fp32 IEEE dot, 213 ms against torch.compile's
+        0.29, H100). None otherwise, and where a factor is marked float32 (`round_f32`: the frontend's
+        operand of a float32 matmul, F.normalize(q.float()))."""
         dtypes = set()
         factors = list(factors)
+        buffers = self.plan.buffers
+
+        def dtype_of(t: str) -> str | None:
+            if t in buffers and not buffers[t].operand and k not in buffers[t].axes:
+                return None  # (a statistic the plan wrote: a row factor)
+            return self.plan.loaded_dtype(self.program, t)
+
         for f in factors:
             for n in ir.walk(f):
                 if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in self.plan.inline:
                     factors.append(self.plan.inline[n.name])  # (a reduction computed in the tile)
-                elif isinstance(n, ir.StateRef):
-                    return None
-            dtypes |= held_dtypes(f, lambda t: self.plan.loaded_dtype(self.program, t))
+                elif isinstance(n, ir.StateRef) and k in n.axes:
+                    return None  # (a state varying along k: not a row factor)
+            dtypes |= held_dtypes(f, dtype_of)
         return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
 
     def operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
