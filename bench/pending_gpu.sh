@@ -14,6 +14,8 @@
 #     bash bench/pending_gpu.sh f    # session 63, not run: split-K combines unrolled (decode operators and
 #                                    # RMSNorm -> matmul's training, unroll 1 against 8), then the library
 #                                    # GEMM's training rows again (the weight gradient's copy removed)
+#     bash bench/pending_gpu.sh g    # session 64: cosine retrieval after its fp16 operands reach the tensor
+#                                    # cores (213.6 ms before), then sweep 5's rows the session had no time for
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -68,8 +70,13 @@ case "${1:-}" in
     step library_train 200 python3 bench/probe_library_gemm.py --only rms_train ln_train --rounds 5 \
       --out "$OUT/library_train/rows.json"
     ;;
+  g)
+    step sweep5_fix 200 python3 bench/probe_sweep5_fix.py --only cosine_retrieval
+    step sweep5_rest 500 python3 bench/sweep_fifth.py --only poisson multilabel bce l1_loss pairwise nll_weight \
+      entropy frobenius std_standardise sdpa --out "$OUT/sweep5_rest/rows.json"
+    ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g" >&2
     exit 2
     ;;
 esac
