@@ -151,3 +151,35 @@ def test_a_float32_matmul_of_16_bit_data_is_not_rounded_to_16_bits():
         fn(*xs).backward(cot.bfloat16())
         errs[name] = [err(x.grad, x64.grad) for x, x64 in zip(xs[:2], xs64[:2])]
     assert all(a < 4 * b for a, b in zip(errs["ours"], errs["eager"])), errs
+
+
+def _cosine_retrieval(q, keys):
+    return (F.normalize(q, dim=-1) @ F.normalize(keys, dim=-1).T * 20).softmax(-1)
+
+
+def test_normalised_fp16_operands_reach_the_tensor_cores():
+    """F.normalize(q) @ F.normalize(keys)ᵀ in fp16 (retrieval scores): each operand is an fp16 tensor to
+    torch. The plan at 512 × 256 against 2048 keys (as at 4096 × 768 against 16384) divides q by its
+    running norm (a loop state) and the keys by their norms (a plan buffer); both are row factors, so the
+    operands are rounded to fp16 for the tensor cores rather than multiplied as an fp32 IEEE dot (213.6 ms
+    against torch.compile's 0.29, H100, session 64). Then the product against float64 at a small size."""
+    big = (torch.randn(512, 256).half(), torch.randn(2048, 256).half())
+    src = neptune_eq.compile(_cosine_retrieval, *big).source
+    dots = _dots(src)
+    assert dots and not any("ieee" in d for d in dots), dots
+    g = torch.Generator().manual_seed(0)
+    q, keys = torch.randn(37, 45, generator=g).half(), torch.randn(70, 45, generator=g).half()
+    got = neptune_eq.compile(_cosine_retrieval, q, keys)(q, keys)
+    want = _cosine_retrieval(q.double(), keys.double())
+    assert ((got.double() - want).norm() / want.norm()).item() < 2e-3
+
+
+def test_a_float32_matmul_of_normalised_rows_stays_float32():
+    """The same written with .float() (Swin-v2, CLIP): torch runs a float32 matmul, and so do we (the
+    frontend's round_f32 marks the operands; rounding them to fp16 had cost 10× eager's error)."""
+    def fn(q, keys):
+        return F.normalize(q.float(), dim=-1) @ F.normalize(keys.float(), dim=-1).T
+
+    q, keys = torch.randn(37, 45).half(), torch.randn(70, 45).half()
+    dots = _dots(neptune_eq.compile(fn, q, keys).source)
+    assert dots and all("ieee" in d for d in dots), dots
