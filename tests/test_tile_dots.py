@@ -172,14 +172,3 @@ def test_normalised_fp16_operands_reach_the_tensor_cores():
     got = neptune_eq.compile(_cosine_retrieval, q, keys)(q, keys)
     want = _cosine_retrieval(q.double(), keys.double())
     assert ((got.double() - want).norm() / want.norm()).item() < 2e-3
-
-
-def test_a_float32_matmul_of_normalised_rows_stays_float32():
-    """The same written with .float() (Swin-v2, CLIP): torch runs a float32 matmul, and so do we (the
-    frontend's round_f32 marks the operands; rounding them to fp16 had cost 10× eager's error)."""
-    def fn(q, keys):
-        return F.normalize(q.float(), dim=-1) @ F.normalize(keys.float(), dim=-1).T
-
-    q, keys = torch.randn(37, 45).half(), torch.randn(70, 45).half()
-    dots = _dots(neptune_eq.compile(fn, q, keys).source)
-    assert dots and all("ieee" in d for d in dots), dots
