@@ -275,13 +275,13 @@ class ContractOps:
     def _data_dtype(self, factors: list[ir.Node], k: str) -> str | None:
         """The one 16-bit dtype of every floating tensor the factors load: the dtype torch holds such a
         function of the data in (QK-norm's q·rsqrt(mean_d q²)·w, its row reduction computed in the tile,
-        is a bf16 tensor to torch; an fp32 IEEE dot of it ran off the tensor cores). A statistic read as
-        a per-row factor — a loop state, or a plan buffer of a reduction, free of the contraction axis k
-        — is the kernels' float32 copy of what torch held in the data's dtype (F.normalize(q) @
-        F.normalize(keys)ᵀ in fp16: each operand an fp16 tensor to torch; divided by the running norm
-        and by the keys' norm buffer it had run as an fp32 IEEE dot, 213 ms against torch.compile's
-        0.29, H100). None otherwise, and where a factor is marked float32 (`round_f32`: the frontend's
-        operand of a float32 matmul, F.normalize(q.float()))."""
+        is a bf16 tensor to torch; an fp32 IEEE dot of it ran off the tensor cores). A final statistic
+        read as a per-row factor — a plan buffer of a reduction, free of the contraction axis k — is the
+        kernels' float32 copy of what torch held in the data's dtype (F.normalize(q) @ F.normalize(keys)ᵀ
+        in fp16, both norms computed first: each operand an fp16 tensor to torch). None otherwise: where
+        a factor reads a running state (the operand then is not torch's value and could overflow 16 bits,
+        below), and where a factor is marked float32 (`round_f32`: the frontend's operand of a float32
+        matmul, F.normalize(q.float()))."""
         dtypes = set()
         factors = list(factors)
         buffers = self.plan.buffers
@@ -295,8 +295,11 @@ class ContractOps:
             for n in ir.walk(f):
                 if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in self.plan.inline:
                     factors.append(self.plan.inline[n.name])  # (a reduction computed in the tile)
-                elif isinstance(n, ir.StateRef) and k in n.axes:
-                    return None  # (a state varying along k: not a row factor)
+                elif isinstance(n, ir.StateRef) and (n.running or k in n.axes):
+                    # (a running state is no row factor of torch's: q / ‖q‖ over the tiles so far is larger
+                    # than q / ‖q‖, unbounded where a partial sum is near 0, and in 16 bits it could overflow
+                    # where the float32 operand and torch's do not; a state varying along k is none either)
+                    return None
             dtypes |= held_dtypes(f, dtype_of)
         return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
 
