@@ -24,6 +24,7 @@ from neptune_eq.device import DeviceSpec
 from neptune_eq.lower.eviction import reread
 from neptune_eq.lower.passes import combine_unroll
 from neptune_eq.masks import affine_part
+from neptune_eq.numeric import held_dtypes
 from neptune_eq.ops import OPS
 from neptune_eq.plan import Combine, KernelPlan, Pass, Plan
 from neptune_eq.schedule import KernelSchedule, inner_axes
@@ -224,7 +225,9 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
             dot = comp.op == "sum" and is_product(core) and len(dims) == 3
             across_warps += not dot
             repaired = comp.corr is not None or bool(comp.affine)
-            if dot:
+            if dot and repaired and _ieee_dot(core, ph.axis, k.grid, program, in_memory):
+                c.alu += el  # (one FMA a product, on the FMA pipe: see _ieee_dot)
+            elif dot:
                 c.tc += 2.0 * el  # a tile contraction: tl.dot
                 exprs = [*opened(core).factors, *opened(core).conditions]
                 bare = not opened(core).conditions
@@ -406,6 +409,24 @@ def _mma_efficiency(k: KernelPlan, sched: KernelSchedule, program: ir.Program, p
         m = tiled[0] if tiled else 16
         n = max(loops, default=16)
     return min(1.0, max(0.1, m * n / (m + n) / 48))
+
+
+def _ieee_dot(core: ir.Node, k: str, grid, program: ir.Program, in_memory) -> bool:
+    """A repaired tile contraction of 16-bit data that the lowering multiplies as an fp32 IEEE dot: both
+    operands computed, one reading a running state (q / ‖q‖ over the tiles so far, which is not rounded
+    to 16 bits: lower/contract.py `_data_dtype`). Priced on the FMA pipe at its peak, an optimistic bound,
+    not at the tensor cores' rate: the cosine-retrieval plan dividing by q's running norm had been chosen
+    over the one computing both norms first (213.6 ms against torch.compile's 0.29, H100, session 64).
+    Where the data itself is float32 (or marked so) every plan's dots are IEEE: left as they were."""
+    sides = gemm_sides(core, k, grid, program.axes)
+    if sides is None or any(len(s) == 1 and plain_input(s[0], in_memory) for s in (sides.left, sides.right)):
+        return False
+    factors = [*sides.left, *sides.right]
+    if not any(isinstance(n, ir.StateRef) and n.running for f in factors for n in ir.walk(f)):
+        return False
+    data = set().union(*(held_dtypes(f, lambda t: program.inputs[t].dtype if t in program.inputs else None)
+                         for f in factors))
+    return bool(data) and data <= {"float16", "bfloat16"}
 
 
 def _has_state(e: ir.Node) -> bool:

@@ -162,11 +162,12 @@ def test_normalised_fp16_operands_divided_by_final_norms_reach_the_tensor_cores(
     torch. A plan that computes both norms first (plan buffers, row factors) rounds the operands to fp16
     for the tensor cores; a plan dividing by q's running norm (an affine repair over the contraction)
     keeps an fp32 IEEE dot: q / ‖q‖ over the tiles so far is larger than torch's q / ‖q‖ and could
-    overflow 16 bits where neither does (session 64: the cost model still prices that dot at the
-    tensor-core rate and chooses it, 213.6 ms against torch.compile's 0.29 on the H100). Then the chosen
-    plan's product against float64 at a small size."""
+    overflow 16 bits where neither does. The cost model prices that dot on the FMA pipe and chooses a
+    plan with final norms (it had priced it at the tensor cores' rate and chosen it: 213.6 ms against
+    torch.compile's 0.29 on the H100, session 64). Then the chosen plan's product against float64."""
     big = (torch.randn(512, 256).half(), torch.randn(2048, 256).half())
     prog = neptune_eq.compile(_cosine_retrieval, *big).program
+    assert not any("ieee" in d for d in _dots(prog.source)), prog.alternative.structure
     seen = set()
     for i, alt in enumerate(prog.alternatives[:30]):
         running = any(c.affine for k in alt.plan.kernels for p in k.passes() for c in p.comps)
