@@ -165,9 +165,8 @@ def _targets_make(big, tiny, weighted=False):
 
 
 def _pair_make(big, tiny, dtype, count=2):
-    def make(device, g, dry):
-        return tuple(_randn(*_shape(dry, big, tiny), dtype=dtype, device=device, g=g) for _ in range(count))
-    return make
+    """`count` tensors of one shape (sweep_third._heads with the shape repeated)."""
+    return _heads(*[big] * count, dtype=dtype, tiny=[tiny] * count)
 
 
 def _rms_mm_make(device, g, dry):
