@@ -21,6 +21,7 @@ import numpy as np
 from neptune_eq import ir
 from neptune_eq.contraction import gemm_sides, is_product, masked_body, opened, plain_input
 from neptune_eq.device import DeviceSpec
+from neptune_eq.lower.contract import data_operand
 from neptune_eq.lower.eviction import reread
 from neptune_eq.lower.passes import combine_unroll
 from neptune_eq.masks import affine_part
@@ -225,7 +226,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
             dot = comp.op == "sum" and is_product(core) and len(dims) == 3
             across_warps += not dot
             repaired = comp.corr is not None or bool(comp.affine)
-            if dot and repaired and _ieee_dot(core, ph.axis, k.grid, program, in_memory):
+            if dot and repaired and _ieee_dot(core, ph.axis, k.grid, program):
                 c.alu += el  # (one FMA a product, on the FMA pipe: see _ieee_dot)
             elif dot:
                 c.tc += 2.0 * el  # a tile contraction: tl.dot
@@ -411,7 +412,7 @@ def _mma_efficiency(k: KernelPlan, sched: KernelSchedule, program: ir.Program, p
     return min(1.0, max(0.1, m * n / (m + n) / 48))
 
 
-def _ieee_dot(core: ir.Node, k: str, grid, program: ir.Program, in_memory) -> bool:
+def _ieee_dot(core: ir.Node, k: str, grid, program: ir.Program) -> bool:
     """A repaired tile contraction of 16-bit data that the lowering multiplies as an fp32 IEEE dot: both
     operands computed, one reading a running state (q / ‖q‖ over the tiles so far, which is not rounded
     to 16 bits: lower/contract.py `_data_dtype`). Priced on the FMA pipe at its peak, an optimistic bound,
@@ -419,8 +420,8 @@ def _ieee_dot(core: ir.Node, k: str, grid, program: ir.Program, in_memory) -> bo
     over the one computing both norms first (213.6 ms against torch.compile's 0.29, H100, session 64).
     Where the data itself is float32 (or marked so) every plan's dots are IEEE: left as they were."""
     sides = gemm_sides(core, k, grid, program.axes)
-    if sides is None or any(len(s) == 1 and plain_input(s[0], in_memory) for s in (sides.left, sides.right)):
-        return False
+    if sides is None or any(data_operand(s) for s in (sides.left, sides.right)):
+        return False  # (a side of loaded data: the computed one is cast to its dtype, attention's P·V)
     factors = [*sides.left, *sides.right]
     if not any(isinstance(n, ir.StateRef) and n.running for f in factors for n in ir.walk(f)):
         return False

@@ -149,7 +149,7 @@ class ContractOps:
         # operand stays one: Σ_i (h[i, d] / l[i]) · p[i, j] would otherwise multiply two fp32 tiles
         # (an IEEE dot, off the tensor cores) where h · (p / l) casts p once and runs on them.
         # (a side with no factor is built in registers too: the 0/1 matrix below)
-        native = [bool(side) and _data(side) for side in (left, right)]
+        native = [bool(side) and data_operand(side) for side in (left, right)]
         (right if native[0] and not native[1] else left).extend(along_k)
         if not left and not right:
             return None
@@ -169,7 +169,7 @@ class ContractOps:
         # also goes to a computed second operand, and a computed operand the mask does not reach gets
         # the k axis' bounds.
         md = set(mask.dims) if mask is not None else set()
-        computed = [not _data(side) for side in (left, right)]
+        computed = [not data_operand(side) for side in (left, right)]
         if mask is not None and not md <= body_dims and computed[0 if md <= {n, k} else 1]:
             return None  # the mask alone brings an axis; the other operand, computed, may hold inf where it is 0
         a_mask = mask if mask is not None and md <= {m, k} else None
@@ -221,7 +221,7 @@ class ContractOps:
         """The outer scope a computed operand may be built in once, where none of its factors varies in
         the innermost loop and its mask is at most the contraction axis' own tail (attention's rotated
         query tile, cast to 16 bits once per program rather than every key step); None otherwise."""
-        if len(self.scopes) == 1 or (mask is not None and mask is not valid_k) or _data(factors):
+        if len(self.scopes) == 1 or (mask is not None and mask is not valid_k) or data_operand(factors):
             return None
         at = max(self.home(f) for f in factors)
         return at if at < len(self.scopes) - 1 and (mask is None or not self._along_loops(mask.dims)) else None
@@ -367,6 +367,6 @@ def _divisor(f: ir.Node) -> ir.Node | None:
     return f.args[1] if isinstance(f, ir.Call) and f.op == "div" and f.args[0] == ir.Const(1.0) else None
 
 
-def _data(factors: list[ir.Node]) -> bool:
+def data_operand(factors: list[ir.Node]) -> bool:
     """Every factor is loaded or constant (an operand that holds data, not values computed in registers)."""
     return all(isinstance(f, ir.Load | ir.Const) for f in factors)
