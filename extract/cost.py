@@ -21,11 +21,11 @@ import numpy as np
 from neptune_eq import ir
 from neptune_eq.contraction import gemm_sides, is_product, masked_body, opened, plain_input
 from neptune_eq.device import DeviceSpec
-from neptune_eq.lower.contract import data_operand
+from neptune_eq.lower.contract import tensor_core_dot
 from neptune_eq.lower.eviction import reread
 from neptune_eq.lower.passes import combine_unroll
 from neptune_eq.masks import affine_part
-from neptune_eq.numeric import held_dtypes
+from neptune_eq.numeric import compute_dtype
 from neptune_eq.ops import OPS
 from neptune_eq.plan import Combine, KernelPlan, Pass, Plan
 from neptune_eq.schedule import KernelSchedule, inner_axes
@@ -52,6 +52,16 @@ class _Counter:
         self.loaded: dict[str, float] = {}  # tensor → bytes per program
         self.sectors: dict[str, float] = {}  # tensor → bytes moved per byte used (strided reads)
         self.alu = self.sfu = self.tc = 0.0
+        self.ieee = 0.0  # products of float32 IEEE dots, on the FMA pipe (DeviceSpec.fma_dot_efficiency)
+
+    def dot_products(self, body: ir.Node, axis: str, products: float) -> None:
+        """Count a tile contraction's products where the lowering runs them (_dot_precision)."""
+        axes = (*self.k.grid, *(p.axis for p in self.k.passes()))  # (an inline one's rows may be a loop's)
+        precision = _dot_precision(body, axis, axes, self.program, self.plan, self.sched)
+        if precision == "ieee":
+            self.ieee += products
+        else:  # the tensor cores, at half the 16-bit rate in tf32 (three tf32 products in tf32x3)
+            self.tc += 2.0 * products * {"16-bit": 1.0, "tf32": 2.0, "tf32x3": 6.0}[precision]
 
     def sector_waste(self, n: ir.Load, loop: str | None, dt: str) -> float:
         """Bytes moved per byte used by load `n`: a tile whose rows are a short run of the tensor's
@@ -120,7 +130,7 @@ class _Counter:
                 elif isinstance(n, ir.Reduce):
                     body = self.size(n.body.axes, loop)
                     if self.dot(n, loop):
-                        self.tc += 2.0 * body * reps
+                        self.dot_products(n.body, n.axis, body * reps)
                     else:
                         self.alu += body * reps
                 elif isinstance(n, ir.Call):
@@ -226,10 +236,8 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
             dot = comp.op == "sum" and is_product(core) and len(dims) == 3
             across_warps += not dot
             repaired = comp.corr is not None or bool(comp.affine)
-            if dot and repaired and _ieee_dot(core, ph.axis, k.grid, program):
-                c.alu += el  # (one FMA a product, on the FMA pipe: see _ieee_dot)
-            elif dot:
-                c.tc += 2.0 * el  # a tile contraction: tl.dot
+            if dot:
+                c.dot_products(core, ph.axis, el)  # a tile contraction: tl.dot
                 exprs = [*opened(core).factors, *opened(core).conditions]
                 bare = not opened(core).conditions
                 sides = None if repaired else gemm_sides(core if bare else masked_body(core, comp.mask), ph.axis,
@@ -296,6 +304,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
                      streamed_out / max(1, programs), c.sectors, kept) + stored
     t_mem = hbm / dev.hbm_bytes_per_s
     t_tc = c.tc * programs / (dev.tensor_flops * _mma_efficiency(k, sched, program, plan))
+    c.alu += c.ieee / dev.fma_dot_efficiency  # (an IEEE dot's products: one FMA each)
     t_alu = c.alu * programs / dev.fma_per_s * spill
     t_sfu = c.sfu * programs / dev.sfu_per_s
     if serial:
@@ -412,22 +421,19 @@ def _mma_efficiency(k: KernelPlan, sched: KernelSchedule, program: ir.Program, p
     return min(1.0, max(0.1, m * n / (m + n) / 48))
 
 
-def _ieee_dot(core: ir.Node, k: str, grid, program: ir.Program) -> bool:
-    """A repaired tile contraction of 16-bit data that the lowering multiplies as an fp32 IEEE dot: both
-    operands computed, one reading a running state (q / ‖q‖ over the tiles so far, which is not rounded
-    to 16 bits: lower/contract.py `_data_dtype`). Priced on the FMA pipe at its peak, an optimistic bound,
-    not at the tensor cores' rate: the cosine-retrieval plan dividing by q's running norm had been chosen
-    over the one computing both norms first (213.6 ms against torch.compile's 0.29, H100, session 64).
-    Where the data itself is float32 (or marked so) every plan's dots are IEEE: left as they were."""
+def _dot_precision(core: ir.Node, k: str, grid, program: ir.Program, plan: Plan, sched: KernelSchedule) -> str:
+    """How the lowering multiplies a tile contraction: "16-bit" on the tensor cores, or, for float32
+    operands (lower/contract.tensor_core_dot), at the schedule's input precision: "ieee" on the FMA
+    pipe (torch's default float32 matmul precision, and ours), "tf32" / "tf32x3" on the tensor cores.
+    A float32 dot had been priced at the 16-bit tensor-core rate: CLIP's loss of `.float()` features
+    recomputed its 8192² logits in four IEEE GEMMs and ran 124.9 ms against torch.compile's 6.7 (H100,
+    session 64), and the cosine-retrieval plan dividing by q's running norm (an fp32 dot of 16-bit
+    data) ran 213.6 ms against 0.29."""
     sides = gemm_sides(core, k, grid, program.axes)
-    if sides is None or any(data_operand(s) for s in (sides.left, sides.right)):
-        return False  # (a side of loaded data: the computed one is cast to its dtype, attention's P·V)
-    factors = [*sides.left, *sides.right]
-    if not any(isinstance(n, ir.StateRef) and n.running for f in factors for n in ir.walk(f)):
-        return False
-    data = set().union(*(held_dtypes(f, lambda t: program.inputs[t].dtype if t in program.inputs else None)
-                         for f in factors))
-    return bool(data) and data <= {"float16", "bfloat16"}
+    left, right = (list(sides.left), list(sides.right)) if sides is not None else (list(opened(core).factors), [])
+    if tensor_core_dot(left, right, k, plan, program):
+        return "16-bit"
+    return "ieee" if compute_dtype(program) == "float64" else sched.input_precision
 
 
 def _has_state(e: ir.Node) -> bool:

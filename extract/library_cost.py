@@ -17,9 +17,10 @@ from .traffic import footprint
 def library_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSchedule,
                   dev: DeviceSpec) -> KernelCost:
     """A plain matrix product run by the vendor's GEMM (lower/library.py): its products at the rate
-    dev.tensor_flops was measured at (torch.mm), in waves of output tiles as large as the schedule's,
-    each operand read once and the output written once, and the checked launch path it keeps (a
-    library call takes tensors, not the addresses a bound call passes)."""
+    dev.tensor_flops was measured at (torch.mm; float32 at the SGEMM's share of the FMA pipe: torch's
+    default IEEE precision), in waves of output tiles as large as the schedule's, each operand read once
+    and the output written once, and the checked launch path it keeps (a library call takes tensors, not
+    the addresses a bound call passes)."""
     g = library_gemm(k, plan, program)
     flops = 2.0 * math.prod(program.axes[a] for a in g.out_axes) * program.axes[g.k]
     tiles = 1
@@ -27,7 +28,8 @@ def library_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
         tiles *= math.ceil(program.axes[a] / max(1, sched.tiles.get(a, 1)))
     fill = tiles / (math.ceil(tiles / dev.sms) * dev.sms)
     hbm = sum(footprint(program, plan, t, (), k) for t in (g.a, g.b, g.out))
-    t_mem, t_tc = hbm / dev.hbm_bytes_per_s, flops / dev.tensor_flops / fill
+    rate = dev.tensor_flops if g.dtype != "float32" else 2.0 * dev.fma_per_s * dev.sgemm_efficiency  # (SGEMM)
+    t_mem, t_tc = hbm / dev.hbm_bytes_per_s, flops / rate / fill
     work = max(t_mem, t_tc) + dev.overlap * min(t_mem, t_tc)
     time = work + dev.launch_s + dev.checked_call_s
     return KernelCost(k.name, tiles, 1.0, hbm, hbm, flops, 0.0, 0.0, t_mem, t_tc, 0.0, 0.0, fill, t_mem, time,

@@ -20,18 +20,20 @@ from __future__ import annotations
 from neptune_eq import ir
 from neptune_eq.contraction import gemm_sides, masked_body, plain_input, product_of
 from neptune_eq.masks import affine, conjunction, conjuncts
-from neptune_eq.numeric import held_dtypes
+from neptune_eq.numeric import compute_dtype, held_dtypes
 from neptune_eq.plan import BufferSpec, Combine, KernelPlan, Pass, StorePlan
 
 
 def _operand_dtype(other, program: ir.Program) -> str | None:
-    """The dtype the tensor cores take a computed operand in when the other operand is one input in
-    16 bits: the lowering casts it to that input's dtype, so a buffer of that dtype holds exactly
-    what the dot would have read. None otherwise (a float32 dot of two computed operands runs at the
-    schedule's precision, which a float32 buffer read as data would not keep)."""
+    """The dtype the dot takes a computed operand in when the other operand is one input: in 16 bits
+    the lowering casts it to that input's dtype, so a buffer of that dtype holds exactly what the dot
+    would have read; beside a float32 input both are float32 in registers, as a float32 buffer read
+    as data is (CLIP's loss of `.float()` features: its logits' gradient written once, then two
+    GEMMs). None otherwise (a float32 dot of two computed operands runs at the schedule's precision,
+    which a float32 buffer read as data would not keep; a float64 program computes in float64)."""
     if len(other) == 1 and plain_input(other[0], program.inputs):
         dt = program.inputs[other[0].tensor].dtype
-        if dt in ("float16", "bfloat16"):
+        if dt in ("float16", "bfloat16") or (dt == "float32" and compute_dtype(program) == "float32"):
             return dt
     return None
 
@@ -65,7 +67,8 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                 for factors, conds, other, row, is_left in (
                         (list(sides.left), sides.left_conds, sides.right, sides.m, True),
                         (list(sides.right), sides.right_conds, sides.left, sides.n, False)):
-                    dtype = _operand_dtype(other, program)
+                    dtype = _operand_dtype(other, program) or _pair_dtype(
+                        [*sides.left, *sides.right], ps.axis, program)
                     loaded = len(factors) == 1 and not conds and plain_input(factors[0], program.inputs)
                     if loaded or dtype is None:
                         operands += factors
@@ -179,6 +182,23 @@ def _elementwise_dtype(factors, program: ir.Program) -> str | None:
     if any(isinstance(n, ir.StateRef | ir.Reduce) or (isinstance(n, ir.Load) and n.tensor not in program.inputs)
            for f in factors for n in ir.walk(f)):
         return None
+    dtypes = set().union(*(held_dtypes(f, lambda t: program.inputs[t].dtype) for f in factors))
+    return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
+
+
+def _pair_dtype(factors, k: str, program: ir.Program) -> str | None:
+    """The 16-bit dtype lower/contract.py (`data_dtype`) rounds two computed operands to: that of every
+    input the factors load, where the reductions they read are final statistics free of k (row factors,
+    F.normalize(q)'s norm) and they read no other. A buffer of that dtype then holds what the dot would
+    have read: both sides written once turn F.normalize(q) @ F.normalize(keys)ᵀ into the vendor's GEMM
+    of two fp16 tensors, as torch runs it (0.55 ms against torch.compile's 0.28 on the H100 as one
+    generated kernel dividing by the norms, session 65)."""
+    for f in factors:
+        for n in ir.walk(f):
+            if isinstance(n, ir.Reduce) or (isinstance(n, ir.Load) and n.tensor not in program.inputs):
+                return None
+            if isinstance(n, ir.StateRef) and (n.kind is not ir.RefKind.FINAL or n.running or k in n.axes):
+                return None
     dtypes = set().union(*(held_dtypes(f, lambda t: program.inputs[t].dtype) for f in factors))
     return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
 

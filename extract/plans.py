@@ -196,9 +196,10 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
         # the covers of many overlapping groups grow exponentially: at most 50·max_plans are looked at,
         # fewest passes first, so that a cut-short space keeps the fused plans (each cover brings a plan
         # per split choice, and the unfused cover alone may fill max_plans)
-        room = 50 * space.max_plans - explored
-        if room <= 0:
-            break
+        # (each later policy still looks at 5·max_plans: the inlining policy had taken the whole room
+        # with covers of CLIP's loss, whose float32 logits were then recomputed by both log-sum-exps,
+        # never written once by the unfused policy)
+        room = max(50 * space.max_plans - explored, 5 * space.max_plans)
         covers = list(itertools.islice(_covers(scheduled, loops), room + 1))
         if len(covers) > room:
             space.truncated = True

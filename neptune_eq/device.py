@@ -47,6 +47,12 @@ class DeviceSpec:
     # on the host beyond one that can: the checked path's dicts, shapes and specialisation keys. A
     # layout's checked call took 124 µs against a bound call's 48-54 (H100, 2026-11-24, README)
     checked_call_s: float = 60e-6
+    # the fraction of the FMA pipe's peak (at the clock above) a float32 IEEE tl.dot sustains, and the
+    # vendor's SGEMM (cuBLAS at torch's default float32 precision, TF32 off). Micro-benchmarked on an
+    # H100 (bench/probe_fp32_dot.py, 4096³, 2026-12-06): torch.mm 51.7 TF/s of 59.3 (0.87); Triton 3.6's
+    # IEEE dot 32.2-45.5 TF/s by tile (0.54 at 128×128×16, 0.63 at 128×128×32, 0.77 at 64×64×32)
+    fma_dot_efficiency: float = 0.65
+    sgemm_efficiency: float = 0.87
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536
 

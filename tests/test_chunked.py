@@ -131,22 +131,24 @@ def test_the_chunk_program_accumulates_sums_and_drops_statistics_over_the_whole_
 
 
 def test_a_plan_over_its_scratch_limit_runs_in_chunks_and_matches_the_whole():
-    back = _lce_backward()
-    h, W, t = _lce_inputs()
+    # (101 tokens: a prime, so that whatever chunk size the cost model's choice of plan leaves, the last
+    # chunk is a tail)
+    h, W, t = _lce_inputs(T=101)
+    back = backward_program(capture(linear_ce, h, W, t).program, saved=True)
     fwd = compile_ir(back.saved.forward, Options())
     st = fwd.run({"h": h, "W": W, "target": t})
     inputs = {"h": h, "W": W, "target": t, "grad_out0": torch.tensor(0.7)}
     inputs |= {k: st[k] for k in back.program.inputs if k not in inputs}
     whole = compile_ir(back.program, Options())
     assert whole.chunking is None  # (the default limit: at least a GiB)
-    limit = 12_000  # bytes: the logits' buffer, 100 × 70 fp32, is 28 000
+    limit = 12_000  # bytes: the logits' buffer, 101 × 70 fp32, is 28 280
     compiled = compile_ir(back.program, Options(scratch_limit=limit))
     # at this size the cost model recomputes the logits; an alternative that writes them is pinned
     writes = next(a.id for a in compiled.alternatives
                   if any({"i", "j"} <= set(b.axes) for b in a.plan.buffers.values()))
     cut = compiled.pin(writes)
     c = cut.chunking
-    assert c is not None and c.axis == "i" and c.count >= 3 and 100 % c.size != 0
+    assert c is not None and c.axis == "i" and c.count >= 3 and 101 % c.size != 0
     assert chunked.plan_scratch(cut.chunk_compiled.plan, cut.chunk_compiled.program) <= limit
     assert "chunks of" in cut.explain()
     # grad_W accumulates over the chunks in place: its one store reads the accumulator at its element
@@ -187,21 +189,22 @@ def _acc_sum():
 def test_attention_gradients_with_a_backward_in_chunks_match_float64():
     """Through neptune_eq.compile and autograd: the saved backward writes D = rowsum(dO∘O) per query row
     (800 bytes here; at head dims 16 and 64 the model recomputes it per key tile instead); a limit of 200
-    cuts it into chunks of query rows, dK and dV summed over them."""
+    cuts it into chunks of query rows, dK and dV summed over them. (fp16: in float32 the products run
+    on the FMA pipe, and at this size the cost model writes the scores once instead.)"""
     def attention(q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
 
     g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(2, 100, 128, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(2, 100, 128, generator=g).half() for _ in range(3))
+    dO = torch.randn(2, 100, 128, generator=g).half()
     f = neptune_eq.compile(attention, q, k, v, scratch_limit=200)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    dO = torch.randn(2, 100, 128, generator=g)
     f(*leaves).backward(dO)
     assert "chunks of ≤ 25 along 'i'" in f.explain()
     ref = [x.double().requires_grad_() for x in (q, k, v)]
     attention(*ref).backward(dO.double())
-    for got, want in zip(leaves, ref):
-        torch.testing.assert_close(got.grad.double(), want.grad, rtol=1e-4, atol=1e-5)
+    for got, want in zip(leaves, ref):  # (fp16 gradients: 3e-4 measured)
+        assert float((got.grad.double() - want.grad).norm() / want.grad.norm()) < 2e-3
 
 
 def test_linear_cross_entropy_backward_at_scale_never_holds_all_the_logits():

@@ -75,11 +75,21 @@ def test_materialised_plans_match_float64_on_ragged_sizes(ln):
     assert all(e <= errs[plain.structure] * 1.05 + 1e-6 for e in errs.values()), errs
 
 
-def test_a_float32_operand_is_not_materialised():
-    # a computed float32 operand is multiplied at the schedule's precision (ieee); a float32 buffer
-    # read as data would go to the tensor cores as a plain fp32 operand (tf32): no plan writes one
+def test_a_float32_operand_is_written_once_and_multiplied_at_ieee_precision():
+    """Beside a float32 input, a computed float32 operand and a float32 buffer of it are both multiplied
+    at the schedule's precision (IEEE: `tl.dot(..., input_precision="ieee")` for loaded float32 tiles too),
+    so writing it once keeps the values; CLIP's loss of `.float()` features writes its logits' gradient so
+    and runs its two products as the vendor's SGEMM."""
     prog = compile_ir(_layernorm_matmul(dtype="float32"))
-    assert not _materialised(prog)
+    alts = _materialised(prog)
+    assert alts and all(b.dtype == "float32" for b in alts[0].plan.buffers.values() if b.operand)
+    pinned = prog.pin(alts[0].id)
+    dots = [line for line in pinned.source.splitlines() if "tl.dot(" in line]
+    assert dots and all('input_precision="ieee"' in line for line in dots)
+    xs = _inputs(pinned.program)
+    x, g, b, W = (xs[n].double() for n in "xgbW")
+    ref = torch.nn.functional.layer_norm(x, (72,), g, b, eps=1e-5) @ W
+    assert float((pinned.run(xs)["o"].double() - ref).norm() / ref.norm()) < 1e-6
 
 
 def test_the_model_writes_the_operand_once_at_h100_sizes():

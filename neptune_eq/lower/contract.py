@@ -273,35 +273,7 @@ class ContractOps:
         return self._mul(prod, self.f32(self.value(f)))
 
     def _data_dtype(self, factors: list[ir.Node], k: str) -> str | None:
-        """The one 16-bit dtype of every floating tensor the factors load: the dtype torch holds such a
-        function of the data in (QK-norm's q·rsqrt(mean_d q²)·w, its row reduction computed in the tile,
-        is a bf16 tensor to torch; an fp32 IEEE dot of it ran off the tensor cores). A final statistic
-        read as a per-row factor — a plan buffer of a reduction, free of the contraction axis k — is the
-        kernels' float32 copy of what torch held in the data's dtype (F.normalize(q) @ F.normalize(keys)ᵀ
-        in fp16, both norms computed first: each operand an fp16 tensor to torch). None otherwise: where
-        a factor reads a running state (the operand then is not torch's value and could overflow 16 bits,
-        below), and where a factor is marked float32 (`round_f32`: the frontend's operand of a float32
-        matmul, F.normalize(q.float()))."""
-        dtypes = set()
-        factors = list(factors)
-        buffers = self.plan.buffers
-
-        def dtype_of(t: str) -> str | None:
-            if t in buffers and not buffers[t].operand and k not in buffers[t].axes:
-                return None  # (a statistic the plan wrote: a row factor)
-            return self.plan.loaded_dtype(self.program, t)
-
-        for f in factors:
-            for n in ir.walk(f):
-                if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in self.plan.inline:
-                    factors.append(self.plan.inline[n.name])  # (a reduction computed in the tile)
-                elif isinstance(n, ir.StateRef) and (n.running or k in n.axes):
-                    # (a running state is no row factor of torch's: q / ‖q‖ over the tiles so far is larger
-                    # than q / ‖q‖, unbounded where a partial sum is near 0, and in 16 bits it could overflow
-                    # where the float32 operand and torch's do not; a state varying along k is none either)
-                    return None
-            dtypes |= held_dtypes(f, dtype_of)
-        return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
+        return data_dtype(factors, k, self.plan, self.program)
 
     def operand(self, factors: list[ir.Node], order: tuple[str, str], mask: Val | None) -> Val:
         if len(factors) == 1 and isinstance(factors[0], ir.Load):
@@ -365,6 +337,57 @@ def _positive_scale(n: ir.Node) -> tuple[float, ir.Node] | None:
 def _divisor(f: ir.Node) -> ir.Node | None:
     """b of an opened divisor's factor 1/b (contraction.opened), else None."""
     return f.args[1] if isinstance(f, ir.Call) and f.op == "div" and f.args[0] == ir.Const(1.0) else None
+
+
+def data_dtype(factors: list[ir.Node], k: str, plan, program: ir.Program) -> str | None:
+    """The one 16-bit dtype of every floating tensor the factors load: the dtype torch holds such a
+    function of the data in (QK-norm's q·rsqrt(mean_d q²)·w, its row reduction computed in the tile,
+    is a bf16 tensor to torch; an fp32 IEEE dot of it ran off the tensor cores). A final statistic
+    read as a per-row factor — a plan buffer of a reduction, free of the contraction axis k — is the
+    kernels' float32 copy of what torch held in the data's dtype (F.normalize(q) @ F.normalize(keys)ᵀ
+    in fp16, both norms computed first: each operand an fp16 tensor to torch). None otherwise: where
+    a factor reads a running state (the operand then is not torch's value and could overflow 16 bits,
+    below), and where a factor is marked float32 (`round_f32`: the frontend's operand of a float32
+    matmul, F.normalize(q.float()))."""
+    dtypes = set()
+    factors = list(factors)
+    buffers = plan.buffers
+
+    def dtype_of(t: str) -> str | None:
+        if t in buffers and not buffers[t].operand and k not in buffers[t].axes:
+            return None  # (a statistic the plan wrote: a row factor)
+        return plan.loaded_dtype(program, t)
+
+    for f in factors:
+        for n in ir.walk(f):
+            if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in plan.inline:
+                factors.append(plan.inline[n.name])  # (a reduction computed in the tile)
+            elif isinstance(n, ir.StateRef) and (n.running or k in n.axes):
+                # (a running state is no row factor of torch's: q / ‖q‖ over the tiles so far is larger
+                # than q / ‖q‖, unbounded where a partial sum is near 0, and in 16 bits it could overflow
+                # where the float32 operand and torch's do not; a state varying along k is none either)
+                return None
+        dtypes |= held_dtypes(f, dtype_of)
+    return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
+
+
+def tensor_core_dot(left: list[ir.Node], right: list[ir.Node], k: str, plan, program: ir.Program) -> bool:
+    """Does the lowering multiply Σ_k left·right on the tensor cores (16-bit operands), rather than as
+    a float32 IEEE dot on the FMA pipe? As ContractOps.try_dot decides: a side that is one 16-bit load
+    is taken as it is stored and the other side cast to its dtype (two loads of different 16-bit
+    dtypes meet in float32); two computed sides are rounded to their data's 16-bit dtype where
+    `data_dtype` finds one. Float32 data (a `.float()` matmul) multiplies in IEEE float32, as torch's
+    default matmul precision does. The cost model prices by it (extract/cost.py)."""
+    def native(side: list[ir.Node]) -> str | None:
+        if len(side) == 1 and isinstance(side[0], ir.Load):
+            dt = plan.loaded_dtype(program, side[0].tensor)
+            return dt if dt in ("float16", "bfloat16") else None
+        return None
+
+    a, b = native(left), native(right)
+    if a or b:
+        return not (a and b and a != b)
+    return data_dtype([*left, *right], k, plan, program) is not None
 
 
 def data_operand(factors: list[ir.Node]) -> bool:

@@ -1,0 +1,65 @@
+"""Float32 products are priced where they run: a float32 IEEE `tl.dot` on the FMA pipe, a float32
+library GEMM at the SGEMM's rate (extract/cost.py `_dot_precision`, extract/library_cost.py). They had
+been priced at the 16-bit tensor-core rate: CLIP's loss of `.float()` features recomputed its 8192²
+logits in four generated IEEE GEMMs and ran 124.9 ms against torch.compile's 6.7 (H100, session 64)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import neptune_eq
+from neptune_eq import autograd
+from neptune_eq.device import H100
+from neptune_eq.frontend import capture
+from neptune_eq.pipeline import Options, compile_program
+
+
+def _softmax_of_product(x, w):
+    return torch.softmax(x @ w, dim=-1)
+
+
+def _kernels(dtype):
+    """(kernel, its cost, whether its schedule is the library GEMM) of every alternative."""
+    x, w = torch.empty(2048, 1024, dtype=dtype), torch.empty(1024, 4096, dtype=dtype)
+    program = capture(_softmax_of_product, x, w).program
+    return [(k, c, s.library) for a in compile_program(program, Options(device=H100)).alternatives
+            for k, c, s in zip(a.plan.kernels, a.cost.kernels, a.schedules)]
+
+
+def test_a_float32_dot_is_priced_on_the_fma_pipe_and_a_bf16_one_on_the_tensor_cores():
+    products = 2048 * 1024 * 4096
+    f32 = _kernels(torch.float32)
+    assert any(c.alu_ops >= products for _, c, lib in f32 if not lib)
+    assert all(c.tensor_flops == 0 for _, c, lib in f32 if not lib)
+    assert any(c.tensor_flops == 2 * products for _, c, lib in f32 if lib)  # (an SGEMM's, at its own rate)
+    bf16 = _kernels(torch.bfloat16)
+    assert any(c.tensor_flops >= 2 * products for _, c, lib in bf16 if not lib)
+
+
+def test_the_predicted_time_of_a_float32_product_is_the_fma_pipes():
+    products = 2048 * 1024 * 4096
+    fast = min(c.time for _, c, _ in _kernels(torch.bfloat16) if c.tensor_flops >= 2 * products)
+    slow = min(c.time for _, c, _ in _kernels(torch.float32) if c.tensor_flops >= 2 * products
+               or c.alu_ops >= products)
+    # 790 TF/s of bf16 against 59 of float32 FMAs (at most half of it a generated dot, 85 % an SGEMM)
+    assert slow > 8 * fast
+
+
+def _clip_loss(img, txt):
+    s = F.normalize(img.float(), dim=-1) @ F.normalize(txt.float(), dim=-1).T * 10
+    t = torch.arange(s.shape[0])
+    return (F.cross_entropy(s, t) + F.cross_entropy(s.T, t)) / 2
+
+
+def test_float32_logits_read_by_two_log_sum_exps_are_written_once():
+    """CLIP's training forward (split at its normalised operands, neptune_eq.grad_prologue): the
+    policy inlining the logits in both log-sum-exps had taken the whole room of covers, and the unfused
+    policy — the logits a GEMM of their own, written once — was never enumerated (0 of 1540 plans)."""
+    x, y = torch.empty(4096, 512, dtype=torch.bfloat16), torch.empty(4096, 512, dtype=torch.bfloat16)
+    prog = neptune_eq.compile(_clip_loss, x, y)
+    _, training = autograd._variant(prog._first().op.qualname, None)
+    alts = compile_program(training.forward, Options(device=H100)).alternatives
+    assert any(not a.plan.inline for a in alts)
+    # and priced at the FMA pipe, computing the float32 logits twice loses to writing them once
+    assert not alts[0].plan.inline, alts[0].structure
