@@ -46,7 +46,7 @@ class LibraryGemm:
     out: str
     out_axes: tuple[str, ...]
     k: str
-    dtype: str  # of both operands and of the stored sum
+    dtype: str  # of both operands, and of the stored sum unless out_dtype says otherwise
     alpha: float = 1.0  # the stored value is alpha · the sum (a constant of the epilogue: a loss's 1/n, a scale)
     out_dtype: str | None = None  # float32 for a sum of 16-bit operands kept unrounded (None: `dtype`)
 
