@@ -78,6 +78,7 @@ case "${1:-}" in
       entropy frobenius std_standardise sdpa --out "$OUT/sweep5_rest/rows.json"
     ;;
   h)
+    step library_cuda 120 python3 bench/check_library_cuda.py
     step fp32_rows 300 python3 bench/sweep_fifth.py --only cosine clip --out "$OUT/fp32_rows/rows.json"
     step fp32_attention 200 python3 bench/probe_fp32_attention.py
     ;;
