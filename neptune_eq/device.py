@@ -50,8 +50,12 @@ class DeviceSpec:
     # the fraction of the FMA pipe's peak (at the clock above) a float32 IEEE tl.dot sustains, and the
     # vendor's SGEMM (cuBLAS at torch's default float32 precision, TF32 off). Micro-benchmarked on an
     # H100 (bench/probe_fp32_dot.py, 4096³, 2026-12-06): torch.mm 51.7 TF/s of 59.3 (0.87); Triton 3.6's
-    # IEEE dot 32.2-45.5 TF/s by tile (0.54 at 128×128×16, 0.63 at 128×128×32, 0.77 at 64×64×32)
-    fma_dot_efficiency: float = 0.65
+    # IEEE dot in a plain GEMM 32.2-45.5 TF/s by tile (0.54 at 128×128×16 … 0.77 at 64×64×32). Fused
+    # kernels sustain far less (fp32 attention's one-pass kernel, 32 heads × 4096² × d 128: 0.86 TF/s,
+    # 0.015; bench/probe_fp32_attention.py), which one constant does not model: the plain GEMM's lower
+    # end, rounded down. (At 0.65 CLIP's loss chose a forward fusing more IEEE products into one
+    # kernel and ran 19.8 ms against 12.9 at 0.5, H100, session 65.)
+    fma_dot_efficiency: float = 0.5
     sgemm_efficiency: float = 0.87
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536
