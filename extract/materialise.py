@@ -67,8 +67,8 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                 for factors, conds, other, row, is_left in (
                         (list(sides.left), sides.left_conds, sides.right, sides.m, True),
                         (list(sides.right), sides.right_conds, sides.left, sides.n, False)):
-                    dtype = _operand_dtype(other, program) or _pair_dtype(
-                        [*sides.left, *sides.right], ps.axis, program)
+                    dtype = _operand_dtype(other, program) or _elementwise_dtype(
+                        [*sides.left, *sides.right], program, ps.axis)
                     loaded = len(factors) == 1 and not conds and plain_input(factors[0], program.inputs)
                     if loaded or dtype is None:
                         operands += factors
@@ -176,28 +176,21 @@ def _inline_readers(kernels: list[KernelPlan], inline: dict[str, ir.Node]) -> li
     return out
 
 
-def _elementwise_dtype(factors, program: ir.Program) -> str | None:
-    """The one 16-bit dtype of every floating input the factors load, where they read no reduction:
-    the dtype lower/contract.py rounds two such computed operands to before the tensor cores."""
-    if any(isinstance(n, ir.StateRef | ir.Reduce) or (isinstance(n, ir.Load) and n.tensor not in program.inputs)
-           for f in factors for n in ir.walk(f)):
-        return None
-    dtypes = set().union(*(held_dtypes(f, lambda t: program.inputs[t].dtype) for f in factors))
-    return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
+def _elementwise_dtype(factors, program: ir.Program, k: str | None = None) -> str | None:
+    """The one 16-bit dtype of every floating input the factors load: the dtype lower/contract.py
+    (`data_dtype`) rounds two such computed operands to before the tensor cores. They may read no
+    reduction, or, given the contraction axis k, final statistics free of k (row factors: F.normalize(q)'s
+    norm). A buffer of that dtype then holds what the dot would have read: both sides written once turn
+    F.normalize(q) @ F.normalize(keys)ᵀ into a GEMM of two fp16 tensors, as torch runs it (0.55 ms
+    against torch.compile's 0.28 on the H100 as one generated kernel dividing by the norms, session 65)."""
+    def row_factor(n: ir.Node) -> bool:
+        return k is not None and n.kind is ir.RefKind.FINAL and not n.running and k not in n.axes
 
-
-def _pair_dtype(factors, k: str, program: ir.Program) -> str | None:
-    """The 16-bit dtype lower/contract.py (`data_dtype`) rounds two computed operands to: that of every
-    input the factors load, where the reductions they read are final statistics free of k (row factors,
-    F.normalize(q)'s norm) and they read no other. A buffer of that dtype then holds what the dot would
-    have read: both sides written once turn F.normalize(q) @ F.normalize(keys)ᵀ into the vendor's GEMM
-    of two fp16 tensors, as torch runs it (0.55 ms against torch.compile's 0.28 on the H100 as one
-    generated kernel dividing by the norms, session 65)."""
     for f in factors:
         for n in ir.walk(f):
             if isinstance(n, ir.Reduce) or (isinstance(n, ir.Load) and n.tensor not in program.inputs):
                 return None
-            if isinstance(n, ir.StateRef) and (n.kind is not ir.RefKind.FINAL or n.running or k in n.axes):
+            if isinstance(n, ir.StateRef) and not row_factor(n):
                 return None
     dtypes = set().union(*(held_dtypes(f, lambda t: program.inputs[t].dtype) for f in factors))
     return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
