@@ -16,8 +16,8 @@
 #                                    # GEMM's training rows again (the weight gradient's copy removed)
 #     bash bench/pending_gpu.sh g    # session 64: cosine retrieval after its fp16 operands reach the tensor
 #                                    # cores (213.6 ms before), then sweep 5's rows the session had no time for
-#     bash bench/pending_gpu.sh h    # session 65: float32 products (CLIP's loss, cosine retrieval with both operands
-#                                    # written once for the fp16 GEMM) and fp32 attention's two plans side by side
+#     bash bench/pending_gpu.sh h    # session 65/66: fp32 attention's fused kernel by schedule (tiles, warps, IEEE
+#                                    # or TF32x3 products), then CLIP's loss and cosine retrieval at efficiency 0.5
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -78,9 +78,8 @@ case "${1:-}" in
       entropy frobenius std_standardise sdpa --out "$OUT/sweep5_rest/rows.json"
     ;;
   h)
-    step library_cuda 120 python3 bench/check_library_cuda.py
-    step fp32_rows 300 python3 bench/sweep_fifth.py --only cosine clip --out "$OUT/fp32_rows/rows.json"
-    step fp32_attention 200 python3 bench/probe_fp32_attention.py
+    step fp32_fused 280 python3 bench/probe_fp32_fused.py --out "$OUT/fp32_fused/rows.json"
+    step fp32_rows 280 python3 bench/sweep_fifth.py --only cosine clip --out "$OUT/fp32_rows/rows.json"
     ;;
   *)
     echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h" >&2
