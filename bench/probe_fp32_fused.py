@@ -81,7 +81,11 @@ def main():
             record(f"fused {spec}", lambda la=launcher: la(xs)["o"], extra)
         except Exception as e:  # a variant that does not compile is recorded, not fatal
             print(f"fused {spec} failed: {repr(e)[:200]}", flush=True)
-    record(f"chosen: {prog.alternative.structure[:60]}", lambda: prog.run(xs)["o"])
+    one = min((x for x in prog.alternatives if len(x.plan.kernels) == 1), key=lambda x: x.cost.time)
+    for alt in [*prog.alternatives[:3], *([one] if one.id >= 3 else [])]:
+        pinned = prog.pin(alt.id)
+        record(f"alternative {alt.id}: {alt.structure[:50]} [{alt.kind[:70]}]", lambda p=pinned: p.run(xs)["o"],
+               {"predicted_ms": alt.cost.time * 1e3})
     record("SDPA", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale))
     record("eager", lambda: torch.softmax(q @ k.transpose(-1, -2) * scale, -1) @ v)
     if a.out:

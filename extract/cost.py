@@ -53,6 +53,7 @@ class _Counter:
         self.sectors: dict[str, float] = {}  # tensor → bytes moved per byte used (strided reads)
         self.alu = self.sfu = self.tc = 0.0
         self.ieee = 0.0  # products of float32 IEEE dots, on the FMA pipe (DeviceSpec.fma_dot_efficiency)
+        self.tf32 = 0.0  # tensor-core FLOPs of float32 dots in TF32 (DeviceSpec.tf32_dot_efficiency)
 
     def dot_products(self, body: ir.Node, axis: str, products: float) -> None:
         """Count a tile contraction's products where the lowering runs them (_dot_precision)."""
@@ -60,8 +61,10 @@ class _Counter:
         precision = _dot_precision(body, axis, axes, self.program, self.plan, self.sched)
         if precision == "ieee":
             self.ieee += products
+        elif precision == "16-bit":
+            self.tc += 2.0 * products
         else:  # the tensor cores, at half the 16-bit rate in tf32 (three tf32 products in tf32x3)
-            self.tc += 2.0 * products * {"16-bit": 1.0, "tf32": 2.0, "tf32x3": 6.0}[precision]
+            self.tf32 += 2.0 * products * {"tf32": 2.0, "tf32x3": 6.0}[precision]
 
     def sector_waste(self, n: ir.Load, loop: str | None, dt: str) -> float:
         """Bytes moved per byte used by load `n`: a tile whose rows are a short run of the tensor's
@@ -292,6 +295,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
         out_bytes[st.target] = footprint(program, plan, st.target, st.axes, k)
     stored = sum(out_bytes.values())
     requested = c.bytes_loaded * programs
+    c.tc += c.tf32 / dev.tf32_dot_efficiency
     occ, spill = on_chip(k, sched, program, plan, bool(c.tc))
     slots = dev.sms * occ
     again = None if memo is None else memo.get(("reread", k.name))

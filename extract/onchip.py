@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 
 from neptune_eq import ir
-from neptune_eq.contraction import is_product
+from neptune_eq.contraction import is_product, opened
+from neptune_eq.lower.contract import float32_product
 from neptune_eq.plan import Combine, KernelPlan, Plan
-from neptune_eq.schedule import KernelSchedule, inner_axes
+from neptune_eq.schedule import FMA_FRESH, FMA_HELD, FMA_K, KernelSchedule, inner_axes, kernel_exprs
 from neptune_eq.space import gemm_axes
 
 REGISTERS_PER_SM = 65536
@@ -120,6 +121,37 @@ def registers(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: P
     return BASE_REGISTERS + tile_elements(k, sched, program, plan) / threads
 
 
+# the spill factor of a schedule whose float32 IEEE products break schedule.FMA_* (ptxas's bounds)
+FMA_SPILL = 4.0
+
+
+def fma_dots_fit(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> bool:
+    """Do the kernel's float32 IEEE products keep within the bounds above (True where it has none)?"""
+    if sched.input_precision != "ieee":
+        return True
+    threads = 32 * sched.num_warps
+    tiles = sched.tiles
+    axes = {*k.grid, *(p.axis for p in k.passes()), *inner_axes(k, plan)}
+    blocked = {a for a in axes if tiles.get(a, 1) > 1}
+    fresh = held = 0.0
+    for ps in k.passes():
+        for c in ps.comps:
+            if c.op == "sum" and is_product(c.core) and len((c.core.axes | {ps.axis}) & blocked) == 3 \
+                    and float32_product(c.core, ps.axis, axes, plan, program):
+                held += math.prod(tiles.get(a, 1) for a in c.free if a in blocked) / threads
+                computed = any(not isinstance(f, ir.Load | ir.Const) for f in opened(c.core).factors)
+                if computed and tiles.get(ps.axis, 1) > FMA_K:
+                    return False
+    used = {n.name for e in kernel_exprs(k, plan) for n in e.refs if n.kind is ir.RefKind.INLINE}
+    for name in used:
+        t = plan.inline.get(name)
+        if isinstance(t, ir.Reduce) and t.op == "sum" and is_product(t.body) \
+                and len((t.body.axes | {t.axis}) & (blocked | {t.axis})) >= 3 \
+                and float32_product(t.body, t.axis, axes, plan, program):
+            fresh = max(fresh, math.prod(tiles.get(a, 1) for a in t.axes if a in blocked) / threads)
+    return fresh <= FMA_FRESH and fresh + held <= FMA_HELD
+
+
 def on_chip(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan,
             uses_tensor_cores: bool) -> tuple[int, float]:
     """(programs resident per SM, spill factor): registers bound the programs an SM holds, dot
@@ -129,7 +161,7 @@ def on_chip(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Pla
     threads = 32 * sched.num_warps
     regs = registers(k, sched, program, plan)
     limit = thread_registers(sched.num_warps)
-    spill = max(1.0, regs / limit)
+    spill = max(1.0, regs / limit, 1.0 if fma_dots_fit(k, sched, program, plan) else FMA_SPILL)
     smem = 0.0
     if uses_tensor_cores:
         g = gemm_axes(k, program)

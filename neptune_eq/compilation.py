@@ -25,7 +25,8 @@ from .terms import Encoder, Term
 
 @dataclass(frozen=True)
 class Options:
-    """What a compile may do. Nothing here changes what is computed, only how it is searched and run."""
+    """What a compile may do. Nothing here changes what is computed, only how it is searched and run (and,
+    for float32_products, how float32 tiles are rounded on their way into a product)."""
 
     device: DeviceSpec | None = None  # None: the current GPU, else the H100 spec
     budget: Budget = field(default_factory=Budget)
@@ -39,6 +40,10 @@ class Options:
     # also offer a kernel that is a plain matrix product as the vendor's GEMM (cuBLAS through torch.matmul,
     # lower/library.py) beside the generated tiles; False: every kernel is generated Triton
     library_gemm: bool = True
+    # the precisions a generated kernel may multiply float32 tiles at, ranked by the cost model: "ieee"
+    # (the FMA pipe, exact float32 products), "tf32x3" (three TF32 tensor-core products, about float32's
+    # accuracy: how SDPA multiplies float32), "tf32" (10-bit mantissas: opt in). ("ieee",): IEEE only
+    float32_products: tuple[str, ...] = ("ieee", "tf32x3")
     rules: tuple[Rule, ...] = ()  # extra (user) algebra rules, already checked for soundness
     strict_rules: bool = False  # reject user rules that only refine (docs/RULES.md) instead of warning
     progress: Progress | bool = None
@@ -63,6 +68,11 @@ class Options:
         if not isinstance(self.split_factors, tuple | list) or not all(
                 isinstance(f, int) and not isinstance(f, bool) and f >= 2 for f in self.split_factors):
             raise NeptuneError(f"split_factors must be a tuple of ints >= 2, got {self.split_factors!r}")
+        if (not isinstance(self.float32_products, tuple | list) or not self.float32_products
+                or not set(self.float32_products) <= {"ieee", "tf32", "tf32x3"}):
+            raise NeptuneError(f"float32_products must be a non-empty tuple of 'ieee', 'tf32', 'tf32x3', got "
+                               f"{self.float32_products!r}")
+        object.__setattr__(self, "float32_products", tuple(dict.fromkeys(self.float32_products)))
         if self.scratch_limit is not None and (isinstance(self.scratch_limit, bool) or not isinstance(
                 self.scratch_limit, int) or self.scratch_limit < 1):
             raise NeptuneError(f"scratch_limit must be None or an int >= 1 (bytes), got {self.scratch_limit!r}")

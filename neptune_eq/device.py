@@ -57,6 +57,10 @@ class DeviceSpec:
     # kernel and ran 19.8 ms against 12.9 at 0.5, H100, session 65.)
     fma_dot_efficiency: float = 0.5
     sgemm_efficiency: float = 0.87
+    # the fraction of the TF32 tensor-core rate (tensor_flops / 2) Triton's tl.dot reaches on float32
+    # operands in TF32 (TF32×3 makes three such products): 83.2 TF/s in a plain 4096³ GEMM of 128×128×32
+    # tiles against 395 (H100, bench/probe_fp32_dot.py, 2026-12-06; cuBLAS's TF32 GEMM 383)
+    tf32_dot_efficiency: float = 0.21
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536
 

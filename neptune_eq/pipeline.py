@@ -267,7 +267,8 @@ def _plans(c: Compilation) -> None:
             return priced(k, v.schedule).time
 
         for kind, schedules in plan_variants(plan, c.program, plan_schedules(plan, c.program), cheapest,
-                                             price=price, library=c.options.library_gemm):
+                                             price=price, library=c.options.library_gemm,
+                                             precisions=c.options.float32_products):
             cost = Cost([priced(k, s) for k, s in zip(plan.kernels, schedules)])
             alts.append(Alternative(0, plan, cost, schedules, kind))
     alts.sort(key=lambda a: a.cost.rank)

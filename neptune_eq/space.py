@@ -30,9 +30,21 @@ from dataclasses import dataclass, replace
 
 from . import ir
 from .block_bounds import next_pow2
+from .lower.contract import float32_products
 from .lower.library import library_gemm
 from .plan import Combine, KernelPlan, Plan
-from .schedule import SHARED_BUDGET, KernelSchedule, inner_axes, loop_loads, shared_bytes, sums_whole
+from .schedule import (
+    FMA_FRESH,
+    FMA_K,
+    SHARED_BUDGET,
+    KernelSchedule,
+    inner_axes,
+    kernel_exprs,
+    loop_loads,
+    row_axes,
+    shared_bytes,
+    sums_whole,
+)
 
 # the most elements of one loop tile a program keeps on chip: 64K 16-bit values are half the
 # registers of an SM (32 warps); whether a row of a given kernel fits is the cost model's
@@ -119,10 +131,13 @@ def _warps(elements: int) -> int:
     return w
 
 
-def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule) -> list[Variant]:
+def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: KernelSchedule,
+                    precisions: tuple[str, ...] = ("ieee",)) -> list[Variant]:
     """The schedules kernel `k` may run with, the default (`base`, with long inline contractions as
     K-loops) first; a schedule whose tiles overflow shared memory runs with fewer pipeline stages,
-    or is not offered if even two do not fit (the default is always kept)."""
+    or is not offered if even two do not fit (the default is always kept). A kernel multiplying
+    float32 values in tiles gets each of its schedules at every float32 product precision of
+    `precisions` (Options.float32_products)."""
     out = []
     for n, v in enumerate(_kernel_variants(k, plan, program, base)):
         s = v.schedule
@@ -143,7 +158,59 @@ def kernel_variants(k: KernelPlan, plan: Plan, program: ir.Program, base: Kernel
 
     if kernel_data_bounds(k, plan, program)[1]:
         out += [Variant(f"{v.kind}, every tile", replace(v.schedule, data_bounds=False)) for v in out]
-    return out
+    return _with_precisions(k, plan, program, out, precisions)
+
+
+PRECISION_LABELS = {"ieee": "IEEE", "tf32": "TF32", "tf32x3": "TF32×3"}
+
+
+def _with_precisions(k: KernelPlan, plan: Plan, program: ir.Program, out: list[Variant],
+                     precisions: tuple[str, ...]) -> list[Variant]:
+    """`out` at each float32 product precision of `precisions` where `k` multiplies float32 tiles
+    (lower/contract.float32_products): IEEE on the FMA pipe (the schedules' default, torch's float32
+    matmul precision), TF32×3 on the tensor cores (each operand split into a TF32 value and its
+    TF32 remainder, three products: about float32's accuracy, how SDPA's float32 kernel multiplies),
+    TF32 (10 bits of mantissa: only where the user allows it). The cost model ranks them."""
+    axes = {*k.grid, *(p.axis for p in k.passes()), *inner_axes(k, plan)}
+    if precisions == ("ieee",) or not float32_products(_products(k, plan), axes, plan, program):
+        return out
+    fixed = [v for v in out if v.schedule.library]  # (the vendor's GEMM follows torch's own setting)
+    gen = [v for v in out if not v.schedule.library]
+    ieee = gen + _fma_tiles(k, plan, program, gen)
+    return [Variant(v.kind if p == "ieee" else f"{v.kind}, {PRECISION_LABELS[p]} products",
+                    replace(v.schedule, input_precision=p)) for p in precisions
+            for v in (ieee if p == "ieee" else gen)] + fixed
+
+
+def _fma_tiles(k: KernelPlan, plan: Plan, program: ir.Program, out: list[Variant]) -> list[Variant]:
+    """Streamed schedules whose float32 IEEE products fit the registers ptxas gives them
+    (schedule.FMA_*): loop tiles of FMA_K or half, as many rows as leave FMA_FRESH scores a thread.
+    (fp32 attention's 128 × 64 tiles in 8 warps spilled 7 KB a thread and ran 300 ms against SDPA's 6.)"""
+    rows = [a for a in row_axes(k, program, plan) if out and out[0].schedule.tiles.get(a, 1) > 1
+            and a not in out[0].schedule.steps][:1]
+    loops = [p.axis for p in k.passes()]
+    if not rows or not loops or not inner_axes(k, plan):
+        return []
+    fitted = []
+    for v in out:
+        if not v.kind.startswith("streamed"):
+            continue
+        t = v.schedule.tiles
+        for lt, warps in ((FMA_K, 4), (FMA_K, 8), (FMA_K // 2, 4), (FMA_K // 2, 8)):
+            # (smaller tiles only: the block caps of the default hold)
+            r = min(FMA_FRESH * 32 * warps // lt, t[rows[0]])
+            s = replace(v.schedule.with_tiles(**{rows[0]: r}, **{a: min(lt, t.get(a, lt)) for a in loops}),
+                        num_warps=warps, num_stages=2)
+            if s.key() not in {f.schedule.key() for f in fitted} and s.key() != v.schedule.key():
+                fitted.append(Variant(f"{v.kind}, FMA tiles {r}×{min(lt, t.get(loops[0], lt))}", s))
+    return fitted
+
+
+def _products(k: KernelPlan, plan: Plan) -> list[ir.Node]:
+    """Every expression of `k`, a pass's sums as reductions over its axis (so that a pass's own
+    contraction, attention's P·V, is seen as one)."""
+    sums = [ir.Reduce("sum", p.axis, c.core) for p in k.passes() for c in p.comps if c.op == "sum"]
+    return kernel_exprs(k, plan) + sums
 
 
 def _epilogue_fit(base: KernelSchedule, extra: list[str], gemm_block: int) -> dict[str, int]:
@@ -343,21 +410,23 @@ def _kloop_label(k: KernelPlan, plan: Plan, program: ir.Program, s: KernelSchedu
 
 
 def plan_variants(plan: Plan, program: ir.Program, bases: list[KernelSchedule], pick,
-                  limit: int = 8, price=None, library: bool = True) -> list[tuple[str, list[KernelSchedule]]]:
+                  limit: int = 8, price=None, library: bool = True,
+                  precisions: tuple[str, ...] = ("ieee",)) -> list[tuple[str, list[KernelSchedule]]]:
     """(label, schedules) per way to run `plan`: per kernel the best schedule of each kind by
     `pick(kernel, variants)` (the cheapest), kinds combined across kernels (the default first, at
     most `limit`). With `price(kernel, variant)` (seconds), the combinations after the default are
     the cheapest one and those that change one kernel of it, cheapest first: a kernel's time does not
     depend on the others' schedules, so the product's first few (which vary the last kernels only)
     could miss the best kind of the first. A split-K combine kernel follows the tiles of the partial
-    kernel before it. `library`: False leaves out the vendor's GEMM (every kernel generated)."""
+    kernel before it. `library`: False leaves out the vendor's GEMM (every kernel generated);
+    `precisions`: the float32 product precisions a generated kernel may use (Options.float32_products)."""
     options: list[list[Variant]] = []
     for k, base in zip(plan.kernels, bases):
         if any(isinstance(ph, Combine) for ph in k.phases):
             options.append([Variant("combine", base)])
             continue
         kinds: dict[str, list[Variant]] = {}
-        for v in kernel_variants(k, plan, program, base):
+        for v in kernel_variants(k, plan, program, base, precisions):
             if v.schedule.library and not library:
                 continue
             kinds.setdefault(v.kind.split(" ", 1)[0], []).append(v)

@@ -19,22 +19,33 @@ def _softmax_of_product(x, w):
     return torch.softmax(x @ w, dim=-1)
 
 
-def _kernels(dtype):
-    """(kernel, its cost, whether its schedule is the library GEMM) of every alternative."""
+def _kernels(dtype, **options):
+    """(kernel, its cost, its schedule) of every alternative."""
     x, w = torch.empty(2048, 1024, dtype=dtype), torch.empty(1024, 4096, dtype=dtype)
     program = capture(_softmax_of_product, x, w).program
-    return [(k, c, s.library) for a in compile_program(program, Options(device=H100)).alternatives
+    return [(k, c, s) for a in compile_program(program, Options(device=H100, **options)).alternatives
             for k, c, s in zip(a.plan.kernels, a.cost.kernels, a.schedules)]
 
 
 def test_a_float32_dot_is_priced_on_the_fma_pipe_and_a_bf16_one_on_the_tensor_cores():
     products = 2048 * 1024 * 4096
     f32 = _kernels(torch.float32)
-    assert any(c.alu_ops >= products for _, c, lib in f32 if not lib)
-    assert all(c.tensor_flops == 0 for _, c, lib in f32 if not lib)
-    assert any(c.tensor_flops == 2 * products for _, c, lib in f32 if lib)  # (an SGEMM's, at its own rate)
+    ieee = [c for _, c, s in f32 if not s.library and s.input_precision == "ieee"]
+    assert any(c.alu_ops >= products for c in ieee)
+    assert all(c.tensor_flops == 0 for c in ieee)
+    assert any(c.tensor_flops == 2 * products for _, c, s in f32 if s.library)  # (an SGEMM's, at its own rate)
+    # TF32×3: three TF32 products (each at half the 16-bit rate) at Triton's measured fraction of it
+    tf32x3 = [c for _, c, s in f32 if s.input_precision == "tf32x3"]
+    assert tf32x3 and all(c.alu_ops < products for c in tf32x3)
+    assert any(abs(c.tensor_flops - 12 * products / H100.tf32_dot_efficiency) < 1e3 for c in tf32x3)
     bf16 = _kernels(torch.bfloat16)
-    assert any(c.tensor_flops >= 2 * products for _, c, lib in bf16 if not lib)
+    assert any(c.tensor_flops >= 2 * products for _, c, s in bf16 if not s.library)
+    assert all(s.input_precision == "ieee" for _, _, s in bf16)  # (no float32 tiles: no precision variants)
+
+
+def test_float32_products_ieee_alone_offers_no_tf32():
+    f32 = _kernels(torch.float32, float32_products=("ieee",))
+    assert f32 and all(s.input_precision == "ieee" for _, _, s in f32)
 
 
 def test_the_predicted_time_of_a_float32_product_is_the_fma_pipes():

@@ -390,6 +390,31 @@ def tensor_core_dot(left: list[ir.Node], right: list[ir.Node], k: str, plan, pro
     return data_dtype([*left, *right], k, plan, program) is not None
 
 
+def float32_product(body: ir.Node, k: str, axes, plan, program: ir.Program) -> bool:
+    """Is Σ_k `body` (a product over `k` and two of the kernel's `axes`, a tile contraction) multiplied
+    in float32, off the 16-bit tensor cores (tensor_core_dot)? Its precision is then the schedule's
+    (KernelSchedule.input_precision). Float64 programs multiply in float64."""
+    from ..contraction import gemm_sides
+    from ..numeric import compute_dtype
+
+    if compute_dtype(program) == "float64":
+        return False
+    sides = gemm_sides(body, k, axes, program.axes, conditions=True)
+    if sides is None:
+        return False  # (no tile GEMM: a product over three tiled axes of one factor runs on the ALUs)
+    return not tensor_core_dot(list(sides.left), list(sides.right), k, plan, program)
+
+
+def float32_products(exprs: list[ir.Node], axes, plan, program: ir.Program) -> bool:
+    """Does any tile contraction among `exprs` (a sum of a product over `axes`) multiply in float32?"""
+    from ..contraction import is_product
+
+    return any(isinstance(n, ir.Reduce) and n.op == "sum" and is_product(n.body)
+               and len([a for a in n.body.axes if a in axes or a == n.axis]) >= 3  # (not a row dot)
+               and float32_product(n.body, n.axis, axes, plan, program)
+               for e in exprs for n in ir.walk(e))
+
+
 def data_operand(factors: list[ir.Node]) -> bool:
     """Every factor is loaded or constant (an operand that holds data, not values computed in registers)."""
     return all(isinstance(f, ir.Load | ir.Const) for f in factors)
