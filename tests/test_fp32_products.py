@@ -74,3 +74,69 @@ def test_float32_logits_read_by_two_log_sum_exps_are_written_once():
     assert any(not a.plan.inline for a in alts)
     # and priced at the FMA pipe, computing the float32 logits twice loses to writing them once
     assert not alts[0].plan.inline, alts[0].structure
+
+
+def _fp32_prefill():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "decode_attention.py"
+    spec = importlib.util.spec_from_file_location("decode_attention", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.prefill  # 32 heads × 4096², d 128, float32
+
+
+def test_ieee_tiles_past_ptxas_bounds_are_priced_as_spilling():
+    """fp32 attention's one-pass kernel at 128 × 64 tiles in 8 warps spilled 7 KB a thread (ptxas, triton
+    3.6, sm_90) and ran 300 ms against SDPA's 6: priced at 7.7 then. Schedules past the FMA bounds are
+    priced as spilling; tiles within them are offered and win among IEEE schedules."""
+    from dataclasses import replace
+
+    from neptune_eq.extract.onchip import fma_dots_fit
+
+    from neptune_eq.runtime import compile_ir
+
+    program = _fp32_prefill()
+    alts = compile_ir(program).alternatives
+    one = [a for a in alts if len(a.plan.kernels) == 1]
+    a = next(a for a in one if a.structure.startswith("1 kernel, rolling over j (max_j, sum_j, sum_j2)"))
+    k, base = a.plan.kernels[0], a.schedules[0]
+
+    def sched(i, j, warps, precision="ieee"):
+        return replace(base, tiles={**base.tiles, "i": i, "j": j}, num_warps=warps, input_precision=precision)
+
+    assert not fma_dots_fit(k, sched(128, 64, 8), program, a.plan)  # (ptxas: 7136 bytes of stack)
+    assert not fma_dots_fit(k, sched(64, 32, 4), program, a.plan)  # (2080)
+    assert not fma_dots_fit(k, sched(16, 64, 4), program, a.plan)  # (344: a computed operand over 64 keys)
+    assert fma_dots_fit(k, sched(64, 32, 8), program, a.plan)  # (106 registers)
+    assert fma_dots_fit(k, sched(128, 16, 8), program, a.plan)  # (170 registers)
+    assert fma_dots_fit(k, sched(128, 64, 8, "tf32x3"), program, a.plan)  # (tensor cores: not these bounds)
+    ieee = [a for a in one if all(s.input_precision == "ieee" for s in a.schedules)]
+    assert ieee and all(fma_dots_fit(k, s, program, a.plan) for a in ieee[:3]
+                        for k, s in zip(a.plan.kernels, a.schedules))
+    kinds = " ".join(a.kind for a in alts)
+    assert "FMA tiles" in kinds and "TF32×3 products" in kinds
+
+
+def test_tf32x3_attention_matches_float64():
+    """A TF32×3 schedule is lowered with its precision and computes attention (checked on fresh inputs)."""
+    import math
+
+    from neptune_eq import dsl as ne
+    from neptune_eq.library import attention
+    from neptune_eq.runtime import compile_ir
+
+    P = ne.program("fp32_attention")
+    b, h, i, j, d, e = P.axes(b=1, h=2, i=48, j=80, d=32, e=32)
+    q, k, v = P.input("q", b, h, i, d), P.input("k", b, h, j, d), P.input("v", b, h, j, e)
+    P.output("o", attention(q, k, v, key_axis=j, dim_axis=d, scale=1 / math.sqrt(32)), (b, h, i, e))
+    prog = compile_ir(P.build())
+    alt = next(a for a in prog.alternatives if any(s.input_precision == "tf32x3" for s in a.schedules))
+    pinned = prog.pin(alt.id)
+    assert 'input_precision="tf32x3"' in pinned.source
+    g = torch.Generator().manual_seed(7)
+    xs = {n: torch.randn(1, 2, 48 if n == "q" else 80, 32, generator=g) for n in "qkv"}
+    ref = torch.softmax(xs["q"].double() @ xs["k"].double().transpose(-1, -2) / math.sqrt(32), -1) @ xs["v"].double()
+    out = pinned.run(xs)["o"].double()
+    assert float((out - ref).norm() / ref.norm()) < 1e-5
