@@ -171,18 +171,23 @@ def _with_precisions(k: KernelPlan, plan: Plan, program: ir.Program, out: list[V
     matmul precision), TF32×3 on the tensor cores (each operand split into a TF32 value and its
     TF32 remainder, three products: about float32's accuracy, how SDPA's float32 kernel multiplies),
     TF32 (10 bits of mantissa: only where the user allows it). The cost model ranks them."""
-    axes = {*k.grid, *(p.axis for p in k.passes()), *inner_axes(k, plan)}
-    if precisions == ("ieee",) or not float32_products(_products(k, plan), axes, plan, program):
+    if not ieee_tiled(k, plan, program):
         return out
     fixed = [v for v in out if v.schedule.library]  # (the vendor's GEMM follows torch's own setting)
     gen = [v for v in out if not v.schedule.library]
-    ieee = gen + _fma_tiles(k, plan, program, gen)
+    ieee = gen + fma_tiles(k, plan, program, gen)
     return [Variant(v.kind if p == "ieee" else f"{v.kind}, {PRECISION_LABELS[p]} products",
                     replace(v.schedule, input_precision=p)) for p in precisions
             for v in (ieee if p == "ieee" else gen)] + fixed
 
 
-def _fma_tiles(k: KernelPlan, plan: Plan, program: ir.Program, out: list[Variant]) -> list[Variant]:
+def ieee_tiled(k: KernelPlan, plan: Plan, program: ir.Program) -> bool:
+    """Does `k` multiply float32 tiles (not on the 16-bit tensor cores)?"""
+    axes = {*k.grid, *(p.axis for p in k.passes()), *inner_axes(k, plan)}
+    return float32_products(_products(k, plan), axes, plan, program)
+
+
+def fma_tiles(k: KernelPlan, plan: Plan, program: ir.Program, out: list[Variant]) -> list[Variant]:
     """Streamed schedules whose float32 IEEE products fit the registers ptxas gives them
     (schedule.FMA_*): loop tiles of FMA_K or half, as many rows as leave FMA_FRESH scores a thread.
     (fp32 attention's 128 × 64 tiles in 8 warps spilled 7 KB a thread and ran 300 ms against SDPA's 6.)"""

@@ -23,7 +23,7 @@ from .block_bounds import next_pow2
 from .cachedir import cache_dir as cache_dir_at
 from .cachedir import default_cache_dir
 from .schedule import KernelSchedule, inner_axes, kernel_exprs, loop_loads, row_axes
-from .space import GEMM_TILES, RESIDENT_MAX, gemm_axes, gemm_tiles
+from .space import GEMM_TILES, RESIDENT_MAX, Variant, fma_tiles, gemm_axes, gemm_tiles, ieee_tiled
 
 
 @dataclass
@@ -72,6 +72,12 @@ def _gemm_candidates(k, program: ir.Program, base: KernelSchedule) -> list[Kerne
 
 
 def _streamed_candidates(k, program: ir.Program, plan, base: KernelSchedule, limit: int) -> list[KernelSchedule]:
+    if base.input_precision == "ieee" and ieee_tiled(k, plan, program):
+        # float32 IEEE products: the larger tiles below spill under ptxas (schedule.FMA_*); those within
+        # its bounds, in two and three stages
+        fitted = [v.schedule for v in fma_tiles(k, plan, program, [Variant("streamed", base)])]
+        out = [base] + [replace(s, num_stages=st) for s in fitted for st in (2, 3)]
+        return list({s.key(): s for s in out}.values())
     # vary the query-like row tile only (not the value dimension, not a padded single/grouped row)
     loads = loop_loads(k, plan)
     rows = [a for a in row_axes(k, program, plan) if base.tiles.get(a, 1) > 1 and a not in base.steps

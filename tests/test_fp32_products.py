@@ -140,3 +140,19 @@ def test_tf32x3_attention_matches_float64():
     ref = torch.softmax(xs["q"].double() @ xs["k"].double().transpose(-1, -2) / math.sqrt(32), -1) @ xs["v"].double()
     out = pinned.run(xs)["o"].double()
     assert float((out - ref).norm() / ref.norm()) < 1e-5
+
+
+def test_tuning_an_ieee_kernel_tries_tiles_within_ptxas_bounds():
+    """The tuner's streamed candidates (128 × 64 rows × keys and up) all spill with IEEE products: it
+    tries the FMA-sized tiles instead."""
+    from neptune_eq.extract.onchip import fma_dots_fit
+    from neptune_eq.runtime import compile_ir
+    from neptune_eq.tune import _candidates
+
+    program = _fp32_prefill()
+    alts = compile_ir(program).alternatives
+    a = next(a for a in alts if len(a.plan.kernels) == 1 and a.schedules[0].input_precision == "ieee")
+    k, base = a.plan.kernels[0], a.schedules[0]
+    cands = _candidates(k, program, a.plan, base)
+    assert len(cands) > 4 and all(fma_dots_fit(k, c, program, a.plan) for c in cands)
+    assert {c.num_stages for c in cands} >= {2, 3}
