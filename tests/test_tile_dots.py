@@ -168,13 +168,16 @@ def test_normalised_fp16_operands_divided_by_final_norms_reach_the_tensor_cores(
     big = (torch.randn(512, 256).half(), torch.randn(2048, 256).half())
     prog = neptune_eq.compile(_cosine_retrieval, *big).program
     assert not any("ieee" in d for d in _dots(prog.source)), prog.alternative.structure
-    seen = set()
-    for i, alt in enumerate(prog.alternatives[:30]):
+    # (a float32 dot at either precision it may take: IEEE, or TF32×3 on the tensor cores)
+    seen: dict[bool, int] = {}
+    for i, alt in enumerate(prog.alternatives):
         running = any(c.affine for k in alt.plan.kernels for p in k.passes() for c in p.comps)
+        if seen.get(running, 0) >= 12:
+            continue
         dots = _dots(prog.pin(i).source)
-        assert dots and all(("ieee" in d) == running for d in dots), (alt.structure, dots)
-        seen.add(running)
-    assert seen == {True, False}, seen
+        assert dots and all(("input_precision" in d) == running for d in dots), (alt.structure, dots)
+        seen[running] = seen.get(running, 0) + 1
+    assert set(seen) == {True, False}, seen
     g = torch.Generator().manual_seed(0)
     q, keys = torch.randn(37, 45, generator=g).half(), torch.randn(70, 45, generator=g).half()
     got = neptune_eq.compile(_cosine_retrieval, q, keys)(q, keys)
