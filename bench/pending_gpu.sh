@@ -78,8 +78,8 @@ case "${1:-}" in
       entropy frobenius std_standardise sdpa --out "$OUT/sweep5_rest/rows.json"
     ;;
   h)
-    step fp32_fused 280 python3 bench/probe_fp32_fused.py --out "$OUT/fp32_fused/rows.json"
-    step fp32_rows 280 python3 bench/sweep_fifth.py --only cosine clip --out "$OUT/fp32_rows/rows.json"
+    step fp32_fused 250 python3 bench/probe_fp32_fused.py --out "$OUT/fp32_fused/rows.json"
+    step fp32_rows 200 python3 bench/sweep_fifth.py --only clip cosine --out "$OUT/fp32_rows/rows.json"
     ;;
   *)
     echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h" >&2

@@ -18,7 +18,8 @@ import triton.testing
 
 
 @triton.jit
-def _mm(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+def _mm(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+        KMAJOR: tl.constexpr = False):
     pm, pn = tl.program_id(0), tl.program_id(1)
     rm = pm * BM + tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
@@ -26,7 +27,10 @@ def _mm(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, 
     acc = tl.zeros([BM, BN], tl.float32)
     for k in range(0, K, BK):
         x = tl.load(a + rm[:, None] * K + (k + rk)[None, :])
-        y = tl.load(b + (k + rk)[:, None] * N + rn[None, :])
+        if KMAJOR:  # b holds Bᵀ [N, K]: the K axis contiguous in both operands (as attention's Kᵀ)
+            y = tl.load(b + rn[None, :] * K + (k + rk)[:, None])
+        else:
+            y = tl.load(b + (k + rk)[:, None] * N + rn[None, :])
         acc = tl.dot(x, y, acc, input_precision=PREC)
     tl.store(c + rm[:, None] * N + rn[None, :], acc)
 
@@ -34,7 +38,9 @@ def _mm(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=4096)
-    n = ap.parse_args().n
+    ap.add_argument("--tf32", action="store_true", help="session 66: TF32 and TF32x3 with B K-major or N-major")
+    args = ap.parse_args()
+    n = args.n
     props = torch.cuda.get_device_properties(0)
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -51,6 +57,20 @@ def main():
         print(f"{label:34s} {ms:8.3f} ms  {flops / ms / 1e9:7.1f} TF/s  rel err {err:.1e}", flush=True)
 
     out = torch.empty(n, n, device="cuda")
+    if args.tf32:
+        bt = b.t().contiguous()
+        for bm, bn, bk, warps, stages in ((128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (128, 128, 64, 8, 3)):
+            for prec in ("tf32", "tf32x3"):
+                for kmajor in (False, True):
+                    cfg = dict(BM=bm, BN=bn, BK=bk, PREC=prec, KMAJOR=kmajor, num_warps=warps, num_stages=stages)
+                    label = f"tl.dot {prec} {bm}x{bn}x{bk} w{warps} s{stages} B {'K' if kmajor else 'N'}-major"
+                    try:
+                        timed(label, lambda g=(n // bm, n // bn), cfg=cfg, kmajor=kmajor:
+                              _mm[g](a, bt if kmajor else b, out, n, n, n, **cfg), out)
+                    except Exception as e:
+                        print(f"{label}: {type(e).__name__} {str(e)[:100]}", flush=True)
+        print(json.dumps({"n": n, "rows": rows}))
+        return
     torch.backends.cuda.matmul.allow_tf32 = False
     timed("torch.mm float32 (IEEE)", lambda: torch.mm(a, b, out=out), out)
     torch.backends.cuda.matmul.allow_tf32 = True
