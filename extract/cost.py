@@ -53,7 +53,8 @@ class _Counter:
         self.sectors: dict[str, float] = {}  # tensor → bytes moved per byte used (strided reads)
         self.alu = self.sfu = self.tc = 0.0
         self.ieee = 0.0  # products of float32 IEEE dots, on the FMA pipe (DeviceSpec.fma_dot_efficiency)
-        self.tf32 = 0.0  # tensor-core FLOPs of float32 dots in TF32 (DeviceSpec.tf32_dot_efficiency)
+        # tensor-core FLOPs of float32 dots in TF32 by (precision, B stored K-major) (DeviceSpec.tf32_efficiency)
+        self.tf32: dict[tuple[str, bool], float] = {}
 
     def dot_products(self, body: ir.Node, axis: str, products: float) -> None:
         """Count a tile contraction's products where the lowering runs them (_dot_precision)."""
@@ -64,7 +65,8 @@ class _Counter:
         elif precision == "16-bit":
             self.tc += 2.0 * products
         else:  # the tensor cores, at half the 16-bit rate in tf32 (three tf32 products in tf32x3)
-            self.tf32 += 2.0 * products * {"tf32": 2.0, "tf32x3": 6.0}[precision]
+            key = (precision, _k_major_b(body, axis, axes, self.program))
+            self.tf32[key] = self.tf32.get(key, 0.0) + 2.0 * products * {"tf32": 2.0, "tf32x3": 6.0}[precision]
 
     def sector_waste(self, n: ir.Load, loop: str | None, dt: str) -> float:
         """Bytes moved per byte used by load `n`: a tile whose rows are a short run of the tensor's
@@ -295,7 +297,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
         out_bytes[st.target] = footprint(program, plan, st.target, st.axes, k)
     stored = sum(out_bytes.values())
     requested = c.bytes_loaded * programs
-    c.tc += c.tf32 / dev.tf32_dot_efficiency
+    c.tc += sum(flops / dev.tf32_efficiency(*key) for key, flops in c.tf32.items())
     occ, spill = on_chip(k, sched, program, plan, bool(c.tc))
     slots = dev.sms * occ
     again = None if memo is None else memo.get(("reread", k.name))
@@ -438,6 +440,16 @@ def _dot_precision(core: ir.Node, k: str, grid, program: ir.Program, plan: Plan,
     if tensor_core_dot(left, right, k, plan, program):
         return "16-bit"
     return "ieee" if compute_dtype(program) == "float64" else sched.input_precision
+
+
+def _k_major_b(core: ir.Node, k: str, grid, program: ir.Program) -> bool:
+    """Is the B operand [k, n] of the tile contraction Σ_k core one input load with k its contiguous
+    axis (attention's Kᵀ; V[j, e] under P·V is not, nor is a computed operand)?"""
+    sides = gemm_sides(core, k, grid, program.axes, conditions=True)
+    if sides is None or len(sides.right) != 1 or not isinstance(sides.right[0], ir.Load):
+        return False
+    last = sides.right[0].index[-1] if sides.right[0].index else None
+    return isinstance(last, ir.Index) and last.axis == k
 
 
 def _has_state(e: ir.Node) -> bool:

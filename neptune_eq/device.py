@@ -58,11 +58,23 @@ class DeviceSpec:
     fma_dot_efficiency: float = 0.5
     sgemm_efficiency: float = 0.87
     # the fraction of the TF32 tensor-core rate (tensor_flops / 2) Triton's tl.dot reaches on float32
-    # operands in TF32 (TF32×3 makes three such products): 83.2 TF/s in a plain 4096³ GEMM of 128×128×32
-    # tiles against 395 (H100, bench/probe_fp32_dot.py, 2026-12-06; cuBLAS's TF32 GEMM 383)
-    tf32_dot_efficiency: float = 0.21
+    # operands in TF32, and in TF32×3 (three TF32 products, counted as such), with B stored K-major (its
+    # contraction axis contiguous, as attention's Kᵀ) and otherwise (B's rows along K, as attention's V,
+    # or computed). Micro-benchmarked on an H100 (bench/probe_fp32_dot.py --tf32, 4096³, 2026-12-06):
+    # TF32 291.6 / 83.7 TF/s K- / N-major at 128×128×32 (0.74 / 0.21 of 395); TF32×3 78.8-95.4 /
+    # 36.1-40.1 TF/s of products (0.60-0.72 / 0.27-0.30 for the three): the lower ends
+    tf32_dot_efficiency: float = 0.74
+    tf32_dot_efficiency_n_major: float = 0.21
+    tf32x3_dot_efficiency: float = 0.6
+    tf32x3_dot_efficiency_n_major: float = 0.27
     smem_per_sm: int = 228 * 1024
     regs_per_sm: int = 65536
+
+    def tf32_efficiency(self, precision: str, k_major: bool) -> float:
+        """The share of the TF32 rate a float32 tl.dot at `precision` ("tf32" / "tf32x3") reaches."""
+        if precision == "tf32":
+            return self.tf32_dot_efficiency if k_major else self.tf32_dot_efficiency_n_major
+        return self.tf32x3_dot_efficiency if k_major else self.tf32x3_dot_efficiency_n_major
 
     @property
     def fma_per_s(self) -> float:
