@@ -198,9 +198,9 @@ def fma_tiles(k: KernelPlan, plan: Plan, program: ir.Program, out: list[Variant]
         return []
     fitted = []
     for v in out:
-        if not v.kind.startswith("streamed"):
-            continue
         t = v.schedule.tiles
+        if not v.kind.startswith("streamed") or t.get(rows[0], 1) <= 1:
+            continue
         for lt, warps in ((FMA_K, 4), (FMA_K, 8), (FMA_K // 2, 4), (FMA_K // 2, 8)):
             # (smaller tiles only: the block caps of the default hold)
             r = min(FMA_FRESH * 32 * warps // lt, t[rows[0]])

@@ -151,6 +151,7 @@ def test_tuning_an_ieee_kernel_tries_tiles_within_ptxas_bounds():
     """The tuner's streamed candidates (128 × 64 rows × keys and up) all spill with IEEE products: it
     tries the FMA-sized tiles instead."""
     from neptune_eq.extract.onchip import fma_dots_fit
+
     from neptune_eq.runtime import compile_ir
     from neptune_eq.tune import _candidates
 

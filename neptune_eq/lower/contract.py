@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from .. import ir
-from ..contraction import opened
-from ..numeric import INT_IDENTITY, held_dtypes, reciprocal_exact
+from ..contraction import gemm_sides, is_product, opened
+from ..numeric import INT_IDENTITY, compute_dtype, held_dtypes, reciprocal_exact
 from ..ops import MONOIDS, OPS
 from .values import (
     _TL_DTYPE,
@@ -394,9 +394,6 @@ def float32_product(body: ir.Node, k: str, axes, plan, program: ir.Program) -> b
     """Is Σ_k `body` (a product over `k` and two of the kernel's `axes`, a tile contraction) multiplied
     in float32, off the 16-bit tensor cores (tensor_core_dot)? Its precision is then the schedule's
     (KernelSchedule.input_precision). Float64 programs multiply in float64."""
-    from ..contraction import gemm_sides
-    from ..numeric import compute_dtype
-
     if compute_dtype(program) == "float64":
         return False
     sides = gemm_sides(body, k, axes, program.axes, conditions=True)
@@ -407,8 +404,6 @@ def float32_product(body: ir.Node, k: str, axes, plan, program: ir.Program) -> b
 
 def float32_products(exprs: list[ir.Node], axes, plan, program: ir.Program) -> bool:
     """Does any tile contraction among `exprs` (a sum of a product over `axes`) multiply in float32?"""
-    from ..contraction import is_product
-
     return any(isinstance(n, ir.Reduce) and n.op == "sum" and is_product(n.body)
                and len([a for a in n.body.axes if a in axes or a == n.axis]) >= 3  # (not a row dot)
                and float32_product(n.body, n.axis, axes, plan, program)
