@@ -16,8 +16,9 @@
 #                                    # GEMM's training rows again (the weight gradient's copy removed)
 #     bash bench/pending_gpu.sh g    # session 64: cosine retrieval after its fp16 operands reach the tensor
 #                                    # cores (213.6 ms before), then sweep 5's rows the session had no time for
-#     bash bench/pending_gpu.sh h    # session 65/66: fp32 attention's fused kernel by schedule (tiles, warps, IEEE
-#                                    # or TF32x3 products), then CLIP's loss and cosine retrieval at efficiency 0.5
+#     bash bench/pending_gpu.sh h    # session 66 ran it (bench/results/h100_2026-12-06/s66/); not yet measured:
+#                                    # CLIP's loss with its logits in a TF32x3 GEMM (the TF32 rates by layout came
+#                                    # after): the fp32_rows step alone
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
