@@ -30,11 +30,12 @@ from .plan import Combine, KernelPlan, Pass, Plan
 
 # Float32 IEEE products run on the FMA pipe with both operands in registers, unrolled over the tile's
 # K by Triton: ptxas's registers then follow none of extract/onchip.py's per-value rules. Fitted to
-# ptxas -v of Triton 3.6 for sm_90 over 25 schedules of one kernel (fp32 attention's rolling pass: rows
-# 16-128, keys 16-64, 2-16 warps, session 66, bench/probe_fp32_fused.py): no schedule spilled where each
-# thread holds at most FMA_FRESH values of a fresh product (the scores), at most FMA_HELD of fresh and
+# ptxas -v of Triton 3.6 for sm_90 over 23 IEEE schedules of one kernel (fp32 attention's rolling pass:
+# rows 16-128, keys 16-64, 2-16 warps, session 66, bench/probe_fp32_fused.py): of the 12 where each thread
+# holds at most FMA_FRESH values of a fresh product (the scores), at most FMA_HELD of fresh and
 # accumulated products together, and a computed operand (the probabilities) spans at most FMA_K of the
-# contraction; all but one that broke a bound spilled (264-12424 bytes of stack).
+# contraction, 11 kept every value in registers and one took 8 bytes of stack; 10 of the 11 past a bound
+# spilled (344-12424 bytes of stack).
 FMA_FRESH = 8
 FMA_HELD = 72
 FMA_K = 32
