@@ -26,6 +26,7 @@ from .extract.cost import Cost, kernel_cost, priced_at
 from .extract.exact_tests import compared_with_extreme, materialising
 from .extract.numerics import cancellation_risks, stability_notes, summed_overflow_risks
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
+from .extract.sanity import lost_axis
 from .extract.terms import TermExtractor
 from .extract.view import EGraphView, build_view, class_of, positive_multiples
 from .fusion.search import FusionSearch
@@ -236,6 +237,15 @@ def _plans(c: Compilation) -> None:
     space = PlanSpace(c.program, c.bindings, c.fusion.candidates, splits, terms, c.representative,
                       c.options.inline_max, c.options.max_plans, fold_rows=c.options.fold_rows)
     plans = enumerate_plans(space)
+    wrong = {id(p): why for p in plans if (why := lost_axis(p, c.bindings)) is not None}
+    if wrong:  # (never cached, never run: an internal error, named, rather than a silent wrong answer)
+        kept = [p for p in plans if id(p) not in wrong]
+        if not kept:
+            raise NeptuneError(f"{c.program.name}: internal error, every plan fails its check against the "
+                               f"program: {next(iter(wrong.values()))}")
+        c.numerics_notes.append(f"{len(wrong)} plan(s) dropped, failing their check against the program: "
+                                f"{next(iter(wrong.values()))}")
+        plans = kept
     compared = compared_with_extreme(c.representative)
     once = {b.name for b in c.bindings if b.node in compared}
     if once:  # (a value compared with its own max: the same bits for both, extract/exact_tests.py)
