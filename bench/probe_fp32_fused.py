@@ -10,8 +10,8 @@ with ptxas's registers and spills, each checked against float64 first; SDPA and 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,11 +19,13 @@ import torch
 import triton
 import triton.testing
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_fp32_attention import _example
+
 from neptune_eq.lower.launch import Launcher, load_module
 from neptune_eq.lower.triton import write_module
 from neptune_eq.runtime import compile_ir
 
-ROOT = Path(__file__).resolve().parent.parent
 # (ptxas of triton 3.6 for sm_90, on the CPU host: IEEE products spill at a loop tile of 64 whatever the rows
 # and warps, and past 8 score values a thread; TF32x3 fits 128 × 32 in 8 warps and 64 × 32 in 4)
 VARIANTS = ["128,64,8,2,ieee", "32,32,4,2,ieee", "64,32,8,2,ieee", "128,32,16,2,ieee", "64,16,4,2,ieee",
@@ -31,13 +33,6 @@ VARIANTS = ["128,64,8,2,ieee", "32,32,4,2,ieee", "64,32,8,2,ieee", "128,32,16,2,
             "128,32,8,2,tf32x3", "64,32,4,2,tf32x3", "128,32,8,3,tf32x3", "64,32,8,2,tf32x3",
             "128,64,8,2,tf32x3", "64,64,8,2,tf32x3", "128,64,16,2,tf32x3", "128,32,16,2,tf32x3",
             "128,64,8,2,tf32", "64,64,4,2,tf32"]
-
-
-def _example(name: str, attr: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return getattr(mod, attr)
 
 
 def main():

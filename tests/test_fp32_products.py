@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from helpers import load_example
 
 import neptune_eq
 from neptune_eq import autograd
@@ -80,14 +81,7 @@ def test_float32_logits_read_by_two_log_sum_exps_are_written_once():
 
 
 def _fp32_prefill():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "examples" / "decode_attention.py"
-    spec = importlib.util.spec_from_file_location("decode_attention", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.prefill  # 32 heads × 4096², d 128, float32
+    return load_example("decode_attention", "prefill")  # 32 heads × 4096², d 128, float32
 
 
 def test_ieee_tiles_past_ptxas_bounds_are_priced_as_spilling():
