@@ -156,3 +156,14 @@ def test_tuning_an_ieee_kernel_tries_tiles_within_ptxas_bounds():
     cands = _candidates(k, program, a.plan, base)
     assert len(cands) > 4 and all(fma_dots_fit(k, c, program, a.plan) for c in cands)
     assert {c.num_stages for c in cands} >= {2, 3}
+
+
+def test_float32_products_rejects_what_is_no_precision():
+    import pytest
+
+    from neptune_eq.ir import NeptuneError
+
+    for bad in ((), ("fp16",), "ieee", ("ieee", "tf32x4")):
+        with pytest.raises(NeptuneError, match="float32_products"):
+            Options(float32_products=bad)
+    assert Options(float32_products=["tf32x3", "ieee", "tf32x3"]).float32_products == ("tf32x3", "ieee")
