@@ -29,7 +29,7 @@ from neptune_eq.numeric import compute_dtype
 from neptune_eq.ops import OPS
 from neptune_eq.plan import Combine, KernelPlan, Pass, Plan
 from neptune_eq.schedule import KernelSchedule, inner_axes
-from neptune_eq.space import gemm_axes
+from neptune_eq.space import gemm_axes, ieee_tiled
 
 from .library_cost import library_cost
 from .onchip import on_chip
@@ -298,7 +298,12 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     stored = sum(out_bytes.values())
     requested = c.bytes_loaded * programs
     c.tc += sum(flops / dev.tf32_efficiency(*key) for key, flops in c.tf32.items())
-    occ, spill = on_chip(k, sched, program, plan, bool(c.tc))
+    f32 = None if memo is None else memo.get(("float32 tiles", k.name))
+    if f32 is None:  # (whatever the schedule: once per kernel of a plan)
+        f32 = ieee_tiled(k, plan, program)
+        if memo is not None:
+            memo["float32 tiles", k.name] = f32
+    occ, spill = on_chip(k, sched, program, plan, bool(c.tc), f32)
     slots = dev.sms * occ
     again = None if memo is None else memo.get(("reread", k.name))
     if again is None:

@@ -153,15 +153,16 @@ def fma_dots_fit(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan
 
 
 def on_chip(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan,
-            uses_tensor_cores: bool) -> tuple[int, float]:
+            uses_tensor_cores: bool, float32_tiles: bool = True) -> tuple[int, float]:
     """(programs resident per SM, spill factor): registers bound the programs an SM holds, dot
     operands staged in shared memory once per pipeline stage bound them too. Past its registers
     (thread_registers) a thread spills to local memory, priced as proportionally slower memory and
-    ALU work."""
+    ALU work. `float32_tiles`: False where the kernel multiplies no float32 tiles (space.ieee_tiled),
+    whatever the schedule (the FMA bounds are then not looked at)."""
     threads = 32 * sched.num_warps
     regs = registers(k, sched, program, plan)
     limit = thread_registers(sched.num_warps)
-    spill = max(1.0, regs / limit, 1.0 if fma_dots_fit(k, sched, program, plan) else FMA_SPILL)
+    spill = max(1.0, regs / limit, 1.0 if not float32_tiles or fma_dots_fit(k, sched, program, plan) else FMA_SPILL)
     smem = 0.0
     if uses_tensor_cores:
         g = gemm_axes(k, program)
