@@ -19,6 +19,8 @@
 #     bash bench/pending_gpu.sh h    # session 66 ran it (bench/results/h100_2026-12-06/s66/); not yet measured:
 #                                    # CLIP's loss with its logits in a TF32x3 GEMM (the TF32 rates by layout came
 #                                    # after): the fp32_rows step alone
+#     bash bench/pending_gpu.sh i    # session 67: where sweep 5's two slow training rows spend their time (native
+#                                    # F.rms_norm -> matmul 0.55x eager, triplet margin 0.73x), then h's CLIP row
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -77,6 +79,11 @@ case "${1:-}" in
     step sweep5_fix 200 python3 bench/probe_sweep5_fix.py --only cosine_retrieval
     step sweep5_rest 500 python3 bench/sweep_fifth.py --only poisson multilabel bce l1_loss pairwise nll_weight \
       entropy frobenius std_standardise sdpa --out "$OUT/sweep5_rest/rows.json"
+    ;;
+  i)
+    step sweep5_kernels 300 python3 bench/probe_sweep_kernels.py "native_rms_norm_matmul fwd+bwd" "triplet_margin fwd+bwd" \
+      --compile --explain
+    step fp32_rows 200 python3 bench/sweep_fifth.py --only clip cosine --out "$OUT/fp32_rows/rows.json"
     ;;
   h)
     step fp32_fused 250 python3 bench/probe_fp32_fused.py --out "$OUT/fp32_fused/rows.json"

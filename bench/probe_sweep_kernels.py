@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--compile", action="store_true", help="also torch.compile's kernels of the same step")
     ap.add_argument("--forward", action="store_true", help="time the alternatives of a fwd+bwd row's forward too")
+    ap.add_argument("--explain", action="store_true", help="print the compile's explain() after the step (with the "
+                                                           "training report of a fwd+bwd row)")
     a = ap.parse_args()
     for want in a.rows:
         row = row_named(want)
@@ -45,6 +47,8 @@ def main() -> None:
         print(f"== {row.name}: {prog.alternatives[0].structure}", flush=True)
         step = _step(prog, row, xs)
         _show("step", step)
+        if a.explain:
+            print(prog.explain(), flush=True)
         if a.compile:  # torch.compile's kernels for the same step, for comparison
             _show("torch.compile step", _step(torch.compile(row.fn), row, xs))
         if (row.backward and not a.forward) or (a.alternatives <= 0 and not a.variants):

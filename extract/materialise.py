@@ -18,7 +18,7 @@ body. A comp's mask counts as conditions; its affine conjuncts (loop bounds) als
 from __future__ import annotations
 
 from neptune_eq import ir
-from neptune_eq.contraction import gemm_sides, masked_body, plain_input, product_of
+from neptune_eq.contraction import gemm_sides, masked_body, opened, plain_input, product_of
 from neptune_eq.masks import affine, conjunction, conjuncts
 from neptune_eq.numeric import compute_dtype, held_dtypes
 from neptune_eq.plan import BufferSpec, Combine, KernelPlan, Pass, StorePlan
@@ -39,7 +39,8 @@ def _operand_dtype(other, program: ir.Program) -> str | None:
 
 
 def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
-                         owner: dict[str, int], epilogues: bool = False) -> dict[str, BufferSpec] | None:
+                         owner: dict[str, int], epilogues: bool = False,
+                         row_factors: bool = False) -> dict[str, BufferSpec] | None:
     """Rewrite `kernels` in place so that every computed GEMM operand is stored once and loaded by
     the contraction; the buffers added, or None when there is no such operand (or it cannot be placed
     before its GEMM). `owner`: reduction name → the kernel that finalises it (kept up to date as
@@ -47,8 +48,13 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
     one that reads no reduction by a map pass, or with `epilogues` by the epilogue of an earlier
     kernel over its axes (both are offered: a GEMM's epilogue writing RMSNorm's x̂ made it choose
     128×128 tiles and run 0.3 ms slower on the H200, where linear CE's one-hot written by a map pass
-    is a kernel of strided stores)."""
+    is a kernel of strided stores). `row_factors`: a factor of the product that reads a reduction's final
+    value over the operand's own rows (RMSNorm's 1/rms, F.normalize's 1/‖x‖) is written with the operand
+    too, rather than applied after the dot: the GEMM is then a plain product the vendor's GEMM may run
+    (lower/library.py), and the operand holds what torch's normalised tensor holds; None when no such
+    factor exists (the plan would be the one without it)."""
     added: dict[str, BufferSpec] = {}
+    scaled = False
     ki = 0
     while ki < len(kernels):
         k = kernels[ki]
@@ -59,7 +65,10 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
             for c in ps.comps:
                 if c.op != "sum" or c.producers:
                     continue
-                sides = gemm_sides(masked_body(c.core, c.mask), ps.axis, k.grid, program.axes, conditions=True)
+                body = masked_body(c.core, c.mask)
+                moved, store = _epilogue_row_factors(kernels, k, c, ps.axis) if row_factors else ([], None)
+                sides = gemm_sides(product_of([body, *moved]) if moved else body, ps.axis, k.grid, program.axes,
+                                   conditions=True)
                 if sides is None:
                     continue
                 operands, kept, changed = [], [], False
@@ -81,11 +90,13 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                     # 128×256 tile by g/n and ran at 250 TF/s (H200)
                     own = set().union(*(f.axes for f in factors), *(q.axes for q in conds))
                     fold = [f for f in post if f.axes <= own and not ir.reads_state(f)]
+                    rows_folded = any(any(f is g for g in moved) for f in factors)
                     fold_c = [q for q in post_conds if q.axes <= own and not ir.reads_state(q)]
                     post = [f for f in post if not any(f is g for g in fold)]
                     post_conds = [q for q in post_conds if not any(q is g for g in fold_c)]
                     spec = _place(kernels, ki, ps.axis, row, is_left, product_of([*factors, *fold], [*conds, *fold_c]),
-                                  program, owner, dtype, f"mat_{c.name}_{row}", added, epilogues)
+                                  program, owner, dtype, f"mat_{c.name}_{row}" + ("_scaled" if rows_folded else ""),
+                                  added, epilogues)
                     if spec is None:
                         return None
                     ki = next(i for i, x in enumerate(kernels) if x is k)
@@ -93,6 +104,14 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                     operands.append(ir.Load(spec.name, tuple(ir.Index(a) for a in spec.axes)))
                     changed = True
                 kept += post_conds
+                if moved and not any(f is g for f in operands for g in moved) and not any(
+                        f is g for f in post for g in moved):  # (every moved factor was written)
+                    scaled = True
+                    st = k.epilogue[store]
+                    k.epilogue[store] = StorePlan(st.target, st.axes, product_of(
+                        [f for f in opened(st.expr).factors if not any(f is g for g in moved)]), st.dtype)
+                elif moved:
+                    return None  # (a moved factor left unwritten: this variant's plan is not built)
                 if changed:
                     # what was not written stays a condition of the sum; the affine conjuncts of its
                     # mask stay too, also where written: they bound the tiles the loop visits
@@ -100,7 +119,29 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                     c.mask = conjunction([*(m for m in (conjuncts(c.mask) if c.mask is not None else ())
                                             if affine(m) is not None and m not in kept), *kept])
         ki += 1
-    return added
+    return None if row_factors and not scaled else added
+
+
+def _epilogue_row_factors(kernels: list[KernelPlan], k: KernelPlan, c, kk: str) -> tuple[list[ir.Node], int | None]:
+    """The factors of the one epilogue store of `k` that reads sum `c` — r·Σₖ A·B, with r over the
+    rows of one operand (RMSNorm's 1/rms factored out of the sum by the e-graph) — that may be written
+    into that operand instead (r·Σₖ A·B = Σₖ (r·A)·B), and that store's index; ([], None) when `c` is
+    read anywhere else in the plan, or not as a factor of a product, or no factor qualifies: each reads
+    no reduction but final values free of `kk`, and no axis beyond the store's but not `kk`."""
+    ref = c.ref(ir.RefKind.FINAL)
+    uses = [(kernel, e) for kernel in kernels for e in kernel.exprs() if any(n == ref for n in ir.walk(e))]
+    if len(uses) != 1 or uses[0][0] is not k:
+        return [], None
+    store = next((i for i, st in enumerate(k.epilogue) if st.expr is uses[0][1]), None)
+    if store is None:
+        return [], None
+    parts = opened(k.epilogue[store].expr)
+    if parts.conditions or sum(f == ref for f in parts.factors) != 1:
+        return [], None
+    moved = [f for f in parts.factors if f != ref and f.axes and kk not in f.axes and not any(
+        isinstance(n, ir.Reduce) or (isinstance(n, ir.StateRef) and (n.kind is not ir.RefKind.FINAL or kk in n.axes))
+        for n in ir.walk(f))]
+    return (moved, store) if moved else ([], None)
 
 
 def materialise_inline(kernels: list[KernelPlan], inline: dict[str, ir.Node], program: ir.Program,

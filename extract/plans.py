@@ -162,12 +162,13 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
                 # (operands not written; written, by map passes where they read no reduction; written,
                 # by an earlier kernel's epilogue where they can)
                 nothing: set[bool] = set()  # `fused` choices with no operand to write (with or without epilogues)
-                for fused, (materialise, epilogues) in itertools.product(
-                        (True, False), ((False, False), (True, False), (True, True))):
+                for fused, (materialise, epilogues, row_factors) in itertools.product(
+                        (True, False), ((False, False, False), (True, False, False), (True, True, False),
+                                        (True, False, True))):
                     if any(idx in space.bad_loops for idx, _ in cover) or (materialise and fused in nothing):
                         continue
                     try:
-                        plan = build_plan(space, inline, cover, splits, fused, materialise, epilogues)
+                        plan = build_plan(space, inline, cover, splits, fused, materialise, epilogues, row_factors)
                     except NoOperands:
                         nothing.add(fused)
                         continue
@@ -294,10 +295,11 @@ def _program_order(program: ir.Program, axes) -> tuple[str, ...]:
 
 
 def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
-               materialise: bool = False, epilogues: bool = False) -> Plan | None:
+               materialise: bool = False, epilogues: bool = False, row_factors: bool = False) -> Plan | None:
     """The plan of one cover: `fused` merges consecutive compatible passes into one kernel;
     `materialise` writes each computed GEMM operand once (extract/materialise.py), None when the plan
-    has none; `epilogues` lets an earlier kernel's epilogue write an operand that reads no reduction."""
+    has none; `epilogues` lets an earlier kernel's epilogue write an operand that reads no reduction;
+    `row_factors` writes a row's statistic into its operand too (None when none is)."""
     program, by_name = space.program, space.by_name
     order = _topo(cover, by_name, program.axes)
     if order is None:
@@ -405,7 +407,7 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
     derivation += merge_shared_sums(kernels, owner_kernel)
     inline_terms = {name: space.terms.inline_term(by_name[name]) for name in inline}
     if materialise:
-        mats = materialise_operands(kernels, program, owner_kernel, epilogues)
+        mats = materialise_operands(kernels, program, owner_kernel, epilogues, row_factors)
         if mats is None:
             return None
         mats.update(materialise_inline(kernels, inline_terms, program, owner_kernel))

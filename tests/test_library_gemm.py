@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from neptune_eq import dsl as ne
+from neptune_eq import ir
 from neptune_eq.device import H100
 from neptune_eq.frontend import capture
 from neptune_eq.lower.library import _as_mm, library_gemm
@@ -144,6 +145,49 @@ def test_only_a_product_with_nothing_fused_qualifies(case):
         return
     assert _library(prog) is None
     assert all(library_gemm(k, a.plan, prog.program) is None for a in prog.alternatives for k in a.plan.kernels)
+
+
+def _rms_factored(sum_too=False, m=40, k=96, n=72):
+    """r·Σ_d (x·w)·W: RMSNorm's 1/rms outside the sum, as the e-graph factors torch's F.rms_norm → matmul."""
+    P = ne.program("rms_factored")
+    i, d, e = P.axes(i=m, d=k, e=n)
+    x, w, W = P.input("x", i, d, dtype=BF16), P.input("w", d, dtype=BF16), P.input("W", d, e, dtype=BF16)
+    r = ne.rsqrt(ne.sum(x * x, d) * (1.0 / k) + 1e-6)
+    y = ne.sum(x * w * W, d)
+    P.output("o", y * r, (i, e), dtype=BF16)
+    if sum_too:  # the unscaled sum read as well: its value may not change
+        P.output("u", y, (i, e), dtype="float32")
+    return P.build()
+
+
+def _scaled(prog):
+    return [a for a in prog.alternatives if any(b.endswith("_scaled") for b in a.plan.buffers)]
+
+
+def test_a_row_factor_after_the_sum_is_written_into_the_operand_and_the_product_runs_as_a_library_gemm():
+    prog = compile_ir(_rms_factored())
+    scaled = _scaled(prog)
+    assert scaled, [a.structure for a in prog.alternatives]
+    plan = scaled[0].plan
+    (buf,) = [b for b in plan.buffers.values() if b.operand]
+    stored = next(st.expr for k in plan.kernels for p in k.passes() for st in p.stores if st.target == buf.name)
+    assert any(isinstance(n, ir.StateRef) for n in ir.walk(stored))  # r·x·w: the row's statistic is written in
+    gemm = next(k for k in plan.kernels if library_gemm(k, plan, prog.program) is not None)
+    assert library_gemm(gemm, plan, prog.program).alpha == 1.0  # nothing left after the dot
+    lib = [a for a in scaled if "library GEMM" in a.kind]
+    assert lib, [a.structure for a in scaled]
+    g = torch.Generator().manual_seed(3)
+    inputs = _inputs(prog.program, g)
+    x, w, W = (inputs[n].double() for n in ("x", "w", "W"))
+    ref = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w) @ W
+    for a in (lib[0], next(a for a in scaled if "library" not in a.kind)):
+        out = prog.pin(a.id).run(inputs)["o"]
+        assert _rel(out, ref) < 1e-2, a.structure
+
+
+def test_a_sum_read_elsewhere_keeps_its_factor_after_the_dot():
+    prog = compile_ir(_rms_factored(sum_too=True))
+    assert prog.alternatives and not _scaled(prog)
 
 
 def test_the_cost_model_takes_the_library_gemm_where_the_product_is_large():
