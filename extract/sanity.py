@@ -1,5 +1,11 @@
 """Checks of an enumerated plan against the program it came from, before it is priced or cached.
 
+Loop bodies are checked against the IR they were encoded from (`differs`): the term the e-graph gives
+for a component's body must take the body's values. In rare compiles (session 67, ~1 in 10 runs of
+tests/test_dynamic_training.py in one process) the e-class looked up for a rolling cross-entropy's body
+exp(x − m) held exp(m − m) or exp(−∞ − m) alone: the Term was right, its e-class was not (an egglog-side
+lookup, not yet root-caused). Such a loop is dropped, its reason said, never run.
+
 A pass's carried reduction computes its binding's reduction: where the binding's body varies along
 the reduced axis, the core the plan carries (or its mask) must too. A core that does not names a term
 that stands for something else — once, in a rare compile (session 66, not reproduced), a cross-entropy's
@@ -8,8 +14,13 @@ rolling sum read exp(−∞ − m) for exp(x[i, d] − m): the forward was −�
 
 from __future__ import annotations
 
+import numpy as np
+
+from neptune_eq import ir
 from neptune_eq.fusion.types import Binding
 from neptune_eq.plan import Plan
+
+SAMPLES = 64
 
 
 def lost_axis(plan: Plan, bindings: list[Binding]) -> str | None:
@@ -26,3 +37,32 @@ def lost_axis(plan: Plan, bindings: list[Binding]) -> str | None:
                     return (f"kernel {k.name}: {comp.name} = {comp.op}_{ps.axis} of a core free of {ps.axis} "
                             f"where the program's reduction varies along it")
     return None
+
+
+def differs(got: ir.Node, want: ir.Node, seed: int = 0) -> str | None:
+    """Why `got` (the e-graph's term for a loop body) does not take `want`'s values (the body as encoded),
+    or None: both evaluated at SAMPLES points of moderate leaf values (normals, indices 0…63), compared
+    where `want` is finite; a tenth may differ by rounding (a rewrite valid over the reals may cancel
+    differently). Terms reading leaves `want` does not (a held statistic) are not compared."""
+    from neptune_eq.rules.soundness import eval_ir_sampled
+
+    leaves = {ir.show(n): n for n in ir.walk(want) if isinstance(n, ir.Load | ir.StateRef | ir.Index | ir.Length)}
+    if any(isinstance(n, ir.Reduce) for n in ir.walk(got)) or any(
+            isinstance(n, ir.Load | ir.StateRef | ir.Index | ir.Length) and ir.show(n) not in leaves
+            for n in ir.walk(got)):
+        return None
+    rng = np.random.default_rng(seed)
+    env = {k: (rng.integers(0, 64, SAMPLES).astype(float) if isinstance(n, ir.Index)
+               else rng.integers(2, 66, SAMPLES).astype(float) if isinstance(n, ir.Length)
+               else rng.normal(0.0, 2.0, SAMPLES)) for k, n in leaves.items()}
+    with np.errstate(all="ignore"):
+        a = np.broadcast_to(eval_ir_sampled(got, env), (SAMPLES,))
+        b = np.broadcast_to(eval_ir_sampled(want, env), (SAMPLES,))
+    finite = np.isfinite(b)
+    if finite.sum() < SAMPLES // 8:
+        return None
+    bad = finite & ~np.isclose(a, b, rtol=1e-6, atol=1e-9)
+    if bad.sum() * 10 <= finite.sum():
+        return None
+    k = int(np.argmax(bad))
+    return f"{ir.show(got)} is {a[k]:.6g} where {ir.show(want)} is {b[k]:.6g}"

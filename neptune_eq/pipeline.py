@@ -26,7 +26,7 @@ from .extract.cost import Cost, kernel_cost, priced_at
 from .extract.exact_tests import compared_with_extreme, materialising
 from .extract.numerics import cancellation_risks, stability_notes, summed_overflow_risks
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
-from .extract.sanity import lost_axis
+from .extract.sanity import differs, lost_axis
 from .extract.terms import TermExtractor
 from .extract.view import EGraphView, build_view, class_of, positive_multiples
 from .fusion.search import FusionSearch
@@ -194,7 +194,15 @@ def _plans(c: Compilation) -> None:
         return node if len(unique) == len(parts) else conjunction(unique)
 
     def comp_core(lp, i):
-        return best(lp.comps[i].core_term)
+        comp = lp.comps[i]
+        node = best(comp.core_term)
+        key = ("checked", id(comp))
+        if key not in cache:  # (once per component; the entry keeps it alive, so its id stays its own)
+            cache[key] = (comp, differs(node, comp.core))
+        if cache[key][1] is not None:  # (a LookupError: the loop is dropped, its reason said)
+            raise LookupError(f"internal inconsistency, the e-graph's term for the body of {comp.binding.name} "
+                              f"does not take its values: {cache[key][1]}")
+        return node
 
     def comp_corr(lp, i):
         comp = lp.comps[i]
