@@ -66,9 +66,9 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                 if c.op != "sum" or c.producers:
                     continue
                 body = masked_body(c.core, c.mask)
-                moved, store = _epilogue_row_factors(kernels, k, c, ps.axis) if row_factors else ([], None)
-                sides = gemm_sides(product_of([body, *moved]) if moved else body, ps.axis, k.grid, program.axes,
-                                   conditions=True)
+                moved, moved_c, store = _epilogue_row_factors(kernels, k, c, ps.axis) if row_factors else ([], [], None)
+                sides = gemm_sides(product_of([body, *moved], moved_c) if moved else body, ps.axis, k.grid,
+                                   program.axes, conditions=True)
                 if sides is None:
                     continue
                 operands, kept, changed = [], [], False
@@ -104,12 +104,13 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                     operands.append(ir.Load(spec.name, tuple(ir.Index(a) for a in spec.axes)))
                     changed = True
                 kept += post_conds
-                if moved and not any(f is g for f in operands for g in moved) and not any(
-                        f is g for f in post for g in moved):  # (every moved factor was written)
-                    scaled = True
+                if moved and not any(f is g for f in [*operands, *post, *kept] for g in [*moved, *moved_c]):
+                    scaled = True  # (every moved factor and condition was written with its operand)
                     st = k.epilogue[store]
+                    parts = opened(st.expr)
                     k.epilogue[store] = StorePlan(st.target, st.axes, product_of(
-                        [f for f in opened(st.expr).factors if not any(f is g for g in moved)]), st.dtype)
+                        [f for f in parts.factors if not any(f is g for g in moved)],
+                        [q for q in parts.conditions if not any(q is g for g in moved_c)]), st.dtype)
                 elif moved:
                     return None  # (a moved factor left unwritten: this variant's plan is not built)
                 if changed:
@@ -122,26 +123,37 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
     return None if row_factors and not scaled else added
 
 
-def _epilogue_row_factors(kernels: list[KernelPlan], k: KernelPlan, c, kk: str) -> tuple[list[ir.Node], int | None]:
-    """The factors of the one epilogue store of `k` that reads sum `c` — r·Σₖ A·B, with r over the
-    rows of one operand (RMSNorm's 1/rms factored out of the sum by the e-graph) — that may be written
-    into that operand instead (r·Σₖ A·B = Σₖ (r·A)·B), and that store's index; ([], None) when `c` is
-    read anywhere else in the plan, or not as a factor of a product, or no factor qualifies: each reads
-    no reduction but final values free of `kk`, and no axis beyond the store's but not `kk`."""
+def _epilogue_row_factors(kernels: list[KernelPlan], k: KernelPlan, c, kk: str
+                          ) -> tuple[list[ir.Node], list[ir.Node], int | None]:
+    """The factors and conditions of the one epilogue store of `k` that reads sum `c` — r·Σₖ A·B, with r
+    over the rows of one operand (RMSNorm's 1/rms factored out of the sum by the e-graph; attention's
+    1/l, under softmax's guard of a row with no key, where(l = 0, 0, ·)) — that may be written into that
+    operand instead (r·Σₖ A·B = Σₖ (r·A)·B; a condition on the row selects the operand's row: the loaded
+    operand taken as finite, README), and that store's index; ([], [], None) when `c` is read anywhere
+    else in the plan, or not as a factor of a product, or some condition or no factor qualifies: each
+    reads no reduction but final values free of `kk`, and is over some axis but not `kk`."""
     ref = c.ref(ir.RefKind.FINAL)
+    none: tuple = ([], [], None)
     uses = [(kernel, e) for kernel in kernels for e in kernel.exprs() if any(n == ref for n in ir.walk(e))]
     if len(uses) != 1 or uses[0][0] is not k:
-        return [], None
+        return none
     store = next((i for i, st in enumerate(k.epilogue) if st.expr is uses[0][1]), None)
     if store is None:
-        return [], None
+        return none
     parts = opened(k.epilogue[store].expr)
-    if parts.conditions or sum(f == ref for f in parts.factors) != 1:
-        return [], None
-    moved = [f for f in parts.factors if f != ref and f.axes and kk not in f.axes and not any(
-        isinstance(n, ir.Reduce) or (isinstance(n, ir.StateRef) and (n.kind is not ir.RefKind.FINAL or kk in n.axes))
-        for n in ir.walk(f))]
-    return (moved, store) if moved else ([], None)
+    if sum(f == ref for f in parts.factors) != 1:
+        return none
+
+    def movable(f: ir.Node) -> bool:
+        return bool(f.axes) and kk not in f.axes and not any(
+            isinstance(n, ir.Reduce)
+            or (isinstance(n, ir.StateRef) and (n.kind is not ir.RefKind.FINAL or kk in n.axes))
+            for n in ir.walk(f))
+
+    moved = [f for f in parts.factors if f != ref and movable(f)]
+    if not moved or not all(movable(q) for q in parts.conditions):
+        return none
+    return moved, list(parts.conditions), store
 
 
 def materialise_inline(kernels: list[KernelPlan], inline: dict[str, ir.Node], program: ir.Program,

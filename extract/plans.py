@@ -165,7 +165,8 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
                 for fused, (materialise, epilogues, row_factors) in itertools.product(
                         (True, False), ((False, False, False), (True, False, False), (True, True, False),
                                         (True, False, True))):
-                    if any(idx in space.bad_loops for idx, _ in cover) or (materialise and fused in nothing):
+                    if any(idx in space.bad_loops for idx, _ in cover) or (
+                            materialise and not row_factors and fused in nothing):  # (a row factor makes one)
                         continue
                     try:
                         plan = build_plan(space, inline, cover, splits, fused, materialise, epilogues, row_factors)

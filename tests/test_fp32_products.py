@@ -112,10 +112,13 @@ def test_ieee_tiles_past_ptxas_bounds_are_priced_as_spilling():
     assert "TF32×3 products" in " ".join(a.kind for a in alts)
     # (measured, H100: 128 × 64 tiles in TF32×3 5.50 ms, SDPA 6.00; IEEE at FMA tiles 64 × 32 22.2)
     assert alts[0].schedules[0].input_precision == "tf32x3", alts[0].kind
-    ieee = compile_ir(program, Options(float32_products=("ieee",))).alternatives  # (IEEE alone: FMA tiles)
+    ieee = compile_ir(program, Options(float32_products=("ieee",))).alternatives
     assert all(s.input_precision == "ieee" for a in ieee for s in a.schedules)
-    assert "FMA tiles" in ieee[0].kind
-    assert all(fma_dots_fit(k, s, program, a.plan) for a in ieee[:3] for k, s in zip(a.plan.kernels, a.schedules))
+    # (IEEE alone, the one-kernel plan runs at FMA tiles; since session 67 a plan running both products
+    # as the vendor's SGEMM, 1/l written into P, may rank first: the fused FMA dot measured 22.2 ms)
+    fused = [a for a in ieee if len(a.plan.kernels) == 1]
+    assert "FMA tiles" in fused[0].kind
+    assert all(fma_dots_fit(k, s, program, a.plan) for a in fused[:3] for k, s in zip(a.plan.kernels, a.schedules))
 
 
 def test_tf32x3_attention_matches_float64():

@@ -185,6 +185,25 @@ def test_a_row_factor_after_the_sum_is_written_into_the_operand_and_the_product_
         assert _rel(out, ref) < 1e-2, a.structure
 
 
+def _guarded_rows(x, W):
+    """Rows scaled by 1/‖x‖₁ after the product, 0 where that norm is 0 (softmax's guard of a row with no key)."""
+    n = x.abs().sum(-1, keepdim=True)
+    return torch.where(n == 0, 0.0, (x @ W) / n)
+
+
+def test_a_guarded_row_factor_is_written_with_its_condition():
+    g = torch.Generator().manual_seed(5)
+    x, W = torch.randn(40, 96, generator=g).bfloat16(), torch.randn(96, 72, generator=g).bfloat16()
+    x[7] = 0  # a row the guard selects
+    prog = capture(_guarded_rows, x, W).compile().compiled
+    scaled = _scaled(prog)
+    assert scaled and any("library GEMM" in a.kind for a in scaled), [a.structure for a in prog.alternatives]
+    ref = _guarded_rows(x.double(), W.double())
+    for a in scaled[:2]:
+        out = next(iter(prog.pin(a.id).run({"x": x, "W": W}).values())).reshape(ref.shape)
+        assert _rel(out, ref) < 1e-2 and not out[7].any(), a.structure
+
+
 def test_a_sum_read_elsewhere_keeps_its_factor_after_the_dot():
     prog = compile_ir(_rms_factored(sum_too=True))
     assert prog.alternatives and not _scaled(prog)
