@@ -145,9 +145,9 @@ def _epilogue_row_factors(kernels: list[KernelPlan], k: KernelPlan, c, kk: str
         return none
 
     def movable(f: ir.Node) -> bool:
-        return bool(f.axes) and kk not in f.axes and not any(
-            isinstance(n, ir.Reduce)
-            or (isinstance(n, ir.StateRef) and (n.kind is not ir.RefKind.FINAL or kk in n.axes))
+        return bool(f.axes) and kk not in f.axes and not any(  # (and never the sum itself: exp(S)·S)
+            isinstance(n, ir.Reduce) or (isinstance(n, ir.StateRef) and (
+                n.kind is not ir.RefKind.FINAL or kk in n.axes or n.name == c.name))
             for n in ir.walk(f))
 
     moved = [f for f in parts.factors if f != ref and movable(f)]
