@@ -1,10 +1,10 @@
 """Checks of an enumerated plan against the program it came from, before it is priced or cached.
 
 Loop bodies are checked against the IR they were encoded from (`differs`): the term the e-graph gives
-for a component's body must take the body's values. In rare compiles (session 67: 5 in about 60 runs
-of tests/test_dynamic_training.py's first nine tests, in bursts) the e-class looked up for a rolling
-cross-entropy's body exp(x − m) held exp(m − m) or exp(−∞ − m) alone: the Term was right, its e-class
-was not (an egglog-side lookup, not yet root-caused). Such a loop is dropped, its reason said, never run.
+for a component's body must take the body's values. In rare compiles (session 67: 6 in 168 runs of
+tests/test_dynamic_training.py's first nine tests) the e-class looked up for a rolling cross-entropy's
+body exp(x − m) held exp(m − m) or exp(−∞ − m) alone: the Term was right, its e-class was not (an
+egglog-side lookup, not yet root-caused). Such a loop is dropped, its reason said, never run.
 
 A pass's carried reduction computes its binding's reduction: where the binding's body varies along
 the reduced axis, the core the plan carries (or its mask) must too. A core that does not names a term
