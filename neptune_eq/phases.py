@@ -18,6 +18,7 @@ from egglog import EGraph, ruleset, union
 from . import ir
 from .compilation import Compilation, Options
 from .device import from_torch
+from .egg_write import write
 from .extract.view import build_view, merged_constants
 from .ir import NeptuneError
 from .rules import analysis
@@ -145,7 +146,7 @@ def encode(program: ir.Program, options: Options, progress, started: float | Non
             for value, spelled in held_forms(ld, spec.holds):
                 held[enc.encode(spelled)] = enc.encode(value)
     enc.flush()
-    eg.register(*roots.values(), *(union(a).with_(b) for a, b in held.items()))
+    write(eg, *roots.values(), *(union(a).with_(b) for a, b in held.items()))
     device = options.device or from_torch()
     sat = Saturator(eg, options.budget, progress, started=started if started is not None else t0)
     c = Compilation(program, options, device, eg, enc, roots, sat, held=list(held))

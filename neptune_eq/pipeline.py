@@ -22,6 +22,7 @@ from egglog import i64
 from . import ir
 from .budget_notes import budget_notes
 from .compilation import Alternative, Compilation, Options
+from .egg_write import write
 from .extract.cost import Cost, kernel_cost, priced_at
 from .extract.exact_tests import compared_with_extreme, materialising
 from .extract.numerics import cancellation_risks, stability_notes, summed_overflow_risks
@@ -150,7 +151,7 @@ def _split_k(c: Compilation) -> None:
             if n >= f * c.options.min_chunk:
                 facts.append(split_factor(ax, i64(f)))
     if facts:
-        c.egraph.register(*facts)
+        write(c.egraph, *facts)
         c.saturator.phase("split_k", splitk.SPLITK, max_iterations=2)
 
 
@@ -160,7 +161,7 @@ def _plans(c: Compilation) -> None:
     binding_terms = [c.encoder.encode(b.node) for b in c.bindings]
     c.encoder.flush()
     if binding_terms:
-        c.egraph.register(*binding_terms)
+        write(c.egraph, *binding_terms)
     view = c.view = build_view(c.egraph, c.encoder.encoded)
     tx = _extractor(c, view)
     cid = lambda t: class_of(c.egraph, view, t)  # noqa: E731

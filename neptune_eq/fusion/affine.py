@@ -35,6 +35,7 @@ import numpy as np
 from egglog import EGraph, ruleset, union
 
 from neptune_eq import ir
+from neptune_eq.egg_write import write
 from neptune_eq.extract.terms import TermExtractor, op_cost
 from neptune_eq.extract.view import build_view, class_of
 from neptune_eq.ops import OPS
@@ -225,9 +226,7 @@ class AffineSearcher:
                 if isinstance(body, ir.Call) and body.op == "sub":
                     facts.append(union(enc.encode(body.args[0])).with_(basis_terms[k] + enc.encode(body.args[1])))
             enc.flush()
-            eg.register(g, *basis_terms.values())
-            if facts:
-                eg.register(*facts)
+            write(eg, g, *basis_terms.values(), *facts)
             bit = 1 << self.axis_order.index(axis)
             sat = Saturator(eg, self.budget, rule_names=self.names)
             found: list[ir.Node] = []

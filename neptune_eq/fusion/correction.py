@@ -19,6 +19,7 @@ import numpy as np
 from egglog import EGraph, ruleset
 
 from neptune_eq import ir
+from neptune_eq.egg_write import write
 from neptune_eq.extract.terms import TermExtractor
 from neptune_eq.extract.view import build_view, class_of
 from neptune_eq.masks import some_equal
@@ -69,7 +70,7 @@ class CorrectionSearcher:
             enc = self.base.fresh()
             t = enc.encode(q)
             enc.flush()
-            eg.register(t)
+            write(eg, t)
             bit = 1 << self.axis_order.index(axis)
             sat = Saturator(eg, self.budget, rule_names=self.names)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from egglog import EGraph, union
 
 from neptune_eq import ir
+from neptune_eq.egg_write import write
 from neptune_eq.masks import conjunction, keeps_an_element_of_every_row, split_mask
 from neptune_eq.ops import MONOIDS, OPS
 from neptune_eq.saturate import Budget, Saturator
@@ -196,7 +197,7 @@ class FusionSearch:
             corr = c.quotient_term if c.quotient_term is not None else Term.sym("no_correction")
             cs = cs.add(Comp(c.binding.name, c.binding.op, c.mask_term, c.core_term, corr))
         cand.term = Loop(cand.axis, cs)
-        self.egraph.register(cand.term)
+        write(self.egraph, cand.term)
         self._validate(cand)
 
     def _affine_repair(self, axis: str, comp: CompCandidate, comps: list[CompCandidate]) -> None:
@@ -290,8 +291,8 @@ class FusionSearch:
         self._record(cand)
         for c in cand.comps:
             if c.chosen is not None:  # the quotient's e-class holds the correction
-                self.egraph.register(union(c.quotient_term).with_(self.encoder.encode(c.chosen.correction)))
-            self.egraph.register(union(get(cand.term, c.binding.name)).with_(self.encoder.encode(c.binding.node)))
+                write(self.egraph, union(c.quotient_term).with_(self.encoder.encode(c.chosen.correction)))
+            write(self.egraph, union(get(cand.term, c.binding.name)).with_(self.encoder.encode(c.binding.node)))
         self.encoder.flush()
 
     def _record(self, cand: LoopCandidate) -> None:
