@@ -88,3 +88,14 @@ def test_the_package_gives_the_egraph_no_name_ending_in_a_digit():
     assert names and not [n for n in names if re.search(r"\d$", n)]
     assert c.egraph._state.expr_to_let_counter == 0
     assert c.alternatives
+
+
+def test_no_operator_of_the_term_language_has_an_egglog_name_ending_in_a_digit():
+    """Every constructor the Encoder writes (terms.CONSTRUCTORS), written once into an e-graph."""
+    from neptune_eq.terms import BINARY, CONSTRUCTORS, UNARY
+
+    x, y, z = Term.load("x[i]"), Term.load("y[i]"), Term.load("z[i]")
+    eg = EGraph()
+    write(eg, *(f(x, y) for f in BINARY.values()), *(f(x) for f in UNARY.values()), CONSTRUCTORS["where"](x, y, z))
+    names = list(eg._egraph.freeze().functions)
+    assert len(names) > len(CONSTRUCTORS) and not [n for n in names if re.search(r"\d$", n)]
