@@ -3,12 +3,14 @@
 Loop bodies are checked against the IR they were encoded from (`differs`): the term the e-graph gives
 for a component's body must take the body's values. In rare compiles (session 67: 6 in 168 runs of
 tests/test_dynamic_training.py's first nine tests) the e-class looked up for a rolling cross-entropy's
-body exp(x − m) held exp(m − m) or exp(−∞ − m) alone: the Term was right, its e-class was not (an
-egglog-side lookup, not yet root-caused). Such a loop is dropped, its reason said, never run.
+body exp(x − m) held exp(m − m) or exp(−∞ − m) alone: the Term was right, its e-class was not. Root
+cause (session 68): egglog 13.2 gave egglog-python's global lets `$__expr_2` and `$__expr_21` one
+variable; terms are now written without those lets (neptune_eq/egg_write.py). The check stays as the
+net for any other wrong lookup: such a loop is dropped, its reason said, never run.
 
 A pass's carried reduction computes its binding's reduction: where the binding's body varies along
 the reduced axis, the core the plan carries (or its mask) must too. A core that does not names a term
-that stands for something else — once, in a rare compile (session 66, not reproduced), a cross-entropy's
+that stands for something else — once, in a rare compile (session 66, the collision above), a cross-entropy's
 rolling sum read exp(−∞ − m) for exp(x[i, d] − m): the forward was −∞, and cached on disk.
 """
 
