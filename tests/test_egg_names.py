@@ -88,6 +88,10 @@ def test_the_package_gives_the_egraph_no_name_ending_in_a_digit():
     assert names and not [n for n in names if re.search(r"\d$", n)]
     assert c.egraph._state.expr_to_let_counter == 0
     assert c.alternatives
+    from neptune_eq.fusion import affine, correction  # (the searchers this process keeps: their e-graphs too)
+
+    kept = [s for mod in (affine, correction) for s, _alive in mod._KEPT._kept.values()]
+    assert kept and all(s.egraph._state.expr_to_let_counter == 0 for s in kept)
 
 
 def test_no_operator_of_the_term_language_has_an_egglog_name_ending_in_a_digit():
