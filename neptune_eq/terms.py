@@ -80,9 +80,9 @@ def _egg_name(name: str) -> str:
     """The e-graph's name of a function whose Python name ends in a digit: with a trailing `_`. egglog
     (13.2) names the variables it flattens a command into after the function or global they hold and a
     count (exp's third is `exp2`), so a name that is another's plus digits (exp2, log2; egglog-python's
-    global lets $__expr_2 and $__expr_21) can be given a variable of the other: a let holding
-    exp2(p) · exp(exp(q)) evaluated to exp(exp(q)) · exp(exp(q)) (bench-free reproduction:
-    tests/test_egg_names.py). No name ending in a digit, no such pair."""
+    global lets $__expr_2 and $__expr_21) can be given a variable of the other: in plain egglog a let
+    holding (P (E2 p) (E (E q))) after six to nine lets using E held (P (E (E q)) (E (E q)))
+    (tests/test_egg_names.py). No name ending in a digit, no such pair."""
     return f"neptune_eq_terms_{name}_"
 
 
