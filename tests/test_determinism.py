@@ -18,6 +18,7 @@ from neptune_eq.extract.terms import TermExtractor
 from neptune_eq.extract.view import build_view, class_of
 
 from neptune_eq import ir
+from neptune_eq.egg_write import write
 from neptune_eq.ops import LOG2E
 from neptune_eq.terms import Encoder
 
@@ -33,8 +34,7 @@ def _extract(first: ir.Node, second: ir.Node, written: bool):
     enc = Encoder(eg, ("i",), {"i": 8})
     a, b = enc.encode(first), enc.encode(second)
     enc.flush()
-    eg.register(a, b)
-    eg.register(union(a).with_(b))
+    write(eg, a, b, union(a).with_(b))
     eg.run(1)
     view = build_view(eg, enc.encoded if written else None)
     tx = TermExtractor(view, ("i",), {"i": 8}, enc.loads, enc.syms)
@@ -57,7 +57,7 @@ def test_a_tie_goes_to_the_spelling_written():
     enc = Encoder(eg, ("i",), {"i": 8})
     a = enc.encode(written)
     enc.flush()
-    eg.register(a, union(a).with_(Encoder(eg, ("i",), {"i": 8}).encode(swapped)))
+    write(eg, a, union(a).with_(Encoder(eg, ("i",), {"i": 8}).encode(swapped)))
     eg.run(1)
     view = build_view(eg, enc.encoded)
     tx = TermExtractor(view, ("i",), {"i": 8}, enc.loads, enc.syms)

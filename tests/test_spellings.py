@@ -15,6 +15,7 @@ from egglog import EGraph, run
 from neptune_eq.rules.analysis import ANALYSIS
 
 from neptune_eq import ir
+from neptune_eq.egg_write import write
 from neptune_eq.frontend import capture
 from neptune_eq.pipeline import compile_program
 from neptune_eq.plan import Pass
@@ -182,7 +183,7 @@ def _finite(node: ir.Node) -> bool:
     enc = Encoder(eg, ("i", "d"), {"i": 4, "d": 8})
     t = enc.encode(node)
     enc.flush()
-    eg.register(t)
+    write(eg, t)
     eg.run(run(ANALYSIS).saturate())
     return eg.check_bool(finite(t))
 
