@@ -123,8 +123,16 @@ def loop_loads(k: KernelPlan, plan: Plan, program: ir.Program | None = None) -> 
 
 
 def inner_axes(k: KernelPlan, plan: Plan) -> set[str]:
-    """Axes of the inline contractions the kernel uses."""
-    used = {n.name for e in kernel_exprs(k, plan) for n in e.refs
+    """Axes of the inline contractions the kernel uses. (A split-K combine folds its pass's chunk states
+    with their corrections: the inline values of the pass's cores were summed by the partial kernel.
+    Counted, they held a combine's row whole, one program for the weight gradient of a 4096-wide
+    RMSNorm folded into its row pass, extract/fold_rows.py.)"""
+    exprs = kernel_exprs(k, plan, [ph for ph in k.phases if not isinstance(ph, Combine)])
+    exprs += [s.expr for s in k.epilogue]
+    for ph in k.phases:
+        if isinstance(ph, Combine):
+            exprs += [e for c in ph.source.comps for e in (c.corr, *(h for _, h in c.affine)) if e is not None]
+    used = {n.name for e in with_inlined(exprs, plan) for n in e.refs
             if n.kind is ir.RefKind.INLINE and n.name in plan.inline}
     return {a for name in used for a in plan.inline[name].reduced_axes}
 

@@ -3,10 +3,15 @@ dx from a row sum over d, dw a column sum over the rows — as one kernel that h
 and adds it into per-chunk partial column sums. Runs in the interpreter on sizes that are not tile
 multiples; the cost model's choice at an H100 size (compile only)."""
 
+import math
+
 import torch
 
 from neptune_eq import dsl as ne
+from neptune_eq import ir
+from neptune_eq.ir import Const, Index, Load, Reduce
 from neptune_eq.pipeline import Options, compile_program
+from neptune_eq.plan import Combine
 from neptune_eq.runtime import compile_ir
 
 FOLD = Options(fold_rows=True)
@@ -191,3 +196,54 @@ def test_a_column_sum_over_part_of_the_rows_is_not_folded():
     P.output("db", ne.sum(ne.where(i.index < 100, g, 0.0), i), (d,))
     prog = compile_ir(P.build(), Options(min_chunk=16, fold_rows=True))
     assert not _folded(prog)
+
+
+
+def _rms_map_backward(m: int, n: int) -> ir.Program:
+    """The map backward of F.rms_norm feeding a matmul, as the capture writes it: Σ_d x² inside the
+    weight gradient's Σ_i, over the row's own axis d (the dsl would rename that inner d apart)."""
+    x, g, w = Load("x", (Index("i"), Index("d"))), Load("g", (Index("i"), Index("d"))), Load("w", (Index("d"),))
+    r = _call("rsqrt", _call("add", _call("mul", Reduce("sum", "d", _call("mul", x, x)), Const(1.0 / n)),
+                             Const(1e-6)))
+    s = Reduce("sum", "d", _call("mul", g, _call("mul", w, x)))
+    dx = _call("sub", _call("mul", _call("mul", g, r), w),
+               _call("mul", _call("mul", _call("mul", s, _call("mul", r, _call("mul", r, r))), Const(1.0 / n)), x))
+    dw = Reduce("sum", "i", _call("mul", _call("mul", g, r), x))
+    specs = {t: ir.TensorSpec(t, ax, "bfloat16") for t, ax in (("x", ("i", "d")), ("g", ("i", "d")), ("w", ("d",)))}
+    return ir.Program("rms_map_backward", {"i": m, "d": n}, specs,
+                      [ir.Output("dx", ("i", "d"), dx, "bfloat16"), ir.Output("dw", ("d",), dw, "bfloat16")]).validate()
+
+
+def _call(op: str, *args: ir.Node) -> ir.Node:
+    return ir.Call(op, args)
+
+
+def test_a_folded_rows_combine_tiles_the_row_across_programs():
+    """The folded kernel holds d whole for its Σ_d; its combine folds the chunks' column sums and sums no
+    d: it runs in column tiles (until session 69 it inherited the whole 4096-wide row, one program
+    reading every chunk: priced 20 to 55 µs at 32 to 128 chunks where 64 programs take a few)."""
+    c = compile_program(_rms_map_backward(4096, 4096), FOLD)
+    combines = [(alt, k, s) for alt in c.alternatives if alt.plan.folded
+                for k, s in zip(alt.plan.kernels, alt.schedules) if any(isinstance(ph, Combine) for ph in k.phases)]
+    assert combines
+    for alt, k, s in combines:
+        programs = math.prod(-(-c.program.axes[a] // s.tiles.get(a, 1)) for a in k.grid)
+        assert programs >= 32, (alt.structure, k.grid, s.tiles)
+
+
+def test_the_rms_map_backward_and_its_tiled_combine_match_float64():
+    m, n = 300, 150  # the combine in column tiles of 64: three programs, the last one partial
+    prog = compile_ir(_rms_map_backward(m, n), Options(min_chunk=16, fold_rows=True))
+    g = torch.Generator().manual_seed(0)
+    xs = {"x": torch.randn(m, n, generator=g).bfloat16(), "w": torch.randn(n, generator=g).bfloat16(),
+          "g": torch.randn(m, n, generator=g).bfloat16()}
+    x, w, gy = (xs[k].double() for k in ("x", "w", "g"))
+    r = torch.rsqrt((x * x).sum(-1, keepdim=True) / n + 1e-6)
+    s = (gy * w * x).sum(-1, keepdim=True)
+    want = {"dx": gy * r * w - s * r ** 3 / n * x, "dw": (gy * r * x).sum(0)}
+    split = [a.id for a in prog.alternatives if a.plan.folded and a.plan.kernels[0].chunks > 1]
+    assert split and prog.alternatives[split[0]].schedules[1].tiles["d"] < n
+    got = prog.pin(split[0]).run(xs)
+    for k in ("dx", "dw"):
+        err = float((got[k].double() - want[k]).norm() / want[k].norm())
+        assert err < 1e-2, (prog.alternatives[split[0]].structure, k, err)
