@@ -23,7 +23,7 @@ from neptune_eq.contraction import gemm_sides, is_product, masked_body, opened, 
 from neptune_eq.device import DeviceSpec
 from neptune_eq.lower.contract import tensor_core_dot
 from neptune_eq.lower.eviction import reread
-from neptune_eq.lower.passes import combine_unroll
+from neptune_eq.lower.passes import combine_unroll, plain_states
 from neptune_eq.masks import affine_part
 from neptune_eq.numeric import compute_dtype
 from neptune_eq.ops import OPS
@@ -226,7 +226,7 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
                 c.alu += el * 8 * ph.chunks
                 c.sfu += el * 2 * ph.chunks
             # a loop over the chunk states, each step waiting about a memory latency on its loads
-            steps_chain += ph.chunks / combine_unroll(ph.chunks)
+            steps_chain += ph.chunks / combine_unroll(ph.chunks, plain_states(ph.source))
             continue
         iters = 1.0 if sched.resident else _pass_tiles(ph, k, program, tiles) / max(1, ph.split)
         iters_total += iters

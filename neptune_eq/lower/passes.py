@@ -353,15 +353,25 @@ def _min(xs: list[str]) -> str:
 # latency for all of them, where one chunk a step waited that long for each (RMSNorm's weight
 # gradient, 128 chunks of 8192 columns in 64-column programs: 77 µs, H100, 2026-12-06)
 COMBINE_UNROLL = 8
+# ... where every state folds by its monoid alone (a column sum: one add a chunk, no correction): a
+# step's loads cost a register each per column tile, so a step takes four times as many (a folded
+# norm backward fills the machine with 128 to 256 chunks of rows: 16 to 32 steps of eight)
+PLAIN_COMBINE_UNROLL = 32
 
 
-def combine_unroll(chunks: int) -> int:
+def combine_unroll(chunks: int, plain: bool = False) -> int:
     """Chunk states folded per step of a combine loop: the largest power of two up to COMBINE_UNROLL
-    that divides `chunks` (CHUNKS is a constexpr: no step runs past the last chunk)."""
-    u = COMBINE_UNROLL
+    (PLAIN_COMBINE_UNROLL for states folded without corrections, `plain`) that divides `chunks`
+    (CHUNKS is a constexpr: no step runs past the last chunk)."""
+    u = PLAIN_COMBINE_UNROLL if plain else COMBINE_UNROLL
     while chunks % u:
         u //= 2
     return u
+
+
+def plain_states(ps: Pass) -> bool:
+    """Does every state of pass `ps` combine by its monoid alone (no correction, no affine terms)?"""
+    return all(not c.affine and not (c.producers and c.corr is not None) for c in ps.comps)
 
 
 def _combine_phase(w: KernelWriter, cb: Combine) -> None:
@@ -375,7 +385,7 @@ def _combine_phase(w: KernelWriter, cb: Combine) -> None:
     body: list[str] = []
     w.hoist_lines, w.hoist_depth = outer_lines, outer_depth
     w.lines, w.depth = body, outer_depth + 1
-    unroll = combine_unroll(cb.chunks)
+    unroll = combine_unroll(cb.chunks, plain_states(ps))
     for u in range(unroll):
         w.emit(f"pid_chunk = chunk0 + {u}")
         scope = _Scope(axis=ir.CHUNK, variant={c.ref(k) for c in ps.comps for k in ir.RUNNING}, lines=body,
