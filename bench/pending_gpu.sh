@@ -21,6 +21,9 @@
 #                                    # after): the fp32_rows step alone
 #     bash bench/pending_gpu.sh i    # session 67: where sweep 5's two slow training rows spend their time (native
 #                                    # F.rms_norm -> matmul 0.55x eager, triplet margin 0.73x), then h's CLIP row
+#     bash bench/pending_gpu.sh j    # session 69: the folded norm backward's combine in column tiles and its
+#                                    # chunk counts (predicted 128 first), each timed beside its prediction;
+#                                    # the RMSNorm -> matmul step against torch.compile; the plain norms' parts
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -80,6 +83,13 @@ case "${1:-}" in
     step sweep5_rest 500 python3 bench/sweep_fifth.py --only poisson multilabel bce l1_loss pairwise nll_weight \
       entropy frobenius std_standardise sdpa --out "$OUT/sweep5_rest/rows.json"
     ;;
+  j)
+    step map_backward 200 python3 bench/probe_backward_parts.py "native_rms_norm_matmul fwd+bwd 4096x4096->4096 bf16" \
+      --only _operands --alternatives 8 --kernels
+    step rms_mm_step 150 python3 bench/probe_sweep_kernels.py "native_rms_norm_matmul fwd+bwd" --alternatives 0 --compile
+    step norm_parts 240 python3 bench/probe_backward_parts.py "rms_norm fwd+bwd 16384x4096 bf16" \
+      "gemma_rms_norm fwd+bwd 16384x2304 bf16" --alternatives 6 --kernels
+    ;;
   i)
     step sweep5_kernels 300 python3 bench/probe_sweep_kernels.py "native_rms_norm_matmul fwd+bwd" "triplet_margin fwd+bwd" \
       --compile --explain
@@ -90,7 +100,7 @@ case "${1:-}" in
     step fp32_rows 200 python3 bench/sweep_fifth.py --only clip cosine --out "$OUT/fp32_rows/rows.json"
     ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j" >&2
     exit 2
     ;;
 esac
