@@ -19,8 +19,7 @@ def library_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     """A plain matrix product run by the vendor's GEMM (lower/library.py): its products at the rate
     dev.tensor_flops was measured at (torch.mm; float32 at the SGEMM's share of the FMA pipe: torch's
     default IEEE precision), in waves of output tiles as large as the schedule's, each operand read once
-    and the output written once, and the checked launch path it keeps (a library call takes tensors, not
-    the addresses a bound call passes)."""
+    and the output written once, and the host time of a torch.matmul call beyond a bound Triton launch."""
     g = library_gemm(k, plan, program)
     flops = 2.0 * math.prod(program.axes[a] for a in g.out_axes) * program.axes[g.k]
     tiles = 1
@@ -31,6 +30,6 @@ def library_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     rate = dev.tensor_flops if g.dtype != "float32" else 2.0 * dev.fma_per_s * dev.sgemm_efficiency  # (SGEMM)
     t_mem, t_tc = hbm / dev.hbm_bytes_per_s, flops / rate / fill
     work = max(t_mem, t_tc) + dev.overlap * min(t_mem, t_tc)
-    time = work + dev.launch_s + dev.checked_call_s
+    time = work + dev.launch_s + dev.library_call_s
     return KernelCost(k.name, tiles, 1.0, hbm, hbm, flops, 0.0, 0.0, t_mem, t_tc, 0.0, 0.0, fill, t_mem, time,
                       work=work)

@@ -71,7 +71,7 @@ def _run(key: str, run, inputs: dict[str, torch.Tensor], dtypes=None) -> dict[st
         hit = _BOUND.get(layout)
         if hit is not None and hit[0] is launcher:
             _, bound, names, shapes = hit
-            return dict(zip(names, bound([t.data_ptr() for t in ts], shapes)))
+            return dict(zip(names, bound([t.data_ptr() for t in ts], shapes, ts)))
     res = run.run(inputs, dtypes)
     if fast:
         from .frontend.compiled import bind_after

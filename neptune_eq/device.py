@@ -43,10 +43,11 @@ class DeviceSpec:
     # its training step ~300 µs of device time in those operations against 82 µs for all its kernels.
     # 0: every such loop bounded (the data are known to leave tiles out)
     data_bound_call_s: float = 150e-6
-    # what a call that cannot launch bound kernels (a library GEMM takes tensors, not addresses) spends
-    # on the host beyond one that can: the checked path's dicts, shapes and specialisation keys. A
-    # layout's checked call took 124 µs against a bound call's 48-54 (H100, 2026-11-24, README)
-    checked_call_s: float = 60e-6
+    # what a library GEMM (lower/library.py) costs the host beyond a bound Triton launch: torch.matmul's
+    # dispatch and the views of the call's tensors it runs on. Until session 69 such a plan kept the
+    # checked path (124 µs a call against a bound call's 48-54, H100, 2026-11-24: priced 60 µs); now it
+    # binds too. Estimated, not micro-benchmarked
+    library_call_s: float = 10e-6
     # the fraction of the FMA pipe's peak (at the clock above) a float32 IEEE tl.dot sustains, and the
     # vendor's SGEMM (cuBLAS at torch's default float32 precision, TF32 off). Micro-benchmarked on an
     # H100 (bench/probe_fp32_dot.py, 4096³, 2026-12-06): torch.mm 51.7 TF/s of 59.3 (0.87); Triton 3.6's

@@ -36,6 +36,30 @@ def test_bound_call_fills_addresses_and_allocates_outputs():
     assert launches[0][1][0] is None  # the template is not modified
 
 
+def test_bound_call_runs_a_library_gemm_on_views_of_the_calls_tensors():
+    """A library GEMM takes tensors: the bound call views the call's own (an input passed as a
+    flat buffer of the same address, the output it allocates) as laid out at binding; a fixed
+    buffer stays the one bound. Given addresses alone, it refuses (internal error, named)."""
+    from neptune_eq.ir import NeptuneError
+    from neptune_eq.lower.library import LibraryGemm
+
+    seen = []
+    g = LibraryGemm("x", ("i", "d"), "w", ("d", "e"), "y", ("i", "e"), "d", "float32")
+    w = torch.randn(5, 3)
+    # x (slot 0) was bound as a 4 × 5 transposed view (strides 1, 4); y is output slot 1 (4 × 3, contiguous)
+    views = (("x", 0, (4, 5), (1, 4), None), ("w", None, (5, 3), (3, 1), w), ("y", 1, (4, 3), (3, 1), None))
+    call = BoundCall([(lambda *a: seen.append(a), [None], ((0, 1),)), (g, views, None)],
+                     [(torch.float32, torch.device("cpu"))], keep=[w])
+    assert call.library
+    xt = torch.randn(5, 4)  # x's storage: x = xt.T
+    flat = xt.reshape(-1)
+    (y,) = call([flat.data_ptr()], [(12,)], [flat])
+    assert seen == [(y.data_ptr(),)] and y.shape == (12,)
+    torch.testing.assert_close(y.view(4, 3), xt.T @ w)
+    with pytest.raises(NeptuneError, match="library GEMM"):
+        call([flat.data_ptr()], [(12,)])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU kernels need the interpreter, off on a GPU machine")
 def test_cpu_calls_take_the_checked_path():
     q, k, v = neptune_ops.example_inputs("gqa_dc", 64, head_dim=16, heads=(4, 2))
@@ -109,3 +133,54 @@ def test_training_steps_after_the_first_take_bound_launches_and_match_float64():
         layer(x64, w64).backward(gy.double())
         assert rel_err(x.grad, x64.grad)[0] < 1e-5 and rel_err(w.grad, w64.grad)[0] < 1e-5, step
     assert len(autograd._BOUND) >= before + 2  # the forward's layout and the backward's
+
+
+@cuda
+def test_a_library_gemm_plan_binds_and_matches_float64():
+    """A plan whose product runs as the vendor's GEMM binds its launches too (it had kept the checked
+    path); later calls on fresh values go through the bound call and match float64."""
+    import neptune_eq
+    from neptune_eq.frontend.compiled import CompiledFunction
+
+    def f(x, w):
+        return torch.relu(x) @ w
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x0 = torch.randn(512, 384, device="cuda", generator=g, dtype=torch.float16)
+    w0 = torch.randn(384, 256, device="cuda", generator=g, dtype=torch.float16)
+    base = neptune_eq.compile(f, x0, w0)
+    lib = next(a for a in base.alternatives if "library" in a.kind)
+    fn = CompiledFunction(base.captured, base.program.pin(lib.id))
+    for _ in range(4):
+        x = torch.randn(512, 384, device="cuda", generator=g, dtype=torch.float16)
+        w = torch.randn(384, 256, device="cuda", generator=g, dtype=torch.float16)
+        assert rel_err(fn(x, w).double(), f(x.double(), w.double()))[0] < 2e-3
+    assert [b.library for _, b in fn._bound.values()] == [True]
+
+
+@cuda
+def test_training_with_library_gemms_binds_and_matches_float64():
+    """RMSNorm → matmul at 4096: its forward and backward GEMMs run as library GEMMs, bound after the
+    first step (host 937 µs a step in the checked path against eager's 410, H100, session 69)."""
+    import torch.nn.functional as F
+
+    import neptune_eq
+    from neptune_eq import autograd
+
+    def f(x, w, W):
+        return F.rms_norm(x, (x.shape[-1],), w, eps=1e-6) @ W
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shapes = ((4096, 4096), (4096,), (4096, 4096))
+    prog = neptune_eq.compile(f, *(torch.randn(s, device="cuda", generator=g, dtype=torch.bfloat16) for s in shapes))
+    before = set(autograd._BOUND)
+    for step in range(3):
+        xs = [torch.randn(s, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_() for s in shapes]
+        gy = torch.randn(4096, 4096, device="cuda", generator=g, dtype=torch.bfloat16)
+        prog(*xs).backward(gy)
+        ref = [x.detach().double().requires_grad_() for x in xs]
+        f(*ref).backward(gy.double())
+        for x, r in zip(xs, ref):
+            assert rel_err(x.grad, r.grad)[0] < 2e-2, step
+    bound = [autograd._BOUND[k][1] for k in set(autograd._BOUND) - before]
+    assert any(b.library for b in bound), bound

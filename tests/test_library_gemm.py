@@ -211,7 +211,7 @@ def test_a_sum_read_elsewhere_keeps_its_factor_after_the_dot():
 
 def test_the_cost_model_takes_the_library_gemm_where_the_product_is_large():
     small = compile_ir(_rms_matmul())
-    assert "library" not in small.alternatives[0].kind  # a checked call's host time outweighs a tiny GEMM
+    assert "library" not in small.alternatives[0].kind  # a library call's host time outweighs a tiny GEMM
     x, w, W = (torch.empty(*s, dtype=torch.bfloat16) for s in ((4096, 8192), (8192,), (8192, 8192)))
     program = capture(_torch_rms_matmul, x, w, W).program
     large = compile_program(program, Options(device=H100))
@@ -238,8 +238,8 @@ def test_a_dynamic_length_reaches_the_library_gemm(tmp_path):
 
     g = torch.Generator().manual_seed(3)
     x, W = torch.randn(40, 64, generator=g).bfloat16(), torch.randn(64, 48, generator=g).bfloat16()
-    # (a device whose checked calls cost nothing: the model then takes the library GEMM at this size)
-    f = neptune_eq.compile(fn, x, W, dynamic={0: [0]}, device=H100.scaled(checked_call_s=0.0), cache_dir=tmp_path)
+    # (a device whose library calls cost the host nothing: the model then takes the library GEMM at this size)
+    f = neptune_eq.compile(fn, x, W, dynamic={0: [0]}, device=H100.scaled(library_call_s=0.0), cache_dir=tmp_path)
     assert "library GEMM" in f.explain()
     for n in (40, 33, 57):  # (one bucket of lengths: 33-64)
         xs = torch.randn(n, 64, generator=g).bfloat16()
@@ -259,7 +259,7 @@ def test_training_under_torch_compile_runs_its_gradient_products_as_library_gemm
 
     g = torch.Generator().manual_seed(5)
     x, w, W = (torch.randn(*s, generator=g).bfloat16() for s in ((48, 64), (64,), (64, 40)))
-    prog = neptune_eq.compile(_torch_rms_matmul, x, w, W, device=H100.scaled(checked_call_s=0.0), cache_dir=tmp_path)
+    prog = neptune_eq.compile(_torch_rms_matmul, x, w, W, device=H100.scaled(library_call_s=0.0), cache_dir=tmp_path)
     model = torch.compile(lambda a, b, c: prog(a, b, c).float().sum())
     leaves = [t.clone().requires_grad_() for t in (x, w, W)]
     model(*leaves).backward()

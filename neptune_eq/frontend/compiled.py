@@ -78,7 +78,8 @@ class CompiledFunction:
             hit = self._bound.get(key)
             if hit is not None and hit[0] is launcher:
                 if hit[1] is not None:
-                    return cap.finish(args, hit[1](ptrs, cap.output_shapes))
+                    return cap.finish(args, hit[1](ptrs, cap.output_shapes,
+                                                   input_args(cap, args) if hit[1].library else None))
             else:
                 fresh = True
         inputs = checked if checked is not None else cap.inputs(*args)
@@ -136,6 +137,11 @@ def call_layout(captured, args) -> tuple[tuple, list[int]] | None:
         if b.input is not None:
             ptrs.append(p)
     return tuple(key), ptrs
+
+
+def input_args(captured, args) -> list[torch.Tensor]:
+    """The arguments holding the program's inputs, in call_layout's order of their addresses."""
+    return [a for b, a in zip(captured.args, args) if b.is_tensor and b.input is not None]
 
 
 def check_replayer(checks) -> Replayer:

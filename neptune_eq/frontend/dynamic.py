@@ -46,7 +46,7 @@ from .buckets import (
 )
 from .capture import Captured
 from .checks import run_checks
-from .compiled import bind_after, call_layout, check_replayer, replay_checks
+from .compiled import bind_after, call_layout, check_replayer, input_args, replay_checks
 from .dynamic_axes import Lengths, NotDynamic, arg_axes, proved_checks, resolve, tie_lengths  # noqa: F401  (also imported from here)
 from .guards import same_value
 
@@ -355,7 +355,8 @@ class DynamicFunction:
                 if hit[1] is _SEEN:
                     fresh = True
                 elif hit[1] is not None:
-                    return cap.finish(args, hit[1](ptrs, self.output_shapes(ns)))
+                    return cap.finish(args, hit[1](ptrs, self.output_shapes(ns),
+                                                   input_args(cap, args) if hit[1].library else None))
             else:  # a length's first call stays as cheap as it can: binding waits for a second call
                 self._bound[key] = (launcher, _SEEN)
         inputs = inputs if inputs is not None else self.inputs(args, ns)

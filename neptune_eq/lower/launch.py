@@ -272,9 +272,8 @@ class Launcher:
         if wide is not None:
             return wide.bind(inputs, order, out_dtypes)
         device = next(iter(inputs.values())).device
-        if device.type != "cuda" or self._descriptors or any(ks.data_bounds or ks.library for ks in self.kernels):
-            # (loop bounds read from the inputs' values are worked out on every call; a library GEMM
-            # takes tensors, not addresses: the cost model prices the checked path it keeps)
+        if device.type != "cuda" or self._descriptors or any(ks.data_bounds for ks in self.kernels):
+            # (loop bounds read from the inputs' values are worked out on every call)
             return None
         slot = {name: k for k, name in enumerate(order)}
         calls, out_shapes, axes = self._at(inputs)
@@ -286,7 +285,12 @@ class Launcher:
         for name in self.plan.buffers:
             tensors[name] = self._buffers.get(device, name, axes)
         launches = []
-        for ki, (_, names, extents, grid, interp_kw, _) in enumerate(calls):
+        for ki, (fn, names, extents, grid, interp_kw, _) in enumerate(calls):
+            if isinstance(fn, LibraryGemm):  # it takes tensors: views of the call's, laid out as these
+                views = tuple((n, slot.get(n), tuple(tensors[n].shape), tuple(tensors[n].stride()),
+                               None if n in slot else tensors[n]) for n in dict.fromkeys((fn.a, fn.b, fn.out)))
+                launches.append((fn, views, None))
+                continue
             xs = [tensors[n] for n in names]
             ck = self._runners.get(self._key(ki, device, xs))
             if ck is None:
@@ -306,15 +310,28 @@ class BoundCall:
     addresses (Triton takes a pointer argument as an int). Calling it allocates the outputs in the
     given shapes (the element counts of the program's outputs; stored contiguously) and launches
     the compiled kernels directly: no input dicts, reshapes, checks or specialisation keys, which
-    a decode step, tens of microseconds of GPU work, would otherwise wait on."""
+    a decode step, tens of microseconds of GPU work, would otherwise wait on. A library GEMM
+    (lower/library.py) takes tensors: the call then also passes the tensors whose addresses `ptrs`
+    are (`tensors`, `library` says so), and the GEMM runs on views of them laid out as at binding.
+    (Until session 69 a plan with a library GEMM kept the checked path: RMSNorm → matmul's training
+    step spent 937 µs of host time against eager PyTorch's 410, H100, bench/probe_step_host.py.)"""
 
     def __init__(self, launches: list, outs: list[tuple[torch.dtype, torch.device]], keep: list):
         self.launches, self.outs, self._keep = launches, outs, keep
+        self.library = any(slots is None for _, _, slots in launches)
 
-    def __call__(self, ptrs: list[int], out_shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    def __call__(self, ptrs: list[int], out_shapes: list[tuple[int, ...]],
+                 tensors: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         outs = [torch.empty(shape, dtype=dt, device=dev) for shape, (dt, dev) in zip(out_shapes, self.outs)]
         addr = [*ptrs, *(o.data_ptr() for o in outs)]
         for runner, argv, slots in self.launches:
+            if slots is None:
+                if tensors is None:
+                    raise NeptuneError("internal: a bound call with a library GEMM was given addresses, not tensors")
+                at = [*tensors, *outs]
+                run_gemm(runner, {n: fixed if fixed is not None else at[k].as_strided(shape, stride)
+                                  for n, k, shape, stride, fixed in argv})
+                continue
             args = list(argv)
             for pos, k in slots:
                 args[pos] = addr[k]
