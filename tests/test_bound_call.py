@@ -184,3 +184,30 @@ def test_training_with_library_gemms_binds_and_matches_float64():
             assert rel_err(x.grad, r.grad)[0] < 2e-2, step
     bound = [autograd._BOUND[k][1] for k in set(autograd._BOUND) - before]
     assert any(b.library for b in bound), bound
+
+
+def test_a_library_gemm_plan_binds_its_views_and_matches_float64(monkeypatch):
+    """Launcher.bind on a plan that is one library GEMM (the CPU standing in for CUDA: the GEMM runs
+    through torch either way): the bound call reads fresh inputs at the bound layout — x passed
+    transposed in memory — through views laid out as at binding, and matches float64."""
+    import neptune_eq
+    from neptune_eq.lower.launch import Launcher
+
+    monkeypatch.setattr(Launcher, "_binds_on", staticmethod(lambda device: True))
+    g = torch.Generator().manual_seed(7)
+    xt, w = torch.randn(48, 40, generator=g).bfloat16(), torch.randn(48, 24, generator=g).bfloat16()
+    base = neptune_eq.compile(lambda x, w: x @ w, xt.T, w)
+    lib = next(a for a in base.alternatives if a.kind == "library GEMM (torch.matmul)")
+    prog = base.program.pin(lib.id)
+    launcher = prog.launcher("interpreter")
+    order = list(prog.program.inputs)
+    inputs = {"x": xt.T, "w": w} if order[0] != "w" else {"w": w, "x": xt.T}
+    assert set(inputs) == set(order), order
+    launcher(inputs)
+    bound = launcher.bind(inputs, order)
+    assert bound is not None and bound.library
+    for _ in range(2):
+        xt2, w2 = torch.randn(48, 40, generator=g).bfloat16(), torch.randn(48, 24, generator=g).bfloat16()
+        fresh = {"x": xt2.T, "w": w2}
+        (out,) = bound([fresh[n].data_ptr() for n in order], [(40, 24)], [fresh[n] for n in order])
+        assert rel_err(out.double(), xt2.T.double() @ w2.double())[0] < 1e-2
