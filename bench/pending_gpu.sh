@@ -21,9 +21,9 @@
 #                                    # after): the fp32_rows step alone
 #     bash bench/pending_gpu.sh i    # session 67: where sweep 5's two slow training rows spend their time (native
 #                                    # F.rms_norm -> matmul 0.55x eager, triplet margin 0.73x), then h's CLIP row
-#     bash bench/pending_gpu.sh j    # session 69: the folded norm backward's combine in column tiles and its
-#                                    # chunk counts (predicted 128 first), each timed beside its prediction;
-#                                    # the RMSNorm -> matmul step against torch.compile; the plain norms' parts
+#     bash bench/pending_gpu.sh j    # session 69: library-GEMM plans bound (their CUDA tests, the host time of
+#                                    # RMSNorm -> matmul's step: 937 us before); the folded norm backward's
+#                                    # chunk counts again, the step against torch.compile; the plain norms' parts
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -84,6 +84,8 @@ case "${1:-}" in
       entropy frobenius std_standardise sdpa --out "$OUT/sweep5_rest/rows.json"
     ;;
   j)
+    step cuda_tests 200 python3 -m pytest -q tests/test_bound_call.py tests/test_library_gemm.py
+    step step_host 90 python3 bench/probe_step_host.py "native_rms_norm_matmul fwd+bwd 4096x4096->4096 bf16"
     step map_backward 200 python3 bench/probe_backward_parts.py "native_rms_norm_matmul fwd+bwd 4096x4096->4096 bf16" \
       --only _operands --alternatives 8 --kernels
     step rms_mm_step 150 python3 bench/probe_sweep_kernels.py "native_rms_norm_matmul fwd+bwd" --alternatives 0 --compile
