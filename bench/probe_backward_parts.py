@@ -19,6 +19,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host_profile import kernel_times
+from probe_sweep_kernels import _step
 from sweeps import row_named
 
 import neptune_eq
@@ -40,10 +41,7 @@ def main() -> None:
         xs = row.make("cuda", g, False)
         prog = neptune_eq.compile(row.fn, *xs)
         before = set(autograd._RUNNERS)
-        leaves = tuple(x.detach().requires_grad_(x.is_floating_point() and k not in row.buffers)
-                       for k, x in enumerate(xs))
-        out = prog(*leaves)
-        out.backward(torch.ones_like(out))
+        _step(prog, row, xs)()  # (one training step: it compiles the programs timed below)
         torch.cuda.synchronize()
         print(f"== {row.name}\n{prog.explain()}", flush=True)
         for key in [k for k in autograd._RUNNERS if k not in before and a.only in k]:

@@ -59,7 +59,7 @@ _BOUND: dict[tuple, tuple] = {}  # (program key, input layout) → (launcher, Bo
 def _run(key: str, run, inputs: dict[str, torch.Tensor], dtypes=None) -> dict[str, torch.Tensor]:
     """`run.run(inputs, dtypes)`, the first time for a layout of the inputs (shapes, dtypes, strides,
     16-byte alignment, device); later calls at that layout launch its kernels bound to the addresses
-    (lower/launch.BoundCall), as a compiled function's own calls do: a training step's forward and
+    (lower/bound.BoundCall), as a compiled function's own calls do: a training step's forward and
     backward had spent 300 and 800 µs of host time each in the checked path (H100, attention at
     L 3000 and RMSNorm, bench/probe_step_host.py), more than their kernels."""
     order = run._input_order

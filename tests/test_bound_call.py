@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from neptune_eq.frontend import CaptureError, capture
-from neptune_eq.lower.launch import BoundCall
+from neptune_eq.lower.bound import BoundCall
 from neptune_eq.verify import rel_err
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
