@@ -14,8 +14,9 @@ plan (torch.compile's, Liger's) reads the probabilities of a chunk of tokens wri
 size (8192 × 4096 → 128256) the best plan found is predicted 1.6 s (2.2 s with a 30000-node budget),
 against ~51 ms measured for forward + saved backward: a pass that accumulates dH = Σⱼ p·W holds a tile of
 the 4096-wide hidden axis per program and recomputes the logits for each tile (3 TB of traffic predicted).
-The joint program is not an alternative yet; with the hidden axis that wide, the three-GEMM plan must
-write the probabilities of a token chunk once.
+Session 70: the joint program is a training alternative (neptune_eq.grad_joint, ranked by
+neptune_eq.autograd); with products split from their epilogues (extract/gemm_split.py) and the plan
+space ordered cover by cover, its best plan at the full size is three library GEMMs, 41.4 ms predicted.
 """
 
 from __future__ import annotations
@@ -30,23 +31,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from beyond.programs import linear_ce
 
-from neptune_eq import ir
+from neptune_eq import grad_joint, ir
 from neptune_eq.frontend import capture
 from neptune_eq.grad import backward_program
+from neptune_eq.grad_joint import why_no_joint
 from neptune_eq.pipeline import Options
 from neptune_eq.runtime import compile_ir
 
 
 def joint_program(fwd: ir.Program) -> ir.Program:
-    """Outputs of `fwd` (scalars) and their gradients at upstream 1, as one program."""
-    if any(o.axes for o in fwd.outputs):
-        raise ValueError("a joint program needs scalar outputs (the gradient is linear in the upstream only then)")
-    bp = backward_program(fwd, saved=False).program
-    upstream = [n for n in bp.inputs if n.startswith("grad_out")]
-    one = {ir.Load(n, ()): ir.Const(1.0) for n in upstream}
-    outs = list(fwd.outputs) + [ir.Output(o.name, o.axes, ir.substitute(o.expr, one), o.dtype) for o in bp.outputs]
-    inputs = {n: s for n, s in bp.inputs.items() if n not in upstream}
-    return ir.Program(fwd.name + "_joint", dict(fwd.axes) | dict(bp.axes), inputs, outs).validate()
+    """Outputs of `fwd` (one scalar) and their gradients at upstream 1, as one program (neptune_eq.grad_joint)."""
+    why = why_no_joint(fwd)
+    if why is not None:
+        raise ValueError(f"no joint program: {why}")
+    return grad_joint.joint_program(fwd, backward_program(fwd, saved=False)).program
 
 
 def main():

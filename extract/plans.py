@@ -22,6 +22,7 @@ from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 
 from .fold_rows import fold_row_kernels
+from .gemm_split import split_gemm_epilogues
 from .hoist import hoist_row_conditions
 from .materialise import materialise_inline, materialise_operands
 from .merge import merge_shared_sums
@@ -57,6 +58,7 @@ class PlanSpace:
     inline_max: int = 256
     max_plans: int = 200
     fold_rows: bool = False  # also offer each plan with a row kernel folded (fold_rows.py)
+    gemm_split: bool = False  # also offer each plan with its products' epilogues split off (gemm_split.py)
     _cache: dict = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)  # loops whose terms could not be extracted, and why
     bad_loops: set[int] = field(default_factory=set)
@@ -153,42 +155,49 @@ def enumerate_plans(space: PlanSpace) -> list[Plan]:
             policies.append(inline)
 
     def plans_of(inline: set[str], covers):
-        """The new plans of `covers` under `inline`, fewest passes first."""
-        for cover in sorted(covers, key=len):
-            split_choices = [[1, *space.splits.get(idx, [])] for idx, _ in cover]
-            for splits in itertools.product(*split_choices):
-                if sum(s > 1 for s in splits) > 1:
-                    continue  # at most one split pass per plan keeps the space small
-                # (operands not written; written, by map passes where they read no reduction; written,
-                # by an earlier kernel's epilogue where they can)
-                nothing: set[bool] = set()  # `fused` choices with no operand to write (with or without epilogues)
-                for fused, (materialise, epilogues, row_factors) in itertools.product(
-                        (True, False), ((False, False, False), (True, False, False), (True, True, False),
-                                        (True, False, True))):
-                    if any(idx in space.bad_loops for idx, _ in cover) or (
-                            materialise and not row_factors and fused in nothing):  # (a row factor makes one)
-                        continue
-                    try:
-                        plan = build_plan(space, inline, cover, splits, fused, materialise, epilogues, row_factors)
-                    except NoOperands:
-                        nothing.add(fused)
-                        continue
-                    except LoopTermError as e:  # a correction the (budget-cut) e-graph cannot give
-                        space.bad_loops.add(e.loop)
-                        space.dropped.append(e.why)
-                        continue
-                    except LookupError as e:  # an output's term, cut the same way: this plan only
-                        why = str(e).strip("'\"")
-                        if why not in space.dropped:  # (each reason once: the message had repeated it per plan)
-                            space.dropped.append(why)
-                        continue
-                    if plan is None:
-                        continue
-                    for p in (plan, *(fold_row_kernels(plan, space.program) if space.fold_rows else ())):
-                        sig = _signature(p)
-                        if sig not in seen:
-                            seen.add(sig)
-                            yield p
+        """The new plans of `covers` under `inline`, fewest passes first: every cover unsplit, then
+        each with one pass split (at most one split pass per plan keeps the space small). Cover by
+        cover, a cover's five split counts of a pass it need not split had filled max_plans before
+        the covers that keep each product alone (linear cross-entropy's joint loss and gradients:
+        200 plans, every one fusing its gather into the logits' GEMM)."""
+        ordered = sorted(covers, key=len)
+        unsplit = ((c, (1,) * len(c)) for c in ordered)
+        split = ((c, s) for c in ordered for s in itertools.product(*[[1, *space.splits.get(idx, [])] for idx, _ in c])
+                 if sum(n > 1 for n in s) == 1)
+        for cover, splits in itertools.chain(unsplit, split):
+            # (operands not written; written, by map passes where they read no reduction; written,
+            # by an earlier kernel's epilogue where they can)
+            nothing: set[bool] = set()  # `fused` choices with no operand to write (with or without epilogues)
+            for fused, (materialise, epilogues, row_factors) in itertools.product(
+                    (True, False), ((False, False, False), (True, False, False), (True, True, False),
+                                    (True, False, True))):
+                if any(idx in space.bad_loops for idx, _ in cover) or (
+                        materialise and not row_factors and fused in nothing):  # (a row factor makes one)
+                    continue
+                try:
+                    plan = build_plan(space, inline, cover, splits, fused, materialise, epilogues, row_factors)
+                except NoOperands:
+                    nothing.add(fused)
+                    continue
+                except LoopTermError as e:  # a correction the (budget-cut) e-graph cannot give
+                    space.bad_loops.add(e.loop)
+                    space.dropped.append(e.why)
+                    continue
+                except LookupError as e:  # an output's term, cut the same way: this plan only
+                    why = str(e).strip("'\"")
+                    if why not in space.dropped:  # (each reason once: the message had repeated it per plan)
+                        space.dropped.append(why)
+                    continue
+                if plan is None:
+                    continue
+                variants = [plan, *(fold_row_kernels(plan, space.program) if space.fold_rows else ())]
+                if space.gemm_split:
+                    variants += [s for p in variants if (s := split_gemm_epilogues(p, space.program))]
+                for p in variants:
+                    sig = _signature(p)
+                    if sig not in seen:
+                        seen.add(sig)
+                        yield p
 
     explored = 0
     streams = []  # each policy's plans, in the order its covers give them

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from . import ir
+from .autograd_joint import joint_training_op, scaling_s, scratch_over
 from .grad import Backward, NoBackward
 from .training import _derive, _Training, lengths_of, shape_at
 
@@ -90,7 +91,7 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
     e-graphs of a compile must be freed on the thread that made them — egglog's are unsendable)."""
     if t.chosen is not None:
         return t.chosen
-    options = []
+    options, notes = [], []
     # (a dynamic bucket's training prices its plans at its range's lengths: frontend/buckets.PricedAt)
     time = getattr(compile_fn, "time", lambda run: run.alternative.predicted_time)
     for mode, back in (("saved", t.saved), ("recompute", t.recompute)):
@@ -106,8 +107,24 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
                                            f" + bwd {time(bwd) * 1e6:.1f} µs "
                                            f"({bwd.alternative.structure})"
                                            + (f"; {bwd.chunking.describe()}" if bwd.chunking else "")))
+    run = _compiled(f"{qualname}:joint", t.joint.program, compile_fn) if t.joint is not None else None
+    over = scratch_over(run) if run is not None else None
+    if over is not None:
+        notes.append(f"joint: not offered, {over}")
+    elif run is not None:
+        scale = scaling_s(t.joint, run)
+        options.append((time(run) + scale, "joint", t.recompute,
+                        f"joint: the forward computes the gradients at upstream 1 beside the loss, the backward "
+                        f"scales them; predicted {time(run) * 1e6:.1f} + scaling {scale * 1e6:.1f} µs "
+                        f"({run.alternative.structure})"))
     options.sort(key=lambda o: o[0])
-    t.chosen = options[0][2]
+    options += [(None, None, None, n) for n in notes]
+    t.chosen, t.mode = options[0][2], options[0][1]
+    if t.mode == "joint":
+        t.no_gradient = set()
+        t.report = ["backward: chose joint (the cost model's fastest forward + backward)",
+                    *("  " + o[3] for o in options)]
+        return t.chosen
     read = {n.tensor for o in t.chosen.program.outputs for n in ir.walk(o.expr) if isinstance(n, ir.Load)}
     t.no_gradient = {o.name for o in t.forward.outputs if t.chosen.cotangents.get(o.name) not in read}
     chosen = _compiled(f"{qualname}:{options[0][1]}", t.chosen.program, compile_fn)
@@ -141,6 +158,9 @@ def tune_training(qualname: str, inputs: dict[str, torch.Tensor], tune: Callable
     if t.recompute is None and t.saved is None:
         raise NoBackward(t.why)
     back = _choose(qualname, t, t.compile_fn)
+    if t.mode == "joint":  # (one program: the loss and the gradients at upstream 1)
+        tune(_compiled(f"{qualname}:joint", t.joint.program, t.compile_fn), {n: x.detach() for n, x in inputs.items()})
+        return "joint"
     fwd = _compiled(f"{qualname}:forward", t.forward, t.compile_fn)
     inputs, _ = _Split(qualname, t, list(inputs), t.compile_fn).operands(
         {n: t.split(n, x.detach()) for n, x in inputs.items()})
@@ -311,6 +331,16 @@ def _parts(qualname: str, t: _Training, names: list[str], outs: list[tuple], com
 def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple], compile_fn):
     got = _BACKWARD_OPS.get(qualname + "_train")
     if got is not None:
+        return got
+    if t.joint is not None and _choose(qualname, t, compile_fn) and t.mode == "joint":
+        # (ranked here, at the op's registration: a joint op returns the gradients beside the loss)
+        key = f"{qualname}:joint"
+        dtypes = {n: dt for n, _, dt in outs}
+
+        def run(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return _run(key, _compiled(key, t.joint.program, compile_fn), inputs, dtypes)
+
+        got = _BACKWARD_OPS[qualname + "_train"] = joint_training_op(qualname, t.joint, names, outs, run, _Eager)
         return got
     p = _parts(qualname, t, names, outs, compile_fn)
 

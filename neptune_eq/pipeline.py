@@ -244,7 +244,8 @@ def _plans(c: Compilation) -> None:
             splits[k] = sorted(split_of.get(cid(lp.term), ()))
     terms = PlanTerms(comp_mask, comp_core, comp_corr, inline_term, output_expr)
     space = PlanSpace(c.program, c.bindings, c.fusion.candidates, splits, terms, c.representative,
-                      c.options.inline_max, c.options.max_plans, fold_rows=c.options.fold_rows)
+                      c.options.inline_max, c.options.max_plans, fold_rows=c.options.fold_rows,
+                      gemm_split=c.options.library_gemm)
     plans = enumerate_plans(space)
     wrong = {id(p): why for p in plans if (why := lost_axis(p, c.bindings)) is not None}
     if wrong:  # (never cached, never run: an internal error, named, rather than a silent wrong answer)

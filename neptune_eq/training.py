@@ -4,6 +4,8 @@ one is chosen (neptune_eq.autograd ranks them and runs the chosen one).
     recompute   the forward saves its inputs; the backward recomputes every reduction it reads
     saved       the forward also writes its row statistics (a softmax's max and sum) and the backward
                 reads those and the outputs (neptune_eq.grad_saved: D = rowsum(dO∘O) for attention)
+    joint       a scalar loss: the forward computes the gradients at upstream 1 beside it, one program;
+                the backward scales them (neptune_eq.grad_joint)
 
 A program whose dot operand is computed through a gather or a row norm is split at it (the core and a
 map writing the operands: neptune_eq.grad_prologue); one with grouped-query heads is derived over
@@ -20,6 +22,7 @@ import torch
 
 from . import ir
 from .grad import Backward, NoBackward, backward_program
+from .grad_joint import Joint, joint_program
 from .grad_prologue import Prologue, split_prologue
 from .lower.launch import length_source
 from .masks import large_constants
@@ -43,6 +46,9 @@ class _Training:
     prologue: tuple[Prologue, Backward] | None = None
     regroup: Regroup | None = None  # the programs are over a grouped axis split in two (neptune_eq.regroup)
     no_gradient: set[str] = field(default_factory=set)  # outputs whose cotangent the chosen backward never reads
+    # a scalar loss's gradients beside it, in one program (neptune_eq.grad_joint): a third alternative
+    joint: Joint | None = None
+    mode: str | None = None  # the chosen one's: "recompute", "saved" or "joint"
 
     def split(self, name: str, x: torch.Tensor | None) -> torch.Tensor | None:
         """Tensor `name` (an input or output of the user's program) as the programs read it."""
@@ -68,7 +74,7 @@ def _derive(program: ir.Program, wrt: list[str]) -> _Training:
     if got is not None:
         t = _derive_at(got[0], wrt)
         if t.recompute is not None or t.saved is not None:
-            t.regroup = got[1]
+            t.regroup, t.joint = got[1], None  # (a joint program over the regrouped views: not derived)
             return t
     return _derive_at(program, wrt)
 
@@ -88,7 +94,7 @@ def _derive_at(program: ir.Program, wrt: list[str]) -> _Training:
         if maps is not None:
             t = _derive_whole(pro.core, [n for n in wrt if n in pro.core.inputs] + list(pro.operands))
             if t.recompute is not None or t.saved is not None:
-                t.prologue = (pro, maps)
+                t.prologue, t.joint = (pro, maps), None  # (its operands' gradients need the core's cotangents)
                 return t
     return _derive_whole(program, wrt)
 
@@ -111,7 +117,11 @@ def _derive_whole(program: ir.Program, wrt: list[str]) -> _Training:
         # 1e9 is 64): a row whose every score is masked to K has weights e^{K − lse} = 1, not 1/n
         # (attention's dV off by 1.6 on such a row). The recompute backward shifts by the max alone.
         saved = None
-    return _Training(program, found["recompute"], saved, errors[0] if errors else "")
+    try:
+        joint = joint_program(program, found["recompute"]) if found["recompute"] is not None else None
+    except ir.ProgramError:  # (a joint program that does not validate: the two-program trainings remain)
+        joint = None
+    return _Training(program, found["recompute"], saved, errors[0] if errors else "", joint=joint)
 
 
 _FILL = 1e3  # the fp32 ulp of a constant this large is 6e-5, of 1e4 already 1e-3

@@ -379,7 +379,9 @@ def test_a_backward_keeps_every_gemm_on_2d_tiles_at_h100_sizes():
         {"x": "bfloat16", "w": "bfloat16", "W": "bfloat16"}), saved=True).program
     best = compile_program(back, Options(device=H100)).best
     gemms = [k for k, s in zip(best.plan.kernels, best.schedules) if len(k.grid) == 2 and k.passes()]
-    assert gemms and all(s.group > 1 for k, s in zip(best.plan.kernels, best.schedules) if k in gemms), best.kind
+    # (on grouped 2-D tiles, or the vendor's GEMM: gemm_split can give the weight's product a kernel alone)
+    assert gemms and all(s.group > 1 or s.library for k, s in zip(best.plan.kernels, best.schedules)
+                         if k in gemms), best.kind
     # the [d] gradient is not recomputed in every column tile of a GEMM
     assert all(len(c.free) == len(k.grid) for k in gemms for p in k.passes() for c in p.comps), best.structure
 
