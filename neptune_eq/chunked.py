@@ -242,7 +242,7 @@ def chunk_program(program: ir.Program, axis: str, size: int) -> tuple[ir.Program
     axes = dict(program.axes)
     axes[axis] = size
     chunk = ir.Program(f"{program.name}_chunk", axes, inputs, outputs, program.dynamic | {axis},
-                       program.copies_within(axes))
+                       program.copies_within(axes), specialised=program.specialised | {axis})
     return chunk.validate(), accs, (off if used else None, end if gathers else None)
 
 

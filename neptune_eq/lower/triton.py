@@ -135,7 +135,9 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     else:
         chunks = 1
     params += [f"{c}: tl.constexpr" for c in consts]
-    free = [f"n_{_ident(a)}" for a in w.extents if a in dyn] + bound_strides
+    # (a length Triton would specialise on its divisibility compiles again for another; a specialised
+    # axis's may: program.specialised)
+    free = [f"n_{_ident(a)}" for a in w.extents if a in dyn and a not in program.specialised] + bound_strides
     jit = f"@triton.jit(do_not_specialize={free!r})" if free else "@triton.jit"
     header = f"{jit}\ndef {fn_name}({', '.join(params)}):\n"
     src = header + "\n".join(w.lines) + "\n"
