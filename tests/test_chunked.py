@@ -155,6 +155,12 @@ def test_a_plan_over_its_scratch_limit_runs_in_chunks_and_matches_the_whole():
     # its divisibility (every chunk but the last a tile multiple): masked accesses along it vectorise
     assert c.program.specialised == {"i"} and "n_i" in cut.chunk_compiled.source
     assert "do_not_specialize=['n_i'" not in cut.chunk_compiled.source.replace(" ", "")
+    # so a kernel compiled for one class of the length (1, a multiple of 16, other) is never launched at
+    # another: the last chunk's runner is keyed apart
+    launcher = cut.chunk_compiled.launcher("interpreter")
+    xs = [torch.empty(4)]
+    key = {n: launcher._key(0, torch.device("cpu"), xs, {"i": n}) for n in (128, 256, 232, 17, 1)}
+    assert key[128] == key[256] and key[232] == key[17] and len({key[128], key[232], key[1]}) == 3
     # grad_W accumulates over the chunks in place: its one store reads the accumulator at its element
     assert chunked.aliasable(cut.chunk_compiled.plan, c.program, "grad_W", c.accumulators["grad_W"])
     got, ref = cut.run(inputs), whole.run(inputs)
@@ -288,3 +294,28 @@ def test_linear_cross_entropy_backward_in_chunks_of_the_vocabulary_matches_the_w
     ref = compile_ir(back.program, Options()).run(inputs)
     for name in ("grad_h", "grad_W"):
         torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton's specialisation of a length: CUDA")
+def test_a_chunked_run_whose_last_chunk_is_of_another_length_class_matches_float64():
+    """A chunk axis's length is specialised by Triton (divisible by 16 or not): a vocabulary of 1000 in
+    chunks of 256 leaves a last chunk of 232 (a multiple of 8, not of 16) along the contiguous axis of
+    the logits; both run kernels compiled for their own class and the gradients match float64."""
+    h, W, t = (x.cuda() for x in _lce_inputs(T=64, H=32, V=1000))
+    back = backward_program(capture(linear_ce, h, W, t).program, saved=True)
+    fwd = compile_ir(back.saved.forward, Options())
+    st = fwd.run({"h": h, "W": W, "target": t})
+    inputs = {"h": h, "W": W, "target": t, "grad_out0": torch.tensor(0.7, device="cuda")}
+    inputs |= {k: st[k] for k in back.program.inputs if k not in inputs}
+    compiled = compile_ir(back.program, Options(scratch_limit=131072))
+    writes = next(a.id for a in compiled.alternatives
+                  if any({"i", "j"} <= set(b.axes) for b in a.plan.buffers.values()))
+    cut = compiled.pin(writes)
+    c = cut.chunking
+    assert c is not None and c.axis == "j" and c.size % 16 == 0 and (1000 - (c.count - 1) * c.size) % 16, c
+    got = cut.run(inputs)
+    hd, Wd = h.double().requires_grad_(), W.double().requires_grad_()
+    (linear_ce(hd, Wd, t) * 0.7).backward()
+    for name, want in (("grad_h", hd.grad), ("grad_W", Wd.grad)):
+        err = float((got[name].double() - want).norm() / want.norm())
+        assert err < 1e-4, (name, err)

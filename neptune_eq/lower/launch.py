@@ -215,7 +215,7 @@ class Launcher:
             # Triton specialises a kernel on its constexprs (here strides and extents) and on each
             # pointer's dtype and 16-byte alignment; a kernel compiled for the same key is launched
             # directly, without the JIT's per-call argument binding (tens of µs on a slow host)
-            key = self._key(ki, device, [tensors[n] for n in names])
+            key = self._key(ki, device, [tensors[n] for n in names], axes)
             ck = self._runners.get(key)
             if ck is None or compiled is not None:
                 ck = self._runners[key] = self._compile(ki, fn, grid, args, cuda_kw)
@@ -254,13 +254,18 @@ class Launcher:
         program = self.program.with_extents(axes) if axes else self.program
         return {db: bound_tensor(db, program, inputs) for db in dbs}
 
-    def _key(self, ki: int, device, tensors: list[torch.Tensor]) -> tuple:
+    def _key(self, ki: int, device, tensors: list[torch.Tensor], axes: dict[str, int] | None = None) -> tuple:
         """What Triton specialises kernel `ki` on (see _spec_key): a dynamic program's strides are
-        arguments, specialised on 1 and on divisibility by 16 only."""
+        arguments, specialised on 1 and on divisibility by 16 only, and so are the lengths of its
+        specialised axes (program.specialised: a chunk axis; its last chunk may be of another class
+        than the others, and a kernel compiled for lengths divisible by 16 reads and writes whole
+        groups of 16 past a length that is not)."""
         if not self._lengths:
             return _spec_key(ki, device, tensors)
-        return (ki, device.index, *((x.dtype, x.data_ptr() % 16 == 0, tuple((s == 1, s % 16 == 0) for s in x.stride()))
-                                    for x in tensors))
+        classes = tuple((a, axes[a] == 1, axes[a] % 16 == 0) for a in sorted(self.program.specialised)
+                        if axes and a in axes)
+        return (ki, device.index, classes, *((x.dtype, x.data_ptr() % 16 == 0,
+                                              tuple((s == 1, s % 16 == 0) for s in x.stride())) for x in tensors))
 
     def bind(self, inputs: dict[str, torch.Tensor], order: list[str], out_dtypes: dict[str, torch.dtype] | None = None
              ) -> BoundCall | None:
@@ -293,7 +298,7 @@ class Launcher:
                 launches.append((fn, views, None))
                 continue
             xs = [tensors[n] for n in names]
-            ck = self._runners.get(self._key(ki, device, xs))
+            ck = self._runners.get(self._key(ki, device, xs, axes))
             if ck is None:
                 return None
             runner = ck[(grid[0], 1, 1)]
