@@ -24,6 +24,9 @@
 #     bash bench/pending_gpu.sh j    # session 69: library-GEMM plans bound (their CUDA tests, the host time of
 #                                    # RMSNorm -> matmul's step: 937 us before); the folded norm backward's
 #                                    # chunk counts again, the step against torch.compile; the plain norms' parts
+#     bash bench/pending_gpu.sh k    # session 70, not run: dynamic row lengths after their maps split into whole
+#                                    # tiles and a tail and resident rows priced scalar (softmax 3.3x static before),
+#                                    # linear CE's training beside torch.compile, the ten operators' dynamic rows
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -92,6 +95,12 @@ case "${1:-}" in
     step norm_parts 240 python3 bench/probe_backward_parts.py "rms_norm fwd+bwd 16384x4096 bf16" \
       "gemma_rms_norm fwd+bwd 16384x2304 bf16" --alternatives 6 --kernels
     ;;
+  k)
+    step dynamic_rows 200 python3 bench/probe_dynamic_vectorise.py --lengths 8192 5008 5000 3000
+    step lce 250 python3 bench/grad_memory.py --only linear_ce --impls neptune_eq compile --out "$OUT/lce/rows.json"
+    step new_lengths 250 python3 bench/dynamic_lengths.py --ops gqa_pf window_pf softcap_pf --L 3000 12000 \
+      --out "$OUT/new_lengths/rows.json"
+    ;;
   i)
     step sweep5_kernels 300 python3 bench/probe_sweep_kernels.py "native_rms_norm_matmul fwd+bwd" "triplet_margin fwd+bwd" \
       --compile --explain
@@ -102,7 +111,7 @@ case "${1:-}" in
     step fp32_rows 200 python3 bench/sweep_fifth.py --only clip cosine --out "$OUT/fp32_rows/rows.json"
     ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k" >&2
     exit 2
     ;;
 esac

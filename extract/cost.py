@@ -333,6 +333,8 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
     rate = max(in_flight / dev.mem_latency_s, dev.sm_stream_bytes_per_s)
     bw = min(dev.hbm_bytes_per_s, active * rate)
     t_mem_eff = hbm / bw * (waves * active / programs if programs > slots else 1.0) * spill
+    if _scalar_row(k, sched, program):
+        t_mem_eff *= dev.scalar_row_slowdown  # (its accesses along the row scalar: DeviceSpec)
     terms = [t_mem_eff, *t_compute]
     t_l2 = l2_time(requested, c.bytes_loaded, c.ksteps, sched, iters_total, active, dev)
     if memo is None:
@@ -389,6 +391,22 @@ _OPERAND_TRIP = 4
 _LOADED_OPERAND_TRIP = 32
 _DATA_LENGTH_PRIOR = 0.5  # the mean of lengths spread evenly over [0, bound], as a fraction of it
 _SECTOR = 32  # bytes: the unit of a DRAM / L2 access
+
+
+def _scalar_row(k: KernelPlan, sched: KernelSchedule, program: ir.Program) -> bool:
+    """Does `k` hold a row whole (resident) over a dynamic axis that some tensor it reads or writes is
+    contiguous along (its last index)? That tile's mask, by a length no constexpr, proves no alignment:
+    its accesses run scalar (DeviceSpec.scalar_row_slowdown). Attention's keys held whole are no such
+    row: their tiles are contiguous along the head dimension."""
+    if not sched.resident:
+        return False
+    rows = {p.axis for p in k.passes()} & program.dynamic
+    if not rows:
+        return False
+    stores = [st for p in k.passes() for st in p.stores] + list(k.epilogue)
+    return any(st.axes and st.axes[-1] in rows for st in stores) or any(
+        isinstance(n, ir.Load) and n.index and isinstance(n.index[-1], ir.Index) and n.index[-1].axis in rows
+        for e in k.exprs() for n in ir.walk(e))
 
 
 def _loads_tile(n: ir.Node, axis: str, block: set[str]) -> bool:

@@ -43,6 +43,12 @@ class DeviceSpec:
     # its training step ~300 µs of device time in those operations against 82 µs for all its kernels.
     # 0: every such loop bounded (the data are known to leave tiles out)
     data_bound_call_s: float = 150e-6
+    # a row held whole (a resident schedule) over a dynamic axis: its one tile is masked by a length that
+    # is no constexpr, so no access along it is proven aligned and every load and store runs scalar.
+    # Measured on an H100 (2026-12-07, bench/probe_dynamic_vectorise.py, softmax of 32768 fp16 rows, a
+    # resident row dynamic against static): 3.3× at 8192, 3.0× at 3000, 1.9× at 5000 (there static
+    # vectorises 8-wide only)
+    scalar_row_slowdown: float = 3.0
     # what a library GEMM (lower/library.py) costs the host beyond a bound Triton launch: torch.matmul's
     # dispatch and the views of the call's tensors it runs on. Until session 69 such a plan kept the
     # checked path (124 µs a call against a bound call's 48-54, H100, 2026-11-24: priced 60 µs); now it

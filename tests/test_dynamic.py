@@ -682,3 +682,47 @@ def test_a_view_as_the_example_makes_its_lengths_dynamic_too():
         assert torch.allclose(prog(q, k, v).double(), decode(q.double(), k.double(), v.double()), atol=1e-5)
     after = prog.stats()
     assert after["signatures"] == before["signatures"] and after["captures"] == before["captures"]
+
+
+def test_a_map_over_a_dynamic_axis_stores_whole_tiles_unmasked_and_one_masked_tail():
+    """A streamed softmax over rows of dynamic length: its normalised store (a map pass) runs whole tiles
+    unmasked and one masked tail — masked whole, every access along the row ran scalar on the GPU (the
+    length is no constexpr, `offs < n` proves no alignment; softmax of rows 2–3.6× slower than static,
+    H100, bench/probe_dynamic_vectorise.py). Every length against float64, below a tile and not a
+    multiple of one; the static compile keeps its one masked loop."""
+    from neptune_eq.frontend import capture
+
+    base = capture(lambda x: torch.softmax(x, -1), torch.randn(6, 256, dtype=torch.float16)).program
+    (row,) = [a for a, n in base.axes.items() if n == 256]
+    for program, dynamic in ((base.with_dynamic({row}), True), (base, False)):
+        c = compile_ir(program)
+        streamed = next(a for a in c.alternatives if "map over" in a.structure and a.kind.startswith("streamed"))
+        p = c.pin(streamed.id)
+        src = p.source
+        assert (f"fhi_{row} = (n_{row} // " in src) == dynamic
+        stores = [line.strip() for line in src.splitlines() if "tl.store(out0_ptr" in line]
+        assert (len(stores) == 2 and sum("mask=" in s for s in stores) == 1) if dynamic else len(stores) == 1
+        for n in (1, 7, 100, 256) if dynamic else (256,):
+            x = torch.randn(6, n, dtype=torch.float16)
+            got = p.run({"x": x})["out0"]
+            _close(got.double(), torch.softmax(x.double(), -1), tol=2e-3)
+
+
+def test_a_row_held_whole_over_a_dynamic_contiguous_axis_is_priced_scalar():
+    """A resident row over a dynamic axis that its tensors are contiguous along runs its accesses
+    scalar (3.3× the static kernel at 32768 × 8192, H100): the cost model prices it so, and the
+    dynamic softmax of such rows streams them (its whole tiles unmasked); the same softmax over the
+    first dimension (rows strided, contiguous along the other axis) is not penalised (compile only)."""
+    from extract.cost import _scalar_row
+    from neptune_eq.frontend import capture
+
+    x = torch.empty(32768, 8192, dtype=torch.float16)
+    for dim, penalised in ((-1, True), (0, False)):
+        base = capture(lambda t, dim=dim: torch.softmax(t, dim), x).program
+        row = next(a for a, n in base.axes.items() if n == (8192 if dim == -1 else 32768))
+        c = compile_ir(base.with_dynamic({row}))
+        resident = [a for a in c.alternatives if a.kind.startswith("resident")]
+        assert all(_scalar_row(k, s, c.program) == penalised
+                   for a in resident for k, s in zip(a.plan.kernels, a.schedules) if s.resident)
+        if penalised:
+            assert not c.alternative.kind.startswith("resident"), c.alternative.kind

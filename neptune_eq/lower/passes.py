@@ -122,7 +122,8 @@ class _PassWriter:
             # (CUDA 12.8, Hopper) serialises every wgmma of the kernel (advisory C7515; causal
             # attention's forward: 227 registers serialised, masked loops first 194 and pipelined).
             # FlashAttention runs its diagonal blocks first too
-            self.loop(f"lo_{j}", f"flo_{j}", masked=True)
+            if full_lo != lo:  # (a map's whole tiles start at its start: no masked head)
+                self.loop(f"lo_{j}", f"flo_{j}", masked=True)
             self.loop(f"fhi_{j}", f"hi_{j}", masked=True)
             self.loop(f"flo_{j}", f"fhi_{j}", masked=False)
         for c in ps.comps:
@@ -184,6 +185,11 @@ class _PassWriter:
             flows.append(_max(c_flow) if c_flow else "0")
             fhighs.append(_min(c_fhigh) if c_fhigh else n_j)
         if not self.ps.comps:
+            if self.axis in w.program.dynamic:
+                # a map over a dynamic axis: its whole tiles unmasked, then one masked tail. Masked whole,
+                # its loads and stores run scalar: the length is no constexpr, so `offs < n` proves no
+                # alignment (a softmax's normalised store over rows of dynamic length)
+                return "0", n_j, "0", f"({n_j} // {T}) * {T}"
             return "0", n_j, None, None
         lo = f"tl.maximum(0, {_min(lows)})" if lows else "0"
         hi = f"tl.minimum({n_j}, {_max(highs)})" if highs else n_j
