@@ -26,7 +26,8 @@
 #                                    # chunk counts again, the step against torch.compile; the plain norms' parts
 #     bash bench/pending_gpu.sh k    # session 70, not run: dynamic row lengths after their maps split into whole
 #                                    # tiles and a tail and resident rows priced scalar (softmax 3.3x static before),
-#                                    # linear CE's training beside torch.compile, the ten operators' dynamic rows
+#                                    # linear CE's training beside torch.compile, the ten operators' dynamic rows,
+#                                    # the MoE router losses' joint training (the one sweep row that picks it)
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -100,6 +101,7 @@ case "${1:-}" in
     step lce 250 python3 bench/grad_memory.py --only linear_ce --impls neptune_eq compile --out "$OUT/lce/rows.json"
     step new_lengths 250 python3 bench/dynamic_lengths.py --ops gqa_pf window_pf softcap_pf --L 3000 12000 \
       --out "$OUT/new_lengths/rows.json"
+    step moe_joint 150 python3 bench/probe_sweep_kernels.py "moe_router_losses fwd+bwd" --alternatives 0 --compile
     ;;
   i)
     step sweep5_kernels 300 python3 bench/probe_sweep_kernels.py "native_rms_norm_matmul fwd+bwd" "triplet_margin fwd+bwd" \
