@@ -78,7 +78,7 @@ def _split(k: KernelPlan, plan: Plan, program: ir.Program) -> tuple[list[KernelP
     final = c.ref(ir.RefKind.FINAL)
     mine = [st for st in k.epilogue if set(st.axes) == grid]
     theirs = [st for st in k.epilogue if st not in mine]
-    if (theirs and not others) or any(set(st.axes) != set(next(iter(small))) for st in theirs):
+    if not mine or (theirs and not others) or any(set(st.axes) != set(next(iter(small))) for st in theirs):
         return None
     names = {o.name for o in others}
     if any(n.name in names for st in mine for n in ir.walk(st.expr) if isinstance(n, ir.StateRef)) or any(
