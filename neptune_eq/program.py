@@ -253,6 +253,7 @@ class Program:
         lines = [f"program {self.name}"]
         lines.append("  axes: " + ", ".join(f"{a}{'<=' if a in self.dynamic else '='}{n}"
                                             + (f" (len {self.same_length[a]})" if a in self.same_length else "")
+                                            + (" (specialised)" if a in self.specialised else "")
                                             for a, n in self.axes.items()))
         for s in self.inputs.values():
             lines.append(f"  input {s.name}[{', '.join(s.axes)}]: {s.dtype}"
