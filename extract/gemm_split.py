@@ -35,30 +35,31 @@ from neptune_eq.plan import BufferSpec, KernelPlan, Pass, Plan, StorePlan
 
 def split_gemm_epilogues(plan: Plan, program: ir.Program) -> Plan | None:
     """`plan` with every kernel that is a plain product but for its epilogue (or for smaller sums sharing
-    its pass) split as the module says; None where no kernel splits."""
-    out = copy.deepcopy(plan)
+    its pass) split as the module says; None where no kernel splits (nothing copied: every plan the
+    space enumerates is offered to it)."""
     kernels: list[KernelPlan] = []
+    buffers: dict[str, BufferSpec] = {}
     notes = []
-    for k in out.kernels:
-        got = _split(k, out, program)
+    for k in plan.kernels:
+        got = _split(k, plan, program)
         if got is None:
             kernels.append(k)
             continue
         kernels += got[0]
-        notes.append(got[1])
+        buffers.update(got[1])
+        notes.append(got[2])
     if not notes:
         return None
-    out.kernels = kernels
-    out.derivation = [*out.derivation, *notes]
-    out.cost = None
-    return out
+    return copy.deepcopy(replace(plan, kernels=kernels, buffers={**plan.buffers, **buffers},
+                                 derivation=[*plan.derivation, *notes], cost=None))
 
 
-def _split(k: KernelPlan, plan: Plan, program: ir.Program) -> tuple[list[KernelPlan], str] | None:
+def _split(k: KernelPlan, plan: Plan, program: ir.Program
+           ) -> tuple[list[KernelPlan], dict[str, BufferSpec], str] | None:
     """The kernels `k` splits into — [the product's (a library GEMM's kernel), the other sums' pass
-    (where `k` carried some), the epilogue's map (where there is more to store than the sum)] — and
-    the derivation's note; the float32 buffer between the product and the map is registered in `plan`.
-    None where `k` is no such kernel, or a library GEMM already."""
+    (where `k` carried some), the epilogue's map (where there is more to store than the sum)] — the
+    float32 buffer between the product and the map (where there is one), and the derivation's note.
+    None where `k` is no such kernel, or a library GEMM already. `plan` is not modified."""
     if k.chunks != 1 or len(k.phases) != 1 or not isinstance(k.phases[0], Pass) or not k.epilogue:
         return None
     ps = k.phases[0]
@@ -87,29 +88,27 @@ def _split(k: KernelPlan, plan: Plan, program: ir.Program) -> tuple[list[KernelP
     product = Pass(ps.axis, [replace(c, core=ir.Call("mul", tuple(varying)))], rules=ps.rules)
     rest = [KernelPlan(f"{k.name}_sums", tuple(a for a in k.grid if a in next(iter(small))),
                        [Pass(ps.axis, others, rules=ps.rules)], theirs)] if others else []
+    alone = f", its pass's other sums {', '.join(sorted(names))} in a kernel of their own" if others else ""
     direct = KernelPlan(k.name, k.grid, [product], mine)
     if not hoisted and len(mine) == 1 and library_gemm(direct, plan, program) is not None:
-        return [direct, *rest], (f"gemm_split: {c.name} = Σ_{ps.axis} {ir.show(c.core)} runs alone (a library "
-                                 f"GEMM's kernel), its pass's other sums {', '.join(sorted(names))} in a kernel "
-                                 "of their own")
+        return [direct, *rest], {}, (f"gemm_split: {c.name} = Σ_{ps.axis} {ir.show(c.core)} runs alone "
+                                    f"(a library GEMM's kernel){alone}")
     name = f"gemm_{c.name}"
     if name in plan.buffers:
         return None
     axes = tuple(a for a in program.axes if a in grid)
-    plan.buffers[name] = BufferSpec(name, axes, "float32")
+    buffer = {name: BufferSpec(name, axes, "float32")}
     gemm = KernelPlan(k.name, k.grid, [product], [StorePlan(name, axes, final, "float32")])
     load = ir.Load(name, tuple(ir.Index(a) for a in axes))
     for f in hoisted:
         load = ir.Call("mul", (load, f))
     stores = [StorePlan(st.target, st.axes, ir.substitute(st.expr, {final: load}), st.dtype) for st in mine]
-    if library_gemm(gemm, plan, program) is None or any(
+    if library_gemm(gemm, replace(plan, buffers={**plan.buffers, **buffer}), program) is None or any(
             isinstance(n, ir.StateRef) for st in stores for n in ir.walk(st.expr)):
-        del plan.buffers[name]
         return None  # (no vendor GEMM; or the epilogue reads the pass's state otherwise than as its final value)
     note = (f"gemm_split: {c.name} = Σ_{ps.axis} {ir.show(c.core)} runs alone (a library GEMM's kernel) into "
-            f"float32 {name}; {', '.join(st.target for st in stores)} computed from it by a map kernel"
-            + (f", the pass's other sums {', '.join(sorted(names))} in a kernel of their own" if others else ""))
-    return [gemm, *rest, KernelPlan(f"{k.name}_epilogue", k.grid, [], stores)], note
+            f"float32 {name}; {', '.join(st.target for st in stores)} computed from it by a map kernel{alone}")
+    return [gemm, *rest, KernelPlan(f"{k.name}_epilogue", k.grid, [], stores)], buffer, note
 
 
 def _factors(c, axis: str) -> tuple[list[ir.Node], list[ir.Node]] | None:
@@ -119,10 +118,6 @@ def _factors(c, axis: str) -> tuple[list[ir.Node], list[ir.Node]] | None:
     body = opened(c.core)
     if body.conditions:
         return None
-    varying = [f for f in body.factors if axis in _axes(f)]
-    return (varying, [f for f in body.factors if axis not in _axes(f)]) if len(varying) == 2 else None
+    varying = [f for f in body.factors if axis in f.axes]
+    return (varying, [f for f in body.factors if axis not in f.axes]) if len(varying) == 2 else None
 
-
-def _axes(n: ir.Node) -> set[str]:
-    """The axes `n` varies along: those its indices name."""
-    return {x.axis for x in ir.walk(n) if isinstance(x, ir.Index) and isinstance(x.axis, str)}

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from . import ir
-from .autograd_joint import joint_training_op, scaling_s, scratch_over
+from .autograd_joint import joint_option, joint_training_op
 from .grad import Backward, NoBackward
 from .training import _derive, _Training, lengths_of, shape_at
 
@@ -91,7 +91,7 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
     e-graphs of a compile must be freed on the thread that made them — egglog's are unsendable)."""
     if t.chosen is not None:
         return t.chosen
-    options, notes = [], []
+    options = []
     # (a dynamic bucket's training prices its plans at its range's lengths: frontend/buckets.PricedAt)
     time = getattr(compile_fn, "time", lambda run: run.alternative.predicted_time)
     for mode, back in (("saved", t.saved), ("recompute", t.recompute)):
@@ -107,23 +107,17 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
                                            f" + bwd {time(bwd) * 1e6:.1f} µs "
                                            f"({bwd.alternative.structure})"
                                            + (f"; {bwd.chunking.describe()}" if bwd.chunking else "")))
-    run = _compiled(f"{qualname}:joint", t.joint.program, compile_fn) if t.joint is not None else None
-    over = scratch_over(run) if run is not None else None
-    if over is not None:
-        notes.append(f"joint: not offered, {over}")
-    elif run is not None:
-        scale = scaling_s(t.joint, run)
-        options.append((time(run) + scale, "joint", t.recompute,
-                        f"joint: the forward computes the gradients at upstream 1 beside the loss, the backward "
-                        f"scales them; predicted {time(run) * 1e6:.1f} + scaling {scale * 1e6:.1f} µs "
-                        f"({run.alternative.structure})"))
+    note = None
+    if t.joint is not None:  # (a scalar loss: its gradients beside it, neptune_eq.grad_joint)
+        option, note = joint_option(t.joint, _compiled(f"{qualname}:joint", t.joint.program, compile_fn), time)
+        if option is not None:
+            options.append((*option[:2], t.recompute, option[2]))
     options.sort(key=lambda o: o[0])
-    options += [(None, None, None, n) for n in notes]
     t.chosen, t.mode = options[0][2], options[0][1]
+    lines = ["  " + o[3] for o in options] + ([f"  {note}"] if note else [])
     if t.mode == "joint":
         t.no_gradient = set()
-        t.report = ["backward: chose joint (the cost model's fastest forward + backward)",
-                    *("  " + o[3] for o in options)]
+        t.report = ["backward: chose joint (the cost model's fastest forward + backward)", *lines]
         return t.chosen
     read = {n.tensor for o in t.chosen.program.outputs for n in ir.walk(o.expr) if isinstance(n, ir.Load)}
     t.no_gradient = {o.name for o in t.forward.outputs if t.chosen.cotangents.get(o.name) not in read}
@@ -135,7 +129,7 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
         t.report.append("  split at the computed dot operands " + ", ".join(
             f"{n} = {ir.show(f)}" for n, f in t.prologue[0].operands.items())
             + ": the core's backward gives their gradients, the map's backward carries them to the inputs")
-    t.report += ["  " + o[3] for o in options]
+    t.report += lines
     return t.chosen
 
 
@@ -332,8 +326,9 @@ def _training_op(qualname: str, t: _Training, names: list[str], outs: list[tuple
     got = _BACKWARD_OPS.get(qualname + "_train")
     if got is not None:
         return got
-    if t.joint is not None and _choose(qualname, t, compile_fn) and t.mode == "joint":
-        # (ranked here, at the op's registration: a joint op returns the gradients beside the loss)
+    if t.joint is not None:  # (ranked here, at the op's registration: a joint op returns the gradients too)
+        _choose(qualname, t, compile_fn)
+    if t.mode == "joint":
         key = f"{qualname}:joint"
         dtypes = {n: dt for n, _, dt in outs}
 

@@ -86,3 +86,16 @@ def scratch_over(run) -> str | None:
         return None
     return (f"its plan's scratch ({scratch / 2**30:.2f} GiB) passes the limit ({limit / 2**30:.2f} GiB) and no axis "
             "of it can be cut into chunks")
+
+
+def joint_option(joint: Joint, run, time: Callable) -> tuple[tuple | None, str | None]:
+    """The joint training as a ranked alternative — (predicted forward + scaling time, "joint", its
+    report line) — or None and why it is not offered (scratch_over). `run`: the compiled joint program;
+    `time(run)`: its predicted time."""
+    over = scratch_over(run)
+    if over is not None:
+        return None, f"joint: not offered, {over}"
+    scale = scaling_s(joint, run)
+    return (time(run) + scale, "joint",
+            f"joint: the forward computes the gradients at upstream 1 beside the loss, the backward scales them; "
+            f"predicted {time(run) * 1e6:.1f} + scaling {scale * 1e6:.1f} µs ({run.alternative.structure})"), None
