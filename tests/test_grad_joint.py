@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 import neptune_eq
-from neptune_eq import autograd, ir
+from neptune_eq import autograd_joint, ir
 from neptune_eq.autograd import training_report
 from neptune_eq.autograd_joint import scratch_over
 from neptune_eq.frontend import capture
@@ -58,7 +58,7 @@ def test_a_joint_training_scales_its_gradients_by_the_upstream(monkeypatch, tmp_
     """Forced to rank first (its scaling priced at -1 s), the joint training returns the loss, and its
     backward the gradients at upstream 1 times the upstream: once per backward (a retained graph's
     second backward adds the same again), none for the integer targets."""
-    monkeypatch.setattr(autograd, "scaling_s", lambda joint, run: -1.0)
+    monkeypatch.setattr(autograd_joint, "scaling_s", lambda joint, run: -1.0)
     h, W, t = _lce_inputs(seed=1)
     prog = neptune_eq.compile(linear_ce, h, W, t, cache_dir=tmp_path)
     hl, Wl = h.clone().requires_grad_(), W.clone().requires_grad_()
@@ -101,3 +101,19 @@ def test_a_joint_plan_whose_scratch_cannot_be_chunked_is_not_offered():
     small = compile_ir(_derive(capture(linear_ce, *_lce_inputs()[:2], _lce_inputs()[2]).program,
                                ["h", "W"]).joint.program, Options())
     assert scratch_over(small) is None
+
+
+def test_a_joint_training_under_torch_compile_matches_float64(monkeypatch, tmp_path):
+    """The joint training op traced by torch.compile: its fake kernel returns the gradients beside the
+    loss, AOTAutograd traces the backward's scaling; the gradients match float64."""
+    monkeypatch.setattr(autograd_joint, "scaling_s", lambda joint, run: -1.0)
+    h, W, t = _lce_inputs(seed=2)
+    prog = neptune_eq.compile(linear_ce, h, W, t, cache_dir=tmp_path)
+    f = torch.compile(lambda h, W, t: prog(h, W, t) * 2.5)
+    hl, Wl = h.clone().requires_grad_(), W.clone().requires_grad_()
+    loss = f(hl, Wl, t)
+    loss.backward()
+    assert "backward: chose joint" in training_report(prog._first().op.qualname)
+    want, gh, gW = _reference(h, W, t, 2.5)
+    assert _rel(loss.detach() / 2.5, want) < 1e-5
+    assert _rel(hl.grad, gh) < 1e-2 and _rel(Wl.grad, gW) < 1e-2
