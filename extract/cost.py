@@ -32,7 +32,7 @@ from neptune_eq.schedule import KernelSchedule, inner_axes
 from neptune_eq.space import gemm_axes, ieee_tiled
 
 from .library_cost import library_cost
-from .onchip import on_chip
+from .onchip import mma_spill, on_chip
 from .prices import Cost, KernelCost
 from .traffic import footprint, hbm_reads, l2_time
 
@@ -315,6 +315,8 @@ def kernel_cost(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSch
                      streamed_out / max(1, programs), c.sectors, kept) + stored
     t_mem = hbm / dev.hbm_bytes_per_s
     t_tc = c.tc * programs / (dev.tensor_flops * _mma_efficiency(k, sched, program, plan))
+    if t_tc:
+        t_tc *= mma_spill(k, sched, program, plan)
     c.alu += c.ieee / dev.fma_dot_efficiency  # (an IEEE dot's products: one FMA each)
     t_alu = c.alu * programs / dev.fma_per_s * spill
     t_sfu = c.sfu * programs / dev.sfu_per_s

@@ -124,6 +124,38 @@ def registers(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: P
 # the spill factor of a schedule whose float32 IEEE products break schedule.FMA_* (ptxas's bounds)
 FMA_SPILL = 4.0
 
+# Tensor-core accumulators past what a thread holds spill inside the K-loop: every step reloads them.
+# Measured on the H100 (2026-12-07, bench/probe_sweep_kernels.py --variants, SwiGLU's x·W1 and x·W3
+# sharing one pass, 4096 × 2048 → 5632 bf16, 8 warps): two 128 × 128 fp32 accumulators (128
+# registers a thread) 459.5 µs against 360 predicted; two 128 × 256 (256 a thread) 2840 µs against
+# 366.9 — 7.7x. One 128 × 256 accumulator (128 a thread) is the usual GEMM tile and runs at speed.
+ACC_REGISTERS = 192  # accumulator registers a thread keeps beside addresses and operand fragments
+ACC_SPILL = 7.7  # the slowdown measured at ACC_MEASURED registers of accumulators a thread
+ACC_MEASURED = 256
+
+
+def accumulator_registers(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> float:
+    """Registers a thread holds for the kernel's tensor-core dot accumulators (sums of a product over
+    three tiled axes of 16 or more, each carried over its pass): the states that live through the K-loop."""
+    if sched.library or sched.resident:
+        return 0.0
+    tiled = {a for a in k.grid if sched.tiles.get(a, 1) > 1}
+    inner = inner_axes(k, plan)
+    acc = 0.0
+    for ps in k.passes():
+        for c in ps.comps:
+            t = [sched.tiles.get(a, 1) for a in sorted(set(c.core.axes) & ({*tiled, ps.axis} | inner))]
+            if c.op == "sum" and is_product(c.core) and len(t) == 3 and min(t) >= 16:
+                acc += math.prod(sched.tiles.get(a, 1) for a in c.free if a in tiled)
+    return acc / (32 * sched.num_warps)
+
+
+def mma_spill(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> float:
+    """The factor a kernel's tensor-core time is priced at: 1, or the measured slowdown (in proportion
+    to the accumulators held) where they outgrow ACC_REGISTERS."""
+    acc = accumulator_registers(k, sched, program, plan)
+    return 1.0 if acc <= ACC_REGISTERS else ACC_SPILL * acc / ACC_MEASURED
+
 
 def fma_dots_fit(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> bool:
     """Do the kernel's float32 IEEE products keep within the bounds above (True where it has none)?"""

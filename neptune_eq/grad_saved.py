@@ -15,7 +15,8 @@ vectors the forward computes anyway. Two steps, both exact and neither keyed on 
 2. `save` replaces, in the backward's expressions, each forward output by a load of the output and
    each statistic by a load of a saved vector. A statistic is a reduction of the forward whose axes are
    a proper subset of the axes of some tensor the program holds (a row max or sum of x[i, d], never
-   the scores s[i, j] of a contraction): saving it never costs more memory than a tensor already held.
+   the scores s[i, j] of a contraction): saving it never costs more memory than a tensor already held;
+   or a fused value the size of an output that the output maps (a gated attention's Σ_j p·v).
 
 Then `grad_fold.fold` takes the row sum's divisor of a normalised exponential into its exponent
 (e^{a − m}/l as e^{a − lse}): the backward reads the log-sum-exp lse = m + log l instead of m (and of l
@@ -77,15 +78,24 @@ def statistics(program: ir.Program) -> list[Reduce]:
     the program compares a computed value with (a top-1 gate): the backward recomputes it from the
     value it compares (extract/exact_tests.py)."""
     held = [set(s.axes) for s in program.inputs.values()] + [set(o.axes) for o in program.outputs]
+    shaped = [set(o.axes) for o in program.outputs]
     outs = {o.expr for o in program.outputs}
     tested = extremes_tested(o.expr for o in program.outputs)  # (the backward recomputes them: exact_tests)
     found: dict[Reduce, None] = {}
     for o in program.outputs:
         for n in ir.walk(o.expr):
             if isinstance(n, Reduce) and n not in outs and n not in tested and (
-                    any(set(n.axes) < h for h in held) or _rows_of_a_load(n)):
+                    any(set(n.axes) < h for h in held) or _rows_of_a_load(n) or _fused_value(n, shaped)):
                 found[n] = None
     return list(found)
+
+
+def _fused_value(r: Reduce, shaped: list[set[str]]) -> bool:
+    """Is r an output-sized value the output is a map of, computed by a fused chain (a reduction in its
+    body): attention's U = Σ_j e^{s − m}·v before an output gate σ(g)·U/l. Saving it costs a tensor the
+    size of an output (what eager PyTorch keeps for the gate's backward) and spares the backward a
+    whole attention pass; a plain product's result (the scores of a softmax of a matmul) is not one."""
+    return set(r.axes) in shaped and any(isinstance(n, Reduce) for n in ir.walk(r.body))
 
 
 def _rows_of_a_load(r: Reduce) -> bool:

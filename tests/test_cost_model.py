@@ -155,3 +155,34 @@ def test_a_loop_of_many_small_steps_is_priced_by_its_chain():
     # (split into chunks, or 256-row steps: on an H200, session 46, 64-row steps ran 193 µs, 256-row 104,
     # split-K 4 of 64-row steps 88 — the model now takes the 256-row steps, 16 % behind the split)
     assert "split-K" in col.structure or col.schedules[0].tiles["i"] >= 256, col.structure
+
+
+def test_tensor_core_accumulators_past_the_registers_are_priced_as_spilled():
+    """SwiGLU's x·W1 and x·W3 share one pass over d: two fp32 accumulators per output tile. At
+    128 × 256 (8 warps: 256 registers a thread for them) the kernel ran 2840 µs on the H100 against 367
+    predicted, at 128 × 128 459.5; the model now prices the tensor-core time of accumulators past
+    ACC_REGISTERS by the measured slowdown, so the 128 × 256 schedule ranks below the 128 × 128 one."""
+    import torch
+    import torch.nn.functional as F
+
+    from extract.cost import kernel_cost
+    from extract.onchip import ACC_REGISTERS, accumulator_registers, mma_spill
+    from neptune_eq.frontend import capture
+
+    def swiglu(x, w1, w3, w2):
+        return (F.silu(x @ w1) * (x @ w3)) @ w2
+
+    shapes = [(4096, 2048), (2048, 5632), (2048, 5632), (5632, 2048)]
+    prog = capture(swiglu, *[torch.empty(s, dtype=torch.bfloat16) for s in shapes]).program
+    c = compile_program(prog, Options(device=H100))
+    fused = next(a for a in c.alternatives if a.structure.split(", ", 1)[1].startswith("pass over d (sum_d, sum_d2)"))
+    k, sched = fused.plan.kernels[0], fused.schedules[0]
+    assert len(k.passes()[0].comps) == 2
+    m, n = (a for a in k.grid if sched.tiles.get(a, 1) > 1)
+    wide = sched.with_tiles(**{m: 128, n: 256})
+    narrow = sched.with_tiles(**{m: 128, n: 128})
+    assert wide.num_warps == narrow.num_warps == 8
+    assert accumulator_registers(k, wide, prog, fused.plan) == 256 > ACC_REGISTERS
+    assert mma_spill(k, narrow, prog, fused.plan) == 1.0 and mma_spill(k, wide, prog, fused.plan) > 7
+    assert kernel_cost(fused.plan, k, prog, wide, H100).time > 3 * kernel_cost(fused.plan, k, prog, narrow, H100).time
+    assert (sched.tiles[m], sched.tiles[n]) != (128, 256)

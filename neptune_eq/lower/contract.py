@@ -343,19 +343,23 @@ def data_dtype(factors: list[ir.Node], k: str, plan, program: ir.Program) -> str
     """The one 16-bit dtype of every floating tensor the factors load: the dtype torch holds such a
     function of the data in (QK-norm's q·rsqrt(mean_d q²)·w, its row reduction computed in the tile,
     is a bf16 tensor to torch; an fp32 IEEE dot of it ran off the tensor cores). A final statistic
-    read as a per-row factor — a plan buffer of a reduction, free of the contraction axis k — is the
-    kernels' float32 copy of what torch held in the data's dtype (F.normalize(q) @ F.normalize(keys)ᵀ
-    in fp16, both norms computed first: each operand an fp16 tensor to torch). None otherwise: where
-    a factor reads a running state (the operand then is not torch's value and could overflow 16 bits,
-    below), and where a factor is marked float32 (`round_f32`: the frontend's operand of a float32
-    matmul, F.normalize(q.float()))."""
+    read as a factor — a plan buffer of a reduction — is the kernels' float32 copy of what torch held
+    in the data's dtype (F.normalize(q) @ F.normalize(keys)ᵀ in fp16, both norms computed first: each
+    operand an fp16 tensor to torch; a gated attention's backward, dV = Σ_i P[i, j]·(dO·σ(g))[i, e]
+    with P from the row max and sum written by the forward: both operands 16-bit tensors to torch).
+    None otherwise: where a factor reads a running state (the operand then is not torch's value and
+    could overflow 16 bits, below), and where a factor is marked float32 (`round_f32`: the frontend's
+    operand of a float32 matmul, F.normalize(q.float()))."""
     dtypes = set()
     factors = list(factors)
     buffers = plan.buffers
 
     def dtype_of(t: str) -> str | None:
-        if t in buffers and not buffers[t].operand and k not in buffers[t].axes:
-            return None  # (a statistic the plan wrote: a row factor)
+        if t in buffers and not buffers[t].operand:
+            return None  # (a statistic the plan wrote: a row factor, or one along k — attention's
+            # row max and sum in its backward's dV = Σ_i P·dO', P a 16-bit tensor to torch)
+        if (spec := program.inputs.get(t)) is not None and spec.holds is not None:
+            return None  # (a statistic a training forward saved: its log-sum-exp, read by that dV)
         return plan.loaded_dtype(program, t)
 
     for f in factors:
