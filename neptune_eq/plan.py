@@ -201,5 +201,9 @@ class Plan:
                     if ph.split > 1:
                         desc += f" split-K {ph.split}"
                     out.append(desc)
+            if not k.passes():  # (a kernel of its own writing a GEMM operand: a map of every element)
+                written = [st.target for st in k.epilogue if getattr(self.buffers.get(st.target), "operand", False)]
+                if written:
+                    out.append("map (" + ", ".join(f"operand {t}" for t in written) + ")")
         n = len(self.kernels)
         return f"{n} kernel{'s' if n != 1 else ''}, " + "; ".join(out)

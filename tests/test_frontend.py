@@ -529,6 +529,17 @@ def test_data_dependent_control_flow_raises_with_line():
         capture(branchy, randn(3))
 
 
+def test_a_library_functions_value_check_is_named_beside_the_users_line():
+    """F.gaussian_nll_loss checks `torch.any(var < 0)` in Python: the refusal names that line of torch
+    as well as the user's call (the user's line alone named only the call)."""
+    def nll(mu, y, var):
+        return torch.nn.functional.gaussian_nll_loss(mu, y, var)
+
+    with pytest.raises(CaptureError, match=r"gaussian_nll_loss branches on tensor values at functional\.py:\d+: "
+                                           r"(el)?if torch\.any\(var < 0\).* at test_frontend\.py:\d+: return torch"):
+        capture(nll, randn(3, 4), randn(3, 4), torch.rand(3, 4) + 0.1)
+
+
 # ---------------------------------------------------------------- more PyTorch the frontend understands
 
 

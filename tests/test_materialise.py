@@ -156,8 +156,8 @@ def test_an_operand_under_conditions_is_written_with_them():
     alts = _materialised(prog)
     assert alts, [a.structure for a in prog.alternatives]
     plan = alts[0].plan
-    stores = [st for k in plan.kernels for p in k.passes() for st in p.stores if st.target in plan.buffers
-              and plan.buffers[st.target].operand]
+    stores = [st for k in plan.kernels for st in [*k.epilogue, *(s for p in k.passes() for s in p.stores)]
+              if st.target in plan.buffers and plan.buffers[st.target].operand]
     # each condition is stored with the operand it is over: masked lanes of the buffer hold 0
     assert stores and all(any(isinstance(n, ir.Call) and n.op == "where" for n in ir.walk(st.expr)) for st in stores)
     gemms = [c for k in plan.kernels for p in k.passes() for c in p.comps if c.op == "sum"]
@@ -226,10 +226,11 @@ def test_one_operand_read_by_two_gemms_is_written_once():
         assert float((out[name].double() - ref).norm() / ref.norm()) < 1e-2, name
 
 
-def test_an_operand_of_inputs_alone_is_offered_from_an_epilogue_and_from_a_map_pass():
+def test_an_operand_of_inputs_alone_is_offered_from_an_epilogue_and_from_a_map_kernel():
     # y[i, d] = Σ_e g[i, e]·W[d, e] and z[d, f] = Σ_i x[i, d]·r[i]·h[i, f] (RMSNorm's backward: dY·Wᵀ,
     # then x̂ᵀ·dY): x̂ = x·r reads no reduction, so y's GEMM may write it from its epilogue, or a map
-    # pass may; both plans are offered (the model ranks them) and both match float64
+    # kernel of its own (a program per tile of [i, d]) may; both plans are offered (the model ranks
+    # them) and both match float64
     P = ne.program("two_stage")
     i, d, e, f = P.axes(i=40, d=48, e=24, f=64)  # (z the larger: y's GEMM runs first)
     g, W = P.input("g", i, e, dtype="bfloat16"), P.input("W", d, e, dtype="bfloat16")
@@ -241,7 +242,7 @@ def test_an_operand_of_inputs_alone_is_offered_from_an_epilogue_and_from_a_map_p
 
     def written_by(a):
         (buf,) = [n for n, b in a.plan.buffers.items() if b.operand]
-        return {"epilogue" if any(st.target == buf for st in k.epilogue) else "map"
+        return {"epilogue" if k.passes() else "map"
                 for k in a.plan.kernels for st in [*k.epilogue, *(s for p in k.passes() for s in p.stores)]
                 if st.target == buf}
 
@@ -249,6 +250,8 @@ def test_an_operand_of_inputs_alone_is_offered_from_an_epilogue_and_from_a_map_p
     for a in _materialised(prog):
         kinds.setdefault(frozenset(written_by(a)), a)
     assert {frozenset({"epilogue"}), frozenset({"map"})} <= set(kinds), [a.structure for a in _materialised(prog)]
+    mapped = next(k for k in kinds[frozenset({"map"})].plan.kernels if not k.passes())
+    assert set(mapped.grid) == {"i", "d"}, mapped.grid  # every element in the grid, no loop
     gen = torch.Generator().manual_seed(0)
     xs = {"g": torch.randn(40, 24, generator=gen).bfloat16(), "W": torch.randn(48, 24, generator=gen).bfloat16(),
           "x": torch.randn(40, 48, generator=gen).bfloat16(), "r": torch.rand(40, generator=gen) + 0.5,

@@ -50,8 +50,11 @@ def trace(traced, tensors, mode: str = "fake") -> torch.fx.GraphModule:
         where = _failure_location(e)
         first = (str(e).strip().splitlines() or [""])[0]
         if "data-dependent" in str(e) or "DataDependent" in type(e).__name__:
+            inside = _library_frame(e)
             raise CaptureError("control flow or shapes that depend on tensor values are not supported (the "
-                               f"function is traced once, on fake tensors): {first}", where) from e
+                               "function is traced once, on fake tensors)"
+                               + (f"; {inside[0]} branches on tensor values at {inside[1]} —" if inside else ":")
+                               + f" {first}", where) from e
         if "mutating a non-functional tensor" in str(e):
             raise CaptureError("writing in place into a tensor the function does not take as an argument (a "
                                "global, closure or module tensor) is not supported; pass it as an argument",
@@ -89,6 +92,28 @@ def check_sizes(gm: torch.fx.GraphModule) -> None:
             if isinstance(v, torch.Tensor) and any(type(n) is int and n == 0 for n in v.shape):
                 raise ZeroSizeCapture(f"a value of shape {tuple(v.shape)} has a zero-size dimension: nothing to "
                                       "compute", location(node))
+
+
+def _library_frame(e: BaseException) -> tuple[str, str] | None:
+    """(function, `file.py:line: code`) of the library function the user's last line called, at the
+    deepest line the traceback reaches in that file: the check that read a tensor's value (F.gaussian_nll_loss's
+    `torch.any(var < 0)`), where the user's own line only names the call. None if no such frame."""
+    frames = []
+    tb = e.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    user = [k for k, f in enumerate(frames) if not is_internal(f.tb_frame.f_code.co_filename)]
+    if not user or user[-1] + 1 >= len(frames):
+        return None
+    entry = frames[user[-1] + 1]
+    filename = entry.tb_frame.f_code.co_filename
+    if not filename.endswith(".py") or any(part in filename for part in ("_dynamo", "/fx/", "_subclasses")):
+        return None
+    # (the deepest line in that file: a function that dispatches through a torch function mode
+    # re-enters itself, the first frame stopping at its handle_torch_function)
+    deepest = [f for f in frames[user[-1] + 1:] if f.tb_frame.f_code.co_filename == filename][-1]
+    return entry.tb_frame.f_code.co_name, describe(filename, deepest.tb_lineno)
 
 
 def _failure_location(e: BaseException) -> str | None:
