@@ -24,7 +24,8 @@
 #     bash bench/pending_gpu.sh j    # session 69: library-GEMM plans bound (their CUDA tests, the host time of
 #                                    # RMSNorm -> matmul's step: 937 us before); the folded norm backward's
 #                                    # chunk counts again, the step against torch.compile; the plain norms' parts
-#     bash bench/pending_gpu.sh k    # session 70, not run: dynamic row lengths after their maps split into whole
+#     bash bench/pending_gpu.sh k    # session 70 (run in session 71: bench/results/h100_2026-12-07/s71/pending_k/):
+#                                    # dynamic row lengths after their maps split into whole
 #                                    # tiles and a tail and resident rows priced scalar (softmax 3.3x static before),
 #                                    # linear CE's training beside torch.compile, the ten operators' dynamic rows,
 #                                    # the MoE router losses' joint training (the one sweep row that picks it)

@@ -1,5 +1,5 @@
 """pytest-benchmark view of the out-of-sample sweeps (bench/sweeps.py: sweep_unseen, sweep_fresh,
-sweep_third, sweep_fourth, sweep_fifth; GPU only, on a CPU every test is skipped).
+sweep_third, sweep_fourth, sweep_fifth, sweep_sixth; GPU only, on a CPU every test is skipped).
 
     pytest bench/test_sweep.py                                   # grouped by row
     pytest bench/test_sweep.py -k "cross_entropy and liger"
