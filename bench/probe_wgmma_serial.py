@@ -32,8 +32,11 @@ def advisories(ptx: str) -> list[str]:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.ptx")
         Path(path).write_text(ptx)
-        out = subprocess.run([str(PTXAS), "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
-                             capture_output=True, text=True)
+        for ptxas in (PTXAS, PTXAS.parent / "ptxas-blackwell"):  # (a newer Triton's PTX needs the newer one)
+            out = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
+                                 capture_output=True, text=True)
+            if "Unsupported .version" not in out.stderr or not (PTXAS.parent / "ptxas-blackwell").exists():
+                break
     return [ln.split(": ", 1)[-1][:150] for ln in (out.stdout + out.stderr).splitlines()
             if "(C75" in ln or "Used " in ln]
 
