@@ -128,7 +128,10 @@ FMA_SPILL = 4.0
 # Measured on the H100 (2026-12-07, bench/probe_sweep_kernels.py --variants, SwiGLU's x·W1 and x·W3
 # sharing one pass, 4096 × 2048 → 5632 bf16, 8 warps): two 128 × 128 fp32 accumulators (128
 # registers a thread) 459.5 µs against 360 predicted; two 128 × 256 (256 a thread) 2840 µs against
-# 366.9 — 7.7x. One 128 × 256 accumulator (128 a thread) is the usual GEMM tile and runs at speed.
+# 366.9 — 7.7x (ptxas: 255 registers, wgmma serialised, C7511; at 128 × 128: 181, no spill). One
+# 128 × 256 accumulator (128 a thread) is the usual GEMM tile and runs at speed. The bound sits between
+# the measured points; a K-loop's tile inside a fused loop is not counted (CosFace's dW kernel, 128 + 64
+# a thread, spills; attention's dK/dV kernel, 128 + 64 too, does not — ptxas, session 71).
 ACC_REGISTERS = 192  # accumulator registers a thread keeps beside addresses and operand fragments
 ACC_SPILL = 7.7  # the slowdown measured at ACC_MEASURED registers of accumulators a thread
 ACC_MEASURED = 256
