@@ -15,6 +15,7 @@ Triton of this repository's environment compiles differently (no C7515 where 3.6
     PYTHONPATH=/tmp/t36 TRITON_INTERPRET=0 python bench/ptxas_check.py rmsnorm_matmul --beyond
     PYTHONPATH=/tmp/t36 TRITON_INTERPRET=0 python bench/ptxas_check.py window_pf --L 3000 --dynamic
     PYTHONPATH=/tmp/t36 TRITON_INTERPRET=0 python bench/ptxas_check.py varlen --L 32768   # packed prefill
+    TRITON_INTERPRET=0 python bench/ptxas_check.py --sweep "cosface fwd+bwd" --backward   # a training call's backward
 """
 
 from __future__ import annotations
@@ -88,11 +89,25 @@ def compile_kernel(module, ks, axes: dict[str, int]):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
+def _chosen_backward(fn, xs, buffers):
+    """The compiled backward program a training call of `fn` at `xs` chooses (every floating input
+    but `buffers` needing gradients), derived and compiled as the first such call would."""
+    from neptune_eq import autograd
+
+    prog = neptune_eq.compile(fn, *xs)
+    qual = prog._first().op.qualname
+    names = autograd._ATTACHED[qual][1]
+    key, t = autograd._variant(qual, [n for k, n in enumerate(names) if k not in buffers])
+    back = autograd._choose(key, t, t.compile_fn)
+    return autograd._compiled(f"{key}:{autograd._mode(back)}", back.program, t.compile_fn)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("op")
     ap.add_argument("--L", type=int, default=4096)
-    ap.add_argument("--backward", action="store_true", help="the saved backward's kernels")
+    ap.add_argument("--backward", action="store_true",
+                    help="the saved backward's kernels (with --sweep: the backward a training call chooses)")
     ap.add_argument("--source", help="a hand-edited module to compile in place of the generated one")
     ap.add_argument("--beyond", action="store_true", help="op names a bench/beyond program (its first size)")
     ap.add_argument("--sweep", action="store_true", help="op starts the name of a sweep row (bench/sweeps.py)")
@@ -122,7 +137,10 @@ def main():
     else:
         c = Case(a.op, a.L)
         fn, xs = c.fn, c.inputs("cpu")
-    if a.backward:
+    if a.backward and a.sweep:  # the backward a training call of the row runs (the cost model's choice)
+        comp = _chosen_backward(fn, xs, row.buffers)
+        prog = comp.program
+    elif a.backward:
         prog, comp = saved_backward(fn, *xs)
     else:
         comp = neptune_eq.compile(fn, *xs).program

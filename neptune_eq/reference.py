@@ -123,6 +123,10 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
             return _Val(_TORCH_OPS[n.op](*(expand(v, dims) for v in args)), dims)
         if isinstance(n, ir.Reduce):
             body = n.body
+            if n.op == "sum":  # (a product of three factors or more, or under conditions: one einsum)
+                got = selected_product(n)
+                if got is not None:
+                    return got
             if n.op == "sum" and isinstance(body, ir.Call) and body.op == "mul":
                 a, b = go(body.args[0]), go(body.args[1])
                 dims = canon((*a.dims, *b.dims))
@@ -131,10 +135,6 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
                 spec = "".join(letters[d] for d in a.dims) + "," + "".join(letters[d] for d in b.dims)
                 spec += "->" + "".join(letters[d] for d in out_dims)
                 return _Val(torch.einsum(spec, a.t.to(dtype), b.t.to(dtype)), out_dims)
-            if n.op == "sum":
-                got = selected_product(n)
-                if got is not None:
-                    return got
             v = go(body)
             k = v.dims.index(n.axis)
             t = v.t.to(dtype) if not v.t.is_floating_point() else v.t
@@ -151,11 +151,13 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
 
     def selected_product(n: ir.Reduce) -> _Val | None:
         """Σ over n.axis of a product under conditions (Σ_i [t_i = j]·c_i·h[i, d], the gradient of a
-        gather) as one einsum of its factors and 0/1 conditions, each over its own axes: the body's
-        full [i, j, d] block would not fit. Exact only where every factor is finite (0·x is then 0,
-        as the select gives); otherwise None, and the body is evaluated whole."""
+        gather), or of three factors or more (Σ_d x̂[i, d]·ŵ[j, d]·s, a backward's scaled product), as
+        one einsum of its factors and 0/1 conditions, each over its own axes: the body's full [i, j, d]
+        block would not fit (CosFace's backward at 8192 × 32768 × 512: 1 TiB). Exact only where every
+        factor is finite (0·x is then 0, as the select gives); otherwise None, and the body is
+        evaluated whole."""
         parts = opened(n.body)
-        if not parts.conditions:
+        if not parts.conditions and len(parts.factors) < 3:
             return None
         vals = [go(f) for f in parts.factors]
         # (a finite constant needs no look: Σ_l [cu[l] <= i]·1, a token's document counted from its
