@@ -29,6 +29,9 @@
 #                                    # tiles and a tail and resident rows priced scalar (softmax 3.3x static before),
 #                                    # linear CE's training beside torch.compile, the ten operators' dynamic rows,
 #                                    # the MoE router losses' joint training (the one sweep row that picks it)
+#     bash bench/pending_gpu.sh l    # session 71, not run: CosFace's backward alternatives (its float64 reference
+#                                    # built since), the gated attention's kernels beside torch.compile's, then
+#                                    # sweep 6 whole after every change of the session
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -104,6 +107,11 @@ case "${1:-}" in
       --out "$OUT/new_lengths/rows.json"
     step moe_joint 150 python3 bench/probe_sweep_kernels.py "moe_router_losses fwd+bwd" --alternatives 0 --compile
     ;;
+  l)
+    step cosface_parts 200 python3 bench/probe_backward_parts.py "cosface fwd+bwd" --alternatives 6 --kernels
+    step gated_kernels 120 python3 bench/probe_sweep_kernels.py "gated_sdpa fwd+bwd" --alternatives 0 --compile
+    step sweep6 260 python3 bench/sweep_sixth.py --out "$OUT/sweep6/rows.json"
+    ;;
   i)
     step sweep5_kernels 300 python3 bench/probe_sweep_kernels.py "native_rms_norm_matmul fwd+bwd" "triplet_margin fwd+bwd" \
       --compile --explain
@@ -114,7 +122,7 @@ case "${1:-}" in
     step fp32_rows 200 python3 bench/sweep_fifth.py --only clip cosine --out "$OUT/fp32_rows/rows.json"
     ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l" >&2
     exit 2
     ;;
 esac
