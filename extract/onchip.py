@@ -34,6 +34,13 @@ def thread_registers(num_warps: int) -> int:
     return min(MAX_THREAD_REGISTERS, REGISTERS_PER_SM // (32 * num_warps))
 
 
+def _dot_tiles(c, ps, sched: KernelSchedule, tiled, inner) -> list[int] | None:
+    """The three tiles of comp `c` of pass `ps` when it is a tile dot (a sum of a product over three
+    tiled axes of 16 or more: operands staged through shared memory, its accumulator the state), else None."""
+    t = [sched.tiles.get(a, 1) for a in sorted(set(c.core.axes) & ({*tiled, ps.axis} | inner))]
+    return t if c.op == "sum" and is_product(c.core) and len(t) == 3 and min(t) >= 16 else None
+
+
 def tile_elements(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan: Plan) -> float:
     """Values a program holds at once: the largest loop-tile block and its carried states."""
     tiled = [a for a in k.grid if sched.tiles.get(a, 1) > 1]
@@ -42,13 +49,11 @@ def tile_elements(k: KernelPlan, sched: KernelSchedule, program: ir.Program, pla
     for ps in k.passes():
         block = 1.0 if ps.comps else math.prod(sched.tiles.get(a, 1) for a in {*tiled, ps.axis})
         for c in ps.comps:
-            axes = sorted(set(c.core.axes) & ({*tiled, ps.axis} | inner))
-            t = [sched.tiles.get(a, 1) for a in axes]
-            if c.op == "sum" and is_product(c.core) and len(t) == 3 and min(t) >= 16:
-                # a dot: operands staged through shared memory, the accumulator is the state
+            t = _dot_tiles(c, ps, sched, tiled, inner)
+            if t is not None:  # (the accumulator is the state)
                 size = max(t[0] * t[1], t[1] * t[2], t[0] * t[2]) / 2
             else:
-                size = math.prod(t)
+                size = math.prod(sched.tiles.get(a, 1) for a in set(c.core.axes) & ({*tiled, ps.axis} | inner))
             block = max(block, size)
             states += math.prod(sched.tiles.get(a, 1) for a in c.free if a in tiled)
         biggest = max(biggest, block)
@@ -144,12 +149,8 @@ def accumulator_registers(k: KernelPlan, sched: KernelSchedule, program: ir.Prog
         return 0.0
     tiled = {a for a in k.grid if sched.tiles.get(a, 1) > 1}
     inner = inner_axes(k, plan)
-    acc = 0.0
-    for ps in k.passes():
-        for c in ps.comps:
-            t = [sched.tiles.get(a, 1) for a in sorted(set(c.core.axes) & ({*tiled, ps.axis} | inner))]
-            if c.op == "sum" and is_product(c.core) and len(t) == 3 and min(t) >= 16:
-                acc += math.prod(sched.tiles.get(a, 1) for a in c.free if a in tiled)
+    acc = sum(math.prod(sched.tiles.get(a, 1) for a in c.free if a in tiled)
+              for ps in k.passes() for c in ps.comps if _dot_tiles(c, ps, sched, tiled, inner) is not None)
     return acc / (32 * sched.num_warps)
 
 

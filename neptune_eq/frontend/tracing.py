@@ -98,11 +98,7 @@ def _library_frame(e: BaseException) -> tuple[str, str] | None:
     """(function, `file.py:line: code`) of the library function the user's last line called, at the
     deepest line the traceback reaches in that file: the check that read a tensor's value (F.gaussian_nll_loss's
     `torch.any(var < 0)`), where the user's own line only names the call. None if no such frame."""
-    frames = []
-    tb = e.__traceback__
-    while tb is not None:
-        frames.append(tb)
-        tb = tb.tb_next
+    frames = _frames(e)
     user = [k for k, f in enumerate(frames) if not is_internal(f.tb_frame.f_code.co_filename)]
     if not user or user[-1] + 1 >= len(frames):
         return None
@@ -116,11 +112,15 @@ def _library_frame(e: BaseException) -> tuple[str, str] | None:
     return entry.tb_frame.f_code.co_name, describe(filename, deepest.tb_lineno)
 
 
-def _failure_location(e: BaseException) -> str | None:
-    tb = e.__traceback__
-    last = None
+def _frames(e: BaseException) -> list:
+    """The traceback entries of `e`, outermost first."""
+    out, tb = [], e.__traceback__
     while tb is not None:
-        if not is_internal(tb.tb_frame.f_code.co_filename):
-            last = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        out.append(tb)
         tb = tb.tb_next
-    return describe(*last) if last else None
+    return out
+
+
+def _failure_location(e: BaseException) -> str | None:
+    user = [f for f in _frames(e) if not is_internal(f.tb_frame.f_code.co_filename)]
+    return describe(user[-1].tb_frame.f_code.co_filename, user[-1].tb_lineno) if user else None
