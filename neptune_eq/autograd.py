@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import ir
+from . import ir, scatter
 from .autograd_joint import joint_option, joint_training_op
 from .grad import Backward, NoBackward
 from .training import _derive, _Training, lengths_of, shape_at
@@ -50,7 +50,8 @@ def _compiled(key: str, program: ir.Program, compile_fn):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():
-            run = _RUNNERS[key] = compile_fn(program)
+            # (one-hot sums of a gathered table's gradient leave as a scatter of rows: neptune_eq.scatter)
+            run = _RUNNERS[key] = scatter.compiled(program, compile_fn)
     return run
 
 
@@ -63,6 +64,10 @@ def _run(key: str, run, inputs: dict[str, torch.Tensor], dtypes=None) -> dict[st
     (lower/bound.BoundCall), as a compiled function's own calls do: a training step's forward and
     backward had spent 300 and 800 µs of host time each in the checked path (H100, attention at
     L 3000 and RMSNorm, bench/probe_step_host.py), more than their kernels."""
+    if isinstance(run, scatter.ScatterRun):
+        names = {o.name for o in run.split.inner.outputs}
+        res = _run(key, run.inner, inputs, {n: d for n, d in (dtypes or {}).items() if n in names})
+        return run.split.finish(res, lengths_of(run.split.program, inputs), dtypes)
     order = run._input_order
     ts = [inputs[n] for n in order]
     fast = run.chunking is None and all(t.is_cuda for t in ts)
@@ -99,13 +104,15 @@ def _choose(qualname: str, t: _Training, compile_fn) -> Backward:
             continue
         bwd = _compiled(f"{qualname}:{mode}", back.program, compile_fn)
         fwd = _compiled(f"{qualname}:forward", t.forward, compile_fn)  # (the training op's, in both modes)
-        total = time(fwd) + time(bwd)
+        total = time(fwd) + time(bwd) + getattr(bwd, "extra_s", 0.0)
         what = ("saves " + ", ".join([*back.saved.outputs, *(f"{k} = {ir.show(r)}" for k, r in
                                                               back.saved.stats.items())])
                 if mode == "saved" else "saves the inputs alone, recomputes every reduction")
         options.append((total, mode, back, f"{mode}: {what}; predicted fwd {time(fwd) * 1e6:.1f}"
                                            f" + bwd {time(bwd) * 1e6:.1f} µs "
                                            f"({bwd.alternative.structure})"
+                                           + (f"; {bwd.split.describe()}"
+                                              if isinstance(bwd, scatter.ScatterRun) else "")
                                            + (f"; {bwd.chunking.describe()}" if bwd.chunking else "")))
     note = None
     if t.joint is not None:  # (a scalar loss: its gradients beside it, neptune_eq.grad_joint)

@@ -96,6 +96,9 @@ def joint_option(joint: Joint, run, time: Callable) -> tuple[tuple | None, str |
     if over is not None:
         return None, f"joint: not offered, {over}"
     scale = scaling_s(joint, run)
-    return (time(run) + scale, "joint",
+    rows = getattr(run, "extra_s", 0.0)  # (one-hot sums run as a scatter: neptune_eq.scatter)
+    scattered = f"; {run.split.describe()}" if rows else ""
+    return (time(run) + rows + scale, "joint",
             f"joint: the forward computes the gradients at upstream 1 beside the loss, the backward scales them; "
-            f"predicted {time(run) * 1e6:.1f} + scaling {scale * 1e6:.1f} µs ({run.alternative.structure})"), None
+            f"predicted {(time(run) + rows) * 1e6:.1f} + scaling {scale * 1e6:.1f} µs ({run.alternative.structure})"
+            f"{scattered}"), None

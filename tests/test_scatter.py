@@ -1,0 +1,103 @@
+"""One-hot sums of a gathered table's gradient run as a scatter of rows (neptune_eq/scatter.py): the
+split program's rows and indices, finished by index_add_, equal the dense sum in float64 — with
+indices outside the table, in deterministic mode — and a training call's table gradient is so derived
+and matches float64 autograd (Triton's interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neptune_eq
+from neptune_eq import autograd, ir, scatter
+from neptune_eq.ir import Call, Const, Index, Load, Reduce
+from neptune_eq.program import Output, Program, TensorSpec
+from neptune_eq.reference import evaluate
+
+
+def _ld(t, *axes):
+    return Load(t, tuple(Index(a) for a in axes))
+
+
+def _embedding_grad(rows: int) -> Program:
+    """∂table[v, d] = Σ_t [max(ids[t], 0) = v]·g[t, d]·2 + 0.5·table[v, d] − Σ_t [ids[t] = v]·g[t, d]."""
+    hit = Call("eq", (Call("max2", (Load("ids", (Index("t"),)), Const(0.0))), Index("v")))
+    one = Reduce("sum", "t", Call("where", (hit, Call("mul", (_ld("g", "t", "d"), Const(2.0))), Const(0.0))))
+    two = Reduce("sum", "t", Call("where", (Call("eq", (Index("v"), Load("ids", (Index("t"),)))),
+                                            _ld("g", "t", "d"), Const(0.0))))
+    expr = Call("sub", (Call("add", (one, Call("mul", (Const(0.5), _ld("table", "v", "d"))))), two))
+    return Program("emb", {"t": 37, "v": rows, "d": 8},
+                   {"ids": TensorSpec("ids", ("t",), "int64"), "g": TensorSpec("g", ("t", "d"), "float64"),
+                    "table": TensorSpec("table", ("v", "d"), "float64")},
+                   [Output("grad", ("v", "d"), expr, "float64")]).validate()
+
+
+def _finished(p: Program, inputs: dict, deterministic: bool = False) -> torch.Tensor:
+    s = scatter.split(p)
+    assert s is not None
+    res = evaluate(s.inner, inputs)
+    res = {o.name: (res[o.name].long() if o.dtype == "int64" else res[o.name]) for o in s.inner.outputs}
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        return s.finish(res, {})["grad"]
+    finally:
+        torch.use_deterministic_algorithms(prev)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_split_equals_the_dense_sum(deterministic):
+    p = _embedding_grad(100)
+    s = scatter.split(p)
+    # both one-hot sums leave (the two spellings of the same index each their own scatter); the
+    # dense part keeps the table term alone
+    assert len(s.outputs) == 1 and s.outputs[0].dense is not None
+    assert {o.name for o in s.inner.outputs} == {"grad_dense", "grad_rows", "grad_at", "grad_rows2", "grad_at2"}
+    assert not any(isinstance(n, Reduce) for o in s.inner.outputs for n in ir.walk(o.expr))
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 100, (37,), generator=g)
+    ids[:4] = torch.tensor([-5, 100, 250, 99])  # outside the table: nothing added (as in the dense sum)
+    ids[4:9] = 7  # repeated rows add up
+    inputs = {"ids": ids, "g": torch.randn(37, 8, generator=g, dtype=torch.float64),
+              "table": torch.randn(100, 8, generator=g, dtype=torch.float64)}
+    want = evaluate(p, inputs)["grad"]
+    got = _finished(p, inputs, deterministic)
+    assert got.dtype == torch.float64
+    assert torch.allclose(got, want, atol=1e-12, rtol=0)
+
+
+def test_small_table_and_score_sized_rows_stay_dense():
+    assert scatter.split(_embedding_grad(scatter.MIN_ROWS - 1)) is None
+    # a bucketed bias's gradient: rows over (i, j, h) outnumber every tensor the program moves
+    bucket = Call("min2", (Call("max2", (Call("add", (Call("sub", (Index("i"), Index("j"))), Const(70.0))),
+                                         Const(0.0))), Const(127.0)))
+    score = Reduce("sum", "d", Call("mul", (_ld("q", "h", "i", "d"), _ld("k", "h", "j", "d"))))
+    expr = Reduce("sum", "i", Reduce("sum", "j", Call("where", (Call("eq", (bucket, Index("b"))), score,
+                                                                 Const(0.0)))))
+    p = Program("bias", {"h": 2, "i": 96, "j": 96, "d": 4, "b": 128},
+                {"q": TensorSpec("q", ("h", "i", "d")), "k": TensorSpec("k", ("h", "j", "d"))},
+                [Output("grad_b", ("b", "h"), expr)]).validate()
+    assert scatter.split(p) is None
+
+
+def table_score(table, ids, x):
+    return torch.logsumexp((F.embedding(ids, table) * x).sum(-1), 0)
+
+
+def test_training_scatters_the_table_gradient():
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(80, 16, generator=g).requires_grad_()
+    ids = torch.randint(0, 80, (13,), generator=g)
+    ids[:3] = 5
+    x = torch.randn(13, 16, generator=g).requires_grad_()
+    prog = neptune_eq.compile(table_score, table, ids, x)
+    prog(table, ids, x).backward()
+    t64, x64 = table.detach().double().requires_grad_(), x.detach().double().requires_grad_()
+    table_score(t64, ids, x64).backward()
+    assert torch.allclose(table.grad.double(), t64.grad, atol=1e-5)
+    assert torch.allclose(x.grad.double(), x64.grad, atol=1e-5)
+    qual = prog._first().op.qualname
+    assert "scattered to j at j = ids[i] (index_add_)" in autograd.training_report(qual)
+    runs = [r for k, r in autograd._RUNNERS.items() if k.startswith(qual)]
+    assert any(isinstance(r, scatter.ScatterRun) for r in runs)
