@@ -32,6 +32,8 @@
 #     bash bench/pending_gpu.sh l    # session 71, not run: CosFace's backward alternatives (its float64 reference
 #                                    # built since), the gated attention's kernels beside torch.compile's, then
 #                                    # sweep 6 whole after every change of the session
+#     bash bench/pending_gpu.sh m    # session 72: tables' gradients as a scatter of rows (neptune_eq/scatter.py):
+#                                    # sweep 7 (skip-gram, bag classifier, centre loss), CosFace's step and kernels
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -107,6 +109,11 @@ case "${1:-}" in
       --out "$OUT/new_lengths/rows.json"
     step moe_joint 150 python3 bench/probe_sweep_kernels.py "moe_router_losses fwd+bwd" --alternatives 0 --compile
     ;;
+  m)
+    step sweep7 300 python3 bench/sweep_seventh.py --out "$OUT/sweep7/rows.json"
+    step cosface 150 python3 bench/sweep_sixth.py --only cosface --out "$OUT/cosface/rows.json"
+    step cosface_kernels 120 python3 bench/probe_sweep_kernels.py "cosface fwd+bwd" --alternatives 0 --compile
+    ;;
   l)
     step cosface_parts 200 python3 bench/probe_backward_parts.py "cosface fwd+bwd" --alternatives 6 --kernels
     step gated_kernels 120 python3 bench/probe_sweep_kernels.py "gated_sdpa fwd+bwd" --alternatives 0 --compile
@@ -122,7 +129,7 @@ case "${1:-}" in
     step fp32_rows 200 python3 bench/sweep_fifth.py --only clip cosine --out "$OUT/fp32_rows/rows.json"
     ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l|m" >&2
     exit 2
     ;;
 esac

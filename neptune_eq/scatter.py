@@ -12,9 +12,11 @@ step on an H100. `split` takes such terms out of a program's outputs:
     at[i]      = e(i) where 0 ≤ e(i) < |j| else |j|        the row each point adds into, as an output
     ∂w         = dense part + index_add(rows at `at`)      torch, after the program's kernels
 
-— taken where the rows are no larger than a tensor the program reads or writes (a score-sized value
-of attention's bucketed bias stays dense, on chip) and the table has `MIN_ROWS` rows or more (below,
-the dense form's few compares per term cost less than writing and reading the rows). Terms that share
+— taken where the rows are at most `ROWS_FACTOR` times the largest tensor the program reads or writes
+(a score-sized value of attention's bucketed bias stays dense, on chip) and the table has `MIN_ROWS`
+rows or more (below, the dense form's few compares per term cost less than writing and reading the
+rows). Summed axes the index does not read stay summed inside the rows (Σ_i Σ_k [c(i) = j]·v(i, k) is
+rows Σ_k v(i, k) at c(i)). Terms that share
 their points and index share one scatter (their values summed first). A point whose index falls
 outside the table adds to a spare row that is dropped, as it adds nothing in the dense sum. Exact up
 to the order of the additions (float32, float64 in a float64 program); under
@@ -36,6 +38,10 @@ from .ir import Call, Const, Index, Reduce
 # row and term (compare, select, add), the scatter ~12 bytes per term (rows written, read, added): at the
 # H100's ~20 float32 operations per HBM byte the two meet near 80 rows; below 64 the dense form stays
 MIN_ROWS = 64
+# the rows' size, against the largest tensor the program reads or writes, up to which they leave it: a
+# skip-gram's negatives (32768 × 5 points of 300 values, 1.6× the table) do, a bucketed attention
+# bias's score-sized rows (L²·heads, L/d times the queries' size) stay on chip in the dense form
+ROWS_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,11 @@ def _one_hot(term: ir.Node, o: ir.Output, program: ir.Program, limit: int):
     value = term.args[1]
     if others:
         value = Call("where", (_all(others), value, Const(0.0)))
+    # the summed axes no index reads sum inside the value (Σ_i Σ_k [c(i) = j]·v = Σ_i [c(i) = j]·Σ_k v)
+    read = set().union(*(e.axes for _, e in index))
+    for a in reversed([p for p in points if p not in read]):
+        value = Reduce("sum", a, value)
+    points = [p for p in points if p in read]
     if scale and any(set(f.axes) & set(points) for f in scale):
         return None  # (a factor of the points outside their sum: not a scaled one-hot sum)
     for f in scale:
@@ -206,8 +217,8 @@ def _one_hot(term: ir.Node, o: ir.Output, program: ir.Program, limit: int):
     if value.axes - set(points) - (set(o.axes) - set(targets)):
         return None
     rest = [a for a in o.axes if a not in targets]
-    if math.prod(program.axes[a] for a in [*points, *rest]) > limit:
-        return None  # (rows larger than any tensor the program moves: the dense form stays on chip)
+    if math.prod(program.axes[a] for a in [*points, *rest]) > ROWS_FACTOR * limit:
+        return None  # (rows far larger than any tensor the program moves: the dense form stays on chip)
     return tuple(points), tuple(sorted(index, key=lambda te: o.axes.index(te[0]))), value
 
 

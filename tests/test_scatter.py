@@ -101,3 +101,22 @@ def test_training_scatters_the_table_gradient():
     assert "scattered to j at j = ids[i] (index_add_)" in autograd.training_report(qual)
     runs = [r for k, r in autograd._RUNNERS.items() if k.startswith(qual)]
     assert any(isinstance(r, scatter.ScatterRun) for r in runs)
+
+
+def test_a_sum_the_index_does_not_read_stays_inside_the_rows():
+    """Σ_i Σ_k [c(i) = j]·g[i, k, d] (a skip-gram's centre row, read beside each of its negatives): rows
+    Σ_k g[i, k, d] at c(i), over the points i alone; Σ_i Σ_k [n(i, k) = j]·… keeps both as points."""
+    one = Reduce("sum", "i", Reduce("sum", "k", Call("where", (
+        Call("eq", (Load("c", (Index("i"),)), Index("j"))), _ld("g", "i", "k", "d"), Const(0.0)))))
+    two = Reduce("sum", "i", Reduce("sum", "k", Call("where", (
+        Call("eq", (Load("n", (Index("i"), Index("k"))), Index("j"))), _ld("g", "i", "k", "d"), Const(0.0)))))
+    p = Program("sg", {"i": 23, "k": 5, "j": 70, "d": 6},
+                {"c": TensorSpec("c", ("i",), "int64"), "n": TensorSpec("n", ("i", "k"), "int64"),
+                 "g": TensorSpec("g", ("i", "k", "d"), "float64")},
+                [Output("grad", ("j", "d"), Call("add", (one, two)), "float64")]).validate()
+    s = scatter.split(p)
+    assert [sc.points for sc in s.outputs[0].scatters] == [("i",), ("i", "k")]
+    g = torch.Generator().manual_seed(5)
+    inputs = {"c": torch.randint(0, 70, (23,), generator=g), "n": torch.randint(0, 70, (23, 5), generator=g),
+              "g": torch.randn(23, 5, 6, generator=g, dtype=torch.float64)}
+    assert torch.allclose(_finished(p, inputs), evaluate(p, inputs)["grad"], atol=1e-12, rtol=0)
