@@ -1,5 +1,5 @@
 """Probe (session 63): split-K combine loops folding one chunk state a step (as before) against
-`passes.COMBINE_UNROLL` chunks a step, in one process. GPU only.
+`combine.COMBINE_UNROLL` chunks a step, in one process. GPU only.
 
     python bench/probe_combine_unroll.py [--out rows.json]
 
@@ -28,7 +28,7 @@ from beyond.programs import rmsnorm_matmul, rmsnorm_matmul_math
 from cases import Case
 
 import neptune_eq
-from neptune_eq.lower import passes
+from neptune_eq.lower import combine
 
 
 def rel(a, b) -> float:
@@ -36,12 +36,12 @@ def rel(a, b) -> float:
 
 
 def _compiled(fn, xs, unroll: int):
-    passes.COMBINE_UNROLL = unroll
+    combine.COMBINE_UNROLL = unroll
     try:
         with tempfile.TemporaryDirectory() as d:
             return neptune_eq.compile(fn, *xs, cache_dir=d)
     finally:
-        passes.COMBINE_UNROLL = 8
+        combine.COMBINE_UNROLL = 8
 
 
 def decode(op: str, L: int, rows: list) -> None:

@@ -21,9 +21,9 @@ import numpy as np
 from neptune_eq import ir
 from neptune_eq.contraction import gemm_sides, is_product, masked_body, opened, plain_input
 from neptune_eq.device import DeviceSpec
+from neptune_eq.lower.combine import combine_unroll, plain_states
 from neptune_eq.lower.contract import tensor_core_dot
 from neptune_eq.lower.eviction import reread
-from neptune_eq.lower.passes import combine_unroll, plain_states
 from neptune_eq.masks import affine_part
 from neptune_eq.numeric import compute_dtype
 from neptune_eq.ops import OPS

@@ -1,4 +1,4 @@
-"""Split-K's combine folds several chunk states a loop step (lower/passes.combine_unroll): the loads
+"""Split-K's combine folds several chunk states a loop step (lower/combine.combine_unroll): the loads
 of a step are independent, the fold into the state stays in chunk order."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import torch
 
 from neptune_eq import dsl as ne
-from neptune_eq.lower.passes import COMBINE_UNROLL, combine_unroll
+from neptune_eq.lower.combine import COMBINE_UNROLL, combine_unroll
 from neptune_eq.runtime import compile_ir
 
 
@@ -45,7 +45,7 @@ def test_every_split_of_a_rolling_pass_combines_to_float64():
 
 
 def test_plain_sums_fold_more_chunks_a_step():
-    from neptune_eq.lower.passes import PLAIN_COMBINE_UNROLL
+    from neptune_eq.lower.combine import PLAIN_COMBINE_UNROLL
 
     assert PLAIN_COMBINE_UNROLL == 32
     assert [combine_unroll(n, plain=True) for n in (1, 8, 12, 64, 128, 256, 96)] == [1, 8, 4, 32, 32, 32, 32]

@@ -15,11 +15,12 @@ from .. import ir
 from ..masks import affine_part
 from ..plan import Combine, KernelPlan, Plan
 from ..schedule import KernelSchedule, grouped_pair
+from .combine import _combine_phase
 from .eviction import pass_hints
 from .kernel import KernelWriter
 from .library import library_kernel
 from .mathlib import math_helpers
-from .passes import _combine_phase, _PassWriter
+from .passes import _PassWriter
 from .values import (
     KernelSource,
     _ident,
