@@ -16,7 +16,8 @@ vectors the forward computes anyway. Two steps, both exact and neither keyed on 
    each statistic by a load of a saved vector. A statistic is a reduction of the forward whose axes are
    a proper subset of the axes of some tensor the program holds (a row max or sum of x[i, d], never
    the scores s[i, j] of a contraction): saving it never costs more memory than a tensor already held;
-   or a fused value the size of an output that the output maps (a gated attention's Σ_j p·v).
+   or a fused value the size of an output that the output maps (a gated attention's Σ_j p·v); or a
+   product over a long axis that is an operand of another product (an MLP's hidden pre-activations).
 
 Then `grad_fold.fold` takes the row sum's divisor of a normalised exponential into its exponent
 (e^{a − m}/l as e^{a − lse}): the backward reads the log-sum-exp lse = m + log l instead of m (and of l
@@ -29,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from . import ir
+from .contraction import is_product
 from .extract.exact_tests import extremes_tested
 from .grad_fold import fold
 from .index_shift import clamped_shift
@@ -85,9 +87,33 @@ def statistics(program: ir.Program) -> list[Reduce]:
     for o in program.outputs:
         for n in ir.walk(o.expr):
             if isinstance(n, Reduce) and n not in outs and n not in tested and (
-                    any(set(n.axes) < h for h in held) or _rows_of_a_load(n) or _fused_value(n, shaped)):
+                    any(set(n.axes) < h for h in held) or _rows_of_a_load(n) or _fused_value(n, shaped)
+                    or _long_operand(n, program)):
                 found[n] = None
     return list(found)
+
+
+# the contraction length from which a product feeding another product is saved rather than recomputed:
+# recomputing costs 2·K tensor-core operations an element, saving 8 bytes (written in float32 and read);
+# at an H100's ~650 TF/s of bf16 products against ~3 TB/s of HBM the two meet near K = 870
+SAVE_CONTRACTION = 1024
+
+
+def _long_operand(r: Reduce, program: ir.Program) -> bool:
+    """Is r a product summed over a long axis (≥ SAVE_CONTRACTION) whose value is an operand of another
+    product summed over one of r's axes (an MLP's x·W1 inside silu(x·W1)·(x·W3) before W2)? The forward
+    writes that operand whole anyway (a GEMM operand is read by every output tile), so saving r costs a
+    tensor of its size and spares the backward a GEMM; a product feeding a softmax (attention's scores,
+    linear cross-entropy's logits) is never one."""
+    if r.op != "sum" or not is_product(r.body) or program.axes[r.axis] < SAVE_CONTRACTION or not r.axes:
+        return False
+    for o in program.outputs:
+        for n in ir.walk(o.expr):
+            if (isinstance(n, Reduce) and n.op == "sum" and n is not r and n.axis in r.axes
+                    and isinstance(n.body, Call) and n.body.op == "mul"
+                    and any(r in set(ir.walk(side)) for side in n.body.args)):
+                return True
+    return False
 
 
 def _fused_value(r: Reduce, shaped: list[set[str]]) -> bool:

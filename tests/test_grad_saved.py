@@ -555,3 +555,38 @@ def test_a_gated_attentions_saved_backward_matches_float64_in_the_interpreter():
     for name, ref in want.items():
         err = ((got[name].double() - ref).norm() / ref.norm()).item()
         assert err < 2e-2, (name, err)
+
+
+def _swiglu(x, w1, w3, w2):
+    return (torch.nn.functional.silu(x @ w1) * (x @ w3)) @ w2
+
+
+def test_an_mlps_long_products_are_saved_and_its_saved_backward_matches_float64():
+    """x·W1 and x·W3 over a hidden size ≥ SAVE_CONTRACTION feed the product with W2: saved (the
+    backward reads them instead of two GEMMs); attention's scores (a 16-long product) and linear
+    cross-entropy's logits (a long product feeding a log-sum-exp, not a product) are not. The saved
+    backward against its program in float64 (interpreter, no tile multiples)."""
+    from neptune_eq.grad_saved import SAVE_CONTRACTION, statistics
+
+    d = SAVE_CONTRACTION
+    xs = [torch.randn(5, d), torch.randn(d, 6) / 32, torch.randn(d, 6) / 32, torch.randn(6, 3)]
+    back = backward_program(capture(_swiglu, *xs).program, saved=True)
+    assert sorted(ir.show(r) for r in back.saved.stats.values()) == [
+        "sum_d(x[i, d] * w1[d, e])", "sum_d(x[i, d] * w3[d, e])"], back.saved.stats
+    feed = _saved_feed(back, random_inputs(back.program, seed=3))
+    want = evaluate(back.program, {k: v.double() for k, v in feed.items()})
+    got = compile_ir(back.program).run(feed)
+    for name, ref in want.items():
+        assert torch.allclose(got[name].double(), ref, rtol=1e-4, atol=1e-5), name
+
+    def lce(h, w, t):
+        return torch.nn.functional.cross_entropy(h @ w, t)
+
+    short = capture(_causal, *_args([(1, 2, 6, 16)] * 3)).program
+    long_ce = capture(lce, torch.randn(4, d), torch.randn(d, 7), torch.randint(0, 7, (4,))).program
+    from neptune_eq.contraction import is_product
+
+    for prog in (short, long_ce):
+        products = {n for o in prog.outputs for n in ir.walk(o.expr)
+                    if isinstance(n, Reduce) and n.op == "sum" and is_product(n.body) and len(n.axes) >= 2}
+        assert products and not products & set(statistics(prog)), [ir.show(r) for r in statistics(prog)]

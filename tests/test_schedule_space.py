@@ -664,3 +664,21 @@ def test_a_backward_that_writes_the_logits_once_matches_float64():
     comp = _siglip_core_backward(96, 48)
     pick = next(a for a in comp.alternatives if _writes_logits(a.plan))
     assert comp.pin(pick.id).verify(seed=5).passed
+
+
+def test_a_map_that_transposes_takes_square_tiles():
+    """A map storing buf[e, i] from a[i, e] (a saved [i, e] statistic written as a GEMM's [e, i] operand)
+    tiles both axes 64 × 64: a tile along the store's contiguous axis alone read one value of each
+    sector of a (the cost model had priced it 1.5 GB of traffic for 0.24); a map reading along the
+    store's own axis keeps MAP_BLOCK values of it."""
+    from neptune_eq import ir
+    from neptune_eq.plan import KernelPlan, Plan, StorePlan
+    from neptune_eq.schedule import MAP_BLOCK, default_schedule
+
+    prog = ir.Program("t", {"i": 4096, "e": 5632}, {"a": ir.TensorSpec("a", ("i", "e"))},
+                      [ir.Output("o", ("i",), ir.Const(0.0))])
+    for out_axes, want in ((("e", "i"), {"e": 64, "i": 64}), (("i", "e"), {"i": 1, "e": MAP_BLOCK})):
+        k = KernelPlan("k0_operand", ("i", "e"), [],
+                       [StorePlan("buf", out_axes, ir.Load("a", (ir.Index("i"), ir.Index("e"))), "bfloat16")])
+        plan = Plan(kernels=[k], buffers={}, inline={}, groups=[], fused_kernels=True)
+        assert default_schedule(k, prog, plan).tiles == want, out_axes
