@@ -33,7 +33,10 @@
 #                                    # built since), the gated attention's kernels beside torch.compile's, then
 #                                    # sweep 6 whole after every change of the session
 #     bash bench/pending_gpu.sh m    # session 72: tables' gradients as a scatter of rows (neptune_eq/scatter.py):
-#                                    # sweep 7 (skip-gram, bag classifier, centre loss), CosFace's step and kernels
+#                                    # sweep 7 (skip-gram, bag classifier, centre loss), CosFace's step; SwiGLU's
+#                                    # training with its long products saved
+#     bash bench/pending_gpu.sh n    # session 72: CosFace's, SwiGLU's and the gated attention's kernels beside
+#                                    # torch.compile's
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -110,9 +113,14 @@ case "${1:-}" in
     step moe_joint 150 python3 bench/probe_sweep_kernels.py "moe_router_losses fwd+bwd" --alternatives 0 --compile
     ;;
   m)
-    step sweep7 300 python3 bench/sweep_seventh.py --out "$OUT/sweep7/rows.json"
-    step cosface 150 python3 bench/sweep_sixth.py --only cosface --out "$OUT/cosface/rows.json"
+    step sweep7 240 python3 bench/sweep_seventh.py --out "$OUT/sweep7/rows.json"
+    step cosface 120 python3 bench/sweep_sixth.py --only cosface --out "$OUT/cosface/rows.json"
+    step swiglu 150 python3 bench/sweep_sixth.py --only "swiglu_mlp fwd+bwd" --out "$OUT/swiglu/rows.json"
+    ;;
+  n)
     step cosface_kernels 120 python3 bench/probe_sweep_kernels.py "cosface fwd+bwd" --alternatives 0 --compile
+    step swiglu_kernels 150 python3 bench/probe_sweep_kernels.py "swiglu_mlp fwd+bwd" --alternatives 0 --compile
+    step gated_kernels 120 python3 bench/probe_sweep_kernels.py "gated_sdpa fwd+bwd" --alternatives 0 --compile
     ;;
   l)
     step cosface_parts 200 python3 bench/probe_backward_parts.py "cosface fwd+bwd" --alternatives 6 --kernels
@@ -129,7 +137,7 @@ case "${1:-}" in
     step fp32_rows 200 python3 bench/sweep_fifth.py --only clip cosine --out "$OUT/fp32_rows/rows.json"
     ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l|m" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n" >&2
     exit 2
     ;;
 esac
