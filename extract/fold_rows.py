@@ -85,7 +85,10 @@ def _foldable(kb: KernelPlan, plan: Plan, program: ir.Program):
     d = passes[0].axis
     comps = [c for p in passes for c in p.comps]
     stores = [st for p in passes for st in p.stores]
-    buffers = {st.target: c for st in kb.epilogue for c in comps if st.expr == c.ref(ir.RefKind.FINAL)}
+    # (an epilogue storing a program output — a training forward's saved row statistic — does not fold:
+    # the fold replaces buffers by inline values, and an output must still be written; fuzz seed 932)
+    buffers = {st.target: c for st in kb.epilogue for c in comps
+               if st.expr == c.ref(ir.RefKind.FINAL) and st.target in plan.buffers}
     names = {c.name for c in comps}
     if (len(buffers) != len(kb.epilogue) or not stores or any(p.axis != d for p in passes) or d in kb.grid
             or next_pow2(program.axes[d]) > WHOLE_MAX

@@ -10,7 +10,7 @@ step on an H100. `split` takes such terms out of a program's outputs:
 
     rows[i, d] = v(i, d)                                   an output over the points and the rest
     at[i]      = e(i) where 0 ≤ e(i) < |j| else |j|        the row each point adds into, as an output
-    ∂w         = dense part + index_add(rows at `at`)      torch, after the program's kernels
+    ∂w         = dense part + rows added at `at`           lower/scatter_rows.py, after the program's kernels
 
 — taken where the rows are at most `ROWS_FACTOR` times the largest tensor the program reads or writes
 (a score-sized value of attention's bucketed bias stays dense, on chip) and the table has `MIN_ROWS`
@@ -19,7 +19,7 @@ rows). Summed axes the index does not read stay summed inside the rows (Σ_i Σ_
 rows Σ_k v(i, k) at c(i)). Terms that share
 their points and index share one scatter (their values summed first). A point whose index falls
 outside the table adds to a spare row that is dropped, as it adds nothing in the dense sum. Exact up
-to the order of the additions (float32, float64 in a float64 program); under
+to the order of the additions (float32, float64 in a float64 program: atomic adds); under
 torch.use_deterministic_algorithms the scatter is index_put_'s sorted accumulate.
 """
 
@@ -33,6 +33,7 @@ import torch
 from . import ir
 from .grad_gather import substitute_free
 from .ir import Call, Const, Index, Reduce
+from .lower.scatter_rows import scatter_rows
 
 # the table rows from which a one-hot sum leaves the program: the dense form costs ~3 ALU operations per
 # row and term (compare, select, add), the scatter ~12 bytes per term (rows written, read, added): at the
@@ -46,12 +47,14 @@ ROWS_FACTOR = 4
 
 @dataclass(frozen=True)
 class Scatter:
-    """Rows `values` (over `points` then `rest`) added into output rows `at` (over `points`): the
-    linear row over the output's `targets` axes, |targets| for a point outside the table."""
+    """Rows `values` (over `row_points` then `rest`) added into output rows `at` (over `points`): the
+    linear row over the output's `targets` axes, |targets| for a point outside the table. Points the
+    value does not vary over come last: consecutive points read one row."""
 
     values: str
     at: str
-    points: tuple[str, ...]
+    points: tuple[str, ...]  # those the rows vary over first (`row_points`), then the rest
+    row_points: tuple[str, ...]
     targets: tuple[str, ...]
     rest: tuple[str, ...]
     index: str  # the index expression, shown
@@ -74,8 +77,11 @@ class Split:
     outputs: tuple[Scattered, ...]
 
     def describe(self) -> str:
-        return "; ".join(f"{o.output.name} += rows over ({', '.join(s.points)}) scattered to "
-                         f"{'×'.join(s.targets)} at {s.index} (index_add_)" for o in self.outputs for s in o.scatters)
+        return "; ".join(f"{o.output.name} += rows over ({', '.join(s.row_points)}) scattered to "
+                         f"{'×'.join(s.targets)} at {s.index}"
+                         + (f" for each {', '.join(a for a in s.points if a not in s.row_points)}"
+                            if s.points != s.row_points else "") + " (scatter_rows)"
+                         for o in self.outputs for s in o.scatters)
 
     def finish(self, res: dict[str, torch.Tensor], lengths: dict[str, int],
                dtypes: dict | None = None) -> dict[str, torch.Tensor]:
@@ -86,15 +92,11 @@ class Split:
             shape = {a: lengths.get(a, self.program.axes[a]) for a in o.axes}
             total = res[sc.dense] if sc.dense is not None else None
             for s in sc.scatters:
-                rows = res[s.values]
                 rest = tuple(shape[a] for a in s.rest)
-                n = math.prod(shape[a] for a in s.targets)
-                acc = rows.new_zeros((n + 1, *rest))
-                at, flat = res[s.at].reshape(-1), rows.reshape(-1, *rest)
-                if torch.are_deterministic_algorithms_enabled():
-                    acc.index_put_((at,), flat, accumulate=True)
-                else:
-                    acc.index_add_(0, at, flat)
+                n, cols = math.prod(shape[a] for a in s.targets), math.prod(rest)
+                rows, at = res[s.values].reshape(-1, cols).contiguous(), res[s.at].reshape(-1)
+                acc = rows.new_zeros((n + 1, cols))
+                scatter_rows(acc, at, rows, at.numel() // max(rows.shape[0], 1))
                 laid = (*s.targets, *s.rest)
                 part = acc[:n].view(*(shape[a] for a in s.targets), *rest).permute([laid.index(a) for a in o.axes])
                 total = part if total is None else total + part
@@ -117,19 +119,19 @@ def split(program: ir.Program) -> Split | None:
             if got is None:
                 dense.append(term)
             else:
-                points, index, value = got
-                groups.setdefault((points, index), []).append(value)
+                points, row_points, index, value = got
+                groups.setdefault((points, row_points, index), []).append(value)
         if not groups:
             kept.append(o)
             continue
         scatters = []
-        for (points, index), values in groups.items():
+        for (points, row_points, index), values in groups.items():
             targets = tuple(a for a in o.axes if a in dict(index))
             rest = tuple(a for a in o.axes if a not in targets)
             name, at = _fresh(f"{o.name}_rows", taken), _fresh(f"{o.name}_at", taken)
-            extra.append(ir.Output(name, (*points, *rest), _sum(values), wide))
+            extra.append(ir.Output(name, (*row_points, *rest), _sum(values), wide))
             extra.append(ir.Output(at, points, _linear(dict(index), targets, program), "int64"))
-            scatters.append(Scatter(name, at, points, targets, rest,
+            scatters.append(Scatter(name, at, points, row_points, targets, rest,
                                     ", ".join(f"{t} = {ir.show(e)}" for t, e in index)))
         dense_name = None
         if dense:
@@ -168,8 +170,9 @@ def _terms(n: ir.Node) -> list[ir.Node]:
 
 
 def _one_hot(term: ir.Node, o: ir.Output, program: ir.Program, limit: int):
-    """(points, ((target axis, index), …), value) where `term` is c·Σ_points where(∧ eᵢ = tᵢ ∧ …, v, 0)
-    with each index eᵢ over the points alone and tᵢ an axis of the output; else None."""
+    """(points, row points, ((target axis, index), …), value) where `term` is c·Σ_points where(∧ eᵢ = tᵢ
+    ∧ …, v, 0) with each index eᵢ over the points alone and tᵢ an axis of the output, the row points
+    those v varies over (first among the points); else None."""
     scale: list[ir.Node] = []
     while isinstance(term, Call) and (term.op == "neg" or (
             term.op == "mul" and any(isinstance(a, Reduce) for a in term.args))):
@@ -217,9 +220,11 @@ def _one_hot(term: ir.Node, o: ir.Output, program: ir.Program, limit: int):
     if value.axes - set(points) - (set(o.axes) - set(targets)):
         return None
     rest = [a for a in o.axes if a not in targets]
-    if math.prod(program.axes[a] for a in [*points, *rest]) > ROWS_FACTOR * limit:
+    rows = [p for p in points if p in value.axes]  # (a point axis the value is free of: rows repeat along it)
+    if math.prod(program.axes[a] for a in [*rows, *rest]) > ROWS_FACTOR * limit:
         return None  # (rows far larger than any tensor the program moves: the dense form stays on chip)
-    return tuple(points), tuple(sorted(index, key=lambda te: o.axes.index(te[0]))), value
+    return ((*rows, *(p for p in points if p not in rows)), tuple(rows),
+            tuple(sorted(index, key=lambda te: o.axes.index(te[0]))), value)
 
 
 def _conjuncts(c: ir.Node) -> list[ir.Node]:
