@@ -274,7 +274,7 @@ def _map_schedule(k: KernelPlan, program: ir.Program) -> KernelSchedule:
     tiles = {a: 1 for a in k.grid}
     room = MAP_BLOCK
     out = k.epilogue[0].axes
-    across = _transposed_read(k, program, out[-1])
+    across = _transposed_read(k, program, out[-1]) if out else None
     if across is not None:
         # a read whose contiguous axis is another (a [i, e] statistic written as an [e, i] GEMM operand):
         # square tiles of both, whole sectors read and written, where a tile along the store's axis alone

@@ -83,8 +83,9 @@ def test_what_an_epilogue_writes_does_not_crowd_the_wave_out_of_l2():
         return [st for st in kernel.epilogue if a.plan.buffers.get(st.target) is not None
                 and a.plan.buffers[st.target].operand]
 
-    writer = next(a for a in c.alternatives if any(written(a, kk) for kk in a.plan.kernels))
-    ki, kern = next((j, kk) for j, kk in enumerate(writer.plan.kernels) if written(writer, kk))
+    # (a GEMM's epilogue: since session 72 an operand map kernel of its own may rank before it)
+    writer = next(a for a in c.alternatives if any(written(a, kk) and kk.passes() for kk in a.plan.kernels))
+    ki, kern = next((j, kk) for j, kk in enumerate(writer.plan.kernels) if written(writer, kk) and kk.passes())
     bare = dc_replace(kern, epilogue=[st for st in kern.epilogue if st not in written(writer, kern)])
     wide = next(v.schedule for v in kernel_variants(kern, writer.plan, back, writer.schedules[ki])
                 if "128×256" in v.kind)

@@ -682,3 +682,8 @@ def test_a_map_that_transposes_takes_square_tiles():
                        [StorePlan("buf", out_axes, ir.Load("a", (ir.Index("i"), ir.Index("e"))), "bfloat16")])
         plan = Plan(kernels=[k], buffers={}, inline={}, groups=[], fused_kernels=True)
         assert default_schedule(k, prog, plan).tiles == want, out_axes
+    # a map storing a scalar (an MoE router's balance loss beside its gradients): no axis to tile (it
+    # raised IndexError in session 72's first version)
+    k = KernelPlan("k1", (), [], [StorePlan("o", (), ir.Load("a", (ir.Const(0.0), ir.Const(0.0))))])
+    plan = Plan(kernels=[k], buffers={}, inline={}, groups=[], fused_kernels=True)
+    assert default_schedule(k, prog, plan).tiles == {}
