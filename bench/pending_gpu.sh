@@ -32,11 +32,15 @@
 #     bash bench/pending_gpu.sh l    # session 71, not run: CosFace's backward alternatives (its float64 reference
 #                                    # built since), the gated attention's kernels beside torch.compile's, then
 #                                    # sweep 6 whole after every change of the session
-#     bash bench/pending_gpu.sh m    # session 72: tables' gradients as a scatter of rows (neptune_eq/scatter.py):
-#                                    # sweep 7 (skip-gram, bag classifier, centre loss), CosFace's step; SwiGLU's
-#                                    # training with its long products saved
+#     bash bench/pending_gpu.sh m    # session 72 ran it (bench/results/h100_2026-12-07/s72/pending_m/, with
+#                                    # index_add_ as the scatter): sweep 7, CosFace's step, SwiGLU's training
 #     bash bench/pending_gpu.sh n    # session 72: CosFace's, SwiGLU's and the gated attention's kernels beside
 #                                    # torch.compile's
+#     bash bench/pending_gpu.sh o    # session 72, not run: sweep 7 again with the scatter as a Triton kernel of
+#                                    # atomic adds (lower/scatter_rows.py: run in the interpreter only) and rows
+#                                    # read once per point sharing them (bag classifier 12.09 ms before), the
+#                                    # bag classifier's kernels, then sweep 6 whole (an MoE router's training
+#                                    # had raised IndexError in a first version of the transposing map)
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -117,6 +121,12 @@ case "${1:-}" in
     step cosface 120 python3 bench/sweep_sixth.py --only cosface --out "$OUT/cosface/rows.json"
     step swiglu 150 python3 bench/sweep_sixth.py --only "swiglu_mlp fwd+bwd" --out "$OUT/swiglu/rows.json"
     ;;
+  o)
+    step sweep7 200 python3 bench/sweep_seventh.py --out "$OUT/sweep7/rows.json"
+    step bag_kernels 100 python3 bench/probe_sweep_kernels.py "bag_classifier fwd+bwd" "center_loss fwd+bwd" \
+      --alternatives 0 --compile
+    step sweep6 280 python3 bench/sweep_sixth.py --out "$OUT/sweep6/rows.json"
+    ;;
   n)
     step cosface_kernels 120 python3 bench/probe_sweep_kernels.py "cosface fwd+bwd" --alternatives 0 --compile
     step swiglu_kernels 150 python3 bench/probe_sweep_kernels.py "swiglu_mlp fwd+bwd" --alternatives 0 --compile
@@ -137,7 +147,7 @@ case "${1:-}" in
     step fp32_rows 200 python3 bench/sweep_fifth.py --only clip cosine --out "$OUT/fp32_rows/rows.json"
     ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o" >&2
     exit 2
     ;;
 esac
