@@ -15,9 +15,10 @@ step on an H100. `split` takes such terms out of a program's outputs:
 — taken where the rows are at most `ROWS_FACTOR` times the largest tensor the program reads or writes
 (a score-sized value of attention's bucketed bias stays dense, on chip) and the table has `MIN_ROWS`
 rows or more (below, the dense form's few compares per term cost less than writing and reading the
-rows). Summed axes the index does not read stay summed inside the rows (Σ_i Σ_k [c(i) = j]·v(i, k) is
-rows Σ_k v(i, k) at c(i)). Terms that share
-their points and index share one scatter (their values summed first). A point whose index falls
+rows), unless a dense sum of the same output runs over the same points (the one-hot then merges into its
+operand at no cost: linear cross-entropy's dW = Σ_i (p_ij − [t_i = j]·c_i)·h_id). Summed axes the
+index does not read stay summed inside the rows (Σ_i Σ_k [c(i) = j]·v(i, k) is rows Σ_k v(i, k) at
+c(i)). Terms that share their points and index share one scatter (their values summed first). A point whose index falls
 outside the table adds to a spare row that is dropped, as it adds nothing in the dense sum. Exact up
 to the order of the additions (float32, float64 in a float64 program: atomic adds); under
 torch.use_deterministic_algorithms the scatter is index_put_'s sorted accumulate.
@@ -120,7 +121,12 @@ def split(program: ir.Program) -> Split | None:
                 dense.append(term)
             else:
                 points, row_points, index, value = got
-                groups.setdefault((points, row_points, index), []).append(value)
+                groups.setdefault((points, row_points, index), []).append((value, term))
+        # a dense sum over the same points takes the one-hot into its operand for free (extract/merge.py:
+        # linear cross-entropy's dW = Σ_i (p_ij − [t_i = j]·c_i)·h_id, one GEMM): those terms stay
+        summed = set().union(*(_summed(t) for t in dense)) if dense else set()
+        for key in [k for k in groups if set(k[0]) <= summed]:
+            dense += [term for _, term in groups.pop(key)]
         if not groups:
             kept.append(o)
             continue
@@ -129,7 +135,7 @@ def split(program: ir.Program) -> Split | None:
             targets = tuple(a for a in o.axes if a in dict(index))
             rest = tuple(a for a in o.axes if a not in targets)
             name, at = _fresh(f"{o.name}_rows", taken), _fresh(f"{o.name}_at", taken)
-            extra.append(ir.Output(name, (*row_points, *rest), _sum(values), wide))
+            extra.append(ir.Output(name, (*row_points, *rest), _sum([v for v, _ in values]), wide))
             extra.append(ir.Output(at, points, _linear(dict(index), targets, program), "int64"))
             scatters.append(Scatter(name, at, points, row_points, targets, rest,
                                     ", ".join(f"{t} = {ir.show(e)}" for t, e in index)))
@@ -225,6 +231,17 @@ def _one_hot(term: ir.Node, o: ir.Output, program: ir.Program, limit: int):
         return None  # (rows far larger than any tensor the program moves: the dense form stays on chip)
     return ((*rows, *(p for p in points if p not in rows)), tuple(rows),
             tuple(sorted(index, key=lambda te: o.axes.index(te[0]))), value)
+
+
+def _summed(term: ir.Node) -> set[str]:
+    """The axes summed at the top of a term (under negations and factors)."""
+    while isinstance(term, Call) and term.op in ("neg", "mul", "div"):
+        term = next((a for a in term.args if isinstance(a, Reduce)), term.args[0])
+    out = set()
+    while isinstance(term, Reduce) and term.op == "sum":
+        out.add(term.axis)
+        term = term.body
+    return out
 
 
 def _conjuncts(c: ir.Node) -> list[ir.Node]:
