@@ -29,3 +29,24 @@ def test_dpo_gradient_of_both_halves():
     neptune_eq.compile(dpo, x, labels, ref)(got, labels, ref).backward()
     assert torch.allclose(got.grad.double(), want.grad, atol=1e-5), (got.grad.norm(dim=(1, 2)),
                                                                      want.grad.norm(dim=(1, 2)))
+
+
+def banded_cat_softmax(w):
+    t = torch.where((torch.arange(w.shape[-1])[None, :] - torch.arange(w.shape[-2])[:, None]).abs() <= 1, w, -1e4)
+    t = torch.cat([t.mT, t.mT], -1)
+    return torch.softmax(-t * t, -1)
+
+
+def test_a_band_read_by_half_a_cat_is_no_mask_of_the_other_half():
+    """The first half's band |d − min(e, 3)| ≤ 1 selected w, its fill gave 0: it looked like a mask of
+    every element, the second half's e ≥ 4 ∧ |d − (e − 4)| ≤ 1 held at 2 of 512 samples drawn apart,
+    and w's gradient lost the second half's share of the row sum (fuzz seed 986: off by 0.3). A quarter
+    of the index samples come from one small window now."""
+    g = torch.Generator().manual_seed(10986)
+    w = torch.randn(4, 3, generator=g)
+    gout = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    want = w.double().requires_grad_()
+    banded_cat_softmax(want).backward(gout)
+    got = w.clone().requires_grad_()
+    neptune_eq.compile(banded_cat_softmax, w)(got).backward(gout.float())
+    assert torch.allclose(got.grad.double(), want.grad, atol=1e-5), (got.grad, want.grad)
