@@ -15,13 +15,13 @@ step on an H100. `split` takes such terms out of a program's outputs:
 — taken where the rows are at most `ROWS_FACTOR` times the largest tensor the program reads or writes
 (a score-sized value of attention's bucketed bias stays dense, on chip) and the table has `MIN_ROWS`
 rows or more (below, the dense form's few compares per term cost less than writing and reading the
-rows), unless a dense sum of the same output runs over the same points (the one-hot then merges into its
-operand at no cost: linear cross-entropy's dW = Σ_i (p_ij − [t_i = j]·c_i)·h_id). Summed axes the
+rows), unless a dense sum of the same output runs over the same points (the one-hot then merges into
+its operand at no cost: linear cross-entropy's dW = Σ_i (p_ij − [t_i = j]·c_i)·h_id). Summed axes the
 index does not read stay summed inside the rows (Σ_i Σ_k [c(i) = j]·v(i, k) is rows Σ_k v(i, k) at
-c(i)). Terms that share their points and index share one scatter (their values summed first). A point whose index falls
-outside the table adds to a spare row that is dropped, as it adds nothing in the dense sum. Exact up
-to the order of the additions (float32, float64 in a float64 program: atomic adds); under
-torch.use_deterministic_algorithms the scatter is index_put_'s sorted accumulate.
+c(i)). Terms that share their points and index share one scatter (their values summed first). A point
+whose index falls outside the table adds to a spare row that is dropped, as it adds nothing in the
+dense sum. Exact up to the order of the additions (float32, float64 in a float64 program: atomic
+adds); under torch.use_deterministic_algorithms the scatter is index_put_'s sorted accumulate.
 """
 
 from __future__ import annotations
