@@ -83,12 +83,13 @@ def statistics(program: ir.Program) -> list[Reduce]:
     shaped = [set(o.axes) for o in program.outputs]
     outs = {o.expr for o in program.outputs}
     tested = extremes_tested(o.expr for o in program.outputs)  # (the backward recomputes them: exact_tests)
+    operands = _product_operands(program)
     found: dict[Reduce, None] = {}
     for o in program.outputs:
         for n in ir.walk(o.expr):
             if isinstance(n, Reduce) and n not in outs and n not in tested and (
                     any(set(n.axes) < h for h in held) or _rows_of_a_load(n) or _fused_value(n, shaped)
-                    or _long_operand(n, program)):
+                    or _long_operand(n, program, operands)):
                 found[n] = None
     return list(found)
 
@@ -99,21 +100,27 @@ def statistics(program: ir.Program) -> list[Reduce]:
 SAVE_CONTRACTION = 1024
 
 
-def _long_operand(r: Reduce, program: ir.Program) -> bool:
-    """Is r a product summed over a long axis (≥ SAVE_CONTRACTION) whose value is an operand of another
-    product summed over one of r's axes (an MLP's x·W1 inside silu(x·W1)·(x·W3) before W2)? The forward
-    writes that operand whole anyway (a GEMM operand is read by every output tile), so saving r costs a
-    tensor of its size and spares the backward a GEMM; a product feeding a softmax (attention's scores,
-    linear cross-entropy's logits) is never one."""
-    if r.op != "sum" or not is_product(r.body) or program.axes[r.axis] < SAVE_CONTRACTION or not r.axes:
-        return False
+def _product_operands(program: ir.Program) -> dict[ir.Node, set[str]]:
+    """Each node inside a factor of a product summed over some axes → those axes (one walk of the
+    program: statistics asks it of every reduction)."""
+    out: dict[ir.Node, set[str]] = {}
     for o in program.outputs:
         for n in ir.walk(o.expr):
-            if (isinstance(n, Reduce) and n.op == "sum" and n is not r and n.axis in r.axes
-                    and isinstance(n.body, Call) and n.body.op == "mul"
-                    and any(r in set(ir.walk(side)) for side in n.body.args)):
-                return True
-    return False
+            if isinstance(n, Reduce) and n.op == "sum" and isinstance(n.body, Call) and n.body.op == "mul":
+                for side in n.body.args:
+                    for m in ir.walk(side):
+                        out.setdefault(m, set()).add(n.axis)
+    return out
+
+
+def _long_operand(r: Reduce, program: ir.Program, operands: dict[ir.Node, set[str]]) -> bool:
+    """Is r a product summed over a long axis (≥ SAVE_CONTRACTION) whose value is an operand of another
+    product summed over one of r's axes (`operands`: _product_operands; an MLP's x·W1 inside
+    silu(x·W1)·(x·W3) before W2)? The forward writes that operand whole anyway (a GEMM operand is read
+    by every output tile), so saving r costs a tensor of its size and spares the backward a GEMM; a
+    product feeding a softmax (attention's scores, linear cross-entropy's logits) is never one."""
+    return (r.op == "sum" and bool(r.axes) and program.axes[r.axis] >= SAVE_CONTRACTION and is_product(r.body)
+            and bool(operands.get(r, set()) & r.axes))
 
 
 def _fused_value(r: Reduce, shaped: list[set[str]]) -> bool:

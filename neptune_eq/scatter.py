@@ -35,6 +35,7 @@ from . import ir
 from .grad_gather import substitute_free
 from .ir import Call, Const, Index, Reduce
 from .lower.scatter_rows import scatter_rows
+from .masks import conjunction, conjuncts
 
 # the table rows from which a one-hot sum leaves the program: the dense form costs ~3 ALU operations per
 # row and term (compare, select, add), the scatter ~12 bytes per term (rows written, read, added): at the
@@ -198,7 +199,7 @@ def _one_hot(term: ir.Node, o: ir.Output, program: ir.Program, limit: int):
     if not (isinstance(term, Call) and term.op == "where" and term.args[2] == Const(0.0)):
         return None
     index, others = [], []
-    for c in _conjuncts(term.args[0]):
+    for c in conjuncts(term.args[0]):
         hit = _target(c, o.axes, set(points))
         if hit is not None and hit[0] not in dict(index):
             index.append(hit)
@@ -211,7 +212,7 @@ def _one_hot(term: ir.Node, o: ir.Output, program: ir.Program, limit: int):
         return None
     value = term.args[1]
     if others:
-        value = Call("where", (_all(others), value, Const(0.0)))
+        value = Call("where", (conjunction(others), value, Const(0.0)))
     # the summed axes no index reads sum inside the value (Σ_i Σ_k [c(i) = j]·v = Σ_i [c(i) = j]·Σ_k v)
     read = set().union(*(e.axes for _, e in index))
     for a in reversed([p for p in points if p not in read]):
@@ -241,19 +242,6 @@ def _summed(term: ir.Node) -> set[str]:
     while isinstance(term, Reduce) and term.op == "sum":
         out.add(term.axis)
         term = term.body
-    return out
-
-
-def _conjuncts(c: ir.Node) -> list[ir.Node]:
-    if isinstance(c, Call) and c.op == "and":
-        return _conjuncts(c.args[0]) + _conjuncts(c.args[1])
-    return [c]
-
-
-def _all(cs: list[ir.Node]) -> ir.Node:
-    out = cs[0]
-    for c in cs[1:]:
-        out = Call("and", (out, c))
     return out
 
 
