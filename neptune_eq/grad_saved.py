@@ -221,15 +221,22 @@ def save(program: ir.Program, exprs: list[ir.Node], taken: set[str],
     order = list(program.axes)
     loads: dict[ir.Node, ir.Node] = {}
     guarded: dict[ir.Node, ir.Node] = {}
+    # a max the backward compares with the value it is the max of, where that value holds a reduction (a
+    # max over a matmul's or attention's result: its adjoint goes to the elements attaining it), is the
+    # backward's own: computed from the value its plan writes once (extract/exact_tests.py), never read
+    # from the forward, whose kernels summed it in another order (x @ xᵀ's diagonal: half its gradient)
+    tested = extremes_tested(exprs)
     for o in program.outputs:
+        if o.expr in tested:
+            continue
         load = Load(o.name, tuple(ir.Index(a) for a in o.axes))
         loads[o.expr] = load
         inner = _guarded_value(o.expr)
-        if inner is not None and _only_parent(program, inner, o.expr):
+        if inner is not None and inner not in tested and _only_parent(program, inner, o.expr):
             guarded[inner] = load
     wide = "float64" if any(s.dtype == "float64" for s in program.inputs.values()) else "float32"
     stats: dict[str, ir.Node] = {}
-    for r in statistics(program):
+    for r in (r for r in statistics(program) if r not in tested):
         name = _fresh(f"saved_{len(stats)}", taken)
         taken.add(name)
         stats[name] = r

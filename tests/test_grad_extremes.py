@@ -1,0 +1,92 @@
+"""A max or min over a value that holds a reduction trains (it had been refused, session 73): its adjoint
+goes to the elements attaining it, found by comparing each with the max — exact where both come from
+one computation. The backward's plan writes such a value once (extract/exact_tests.py) and takes the
+max from it, never from the forward, whose kernels summed it in another order (grad_saved.save). Every
+check runs the generated kernels (Triton's interpreter) against torch's autograd in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import neptune_eq
+from neptune_eq import ir
+from neptune_eq.frontend import capture
+from neptune_eq.grad import backward_program
+
+
+def _randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _grads_match(fn, xs, rtol=1e-5):
+    ins = [x.clone().requires_grad_() for x in xs]
+    out = neptune_eq.compile(fn, *xs)(*ins)
+    got = torch.autograd.grad(out.sum(), ins)
+    ref_in = [x.double().requires_grad_() for x in xs]
+    want = torch.autograd.grad(fn(*ref_in).sum(), ref_in)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, rtol=rtol, atol=rtol * float(w.abs().max()))
+
+
+def gram_amax(x):
+    return (x @ x.T).amax(-1)
+
+
+def test_a_max_over_a_gram_matrix_finds_its_diagonal():
+    """x @ xᵀ's row max is its diagonal: x_i reaches it as both factors. Read from the forward (saved),
+    the max had been summed in another order than the backward's recomputed x_i·x_i, and half the
+    gradient was lost (2x_i expected, x_i given)."""
+    x = _randn(3, 5)
+    assert torch.equal(gram_amax(x), (x @ x.T).diagonal())  # (the case: every row's max on the diagonal)
+    _grads_match(gram_amax, (x,))
+
+
+def test_a_saved_backward_reads_no_forward_max_it_compares():
+    """The saved backward keeps the forward's outputs and row statistics, but not a max it compares
+    with the value it is the max of (the gram matrix's row max is an output: not read)."""
+    c = capture(lambda x: (x @ x.T).amax(-1), _randn(3, 5).double())
+    back = backward_program(c.program, saved=True)
+    read = {n.tensor for o in back.program.outputs for n in ir.walk(o.expr) if isinstance(n, ir.Load)}
+    assert c.program.outputs[0].name not in read
+
+
+def test_a_max_over_attention_features_keeps_its_gradient():
+    """The max over attention's output features, float32: its gradient had been silently dropped (the
+    output recomputed in other tiles rounded otherwise and equalled no max)."""
+    fn = lambda q, k, v: torch.softmax(q @ k.mT / 4, -1).matmul(v).amax(-1)  # noqa: E731
+    _grads_match(fn, (_randn(2, 45, 16, seed=1), _randn(2, 70, 16, seed=2), _randn(2, 70, 16, seed=3)))
+
+
+@pytest.mark.parametrize("spelling", ["min_values", "amin"])
+def test_chamfer_distance_trains(spelling):
+    """The Chamfer distance of two point clouds: each point's nearest squared distance, both ways."""
+
+    def chamfer(p, q):
+        d = ((p[:, :, None] - q[:, None]) ** 2).sum(-1)
+        if spelling == "amin":
+            return d.amin(2).mean() + d.amin(1).mean()
+        return d.min(2).values.mean() + d.min(1).values.mean()
+
+    _grads_match(chamfer, (_randn(2, 37, 3, seed=4), _randn(2, 29, 3, seed=5)))
+
+
+def test_batch_hard_triplet_trains():
+    """Each anchor's farthest positive and nearest negative of a distance built from a matmul."""
+
+    def batch_hard(e, labels):
+        sq = (e ** 2).sum(1)
+        d = (sq[:, None] + sq[None, :] - 2.0 * (e @ e.T)).clamp_min(1e-12).sqrt()
+        same = labels[:, None] == labels[None, :]
+        pos = torch.where(same, d, torch.zeros_like(d)).amax(1)
+        neg = torch.where(same, torch.full_like(d, 1e9), d).amin(1)
+        return torch.relu(pos - neg + 0.3).mean()
+
+    e = _randn(40, 24, seed=6)
+    labels = torch.randint(0, 6, (40,), generator=torch.Generator().manual_seed(7))
+    ins = e.clone().requires_grad_()
+    got = torch.autograd.grad(neptune_eq.compile(batch_hard, e, labels)(ins, labels), ins)[0]
+    ref = e.double().requires_grad_()
+    want = torch.autograd.grad(batch_hard(ref, labels), ref)[0]
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-7)
+    assert float(want.abs().sum()) > 0
