@@ -130,3 +130,23 @@ def test_the_cached_summaries_of_ir_nodes_are_what_a_walk_finds():
         assert e.loads == tuple(n for n in nodes if isinstance(n, ir.Load))
         assert e.reduced_axes == {n.axis for n in nodes if isinstance(n, ir.Reduce)}
     assert exprs[-1].refs == (ref,) and exprs[-1].reduced_axes == {"j"}
+
+
+def test_a_matrix_beside_its_transpose_in_a_cat_keeps_both_axes():
+    """cat([t.mT, t], -1): the first piece puts t's columns in the rows' slot, the second t's rows, and t's
+    columns are the second piece's cut (read at k − n). Unified with the rows there, they made the
+    second piece t's diagonal — Σ_d w[k−n, d]·w[k−n, d] for t = w @ wᵀ, silently (fuzzer seeds 1170 and
+    1180); a dimension left out of the slots is now renamed apart like the others (frontend/axes.py)."""
+    from neptune_eq.frontend import capture
+    from neptune_eq.reference import evaluate
+
+    w = torch.randn(5, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for fn in (lambda w: torch.cat([(w @ w.mT).mT, 2 * (w @ w.mT)], -1),
+               lambda w: torch.cat([w @ w.mT, (w @ w.mT).mT + 1], -1),
+               lambda w: torch.cat([(w @ w.mT).mT, torch.relu(w @ w.mT @ w @ w.mT)], 0)):
+        c = capture(fn, w)
+        got = evaluate(c.program, {"w": w})[c.program.outputs[0].name]
+        torch.testing.assert_close(got, fn(w))
+    for seed in (1170, 1180):
+        out = check(random_program(seed), grad=True)
+        assert out.verdict == "ok", (seed, out, random_program(seed).source)

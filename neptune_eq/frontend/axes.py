@@ -103,7 +103,9 @@ class AxisTable:
                 apart=lambda a, b: False) -> tuple[list[Dim], dict[int, dict]]:
         """Unify the variables each operand puts into each slot.
 
-        `operands[k]` lists (slot, variable) pairs; `apart(root_a, root_b)` says whether two classes
+        `operands[k]` lists (slot, variable) pairs, slot None for a dimension the operation reads at an
+        index of its own (a concatenation's, a gather's): it enters no slot, but must not be unified
+        with the operand's other dimensions either. `apart(root_a, root_b)` says whether two classes
         must not be unified (some value varies along both). Returns the variable of every slot (None
         where no operand has one) and, for operands that had to be renamed to keep axes apart,
         {operand index: {old root: fresh variable}}.
@@ -112,10 +114,15 @@ class AxisTable:
         renames: dict[int, dict[int, int]] = {}
         placed: list[list[tuple[int, int]]] = []
         for k, entries in enumerate(operands):
-            vs = [(s, v) for s, v in entries if v is not None]
+            vs = [(s, v) for s, v in entries if v is not None and s is not None]
             clash = self._conflicts(vs, slot_roots)
             clash |= {self.find(v) for s, v in vs
                       if any(r != self.find(v) and apart(r, self.find(v)) for r in slot_roots[s])}
+            # a dimension left out whose class is already in a slot this operand fills: unified there, it
+            # would become the operand's other dimension (cat([t.mT, t], -1): t's columns, the cut, in the
+            # rows' slot — t read on its diagonal, silently; fuzzer seed 1170)
+            filled = set().union(*(slot_roots[s] for s, _ in vs)) if vs else set()
+            clash |= {self.find(v) for s, v in entries if s is None and v is not None and self.find(v) in filled}
             if clash:
                 mapping = {r: self.new(self._extent[r]) for r in clash}
                 self.substituted.update(clash)

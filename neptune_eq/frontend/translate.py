@@ -200,7 +200,7 @@ class Translator(LengthValues):
     def combine(self, call: OpCall, n_slots: int, operands: list[tuple[Operand, list[int | None]]]) -> list[Dim]:
         """Unify operand dimensions placed in slots (`operands`: (operand, slot per dimension or None
         to leave a dimension out)); records renames of operands that would repeat an axis."""
-        entries = [[(s, v) for s, v in zip(slots, op.dims) if s is not None] for op, slots in operands]
+        entries = [list(zip(slots, op.dims)) for op, slots in operands]
         out, renames = self.axes.combine(n_slots, entries, self._apart)
         if renames:
             rec = self.renames.setdefault(call.node, {})
