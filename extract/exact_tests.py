@@ -31,14 +31,7 @@ def extremes_tested(exprs) -> set[ir.Reduce]:
 
 def _tests(exprs) -> list[tuple[ir.Reduce, ir.Node]]:
     """(extreme, value) of each comparison of a value with a max or min of it in `exprs`."""
-    out = []
-    for e in exprs:
-        for n in ir.walk(e):
-            if isinstance(n, ir.Call) and n.op in COMPARISONS:
-                for a, b in (n.args, n.args[::-1]):
-                    if isinstance(b, ir.Reduce) and b.op in ("max", "min") and _body(b) == a:
-                        out.append((b, a))
-    return out
+    return [(r, v) for _, r, v in _test_nodes(exprs)]
 
 
 def _body(r: ir.Reduce) -> ir.Node:
@@ -49,6 +42,60 @@ def _body(r: ir.Reduce) -> ir.Node:
     return body
 
 
-def materialising(plans: list, names: set[str]) -> list:
-    """The plans that compute none of the reductions `names` inline (per element where used)."""
-    return [p for p in plans if not names & set(p.inline)]
+def tested_in_reductions(outputs: dict[str, ir.Node], bindings) -> dict[str, set[str]] | None:
+    """For each max or min the outputs compare a value holding a reduction with: its binding's name →
+    the names of the reductions (bindings) whose bodies hold those comparisons (argmax's min over the
+    elements attaining the max). None where a comparison lies outside every reduction (an output
+    `logits == logits.amax(-1)`): it is computed apart from the max's pass, which needs the value
+    written once."""
+    by_node = {b.node: b.name for b in bindings}
+    tests = {t: r for t, r, v in _test_nodes(outputs.values()) if any(isinstance(m, ir.Reduce) for m in ir.walk(v))}
+    if not tests:
+        return {}
+    out: dict[str, set[str]] = {}
+    inside: set[ir.Node] = set()
+    for b in bindings:
+        for n in _outside_other_bindings(b.node.body, by_node):
+            extreme = tests.get(n)
+            if extreme is not None and extreme in by_node:
+                out.setdefault(by_node[extreme], set()).add(b.name)
+                inside.add(n)
+    return out if inside == set(tests) else None
+
+
+def fused_exactly(plan, tested: dict[str, set[str]]) -> bool:
+    """Does each tested max share one pass of `plan` with every reduction comparing with it? Each tile's
+    value is then computed once and read by both: the running max and the comparison meet exactly
+    (fusion/reset.py), and the value need not be written."""
+    return all(any(m in comps and readers <= set(comps) for _, comps, _ in plan.groups)
+               for m, readers in tested.items())
+
+
+def materialising(plans: list, names: set[str], tested: dict[str, set[str]] | None = None) -> list:
+    """The plans that compute none of the reductions `names` inline (per element where used), or that
+    compare each max with its value in the max's own pass (`tested`: tested_in_reductions)."""
+    return [p for p in plans if not names & set(p.inline) or (tested is not None and fused_exactly(p, tested))]
+
+
+def _test_nodes(exprs) -> list[tuple[ir.Node, ir.Reduce, ir.Node]]:
+    """(comparison, extreme, value) of each comparison of a value with a max or min of it in `exprs`."""
+    out = []
+    for e in exprs:
+        for n in ir.walk(e):
+            if isinstance(n, ir.Call) and n.op in COMPARISONS:
+                for a, b in (n.args, n.args[::-1]):
+                    if isinstance(b, ir.Reduce) and b.op in ("max", "min") and _body(b) == a:
+                        out.append((n, b, a))
+    return out
+
+
+def _outside_other_bindings(body: ir.Node, by_node: dict[ir.Node, str]):
+    """The nodes of `body` not inside another binding's reduction."""
+    stack, seen = [body], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        yield n
+        stack.extend(c for c in n.children() if c not in by_node)

@@ -332,9 +332,14 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
                 core = space.terms.comp_core(lp, ci)
             except LookupError as e:
                 raise LoopTermError(idx, f"{', '.join(lp.names)} over {lp.axis}: {e}") from None
-            guard = any(by_name[p].op in ("max", "min") for p in c.producers)
-            if b.name in ints and (c.producers or not integral(core, input_leaf(program, int_syms=ints))):
-                return None  # an integer reduction is computed exactly and unfused, or not at all
+            # (a reset needs no guard against a max still at its identity: elements at −∞ attain it)
+            reset = c.chosen is not None and c.chosen.kind == "reset"
+            guard = any(by_name[p].op in ("max", "min") for p in c.producers) and not reset
+            exact = integral(core, input_leaf(program, int_syms=ints))
+            if b.name in ints and ((c.producers and not reset) or not exact):
+                # an integer reduction is computed exactly and unfused, or not at all — or rolled by a
+                # reset, which keeps or restarts its integer state (lower/passes._apply)
+                return None
             comps.append(CompPlan(
                 name=b.name, op=b.op, free=b.free, mask=space.terms.comp_mask(lp, ci),
                 core=core, producers=c.producers, corr=corr,

@@ -24,7 +24,7 @@ from .budget_notes import budget_notes
 from .compilation import Alternative, Compilation, Options
 from .egg_write import write
 from .extract.cost import Cost, kernel_cost, priced_at
-from .extract.exact_tests import compared_with_extreme, materialising
+from .extract.exact_tests import compared_with_extreme, materialising, tested_in_reductions
 from .extract.numerics import cancellation_risks, stability_notes, summed_overflow_risks
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
 from .extract.sanity import differs, lost_axis
@@ -259,7 +259,7 @@ def _plans(c: Compilation) -> None:
     compared = compared_with_extreme(c.representative)
     once = {b.name for b in c.bindings if b.node in compared}
     if once:  # (a value compared with its own max: the same bits for both, extract/exact_tests.py)
-        plans = materialising(plans, once)
+        plans = materialising(plans, once, tested_in_reductions(c.representative, c.bindings))
         if not plans:
             raise NeptuneError(f"{c.program.name}: no plan computes {', '.join(sorted(once))} once, which the "
                                "program compares with its own max or min (recomputed, it may round otherwise)")

@@ -42,6 +42,7 @@ from .affine_check import check_affine, describe_affine, span_test
 from .correction import CORRECTION_BUDGET, CorrectionSearcher
 from .correction import searcher as correction_searcher
 from .extrapolate import centred, extrapolate, mean_shifts, mean_symbols, opaque_symbols, shifts_back
+from .reset import selection_reset
 from .types import Application, Binding, CompCandidate, CorrectionResult, LoopCandidate, count_name, direct_bindings
 
 MAX_GROUP_SIZE = 8
@@ -146,7 +147,7 @@ class FusionSearch:
     def _build(self, axis: str, group: list[Binding]) -> LoopCandidate:
         names = {b.name for b in group}
         comps = []
-        for b in group:
+        for b in group:  # (the bodies first, then the corrections: a reset reads its producer's body)
             used = self.direct(b)
             prods = tuple(g.name for g in group if g.name in used)
             mapping = {}
@@ -162,26 +163,41 @@ class FusionSearch:
             comp = CompCandidate(b, body, prods, conjunction(preds) or ir.Const(1.0), core)
             comp.mask_term = self.encoder.encode(comp.mask)
             comp.core_term = self.encoder.encode(core)
-            if prods:
-                # the quotient is taken on the unmasked core: masked elements contribute the identity
-                old = ir.substitute(core, {self.by_name[p].ref(ir.RefKind.CURRENT): self.by_name[p].ref(ir.RefKind.OLD)
-                                           for p in prods})
-                key = ir.Call("and", (core, old))
-                if key not in self.corrections:
-                    if self._searcher is None:
-                        self._searcher = correction_searcher(self.encoder.axis_order, self.encoder.extents,
-                                                             self.rules, self.encoder.dynamic)
-                    self._searcher.budget = self._search_budget()
-                    self.corrections[key] = self._searcher.correction_for(core, old, b.op, axis)
-                comp.correction = self.corrections[key]
-                comp.quotient_term = self.encoder.encode(comp.correction.quotient)
             comps.append(comp)
+        by_comp = {c.binding.name: c for c in comps}
+        for comp in comps:
+            if comp.producers:
+                self._correct(axis, comp, by_comp)
         cand = LoopCandidate(axis, comps)
         if any(self._needs_affine(c) for c in comps):
             self._pending.append(cand)  # after every group's multiplicative searches (run)
         else:
             self._finish(cand)
         return cand
+
+    def _correct(self, axis: str, comp: CompCandidate, by_comp: dict[str, CompCandidate]) -> None:
+        """comp's correction: h from the quotient's e-class (the quotient is taken on the unmasked core:
+        masked elements contribute the identity), else a selection's reset (fusion/reset.py)."""
+        b, core, prods = comp.binding, comp.core, comp.producers
+        old = ir.substitute(core, {self.by_name[p].ref(ir.RefKind.CURRENT): self.by_name[p].ref(ir.RefKind.OLD)
+                                   for p in prods})
+        key = ir.Call("and", (core, old))
+        if key not in self.corrections:
+            if self._searcher is None:
+                self._searcher = correction_searcher(self.encoder.axis_order, self.encoder.extents,
+                                                     self.rules, self.encoder.dynamic)
+            self._searcher.budget = self._search_budget()
+            found = self._searcher.correction_for(core, old, b.op, axis)
+            if not found.found:
+                n = self.encoder.extents[axis]
+                extent = ir.Length(axis) if axis in self.encoder.dynamic else ir.Const(float(n))
+                reset = selection_reset(core, b.op, axis, comp.mask, {
+                    p: (by_comp[p].binding.op, by_comp[p].core, by_comp[p].mask, bool(by_comp[p].producers))
+                    for p in prods}, extent)
+                found = reset if reset is not None else found
+            self.corrections[key] = found
+        comp.correction = self.corrections[key]
+        comp.quotient_term = self.encoder.encode(comp.correction.quotient)
 
     @staticmethod
     def _needs_affine(c: CompCandidate) -> bool:
@@ -303,6 +319,12 @@ class FusionSearch:
                 cand.applications.append(Application("affine_update", describe_affine(c.binding.name, a, c.count_name)))
                 continue
             r = c.chosen
+            if r.kind == "reset":
+                cand.applications.append(Application(
+                    "selection_reset",
+                    f"{c.binding.name} = {c.binding.op}_{cand.axis}(...) carried with running "
+                    f"{', '.join(c.producers)}: t {OPS[r.dist].infix} {ir.show(r.correction)} (derived: {r.reason})"))
+                continue
             cand.applications.append(Application(
                 "rolling_update",
                 f"{c.binding.name} = {c.binding.op}_{cand.axis}(...) carried with running "

@@ -69,6 +69,7 @@ class CorrectionResult:
     seconds: float = 0.0
     reason: str = ""
     matches: Counter = field(default_factory=Counter)
+    kind: str = "quotient"  # found in the quotient's e-class, or "reset": derived (fusion/reset.py)
 
     @property
     def found(self) -> bool:

@@ -310,8 +310,7 @@ class _PassWriter:
                 refs = {p: Val(self.state_names(pc), _state_dims(w, pc), "f")
                         for pc in self.ps.comps for p in c.producers if pc.name == p}
                 h = _guarded(w, self.ps, c, h, refs)
-                codes, dims = w.align([old, h])
-                carried = w.bind(OPS[c.dist].triton.format(*codes), dims, "f", "c")
+                carried = _apply(w, c, old, h)
             else:
                 carried = old
             sdims = _state_dims(w, c)
@@ -420,5 +419,15 @@ def _corrected(w: KernelWriter, ps: Pass, c: CompPlan, state: Val, ref: dict[str
     producers = [next(x for x in ps.comps if x.name == p) for p in c.producers]
     with _references(w, producers, ref, new):
         h = _guarded(w, ps, c, w.f32(w.value(c.corr)), ref)
+    return _apply(w, c, state, h)
+
+
+def _apply(w: KernelWriter, c: CompPlan, state: Val, h: Val) -> Val:
+    """state ⊗' h. An integer state (an argmax's index) takes a reset's h only — ⊗'s neutral element
+    or its annihilator (fusion/reset.py) — and keeps its dtype: the state where h is neutral, the
+    monoid's integer identity where it is not."""
     codes, dims = w.align([state, h])
-    return w.bind(OPS[c.dist].triton.format(*codes), dims, "f", "c")
+    if not c.integer:
+        return w.bind(OPS[c.dist].triton.format(*codes), dims, "f", "c")
+    neutral = "0.0" if c.dist == "add" else "1.0"
+    return w.bind(f"tl.where({codes[1]} == {neutral}, {codes[0]}, {_fmt_num(c.identity)})", dims, "i", "c")
