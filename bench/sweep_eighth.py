@@ -3,7 +3,8 @@ earlier sweep held — the Chamfer distance of point clouds (a min over a pairwi
 the supervised contrastive loss (a log-softmax over similarities without the diagonal, averaged over
 each anchor's positives), SwAV's Sinkhorn–Knopp assignment (three alternating column and row
 normalisations, in place, as its code has them), the batch-hard triplet loss (the hardest positive and
-negative of each anchor by label), log-sum-exp pooling over time into a multi-label loss, ArcFace's
+negative of each anchor by label), greedy decoding's argmax of an LM head and exact maximum-inner-product
+search (an argmax in its max's pass: fusion/reset.py), log-sum-exp pooling over time into a multi-label loss, ArcFace's
 additive angular margin, and linear attention with elu + 1 features — compiled untuned, every output
 and gradient checked against float64, then timed beside eager PyTorch and torch.compile (the harness
 of `bench/sweep_unseen.py`).
@@ -91,6 +92,17 @@ def arcface(x, w, target):
     return F.cross_entropy(64.0 * torch.where(hit, phi, cos), target)
 
 
+def greedy_tokens(h, w):
+    """Greedy decoding's next tokens: the argmax of the LM head's logits."""
+    return (h @ w.T).argmax(-1)
+
+
+def nearest_keys(queries, keys):
+    """Maximum-inner-product search, exact: each query's best key. (Reading its label at that index in
+    the same function is refused by name: an index computed by a reduction.)"""
+    return (queries @ keys.T).argmax(-1)
+
+
 def linear_attention(q, k, v):
     """Linear attention (Katharopoulos et al. 2020), non-causal, φ = elu + 1: φ(q)(φ(k)ᵀv) over φ(q)·Σφ(k)."""
     fq, fk = F.elu(q.float()) + 1.0, F.elu(k.float()) + 1.0
@@ -139,8 +151,31 @@ def _linear_attention_make(device, g, dry):
     return tuple(_randn(b, h, n, d, dtype=torch.float16, device=device, g=g) for _ in range(3))
 
 
+def _planted(rows: torch.Tensor, n: int, g, scale: float) -> torch.Tensor:
+    """n queries, each `scale` times a random row of `rows` plus noise: its best row wins by a margin no
+    rounding of the products flips, so the float64 argmax is every implementation's."""
+    pick = torch.randint(0, rows.shape[0], (n,), generator=g, device=rows.device)
+    noise = torch.randn(n, rows.shape[1], generator=g, device=rows.device) * rows.float().std()
+    return (rows[pick].float() * scale + noise).to(rows.dtype)
+
+
+def _greedy_make(device, g, dry):
+    t, d, v = (5, 24, 301) if dry else (2048, 4096, 128256)
+    w = _randn(v, d, dtype=torch.bfloat16, device=device, g=g, scale=d ** -0.5)
+    return _planted(w, t, g, 3.0), w
+
+
+def _knn_make(device, g, dry):
+    n, m, d = (9, 301, 16) if dry else (8192, 65536, 256)
+    keys = _randn(m, d, dtype=torch.float16, device=device, g=g)
+    return _planted(keys, n, g, 2.0), keys
+
+
 ROWS = [
+    Row("chamfer 16x4096 vs 4096 points fp32", chamfer, _chamfer_make),
     Row("chamfer fwd+bwd 16x4096 vs 4096 points fp32", chamfer, _chamfer_make, backward=True),
+    Row("greedy_tokens 2048x4096 -> 128256 bf16", greedy_tokens, _greedy_make),
+    Row("nearest_keys 8192 vs 65536 d256 fp16", nearest_keys, _knn_make),
     Row("supcon fwd+bwd 8192x256 bf16", supcon, _labelled(8192, 256, 100, torch.bfloat16), backward=True),
     Row("sinkhorn 8192x3000 fp32", sinkhorn, _sinkhorn_make),
     Row("batch_hard_triplet fwd+bwd 8192x512 fp16", batch_hard_triplet, _labelled(8192, 512, 512, torch.float16),

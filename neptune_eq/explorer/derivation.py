@@ -152,6 +152,14 @@ def rolling_step(c: Compilation, lp: LoopCandidate, comp: CompCandidate, alt: Al
     known = {x.name: x for x in c.fusion.rules} if c.fusion else {}
     user = user_rule_names(c)
     prods = ", ".join(comp.producers)
+    if r.kind == "reset":  # (derived from an invariant, not found in a quotient's e-class: fusion/reset.py)
+        return Step("selection_reset", f"{b.name} joins the pass over {lp.axis} that computes {prods}", [
+            f"consumer {b.name} = {b.op}_{lp.axis}(g) with g = {ir.show(comp.core)} selects the elements attaining "
+            f"the running {prods}",
+            f"invariant: every element already in {b.name} is on the near side of old:{prods} (the extreme is "
+            f"over the same values), so {r.reason}",
+            f"repair: {b.name} {OPS[r.dist].infix}= {ir.show(r.correction)} — kept where the max did not move, "
+            "restarted where it did"])
     details = [
         f"consumer {b.name} = {b.op}_{lp.axis}(g) with g = {ir.show(comp.core)}, producer(s) {prods} still running",
         f"quotient saturated in a fresh e-graph: {ir.show(r.quotient)}   (old: = value before the tile, cur: = after)",

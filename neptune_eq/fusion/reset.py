@@ -85,7 +85,7 @@ def selection_reset(core: ir.Node, op: str, axis: str, mask: ir.Node,
         h, dist, inverse, ann = ir.Call("where", (unchanged, ir.Const(0.0), ir.Const(ident))), "add", "sub", ident
     return CorrectionResult(h, dist, inverse, "any", ann, h, kind="reset",
                             reason=f"{ir.show(x)[:80]} = {cur.kind.value}:{name} ⇒ x = old ∧ old = cur for the "
-                                   f"elements held (x ≤ old:{name})")
+                                   f"elements held (x {'≤' if p_op == 'max' else '≥'} old:{name})")
 
 
 def _absorbed(reset: ir.Node, core: ir.Node, op: str, axis: str, extent: ir.Node, x: ir.Node) -> bool:
