@@ -240,9 +240,9 @@ def _parts(qualname: str, t: _Training, names: list[str], outs: list[tuple], com
     # tracing `backward`, which would register it (until session 51: AttributeError in that backward)
     for back in (t.recompute, t.saved):
         if back is not None:
-            _backward_op(qualname, back, split.core_names, outs, compile_fn)
+            _backward_op(qualname, back, split.core_names, outs, compile_fn, split.shared)
     if split.pro is not None:
-        _backward_op(f"{qualname}_operands", split.pro[1], split.maps_names, split.specs, compile_fn)
+        _backward_op(f"{qualname}_operands", split.pro[1], split.maps_names, split.specs, compile_fn, split.shared)
     key = f"{qualname}:forward"
     axes = {o.name: o.axes for o in t.program.outputs}
 
@@ -265,7 +265,7 @@ def _parts(qualname: str, t: _Training, names: list[str], outs: list[tuple], com
         cots = [t.split(name, g if g is not None else torch.zeros(
                     shape_at(t.program, axes[name], at) if t.program.dynamic else shape, dtype=dt, device=device))
                 for g, (name, shape, dt) in zip(grads, outs) if name in back.cotangents]
-        op, direct = _backward_op(qualname, back, split.core_names, outs, compile_fn)
+        op, direct = _backward_op(qualname, back, split.core_names, outs, compile_fn, split.shared)
         res = (direct if eager else op)([by[c] for c in split.core_names]
                                         + [t.split(k, by_name[k]) for k in kept()] + cots)
         got = dict(zip([c for c in split.core_names if c in back.grads], res))
@@ -345,14 +345,17 @@ class _Split:
 
     def __init__(self, qualname: str, t: _Training, names: list[str], compile_fn):
         self.qualname, self.compile_fn, self.pro = qualname, compile_fn, t.prologue
+        self.shared: frozenset[str] = frozenset()  # inputs whose gradient both the core and the maps give
         if self.pro is None:
             self.made, self.specs, self.core_names = [], [], list(names)
             return
-        pro, _ = self.pro
+        pro, maps = self.pro
         self.made = list(pro.operands)
         self.specs = [(o.name, pro.maps.output_shape(o), getattr(torch, o.dtype)) for o in pro.maps.outputs]
         self.core_names = [n for n in names if n in pro.core.inputs] + self.made
         self.maps_names = [n for n in names if n in pro.maps.inputs]
+        floats = {n for n in names if n in pro.core.inputs and pro.core.inputs[n].dtype in ir.FLOAT_DTYPES}
+        self.shared = frozenset(n for n in self.maps_names if n in maps.grads and n in floats)
 
     def operands(self, by: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
         """The inputs by name with the operands added, and the operands."""
@@ -371,10 +374,13 @@ class _Split:
             return got
         maps = self.pro[1]
         cots = [got.pop(n) for n, _, _ in self.specs if n in maps.cotangents]
-        op, direct = _backward_op(f"{self.qualname}_operands", maps, self.maps_names, self.specs, self.compile_fn)
+        op, direct = _backward_op(f"{self.qualname}_operands", maps, self.maps_names, self.specs, self.compile_fn,
+                                  self.shared)
         res = (direct if eager else op)([by[n] for n in self.maps_names] + cots)
         for n, g in zip([n for n in self.maps_names if n in maps.grads], res):
             got[n] = got[n] + g if n in got else g
+            if n in self.shared:
+                got[n] = got[n].to(by[n].dtype)  # (both parts in float32: rounded once)
         return got
 
 
@@ -417,7 +423,12 @@ def _operands_key(qualname: str) -> str:
     return f"{qualname}:operands"
 
 
-def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tuple], compile_fn):
+def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tuple], compile_fn,
+                 wide: frozenset[str] = frozenset()):
+    """The custom op (and its direct call) of backward `back`; the gradients of the inputs in `wide`
+    come back in float32 (a split training's partial gradients of an input read by both the core and
+    the operand maps: summed in float32 and rounded once, as torch's autograd does — rounded apart,
+    the two parts of linear attention's key gradient cancel to 3.7× torch's error in fp16)."""
     mode = _mode(back)
     key = f"{qualname}_{mode}_backward"
     got = _BACKWARD_OPS.get(key)
@@ -442,7 +453,7 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
         for (name, shape, want), g in zip(cots, xs[len(given):]):
             shape = shape_at(program, spec[name].axes, at) if program.dynamic else shape
             inputs[name] = g.reshape(shape).to(want).contiguous()
-        res = _run(run_key, run, inputs)
+        res = _run(run_key, run, inputs, {back.grads[n]: torch.float32 for n in wrt if n in wide} or None)
         return [res[n].reshape(shape_at(program, spec[w].axes, at) if program.dynamic else shape)
                 for n, w, shape in zip(got_names, wrt, shapes)]
 
@@ -453,7 +464,7 @@ def _backward_op(qualname: str, back: Backward, names: list[str], outs: list[tup
     @bop.register_fake
     def _(xs):
         by = dict(zip(names, xs))
-        return [torch.empty_like(by[n]) for n in wrt]
+        return [torch.empty_like(by[n], dtype=torch.float32 if n in wide else None) for n in wrt]
 
     _BACKWARD_OPS[key], _BACKWARD_OPS[key + ":direct"] = bop, direct
     return bop, direct

@@ -170,3 +170,35 @@ def test_float32_products_rejects_what_is_no_precision():
         with pytest.raises(NeptuneError, match="float32_products"):
             Options(float32_products=bad)
     assert Options(float32_products=["tf32x3", "ieee", "tf32x3"]).float32_products == ("tf32x3", "ieee")
+
+
+def test_a_split_trainings_two_parts_of_a_gradient_are_summed_in_float32():
+    """Linear attention of `.float()` features: the key gradient has a part through the kv state (the
+    operand maps' backward) and a part through the normaliser (the core's backward), which largely
+    cancel. torch sums them in float32 and rounds once; they had come back rounded to fp16 apart and
+    been summed in fp16: the key gradient's error was 4.3e-3 against torch's 2.9e-4 (H100, fp16, L 4096),
+    3.7× eager's in the interpreter at L 300, 1.9× now. (Left: the computed float32 operand beside an
+    fp16 load is still rounded to fp16 for the tensor cores — q's 1.5×, k's remaining 1.9×; multiplying
+    it in float32 needs the shared memory of TF32×3 tiles priced first.) Every gradient within 2.5×
+    eager's own error against float64."""
+    def linear_attention(q, k, v):
+        fq, fk = F.elu(q.float()) + 1.0, F.elu(k.float()) + 1.0
+        kv = torch.einsum("bhld,bhle->bhde", fk, v.float())
+        z = 1.0 / (torch.einsum("bhld,bhd->bhl", fq, fk.sum(2)) + 1e-6)
+        return (torch.einsum("bhld,bhde->bhle", fq, kv) * z[..., None]).to(q.dtype)
+
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(2, 3, 300, 16, generator=g).half() for _ in range(3)]
+    gout = torch.randn(2, 3, 300, 16, generator=g).half()
+    prog = neptune_eq.compile(linear_attention, *xs)
+
+    def grads(fn, dtype):
+        ins = [x.to(dtype).clone().requires_grad_() for x in xs]
+        fn(*ins).backward(gout.to(dtype))
+        return [x.grad.double() for x in ins]
+
+    ref, eager = grads(linear_attention, torch.float64), grads(linear_attention, torch.half)
+    ours = grads(prog, torch.half)
+    for r, e, o in zip(ref, eager, ours):
+        scale = float(r.abs().max())
+        assert float((o - r).abs().max()) <= 2.5 * float((e - r).abs().max()) + 1e-6 * scale
