@@ -27,14 +27,10 @@ compared value is computed once per tile and both reductions read it: the compar
 
 from __future__ import annotations
 
-import math
-
 from neptune_eq import ir
-from neptune_eq.ops import MONOIDS
+from neptune_eq.ops import MONOIDS, OPS
 
 from .types import CorrectionResult
-
-INF = math.inf
 
 
 def selection_reset(core: ir.Node, op: str, axis: str, mask: ir.Node,
@@ -73,7 +69,7 @@ def selection_reset(core: ir.Node, op: str, axis: str, mask: ir.Node,
     if any(n == cur for n in ir.walk(ir.substitute(core, gone))):
         return None  # (the running max read otherwise than tested against)
     reset = _fold(ir.substitute(core, gone))
-    if not _absorbed(reset, core, op, axis, extent, x):
+    if not _selects_safely(core, op, axis) or not _absorbed(reset, core, op, axis, extent):
         return None
     before = ir.StateRef(ir.RefKind.OLD, cur.name, cur.ref_axes)
     unchanged = ir.Call("or", (ir.Call("eq", (before, cur)),
@@ -88,7 +84,30 @@ def selection_reset(core: ir.Node, op: str, axis: str, mask: ir.Node,
                                    f"elements held (x {'≤' if p_op == 'max' else '≥'} old:{name})")
 
 
-def _absorbed(reset: ir.Node, core: ir.Node, op: str, axis: str, extent: ir.Node, x: ir.Node) -> bool:
+def _selects_safely(core: ir.Node, op: str, axis: str) -> bool:
+    """Is the selected value one the restart cannot turn into NaN? A min's or max's restart adds ±∞ to
+    its state (a state at ∓∞ would become NaN): the index along the axis (argmax, argmin); a sum's
+    restart multiplies it by 0 (an infinite state would): a finite constant (the count of ties)."""
+    if not isinstance(core, ir.Call):
+        return False
+    if op == "sum" and OPS[core.op].predicate:
+        return True  # (a test summed as 0 or 1)
+    if core.op != "where":
+        return False
+    chosen = core.args[1]
+    if op == "sum":
+        return _finite_constant(chosen)
+    return chosen == ir.Index(axis)
+
+
+def _finite_constant(n: ir.Node) -> bool:
+    """A finite constant, possibly converted (`float(1)`: a test counted as a float)."""
+    while isinstance(n, ir.Call) and len(n.args) == 1 and n.op in ("float", "neg"):
+        n = n.args[0]
+    return isinstance(n, ir.Const) and abs(n.value) != float("inf") and n.value == n.value
+
+
+def _absorbed(reset: ir.Node, core: ir.Node, op: str, axis: str, extent: ir.Node) -> bool:
     """Does the value of a held element after a move (`reset`) leave the final result alone? The
     monoid's identity always does; a min over where(x = M, j, c) with c ≥ the axis' length does too
     (the attaining element, selected later, gives an index below c), and a max with c ≤ 0."""
