@@ -41,6 +41,9 @@
 #                                    # read once per point sharing them (bag classifier 12.09 ms before), the
 #                                    # bag classifier's kernels, then sweep 6 whole (an MoE router's training
 #                                    # had raised IndexError in a first version of the transposing map)
+#     bash bench/pending_gpu.sh p    # session 73, not run: linear attention's training after its key gradient's
+#                                    # two parts are summed in float32 (failed the float64 check before: 4.3e-3),
+#                                    # then sweep 8's rows again (o's sweep 6 step was never run either)
 #     bash bench/pending_gpu.sh c    # session 60: the folded norm backwards (extract/fold_rows.py) in the
 #                                    # sweep's norm rows beside their peers, and the probe's folded/unfolded
 #                                    # pairs again
@@ -126,6 +129,10 @@ case "${1:-}" in
     step bag_kernels 100 python3 bench/probe_sweep_kernels.py "bag_classifier fwd+bwd" "center_loss fwd+bwd" \
       --alternatives 0 --compile
     step sweep6 280 python3 bench/sweep_sixth.py --out "$OUT/sweep6/rows.json"
+    ;;
+  p)
+    step linattn 150 python3 bench/sweep_eighth.py --only linear_attention --out "$OUT/linattn/rows.json"
+    step sweep8 300 python3 bench/sweep_eighth.py --out "$OUT/sweep8/rows.json"
     ;;
   n)
     step cosface_kernels 120 python3 bench/probe_sweep_kernels.py "cosface fwd+bwd" --alternatives 0 --compile
