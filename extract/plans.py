@@ -335,8 +335,8 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
             # (a reset needs no guard against a max still at its identity: elements at −∞ attain it)
             reset = c.chosen is not None and c.chosen.kind == "reset"
             guard = any(by_name[p].op in ("max", "min") for p in c.producers) and not reset
-            exact = integral(core, input_leaf(program, int_syms=ints))
-            if b.name in ints and ((c.producers and not reset) or not exact):
+            if b.name in ints and ((c.producers and not reset)
+                                   or not integral(core, input_leaf(program, int_syms=ints))):
                 # an integer reduction is computed exactly and unfused, or not at all — or rolled by a
                 # reset, which keeps or restarts its integer state (lower/passes._apply)
                 return None

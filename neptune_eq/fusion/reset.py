@@ -46,29 +46,32 @@ def selection_reset(core: ir.Node, op: str, axis: str, mask: ir.Node,
         return None
     # the values the max is over: its core under its mask (an element of t outside that mask need not be
     # below the max), or its whole body, the identity outside the mask, under any mask of t's
-    whole = p_mask == ir.Const(1.0) or (isinstance(p_mask, ir.Const) and p_mask.value != 0.0)
+    whole = isinstance(p_mask, ir.Const) and p_mask.value != 0.0
     values = {ir.Call("where", (p_mask, p_core, ir.Const(MONOIDS[p_op].identity)))}
     if whole or p_mask == mask:
         values.add(p_core)
     cur = old = None
     atoms: set[ir.Node] = set()
+    compared: set[ir.Node] = set()
     for n in ir.walk(core):
         if isinstance(n, ir.StateRef) and n.name == name and n.kind in ir.RUNNING:
             cur = n if n.kind is ir.RefKind.CURRENT else cur
             old = n if n.kind is ir.RefKind.OLD else old
         if isinstance(n, ir.Call) and n.op == "eq" and any(
                 isinstance(a, ir.StateRef) and a.name == name and a.kind is ir.RefKind.CURRENT for a in n.args):
-            x = next((a for a in n.args if a in values), None)
-            if x is None:
+            hit = {a for a in n.args if a in values}
+            if not hit:
                 return None  # (compared with another value)
             atoms.add(n)
-    if cur is None or old is not None or not atoms or len({a for n in atoms for a in n.args if a in values}) != 1:
+            compared |= hit
+    if cur is None or old is not None or len(compared) != 1:
         return None
+    (x,) = compared
     # (where the max moved, old is finite: no NaN was seen)
-    gone = {a: ir.Const(0.0) for a in atoms} | {ir.Call("ne", (x, x)): ir.Const(0.0)}
-    if any(n == cur for n in ir.walk(ir.substitute(core, gone))):
+    gone = ir.substitute(core, {a: ir.Const(0.0) for a in atoms} | {ir.Call("ne", (x, x)): ir.Const(0.0)})
+    if any(n == cur for n in ir.walk(gone)):
         return None  # (the running max read otherwise than tested against)
-    reset = _fold(ir.substitute(core, gone))
+    reset = _fold(gone)
     if not _selects_safely(core, op, axis) or not _absorbed(reset, core, op, axis, extent):
         return None
     before = ir.StateRef(ir.RefKind.OLD, cur.name, cur.ref_axes)

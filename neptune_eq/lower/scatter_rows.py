@@ -7,12 +7,11 @@ torch.use_deterministic_algorithms, and on a CPU outside Triton's interpreter.""
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from .._interpret import interpreter_active
 from ..block_bounds import next_pow2
 
 
@@ -35,8 +34,7 @@ def scatter_rows(acc: torch.Tensor, at: torch.Tensor, rows: torch.Tensor, rep: i
     points, cols = at.numel(), acc.shape[1]
     if points == 0 or cols == 0:
         return
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if torch.are_deterministic_algorithms_enabled() or not (acc.is_cuda or interpreted):
+    if torch.are_deterministic_algorithms_enabled() or not (acc.is_cuda or interpreter_active()):
         acc.index_put_((at,), rows.repeat_interleave(rep, 0) if rep > 1 else rows, accumulate=True)
         return
     block_c = min(128, next_pow2(cols))
