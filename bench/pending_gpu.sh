@@ -36,6 +36,9 @@
 #                                    # index_add_ as the scatter): sweep 7, CosFace's step, SwiGLU's training
 #     bash bench/pending_gpu.sh n    # session 72: CosFace's, SwiGLU's and the gated attention's kernels beside
 #                                    # torch.compile's
+#     bash bench/pending_gpu.sh q    # session 74: ties found against a min recomputed in other kernels (short
+#                                    # reductions written out, no FMA contraction) on CUDA; Chamfer's rows and
+#                                    # linear attention's training (float32 operands) re-measured
 #     bash bench/pending_gpu.sh o    # session 72, not run: sweep 7 again with the scatter as a Triton kernel of
 #                                    # atomic adds (lower/scatter_rows.py: run in the interpreter only) and rows
 #                                    # read once per point sharing them (bag classifier 12.09 ms before), the
@@ -133,6 +136,16 @@ case "${1:-}" in
   p)
     step linattn 150 python3 bench/sweep_eighth.py --only linear_attention --out "$OUT/linattn/rows.json"
     step sweep8 300 python3 bench/sweep_eighth.py --out "$OUT/sweep8/rows.json"
+    ;;
+  q)
+    # session 74: short reductions written out per coordinate in kernels without FMA contraction, so a
+    # distance compared with its min recomputed elsewhere finds its ties (Chamfer's training then need not
+    # write its distances); float32 operands beside 16-bit loads multiplied in float32 (linear attention)
+    step exact 200 python3 bench/probe_exact_recompute.py
+    step chamfer 200 python3 bench/sweep_eighth.py --only chamfer --out "$OUT/chamfer/rows.json"
+    step linattn 150 python3 bench/sweep_eighth.py --only linear_attention --out "$OUT/linattn/rows.json"
+    step chamfer_kernels 120 python3 bench/probe_sweep_kernels.py "chamfer fwd+bwd" --alternatives 0 --compile \
+      --explain
     ;;
   n)
     step cosface_kernels 120 python3 bench/probe_sweep_kernels.py "cosface fwd+bwd" --alternatives 0 --compile

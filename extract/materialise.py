@@ -20,11 +20,11 @@ from __future__ import annotations
 from neptune_eq import ir
 from neptune_eq.contraction import gemm_sides, masked_body, opened, plain_input, product_of
 from neptune_eq.masks import affine, conjunction, conjuncts
-from neptune_eq.numeric import compute_dtype, held_dtypes
+from neptune_eq.numeric import compute_dtype, held_dtypes, held_wide
 from neptune_eq.plan import BufferSpec, Combine, KernelPlan, Pass, StorePlan
 
 
-def _operand_dtype(other, program: ir.Program) -> str | None:
+def _operand_dtype(other, program: ir.Program, factors=()) -> str | None:
     """The dtype the dot takes a computed operand in when the other operand is one input: in 16 bits
     the lowering casts it to that input's dtype, so a buffer of that dtype holds exactly what the dot
     would have read; beside a float32 input both are float32 in registers, as a float32 buffer read
@@ -33,6 +33,8 @@ def _operand_dtype(other, program: ir.Program) -> str | None:
     which a float32 buffer read as data would not keep; a float64 program computes in float64)."""
     if len(other) == 1 and plain_input(other[0], program.inputs):
         dt = program.inputs[other[0].tensor].dtype
+        if dt in ("float16", "bfloat16") and held_wide(factors) and compute_dtype(program) == "float32":
+            return "float32"
         if dt in ("float16", "bfloat16") or (dt == "float32" and compute_dtype(program) == "float32"):
             return dt
     return None
@@ -76,7 +78,7 @@ def materialise_operands(kernels: list[KernelPlan], program: ir.Program,
                 for factors, conds, other, row, is_left in (
                         (list(sides.left), sides.left_conds, sides.right, sides.m, True),
                         (list(sides.right), sides.right_conds, sides.left, sides.n, False)):
-                    dtype = _operand_dtype(other, program) or _elementwise_dtype(
+                    dtype = _operand_dtype(other, program, factors) or _elementwise_dtype(
                         [*sides.left, *sides.right], program, ps.axis)
                     loaded = len(factors) == 1 and not conds and plain_input(factors[0], program.inputs)
                     if loaded or dtype is None:
@@ -188,7 +190,8 @@ def materialise_inline(kernels: list[KernelPlan], inline: dict[str, ir.Node], pr
             value = product_of(list(factors), conds)
             loaded = len(factors) == 1 and not conds and plain_input(factors[0], program.inputs)
             recomputed = any(far in kernels[ki].grid for ki in users)
-            dtype = _operand_dtype(other, program) or _elementwise_dtype([*sides.left, *sides.right], program)
+            dtype = _operand_dtype(other, program, factors) or _elementwise_dtype([*sides.left, *sides.right],
+                                                                                 program)
             if loaded or not recomputed or dtype is None or ir.reads_state(value):
                 continue
             spec = _place(kernels, users[0], term.axis, row, True, value, program, owner, dtype,

@@ -23,6 +23,21 @@ PREDICATES = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not"})
 INT_IDENTITY = {"sum": 0, "max": -(2**63), "min": 2**63 - 1}
 
 
+# the longest axis of static length whose reductions the kernels write out term by term, in index order
+SHORT_AXIS = 8
+
+
+def written_out(r: ir.Reduce, program: ir.Program) -> bool:
+    """Is `r` a reduction every kernel computes term by term in index order (lower/kernel.py:
+    KernelWriter.unrolled): over a short axis of static length, of an elementwise body (no reduction or
+    state inside)? Computed in kernels that do not contract a multiply and an add into one FMA (their
+    KernelSource.exact_arith), it has the same bits wherever it is computed, so a value holding it may
+    be compared with its own max recomputed in another kernel (extract/exact_tests.py)."""
+    n = program.axes.get(r.axis)
+    return r.op in ("sum", "max", "min") and r.axis not in program.dynamic and n is not None and \
+        1 <= n <= SHORT_AXIS and not any(isinstance(x, ir.Reduce | ir.StateRef) for x in ir.walk(r.body))
+
+
 def compute_dtype(program: ir.Program) -> str:
     """float64 when any input or output of the program is float64, else float32."""
     dts = [s.dtype for s in program.inputs.values()] + [o.dtype or "float32" for o in program.outputs]
@@ -171,6 +186,16 @@ def reciprocal_exact(b: ir.Node, inputs: dict[str, ir.TensorSpec]) -> bool:
 
 
 _ROUNDED = {"round_bf16": "bfloat16", "round_f16": "float16", "round_f32": "float32"}
+
+
+def held_wide(factors: list[ir.Node]) -> bool:
+    """Does torch hold a computed operand in float32: a `.float()` value of 16-bit data that the frontend
+    marks (`round_f32`, frontend/ops_reduce.py `_held`)? Beside a 16-bit load it is then multiplied in
+    float32, as torch's float32 matmul does, not rounded to the load's 16 bits: linear attention's
+    Σ_e ∂kv[d, e]·v[j, e] (∂kv a float32 gradient whose terms largely cancel in ∂k) had 4.5e-3 relative
+    error in fp16 against eager's 2e-4. (Float32 data alone does not count: a float32 loss's upstream
+    gradient scales a 16-bit gradient that torch holds in the 16 bits of the value it flows to.)"""
+    return any(isinstance(n, ir.Call) and n.op == "round_f32" for f in factors for n in ir.walk(f))
 
 
 def held_dtypes(node: ir.Node, dtype_of) -> set[str]:

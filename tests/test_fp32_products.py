@@ -177,10 +177,10 @@ def test_a_split_trainings_two_parts_of_a_gradient_are_summed_in_float32():
     operand maps' backward) and a part through the normaliser (the core's backward), which largely
     cancel. torch sums them in float32 and rounds once; they had come back rounded to fp16 apart and
     been summed in fp16: the key gradient's error was 4.3e-3 against torch's 2.9e-4 (H100, fp16, L 4096),
-    3.7× eager's in the interpreter at L 300, 1.9× now. (Left: the computed float32 operand beside an
-    fp16 load is still rounded to fp16 for the tensor cores — q's 1.5×, k's remaining 1.9×; multiplying
-    it in float32 needs the shared memory of TF32×3 tiles priced first.) Every gradient within 2.5×
-    eager's own error against float64."""
+    3.7× eager's in the interpreter at L 300. Still 4.5e-3 at L 4096 (interpreter) after that: ∂kv, a
+    float32 value, was multiplied with v rounded to fp16 beside v's fp16 load, and the operand
+    Σ_i z·φ(q)·∂out written once in fp16; both are float32 now (contract.held_wide), and every gradient
+    is within 1.25× eager's own error against float64 (1.0× here; 2.5× had been the bound)."""
     def linear_attention(q, k, v):
         fq, fk = F.elu(q.float()) + 1.0, F.elu(k.float()) + 1.0
         kv = torch.einsum("bhld,bhle->bhde", fk, v.float())
@@ -201,4 +201,4 @@ def test_a_split_trainings_two_parts_of_a_gradient_are_summed_in_float32():
     ours = grads(prog, torch.half)
     for r, e, o in zip(ref, eager, ours):
         scale = float(r.abs().max())
-        assert float((o - r).abs().max()) <= 2.5 * float((e - r).abs().max()) + 1e-6 * scale
+        assert float((o - r).abs().max()) <= 1.25 * float((e - r).abs().max()) + 1e-6 * scale

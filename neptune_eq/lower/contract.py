@@ -7,7 +7,7 @@ import math
 
 from .. import ir
 from ..contraction import gemm_sides, is_product, opened
-from ..numeric import INT_IDENTITY, compute_dtype, held_dtypes, reciprocal_exact
+from ..numeric import INT_IDENTITY, compute_dtype, held_dtypes, held_wide, reciprocal_exact
 from ..ops import MONOIDS, OPS
 from .values import (
     _TL_DTYPE,
@@ -191,7 +191,11 @@ class ContractOps:
         a_at, b_at = self._invariant_at(left, a_mask, valid_k), self._invariant_at(right, b_mask, valid_k)
         a = self._at(a_at, lambda: self.operand(left, (m, k), a_mask))
         b = self._at(b_at, lambda: self.operand(right, (k, n), b_mask))
-        if a.native and not b.native:
+        if a.native and not b.native and wide_operand(right, self.plan):
+            a = self.f32(a)  # (a float32 value beside a 16-bit load: multiplied in float32, held_wide)
+        elif b.native and not a.native and wide_operand(left, self.plan):
+            b = self.f32(b)
+        elif a.native and not b.native:
             b = self._cast(b, a.kind, b_at)
         elif b.native and not a.native:
             a = self._cast(a, b.kind, a_at)
@@ -375,6 +379,14 @@ def data_dtype(factors: list[ir.Node], k: str, plan, program: ir.Program) -> str
     return dtypes.pop() if len(dtypes) == 1 and dtypes <= {"float16", "bfloat16"} else None
 
 
+def wide_operand(side: list[ir.Node], plan) -> bool:
+    """A dot operand torch holds in float32 (numeric.held_wide), computed here or written once as such
+    (a float32 operand buffer: extract/materialise.py)."""
+    if len(side) == 1 and isinstance(side[0], ir.Load) and (buf := plan.buffers.get(side[0].tensor)) is not None:
+        return buf.operand and buf.dtype == "float32"
+    return held_wide(side)
+
+
 def tensor_core_dot(left: list[ir.Node], right: list[ir.Node], k: str, plan, program: ir.Program) -> bool:
     """Does the lowering multiply Σ_k left·right on the tensor cores (16-bit operands), rather than as
     a float32 IEEE dot on the FMA pipe? As ContractOps.try_dot decides: a side that is one 16-bit load
@@ -389,8 +401,9 @@ def tensor_core_dot(left: list[ir.Node], right: list[ir.Node], k: str, plan, pro
         return None
 
     a, b = native(left), native(right)
-    if a or b:
-        return not (a and b and a != b)
+    if a or b:  # (a float32 value beside a 16-bit load multiplies in float32: held_wide)
+        wide = (not b and wide_operand(right, plan)) or (not a and wide_operand(left, plan))
+        return not wide and not (a and b and a != b)
     return data_dtype([*left, *right], k, plan, program) is not None
 
 

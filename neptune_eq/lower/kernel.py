@@ -7,8 +7,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .. import ir
-from ..numeric import compute_dtype, index_range, reciprocal_exact
-from ..ops import OPS
+from ..numeric import compute_dtype, index_range, reciprocal_exact, written_out
+from ..ops import MONOIDS, OPS
 from ..plan import KernelPlan, Plan
 from ..schedule import KernelSchedule, inner_axes
 from .contract import ContractOps
@@ -39,6 +39,7 @@ class KernelWriter(MemoryOps, ContractOps):
         self.depth = 1
         self.scopes: list[_Scope] = [_Scope()]
         self.n_tmp = 0
+        self.exact_arith = False  # an unrolled reduction was written: no FMA contraction (unrolled)
         self.tensors: dict[str, TensorArg] = {}
         self.extents: list[str] = []
         self.inner = inner_axes(kernel, plan)
@@ -305,7 +306,8 @@ class KernelWriter(MemoryOps, ContractOps):
         if isinstance(n, ir.Load):
             return self.load(n)
         if isinstance(n, ir.Reduce):  # (over a padded tile, the lanes past the extent are masked out)
-            return self.contract(n.op, n.axis, n.body, self.lanes_valid(n.axis))
+            short = self.unrolled(n)
+            return short if short is not None else self.contract(n.op, n.axis, n.body, self.lanes_valid(n.axis))
         assert isinstance(n, ir.Call)
         op = OPS[n.op]
         if all(isinstance(a, ir.Const) for a in n.args):
@@ -356,6 +358,29 @@ class KernelWriter(MemoryOps, ContractOps):
             return self.bind(f"({codes[0]} * {codes[1]})", dims, "f")
         codes, dims = self.align([self.f32(a) for a in args])
         return self.bind(op.triton.format(*codes), dims, "f")
+
+    def unrolled(self, n: ir.Reduce) -> Val | None:
+        """A reduction over a short axis of static length (numeric.written_out: a point's 3 coordinates)
+        as one term per index, combined in index order: the body at d = 0, 1, 2 holds no d axis, so no
+        [.., .., 4]-padded block and no reduction across lanes, and the value has the same bits in every
+        kernel computing it (the kernel then runs without FMA contraction: exact_arith). None for any
+        other reduction, and for integer terms (summed exactly in int64 by contract, in any order)."""
+        if not written_out(n, self.program):
+            return None
+        if n.axis not in self.vector or n.axis in self.kloops:
+            raise ir.NeptuneError(f"internal error: kernel {self.k.name} cannot write out the reduction over "
+                               f"'{n.axis}' ({ir.show(n)}) term by term")
+        terms = [self.value(ir.substitute(n.body, {ir.Index(n.axis): ir.Const(float(k))}))
+                 for k in range(self.program.axes[n.axis])]
+        if any(t.kind in ("i", "b") for t in terms):
+            return None
+        self.exact_arith = True
+        fmt = OPS[MONOIDS[n.op].combine].triton
+        acc = self.f32(terms[0])
+        for t in terms[1:]:
+            codes, dims = self.align([acc, self.f32(t)])
+            acc = self.bind(fmt.format(*codes), dims, "f", "r")
+        return acc
 
     def floor_div_mod(self, n: ir.Call, args: list[Val]) -> Val:
         """a // b and a % b rounding toward −∞ like torch (and the IR's reference); Triton's // and %

@@ -139,6 +139,8 @@ class Launcher:
             opts = {"num_warps": ks.schedule.num_warps, "num_stages": ks.schedule.num_stages}
             if ks.pdl and pdl:
                 opts["launch_pdl"] = True
+            if ks.exact_arith:
+                opts["enable_fp_fusion"] = False
             extents, grid = _sizes(ks, program.axes)
             fn = ks.library if ks.library is not None else getattr(module, ks.name)
             self._calls.append((fn, [t.name for t in ks.tensors], extents, grid, consts, {**consts, **opts}))

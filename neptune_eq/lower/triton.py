@@ -144,7 +144,8 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     src = header + "\n".join(w.lines) + "\n"
     return KernelSource(fn_name, src, list(w.tensors.values()), list(w.extents),
                         [(a, sched.step(a)) for a, _ in grid], k.chunks, consts, sched, dict(w.descriptors),
-                        frozenset(w.buffers_read), frozenset(w.buffers_written), data_bounds=tuple(w.data_bounds))
+                        frozenset(w.buffers_read), frozenset(w.buffers_written), data_bounds=tuple(w.data_bounds),
+                        exact_arith=w.exact_arith)
 
 
 def _dependent_launches(kernels: list[KernelSource]) -> list[KernelSource]:

@@ -58,6 +58,9 @@ class KernelSource:
     data_bounds: tuple = ()
     # run by the vendor's GEMM (lower/library.py: LibraryGemm), not generated: `source` is a comment
     library: object | None = None
+    # compiled without contracting a multiply and an add into an FMA: it writes out a short reduction
+    # whose bits other kernels must reproduce (numeric.written_out)
+    exact_arith: bool = False
 
 
 def _int_const(n: ir.Node) -> int | None:
