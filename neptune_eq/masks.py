@@ -47,9 +47,43 @@ def _free_equalities(node: ir.Node) -> ir.Node:
 
 
 def _thresholds(node: ir.Node) -> list[float]:
-    """The integer constants of `node` (a mask's `f < 300`, a clamp's `min2(f, 299)`)."""
-    return sorted({n.value for n in ir.walk(node)
-                   if isinstance(n, ir.Const) and math.isfinite(n.value) and n.value == int(n.value)})
+    """The integer constants of `node` (a mask's `f < 300`, a clamp's `min2(f, 299)`), and the points where
+    a test of one index changes its truth (_index_breakpoints)."""
+    consts = {n.value for n in ir.walk(node)
+              if isinstance(n, ir.Const) and math.isfinite(n.value) and n.value == int(n.value)}
+    return sorted(consts | _index_breakpoints(node, consts))
+
+
+_INDEX_OPS = frozenset({"add", "sub", "mul", "neg", "min2", "max2", "floordiv", "mod", "abs"})
+
+
+def _index_breakpoints(node: ir.Node, consts: set[float]) -> set[float]:
+    """The indices at which a comparison of one axis' index expression with constants flips: a cat of a
+    cat tests max2(max2(e − 12, 0) − 6, 0) < 3, true on [18, 21), whose edges no constant names. Drawn
+    only near 12, 6 and 3, e met [18, 21) at a few samples, none with the rest of the body nonzero, and
+    split_mask took that part of a gradient for 0 (fuzz seed 1499: silently wrong). Each such test is
+    evaluated at every integer over the span its constants reach (up to 2^16 points)."""
+    from neptune_eq.rules.soundness import eval_ir_sampled
+
+    reach = sum(abs(c) for c in consts if abs(c) < 2**15) + 8
+    lo, hi = int(min(consts, default=0) - reach), int(max(consts, default=0) + reach)
+    if hi - lo > 2**16:
+        return set()
+    out: set[float] = set()
+    for n in ir.walk(node):
+        if not (isinstance(n, ir.Call) and n.op in _COMPARISONS):
+            continue
+        leaves = [x for x in ir.walk(n) if not isinstance(x, ir.Call)]
+        axes = {x.axis for x in leaves if isinstance(x, ir.Index)}
+        if len(axes) != 1 or not all(isinstance(x, ir.Index | ir.Const) for x in leaves) or not all(
+                x.op in _INDEX_OPS or x is n for x in ir.walk(n) if isinstance(x, ir.Call)):
+            continue
+        xs = np.arange(lo, hi + 1, dtype=float)
+        with np.errstate(all="ignore"):
+            truth = np.broadcast_to(eval_ir_sampled(n, {ir.show(ir.Index(axes.pop())): xs}), xs.shape) != 0
+        flips = np.nonzero(truth[1:] != truth[:-1])[0]
+        out |= {float(xs[k + 1]) for k in flips[:64]}
+    return out
 
 
 def _index_samples(rng, thresholds: list[float]) -> np.ndarray:
