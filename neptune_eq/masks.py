@@ -46,18 +46,19 @@ def _free_equalities(node: ir.Node) -> ir.Node:
     return ir.substitute(node, subs) if subs else node
 
 
-def _thresholds(node: ir.Node) -> list[float]:
+@functools.lru_cache(maxsize=4096)  # (split_mask asks it for each candidate branch of a body)
+def _thresholds(node: ir.Node) -> tuple[float, ...]:
     """The integer constants of `node` (a mask's `f < 300`, a clamp's `min2(f, 299)`), and the points where
     a test of one index changes its truth (_index_breakpoints)."""
     consts = {n.value for n in ir.walk(node)
               if isinstance(n, ir.Const) and math.isfinite(n.value) and n.value == int(n.value)}
-    return sorted(consts | _index_breakpoints(node, consts))
+    return tuple(sorted(consts | _index_breakpoints(node, frozenset(consts))))
 
 
 _INDEX_OPS = frozenset({"add", "sub", "mul", "neg", "min2", "max2", "floordiv", "mod", "abs"})
 
 
-def _index_breakpoints(node: ir.Node, consts: set[float]) -> set[float]:
+def _index_breakpoints(node: ir.Node, consts: frozenset[float]) -> set[float]:
     """The indices at which a comparison of one axis' index expression with constants flips: a cat of a
     cat tests max2(max2(e − 12, 0) − 6, 0) < 3, true on [18, 21), whose edges no constant names. Drawn
     only near 12, 6 and 3, e met [18, 21) at a few samples, none with the rest of the body nonzero, and
