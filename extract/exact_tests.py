@@ -7,7 +7,8 @@ for the max's pass and again for the comparison's; in other kernels, with other 
 the sums round otherwise, and no element equals the max: on the CPU interpreter a top-1 count of
 `(x @ W == (x @ W).amax(-1)).sum(-1)` came out 0 on most rows for the plan taking the max split-K in a
 kernel of its own (the 71st alternative; the first 60 wrote the logits once). Such reductions must be
-written once, where every reader sees the same value.
+written once, where every reader sees the same value — except a short reduction written out in index
+order by kernels without FMA contraction (numeric.written_out), which has the same bits everywhere.
 """
 
 from __future__ import annotations

@@ -24,13 +24,14 @@ from neptune_eq.numeric import compute_dtype, held_dtypes, held_wide
 from neptune_eq.plan import BufferSpec, Combine, KernelPlan, Pass, StorePlan
 
 
-def _operand_dtype(other, program: ir.Program, factors=()) -> str | None:
+def _operand_dtype(other, program: ir.Program, factors) -> str | None:
     """The dtype the dot takes a computed operand in when the other operand is one input: in 16 bits
     the lowering casts it to that input's dtype, so a buffer of that dtype holds exactly what the dot
     would have read; beside a float32 input both are float32 in registers, as a float32 buffer read
     as data is (CLIP's loss of `.float()` features: its logits' gradient written once, then two
     GEMMs). None otherwise (a float32 dot of two computed operands runs at the schedule's precision,
-    which a float32 buffer read as data would not keep; a float64 program computes in float64)."""
+    which a float32 buffer read as data would not keep; a float64 program computes in float64). An
+    operand `factors` torch holds in float32 beside a 16-bit input (numeric.held_wide) is float32."""
     if len(other) == 1 and plain_input(other[0], program.inputs):
         dt = program.inputs[other[0].tensor].dtype
         if dt in ("float16", "bfloat16") and held_wide(factors) and compute_dtype(program) == "float32":

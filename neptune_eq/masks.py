@@ -71,6 +71,7 @@ def _index_breakpoints(node: ir.Node, consts: frozenset[float]) -> set[float]:
     if hi - lo > 2**16:
         return set()
     out: set[float] = set()
+    xs = np.arange(lo, hi + 1, dtype=float)
     for n in ir.walk(node):
         if not (isinstance(n, ir.Call) and n.op in _COMPARISONS):
             continue
@@ -79,7 +80,6 @@ def _index_breakpoints(node: ir.Node, consts: frozenset[float]) -> set[float]:
         if len(axes) != 1 or not all(isinstance(x, ir.Index | ir.Const) for x in leaves) or not all(
                 x.op in _INDEX_OPS or x is n for x in ir.walk(n) if isinstance(x, ir.Call)):
             continue
-        xs = np.arange(lo, hi + 1, dtype=float)
         with np.errstate(all="ignore"):
             truth = np.broadcast_to(eval_ir_sampled(n, {ir.show(ir.Index(axes.pop())): xs}), xs.shape) != 0
         flips = np.nonzero(truth[1:] != truth[:-1])[0]

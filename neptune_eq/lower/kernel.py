@@ -369,7 +369,7 @@ class KernelWriter(MemoryOps, ContractOps):
             return None
         if n.axis not in self.vector or n.axis in self.kloops:
             raise ir.NeptuneError(f"internal error: kernel {self.k.name} cannot write out the reduction over "
-                               f"'{n.axis}' ({ir.show(n)}) term by term")
+                                  f"'{n.axis}' ({ir.show(n)}) term by term")
         terms = [self.value(ir.substitute(n.body, {ir.Index(n.axis): ir.Const(float(k))}))
                  for k in range(self.program.axes[n.axis])]
         if any(t.kind in ("i", "b") for t in terms):
