@@ -39,6 +39,9 @@
 #     bash bench/pending_gpu.sh q    # session 74: ties found against a min recomputed in other kernels (short
 #                                    # reductions written out, no FMA contraction) on CUDA; Chamfer's rows and
 #                                    # linear attention's training (float32 operands) re-measured
+#     bash bench/pending_gpu.sh r    # session 75, not run (no machine lent): a min recomputed in other kernels on
+#                                    # CUDA — the CUDA test, bench/probe_fma_exact.py with and without contraction —
+#                                    # then q's exactness probe and linear attention's training
 #     bash bench/pending_gpu.sh o    # session 72, not run: sweep 7 again with the scatter as a Triton kernel of
 #                                    # atomic adds (lower/scatter_rows.py: run in the interpreter only) and rows
 #                                    # read once per point sharing them (bag classifier 12.09 ms before), the
@@ -147,6 +150,13 @@ case "${1:-}" in
     step chamfer_kernels 120 python3 bench/probe_sweep_kernels.py "chamfer fwd+bwd" --alternatives 0 --compile \
       --explain
     ;;
+  r)
+    step fma_test 100 python3 -m pytest -q -x tests/test_gpu_hardening.py -k "recomputed or integers or float64"
+    step fma_exact 60 python3 bench/probe_fma_exact.py
+    XDG_CACHE_HOME=/tmp/xdg_contract step fma_contract 60 python3 bench/probe_fma_exact.py --contract
+    step exact 150 python3 bench/probe_exact_recompute.py
+    step linattn 150 python3 bench/sweep_eighth.py --only linear_attention --out "$OUT/linattn/rows.json"
+    ;;
   n)
     step cosface_kernels 120 python3 bench/probe_sweep_kernels.py "cosface fwd+bwd" --alternatives 0 --compile
     step swiglu_kernels 150 python3 bench/probe_sweep_kernels.py "swiglu_mlp fwd+bwd" --alternatives 0 --compile
@@ -167,7 +177,7 @@ case "${1:-}" in
     step fp32_rows 200 python3 bench/sweep_fifth.py --only clip cosine --out "$OUT/fp32_rows/rows.json"
     ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r" >&2
     exit 2
     ;;
 esac

@@ -47,12 +47,23 @@ def merge_shared_sums(kernels: list[KernelPlan], owner: dict[str, int]) -> list[
 
 
 def _pairs(k: KernelPlan):
-    comps = [(ps, c) for ps in k.passes() if ps.split == 1 for c in ps.comps
+    passes = k.passes()
+    comps = [(ps, c) for ps in passes if ps.split == 1 for c in ps.comps
              if c.op == "sum" and not c.producers and c.corr is None and not c.affine and not c.integer]
     for i, (pa, a) in enumerate(comps):
         for pb, b in comps[i + 1:]:
-            if pa.axis == pb.axis and set(a.free) == set(b.free) and is_product(a.core) and is_product(b.core):
+            if pa.axis == pb.axis and set(a.free) == set(b.free) and is_product(a.core) and is_product(b.core) \
+                    and not _reads_states_of(b, passes[passes.index(pa):passes.index(pb) + 1]):
                 yield pa, a, pb, b
+
+
+def _reads_states_of(b: CompPlan, passes) -> bool:
+    """Does `b`'s body read the result of a component of `passes`? Moved into the first of them, it
+    would read a final value that pass has not computed (fuzz seed 1541: a layer norm's gradient summed
+    %1·fin:sum_j7 in a later pass and was merged into sum_j7's own; KeyError writing the kernel)."""
+    names = {c.name for ps in passes for c in ps.comps}
+    return any(isinstance(n, ir.StateRef) and n.name in names
+               for e in (b.core, b.mask) if e is not None for n in ir.walk(e))
 
 
 def _merge(kernels: list[KernelPlan], a: CompPlan, b: CompPlan) -> bool:

@@ -220,3 +220,22 @@ def test_a_dynamic_function_binds_each_length_it_is_called_at_again():
             xs[0].mul_(-1)  # new values at the same addresses
     bound = prog.family._bound
     assert len(bound) == 2 and all(b is not None for _, b in bound.values())
+
+
+def test_a_min_recomputed_in_other_kernels_keeps_its_gradient_cuda():
+    """A value compared with its own min recomputed in other kernels must have the same bits in each:
+    the kernels meeting such a min compile without FMA contraction (lower/exact.py). Softmax rows,
+    log-softmax over the other axis, the rows' min (fuzz seed 1511's program, larger)."""
+    def fn(x):
+        t = x.mT
+        band = (torch.arange(t.shape[-1], device=x.device)[None, :]
+                - torch.arange(t.shape[-2], device=x.device)[:, None]).abs() <= 40
+        p = torch.softmax(t.masked_fill(~band, float("-inf")), -1)
+        return torch.log_softmax(p * 3.0 + 0.5, -2).amin(-1)
+
+    x = torch.randn(64, 300, 96, device=DEV)
+    ins = x.clone().requires_grad_()
+    got = torch.autograd.grad(neptune_eq.compile(fn, x)(ins).sum(), ins)[0]
+    ref = x.double().requires_grad_()
+    want = torch.autograd.grad(fn(ref).sum(), ref)[0]
+    assert torch.allclose(got.double(), want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))

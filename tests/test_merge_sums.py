@@ -77,3 +77,27 @@ def test_sums_without_a_shared_factor_or_used_alone_stay_two():
     for program in (_two_contributions(shared=False), _two_contributions(reused=True)):
         compiled = compile_ir(program)
         assert not any(_merged(a) for a in compiled.alternatives), program.name
+
+
+def test_a_sum_reading_a_state_is_not_merged_into_that_states_pass():
+    """s9 = Σⱼ b·h and s10 = Σⱼ tanh(a − s7)·h share h and are only used added, but s10 reads s7 = Σⱼ a,
+    which a plan sums in s9's own pass: merged there, s10's body would read a final value that pass
+    has not computed (fuzz seed 1541, a layer norm's gradient: KeyError writing the kernel). Every
+    plan lowers, and runs right."""
+    P = ne.program("reads_a_state")
+    j, d = P.axes(j=37, d=6)
+    a, b, h = (P.input(n, j, d, dtype="float32") for n in "abh")
+    s7 = ne.sum(a, j)
+    P.output("o", ne.sum(b * h, j) + ne.sum(ne.tanh(a - s7 * 0.05) * h, j), (d,), dtype="float32")
+    prog = compile_ir(P.build())
+    x = {n: torch.randn(37, 6, generator=torch.Generator().manual_seed(k)) for k, n in enumerate("abh")}
+    a64, b64, h64 = (x[n].double() for n in "abh")
+    want = (b64 * h64).sum(0) + (torch.tanh(a64 - a64.sum(0) * 0.05) * h64).sum(0)
+    for alt in prog.alternatives:
+        prog.pin(alt.id).lowered("cuda")
+    together = [alt for alt in prog.alternatives if any(  # (s7 beside another sum, and a later pass)
+        len(k.passes()) > 1 and len(k.passes()[0].comps) > 1 for k in alt.plan.kernels)]
+    assert together
+    for alt in [*together[:2], prog.alternatives[0]]:
+        got = prog.pin(alt.id).run(x)["o"]
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

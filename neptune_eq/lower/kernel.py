@@ -349,10 +349,12 @@ class KernelWriter(MemoryOps, ContractOps):
         if all(a.kind in ("i", "b") for a in args) and op.integer_ok:
             codes, dims = self.align(args)
             return self.bind(op.triton.format(*codes), dims, "i")
-        if n.op == "div" and set(args[1].dims) < set(args[0].dims) and \
-                reciprocal_exact(n.args[1], self.program.inputs):
+        if n.op == "div" and n.args[0] != ir.Const(1.0) and reciprocal_exact(n.args[1], self.program.inputs):
             # a tile over a row's value (dP / l): one reciprocal per row, a multiply per element (a
-            # division is ~10 instructions); within rounding of a / b where 1/b is exact
+            # division is ~10 instructions); within rounding of a / b where 1/b is exact. Taken whatever
+            # the layout (also where b varies as a does): a value computed in two kernels, one holding b
+            # per row and one per element, then has the same bits in both — a value compared with its own
+            # min recomputed elsewhere (softmax rows, log-softmax over the other axis, amin) meets it
             inv = self.value(ir.Call("div", (ir.Const(1.0), n.args[1])))
             codes, dims = self.align([self.f32(args[0]), self.f32(inv)])
             return self.bind(f"({codes[0]} * {codes[1]})", dims, "f")

@@ -17,6 +17,7 @@ from ..plan import Combine, KernelPlan, Plan
 from ..schedule import KernelSchedule, grouped_pair
 from .combine import _combine_phase
 from .eviction import pass_hints
+from .exact import exact_kernel
 from .kernel import KernelWriter
 from .library import library_kernel
 from .mathlib import math_helpers
@@ -145,7 +146,7 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     return KernelSource(fn_name, src, list(w.tensors.values()), list(w.extents),
                         [(a, sched.step(a)) for a, _ in grid], k.chunks, consts, sched, dict(w.descriptors),
                         frozenset(w.buffers_read), frozenset(w.buffers_written), data_bounds=tuple(w.data_bounds),
-                        exact_arith=w.exact_arith)
+                        exact_arith=w.exact_arith or exact_kernel(plan, k))
 
 
 def _dependent_launches(kernels: list[KernelSource]) -> list[KernelSource]:

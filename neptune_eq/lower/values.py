@@ -59,7 +59,8 @@ class KernelSource:
     # run by the vendor's GEMM (lower/library.py: LibraryGemm), not generated: `source` is a comment
     library: object | None = None
     # compiled without contracting a multiply and an add into an FMA: it writes out a short reduction
-    # whose bits other kernels must reproduce (numeric.written_out)
+    # whose bits other kernels must reproduce (numeric.written_out), or compares a computed value with a
+    # state, or computes such a state (lower/exact.py)
     exact_arith: bool = False
 
 

@@ -1,0 +1,64 @@
+"""Kernels whose float arithmetic must not depend on the code around it: those comparing a computed
+value with a reduction's state (the elements attaining a min, amin's tie count in its gradient) and
+those computing such a state.
+
+A value compared with its own min recomputed in another kernel meets it only when both kernels compute
+it with the same operations: a multiply and an add contracted into one FMA in one kernel (the code
+around them decides: a product hoisted out of a loop is not contracted) and not in the other round
+otherwise, and no element equals the min. Such kernels are compiled without FMA contraction
+(KernelSource.exact_arith; the reciprocal a·(1/b) is taken whatever the layout, lower/kernel.py).
+The interpreter never contracts; on the GPU, fuzz seed 1511's interpreter twin (softmax rows, log-softmax
+over the other axis, amin, its gradient split off as 0 on rows the division rounded otherwise) is
+the failure this prevents.
+"""
+
+from __future__ import annotations
+
+from .. import ir
+from ..ops import COMPARISONS
+from ..plan import Combine, KernelPlan, Plan
+
+
+def exact_kernel(plan: Plan, k: KernelPlan) -> bool:
+    """Does kernel `k` compare a computed value with a state, or compute a state some kernel of `plan`
+    compares a computed value with?"""
+    tested = set()
+    for other in plan.kernels:
+        found = _tested(plan, other)
+        if other is k and found:
+            return True
+        tested |= found
+    if not tested:
+        return False
+    comps = {c.name for ph in k.phases for c in (ph.source if isinstance(ph, Combine) else ph).comps}
+    inline = {n.name for n in _walk(plan, k.exprs()) if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE}
+    return bool(tested & (comps | inline))
+
+
+def _tested(plan: Plan, k: KernelPlan) -> set[str]:
+    """The states that kernel `k` compares a computed value with."""
+    out = set()
+    for n in _walk(plan, k.exprs()):
+        if isinstance(n, ir.Call) and n.op in COMPARISONS:
+            for a, b in (n.args, n.args[::-1]):
+                if isinstance(b, ir.StateRef) and _computed(a):
+                    out.add(b.name)
+    return out
+
+
+def _computed(n: ir.Node) -> bool:
+    """Is `n` the result of arithmetic (not a load, an index or a constant)?"""
+    return any(isinstance(m, ir.Call | ir.Reduce) for m in ir.walk(n))
+
+
+def _walk(plan: Plan, exprs):
+    """The nodes of `exprs`, and of the inline terms (val:x, plan.inline) they read."""
+    stack, seen = list(exprs), set()
+    while stack:
+        e = stack.pop()
+        for n in ir.walk(e):
+            yield n
+            if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in plan.inline \
+                    and n.name not in seen:
+                seen.add(n.name)
+                stack.append(plan.inline[n.name])
