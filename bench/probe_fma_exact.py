@@ -2,7 +2,7 @@
 value with) compile without FMA contraction (lower/exact.py), so the value has the same bits in every
 kernel recomputing it. This runs a training whose amin's gradient needs that (fuzz seed 1511's program:
 softmax rows, log-softmax over the other axis, the rows' min), with the rule and, in a second process,
-without it (`--contract`: lower.exact.exact_kernel patched to False), and counts the rows whose gradient
+without it (`--contract`: the lowering's exact_kernel patched to False), and counts the rows whose gradient
 is off float64's.
 
     python bench/probe_fma_exact.py [--contract]

@@ -3,13 +3,12 @@ value with a reduction's state (the elements attaining a min, amin's tie count i
 those computing such a state.
 
 A value compared with its own min recomputed in another kernel meets it only when both kernels compute
-it with the same operations: a multiply and an add contracted into one FMA in one kernel (the code
-around them decides: a product hoisted out of a loop is not contracted) and not in the other round
-otherwise, and no element equals the min. Such kernels are compiled without FMA contraction
-(KernelSource.exact_arith; the reciprocal a·(1/b) is taken whatever the layout, lower/kernel.py).
-The interpreter never contracts; on the GPU, fuzz seed 1511's interpreter twin (softmax rows, log-softmax
-over the other axis, amin, its gradient split off as 0 on rows the division rounded otherwise) is
-the failure this prevents.
+it with the same operations. A multiply and an add contracted into one FMA in one kernel and not in the
+other round apart (the code around them decides: a product hoisted out of a loop is not contracted),
+and then no element equals the min: the min's gradient is lost on that row. Such kernels are compiled
+without FMA contraction (KernelSource.exact_arith). The interpreter never contracts; what it showed
+(fuzz seed 1511: a division lowered as a·(1/b) in one kernel and a / b in the other) is closed in
+lower/kernel.py, which takes the reciprocal whatever the layout.
 """
 
 from __future__ import annotations
