@@ -2,7 +2,7 @@
 value with) compile without FMA contraction (lower/exact.py), so the value has the same bits in every
 kernel recomputing it. This runs a training whose amin's gradient needs that (fuzz seed 1511's program:
 softmax rows, log-softmax over the other axis, the rows' min), with the rule and, in a second process,
-without it (`--contract`: the lowering's exact_kernel patched to False), and counts the rows whose gradient
+without it (`--contract`: the lowering's exact_kernels patched to none), and counts the rows whose gradient
 is off float64's.
 
     python bench/probe_fma_exact.py [--contract]
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--contract", action="store_true", help="let every kernel contract multiply-adds")
     args = ap.parse_args()
     if args.contract:
-        lowering.exact_kernel = lambda plan, k: False
+        lowering.exact_kernels = lambda plan: set()
     torch.manual_seed(0)
     prog = None
     for trial in range(5):

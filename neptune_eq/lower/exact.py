@@ -18,20 +18,19 @@ from ..ops import COMPARISONS
 from ..plan import Combine, KernelPlan, Plan
 
 
-def exact_kernel(plan: Plan, k: KernelPlan) -> bool:
-    """Does kernel `k` compare a computed value with a state, or compute a state some kernel of `plan`
-    compares a computed value with?"""
-    tested = set()
-    for other in plan.kernels:
-        found = _tested(plan, other)
-        if other is k and found:
-            return True
-        tested |= found
-    if not tested:
-        return False
-    comps = {c.name for ph in k.phases for c in (ph.source if isinstance(ph, Combine) else ph).comps}
-    inline = {n.name for n in _walk(plan, k.exprs()) if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE}
-    return bool(tested & (comps | inline))
+def exact_kernels(plan: Plan) -> set[str]:
+    """The kernels of `plan` that compare a computed value with a state, or compute a state some kernel
+    of the plan compares a computed value with."""
+    tested = {k.name: _tested(plan, k) for k in plan.kernels}
+    states = set().union(*tested.values())
+    out = {name for name, found in tested.items() if found}
+    for k in plan.kernels:
+        comps = {c.name for ph in k.phases for c in (ph.source if isinstance(ph, Combine) else ph).comps}
+        inline = {n.name for n in _walk(plan, k.exprs())
+                  if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE}
+        if states & (comps | inline):
+            out.add(k.name)
+    return out
 
 
 def _tested(plan: Plan, k: KernelPlan) -> set[str]:

@@ -17,7 +17,7 @@ from ..plan import Combine, KernelPlan, Plan
 from ..schedule import KernelSchedule, grouped_pair
 from .combine import _combine_phase
 from .eviction import pass_hints
-from .exact import exact_kernel
+from .exact import exact_kernels
 from .kernel import KernelWriter
 from .library import library_kernel
 from .mathlib import math_helpers
@@ -146,7 +146,7 @@ def write_kernel(plan: Plan, k: KernelPlan, program: ir.Program, sched: KernelSc
     return KernelSource(fn_name, src, list(w.tensors.values()), list(w.extents),
                         [(a, sched.step(a)) for a, _ in grid], k.chunks, consts, sched, dict(w.descriptors),
                         frozenset(w.buffers_read), frozenset(w.buffers_written), data_bounds=tuple(w.data_bounds),
-                        exact_arith=w.exact_arith or exact_kernel(plan, k))
+                        exact_arith=w.exact_arith)
 
 
 def _dependent_launches(kernels: list[KernelSource]) -> list[KernelSource]:
@@ -310,6 +310,9 @@ def write_module(plan: Plan, program: ir.Program, schedules: list[KernelSchedule
     kernels = [library_kernel(plan, k, program, s, f"{prefix}_{k.name}") if s.library
                else write_kernel(plan, k, program, s, target, f"{prefix}_{k.name}")
                for k, s in zip(plan.kernels, schedules)]
+    exact = exact_kernels(plan)  # (meeting a compared min: no FMA contraction, lower/exact.py)
+    kernels = [replace(ks, exact_arith=True) if k.name in exact and not ks.library else ks
+               for k, ks in zip(plan.kernels, kernels)]
     if target == "cuda" and pdl_supported():
         kernels = _dependent_launches(kernels)
     fast = target == "cuda" and any(s.fast_math for s in schedules)
