@@ -42,6 +42,8 @@
 #     bash bench/pending_gpu.sh r    # session 75, not run (no machine lent): a min recomputed in other kernels on
 #                                    # CUDA — the CUDA test, bench/probe_fma_exact.py with and without contraction —
 #                                    # then q's exactness probe and linear attention's training
+#     bash bench/pending_gpu.sh s    # session 76: compared maxes spelled alike, buffer-read mins exact, the probe's
+#                                    # bf16 ties against float32, linear attention's training (it had failed to launch)
 #     bash bench/pending_gpu.sh o    # session 72, not run: sweep 7 again with the scatter as a Triton kernel of
 #                                    # atomic adds (lower/scatter_rows.py: run in the interpreter only) and rows
 #                                    # read once per point sharing them (bag classifier 12.09 ms before), the
@@ -157,6 +159,16 @@ case "${1:-}" in
     step exact 150 python3 bench/probe_exact_recompute.py
     step linattn 150 python3 bench/sweep_eighth.py --only linear_attention --out "$OUT/linattn/rows.json"
     ;;
+  s)
+    # session 76: a compared max's value spelled as its pass reduces it, and kernels reading a compared min
+    # from a buffer compiled without FMA contraction (probe_fma_exact: 10-150 rows off before); the probe's
+    # bf16 ties against torch in float32; linear attention's training (OutOfResources before: the smem model
+    # now counts float32 dot operands computed or widened per step)
+    step fma_exact 100 python3 bench/probe_fma_exact.py
+    step cuda_tests 150 python3 -m pytest -q -x tests/test_gpu_hardening.py -k "recomputed or layer_norm"
+    step exact 120 python3 bench/probe_exact_recompute.py --ties-only
+    step linattn 150 python3 bench/sweep_eighth.py --only linear_attention --out "$OUT/linattn/rows.json"
+    ;;
   n)
     step cosface_kernels 120 python3 bench/probe_sweep_kernels.py "cosface fwd+bwd" --alternatives 0 --compile
     step swiglu_kernels 150 python3 bench/probe_sweep_kernels.py "swiglu_mlp fwd+bwd" --alternatives 0 --compile
@@ -177,7 +189,7 @@ case "${1:-}" in
     step fp32_rows 200 python3 bench/sweep_fifth.py --only clip cosine --out "$OUT/fp32_rows/rows.json"
     ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r|s" >&2
     exit 2
     ;;
 esac

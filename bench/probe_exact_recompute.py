@@ -2,13 +2,16 @@
 every kernel that computes it — the kernels run without FMA contraction (KernelSource.exact_arith) — so
 a value compared with its own min recomputed in another kernel finds its ties. Every alternative that
 computes the squared distance per element, with the min and the comparison in different passes, must
-count torch's ties exactly (duplicated points planted), fp32 and bf16 clouds.
+count torch's ties exactly (duplicated points planted), fp32 and bf16 clouds. The kernels compute a bf16
+cloud's distances in float32, so its ties are torch's on the clouds widened to float32 (torch in bf16
+rounds every difference and square to bf16: other ties, 16 rows apart on the H100, session 76); the
+rows apart from float64's ties are said too.
 
 Then Chamfer's joint training program (loss and gradients in one, sweep 8's shape): the chosen plan and
 the best plans that compute the distances per element (no 1 GiB distance matrix written), each checked
 against torch's float64 gradients, timed beside each other with their predictions.
 
-    python bench/probe_exact_recompute.py [--joint-only]
+    python bench/probe_exact_recompute.py [--joint-only | --ties-only]
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def joint_alternatives(most: int = 4) -> None:
 def main() -> None:
     if "--joint-only" not in sys.argv:
         ties()
-    joint_alternatives()
+    if "--ties-only" not in sys.argv:
+        joint_alternatives()
 
 
 def ties() -> None:
@@ -73,9 +77,10 @@ def ties() -> None:
         c = capture(nearest_ties, p.cpu(), q.cpu())
         prog = compile_ir(c.program)
         apart = [a.id for a in prog.alternatives if a.plan.inline]
-        want = nearest_ties(p, q)
-        print(f"{dtype}: {len(apart)} alternatives compute the distance per element; torch's ties on "
-              f"{int((want > 1).sum())} rows")
+        want = nearest_ties(p.float(), q.float())
+        exact = nearest_ties(p.double(), q.double())
+        print(f"{dtype}: {len(apart)} alternatives compute the distance per element; torch's ties (float32) on "
+              f"{int((want > 1).sum())} rows, {int((want != exact).sum())} rows apart from float64's")
         for i in apart:
             got = next(iter(prog.pin(i).run(dict(zip(c.program.inputs, (p, q)))).values()))
             groups = "; ".join(f"{ax}:{'+'.join(cs)}/{n}" for ax, cs, n in prog.alternatives[i].plan.groups)

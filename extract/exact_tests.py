@@ -9,6 +9,12 @@ the sums round otherwise, and no element equals the max: on the CPU interpreter 
 kernel of its own (the 71st alternative; the first 60 wrote the logits once). Such reductions must be
 written once, where every reader sees the same value — except a short reduction written out in index
 order by kernels without FMA contraction (numeric.written_out), which has the same bits everywhere.
+
+A value free of reductions meets the same trap by another road: the e-graph holds many spellings of it,
+and a plan's terms are extracted per pass, so the max's pass may reduce rsqrt(v)·(s − m/4)·0.1 while a
+later map compares (s·0.1 − m·0.025)·rsqrt(v) with it — equal on the reals, apart by an ulp in float32
+(fuzz seed 1552: a layer norm's amax lost its gradient on some rows). `spell_tests_alike` makes every
+comparison with such a max spell the value as the max's own pass does.
 """
 
 from __future__ import annotations
@@ -76,6 +82,63 @@ def materialising(plans: list, names: set[str], tested: dict[str, set[str]] | No
     """The plans that compute none of the reductions `names` inline (per element where used), or that
     compare each max with its value in the max's own pass (`tested`: tested_in_reductions)."""
     return [p for p in plans if not names & set(p.inline) or (tested is not None and fused_exactly(p, tested))]
+
+
+def self_tested(outputs, bindings) -> set[str]:
+    """The names of the max and min bindings that `outputs` compare with nothing but the value they are
+    the extreme of (`v == v.amax(-1)`, the gradient of a max)."""
+    alike, other = set(), set()
+    for e in outputs:
+        for n in ir.walk(e):
+            if isinstance(n, ir.Call) and n.op in COMPARISONS:
+                for a, b in (n.args, n.args[::-1]):
+                    if isinstance(b, ir.Reduce) and b.op in ("max", "min"):
+                        (alike if b.body == a else other).add(b)
+    return {b.name for b in bindings if b.node in alike - other}
+
+
+def spell_tests_alike(kernels, names: set[str]) -> list[str] | None:
+    """Make, in place, each comparison of a computed value with the final value of a max or min `names`
+    holds spell that value as the max's own pass reduces it (the e-graph proved the two equal; their
+    spellings may round apart). Run before states become buffer loads (every reference is fin:x then).
+    The derivation lines; None where such a max rolls with other states (its core reads their running
+    values, its final value is repaired: no spelling of the value meets it exactly) — no such plan."""
+    spelled = {}
+    for k in kernels:
+        for ps in k.passes():
+            for c in ps.comps:
+                if c.name not in names or c.integer:
+                    continue
+                value = c.core if c.mask is None else ir.Call("where", (c.mask, c.core, ir.Const(c.identity)))
+                if c.producers or c.affine or any(isinstance(n, ir.StateRef) and n.kind in ir.RUNNING
+                                                  for n in ir.walk(value)):
+                    return None
+                spelled[c.name] = value
+    if not spelled:
+        return []
+    mapping, out = {}, []
+    for k in kernels:
+        for e in k.exprs():
+            for n in ir.walk(e):
+                if not (isinstance(n, ir.Call) and n.op in COMPARISONS) or n in mapping:
+                    continue
+                args = list(n.args)
+                for i, ref in ((0, args[1]), (1, args[0])):
+                    if isinstance(ref, ir.StateRef) and ref.kind is ir.RefKind.FINAL and ref.name in spelled \
+                            and computed(args[i]) and args[i] != spelled[ref.name]:
+                        out.append(f"exact_test: {ir.show(args[i])} is compared with {ref.name} as its pass "
+                                   f"reduces it, {ir.show(spelled[ref.name])}")
+                        args[i] = spelled[ref.name]
+                if tuple(args) != n.args:
+                    mapping[n] = ir.Call(n.op, tuple(args))
+    for k in kernels:
+        k.substitute(mapping)
+    return out
+
+
+def computed(n: ir.Node) -> bool:
+    """Is `n` the result of arithmetic (not a load, an index or a constant)?"""
+    return any(isinstance(m, ir.Call | ir.Reduce) for m in ir.walk(n))
 
 
 def _test_nodes(exprs) -> list[tuple[ir.Node, ir.Reduce, ir.Node]]:

@@ -21,6 +21,7 @@ from neptune_eq.fusion.types import Binding, LoopCandidate, direct_bindings
 from neptune_eq.numeric import compute_dtype, input_leaf, integral
 from neptune_eq.plan import BufferSpec, Combine, CompPlan, KernelPlan, Pass, Plan, StorePlan
 
+from .exact_tests import self_tested, spell_tests_alike
 from .fold_rows import fold_row_kernels
 from .gemm_split import split_gemm_epilogues
 from .hoist import hoist_row_conditions
@@ -74,6 +75,13 @@ class PlanSpace:
         if key not in self._cache:
             leaf = input_leaf(self.program)
             self._cache[key] = {b.name for b in self.bindings if integral(b.node, leaf)}
+        return self._cache[key]
+
+    def self_tested(self) -> set[str]:
+        """The maxes and mins the program compares with nothing but their own value (exact_tests.py)."""
+        key = "self_tested"
+        if key not in self._cache:
+            self._cache[key] = self_tested(self.representative.values(), self.bindings)
         return self._cache[key]
 
     def inlinable(self, long: bool = True) -> set[str]:
@@ -420,6 +428,10 @@ def build_plan(space: PlanSpace, inline: set[str], cover, splits, fused: bool,
     floats = compute_dtype(program)
     buffers: dict[str, BufferSpec] = {}
     derivation += merge_shared_sums(kernels, owner_kernel)
+    spelled = spell_tests_alike(kernels, space.self_tested())
+    if spelled is None:
+        return None
+    derivation += spelled
     inline_terms = {name: space.terms.inline_term(by_name[name]) for name in inline}
     if materialise:
         mats = materialise_operands(kernels, program, owner_kernel, epilogues, row_factors)

@@ -12,6 +12,11 @@ A pass's carried reduction computes its binding's reduction: where the binding's
 the reduced axis, the core the plan carries (or its mask) must too. A core that does not names a term
 that stands for something else — once, in a rare compile (session 66, the collision above), a cross-entropy's
 rolling sum read exp(−∞ − m) for exp(x[i, d] − m): the forward was −∞, and cached on disk.
+
+A kernel reads a reduction's final value (fin:x) only after the phase computing it (`unready_state`):
+a plan rewrite that slips (session 75: merge_sums moved a sum reading fin:sum_j7 into the pass
+computing it, a KeyError at lowering for 167 of a layer norm backward's 1102 alternatives) drops that
+plan, with its reason said, rather than failing the compile or reading a value not yet there.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numpy as np
 
 from neptune_eq import ir
 from neptune_eq.fusion.types import Binding
-from neptune_eq.plan import Plan
+from neptune_eq.plan import Combine, Plan
 
 SAMPLES = 64
 
@@ -39,6 +44,42 @@ def lost_axis(plan: Plan, bindings: list[Binding]) -> str | None:
                     return (f"kernel {k.name}: {comp.name} = {comp.op}_{ps.axis} of a core free of {ps.axis} "
                             f"where the program's reduction varies along it")
     return None
+
+
+def unready_state(plan: Plan) -> str | None:
+    """Why `plan` reads a final value before its kernel computed it (in a pass carrying it or an earlier
+    one, or in another kernel, whose values reach it as buffer loads), or None."""
+    for k in plan.kernels:
+        done: set[str] = set()
+        for ph in k.phases:
+            src = ph.source if isinstance(ph, Combine) else ph
+            if not isinstance(ph, Combine):
+                exprs = [e for c in src.comps for e in (c.core, c.mask, c.corr) if e is not None]
+                exprs += [st.expr for st in src.stores]
+                late = _finals(exprs, plan) - done
+                if late:
+                    return (f"kernel {k.name}: the pass over {src.axis} reads the final value of "
+                            f"{', '.join(sorted(late))} before it is computed")
+            done |= {c.name for c in src.comps}
+        late = _finals([st.expr for st in k.epilogue], plan) - done
+        if late:
+            return (f"kernel {k.name}: its epilogue reads the final value of {', '.join(sorted(late))}, never "
+                    "computed there")
+    return None
+
+
+def _finals(exprs, plan: Plan) -> set[str]:
+    """The reductions whose final values `exprs` read, through the inline terms (val:x) too."""
+    out, stack, seen = set(), list(exprs), set()
+    while stack:
+        for n in ir.walk(stack.pop()):
+            if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.FINAL:
+                out.add(n.name)
+            elif isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in plan.inline \
+                    and n.name not in seen:
+                seen.add(n.name)
+                stack.append(plan.inline[n.name])
+    return out
 
 
 def differs(got: ir.Node, want: ir.Node, seed: int = 0) -> str | None:

@@ -27,7 +27,7 @@ from .extract.cost import Cost, kernel_cost, priced_at
 from .extract.exact_tests import compared_with_extreme, materialising, tested_in_reductions
 from .extract.numerics import cancellation_risks, stability_notes, summed_overflow_risks
 from .extract.plans import PlanSpace, PlanTerms, enumerate_plans
-from .extract.sanity import differs, lost_axis
+from .extract.sanity import differs, lost_axis, unready_state
 from .extract.terms import TermExtractor
 from .extract.view import EGraphView, build_view, class_of, positive_multiples
 from .fusion.search import FusionSearch
@@ -248,7 +248,7 @@ def _plans(c: Compilation) -> None:
                       c.options.inline_max, c.options.max_plans, fold_rows=c.options.fold_rows,
                       gemm_split=c.options.library_gemm)
     plans = enumerate_plans(space)
-    wrong = {id(p): why for p in plans if (why := lost_axis(p, c.bindings)) is not None}
+    wrong = {id(p): why for p in plans if (why := lost_axis(p, c.bindings) or unready_state(p)) is not None}
     if wrong:  # (never cached, never run: an internal error, named, rather than a silent wrong answer)
         kept = [p for p in plans if id(p) not in wrong]
         if not kept:

@@ -353,6 +353,8 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
                     total += size(ld) * stages
             elif sum(sched.tiles.get(a, 1) > 1 for a in ld.axes) >= 2:
                 held[key] = size(ld)
+        if isinstance(ph, Pass):
+            total += _widened_operands(ph, program, plan, sched)
         streamed.append(total)
     # the epilogue's tiles (a chunked sum's fp32 accumulator, read once after the loop) are live only
     # once the loops' pipeline buffers are not: Triton's allocator gives them the same shared memory
@@ -363,6 +365,33 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
         if key not in held:
             after[key] = size(ld)
     return sum(held.values()) + max(max(streamed), sum(after.values()))
+
+
+def _widened_operands(ps: Pass, program: ir.Program, plan: Plan, sched: KernelSchedule) -> int:
+    """Shared memory the float32 tile dots of pass `ps` take for the operands they compute or widen per
+    step (linear attention's elu'd keys, and its 16-bit values beside them): Triton stages each such
+    tile in shared memory at 4 bytes, twice for tf32x3 (its big and small parts), once whatever the
+    pipeline depth. (Not counted, the key-value pass of linear attention's training asked 262144 bytes
+    at one stage where 131072 were modelled: a failed launch on the H100, session 75's code.) A loaded
+    float32 operand is the pipelined load shared_bytes counts already."""
+    tiles = lambda f: math.prod(sched.tiles.get(a, 1) for a in f.axes)  # noqa: E731
+    parts = 2 if sched.input_precision == "tf32x3" else 1
+    out, seen = 0, set()
+    for c in ps.comps:
+        if c.op != "sum" or not is_product(c.core):
+            continue
+        fs = [f for f in opened(c.core).factors if sum(sched.tiles.get(a, 1) > 1 for a in f.axes) == 2]
+        if len(fs) != 2:
+            continue
+        widths = [ir.DTYPE_BYTES.get(plan.loaded_dtype(program, f.tensor), 4) if isinstance(f, ir.Load)
+                  else _operand_bytes(f, program, plan) for f in fs]
+        if max(widths) < 4:
+            continue
+        for f, w in zip(fs, widths):
+            if f not in seen and not (isinstance(f, ir.Load) and w == 4):
+                seen.add(f)
+                out += 4 * tiles(f) * parts
+    return out
 
 
 def _dot_operands(exprs: list[ir.Node]) -> set[ir.Node]:

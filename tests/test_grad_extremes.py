@@ -126,3 +126,68 @@ def test_only_kernels_meeting_a_compared_state_give_up_fma():
     plain = kernels(lambda x: torch.softmax(x * 2.0, -1), x)
     assert not any(k.exact_arith for k in plain)
     assert tested and all(k.exact_arith for k in tested if "_nan_min" in k.source)
+
+
+def variance_layer_norm_amax(x):
+    return torch.nn.functional.layer_norm(x.var(-2, keepdim=True, unbiased=False), (4,)).amax(-1, keepdim=True)
+
+
+def _spelled_as_its_pass(plan) -> list[str]:
+    """The comparisons of `plan` whose value differs, as written, from the core of the max or min it is
+    compared with (buffer loads read as the states they hold)."""
+    from neptune_eq.extract.exact_tests import computed
+
+    from neptune_eq.ops import COMPARISONS
+
+    held = {st.target: st.expr for k in plan.kernels for st in k.epilogue
+            if isinstance(st.expr, ir.StateRef) and st.expr.kind is ir.RefKind.FINAL}
+    cores = {c.name: c.core for k in plan.kernels for ps in k.passes() for c in ps.comps
+             if c.op in ("max", "min") and c.mask is None}
+
+    def read(e):
+        return ir.substitute(e, {ld: held[ld.tensor] for ld in ir.walk(e)
+                                 if isinstance(ld, ir.Load) and ld.tensor in held})
+
+    bad = []
+    for k in plan.kernels:
+        for e in k.exprs():
+            for n in ir.walk(read(e)):
+                if isinstance(n, ir.Call) and n.op in COMPARISONS:
+                    for a, b in (n.args, n.args[::-1]):
+                        if isinstance(b, ir.StateRef) and b.name in cores and computed(a) and a != read(cores[b.name]):
+                            bad.append(f"{k.name}: {ir.show(a)} against {ir.show(read(cores[b.name]))}")
+    return bad
+
+
+def test_every_plan_compares_a_max_with_its_value_spelled_as_its_pass_reduces_it():
+    """A layer norm's amax: its backward compares each normalised variance with their max, recomputed
+    from the saved sums. The chosen plan reduced rsqrt(v)·(s − m/4)·0.1 in the max's pass and compared
+    (s·0.1 − m·0.025)·rsqrt(v) with it in the map writing the gradient — equal on the reals, an ulp apart
+    in float32, and the rows where they differed lost the max's gradient (fuzz seed 1552, off by 1.66 of
+    1.69). Every alternative now spells the compared value as the max's pass does."""
+    from neptune_eq.runtime import compile_ir
+
+    back = backward_program(capture(variance_layer_norm_amax, _randn(2, 10, 4)).program, saved=True).program
+    alts = compile_ir(back).alternatives
+    assert len(alts) > 1
+    for a in alts:
+        assert _spelled_as_its_pass(a.plan) == [], a.plan.show()
+
+
+def test_a_layer_norms_amax_keeps_its_gradient():
+    """The same training run (seed 0 lost a row's gradient before the change)."""
+    _grads_match(variance_layer_norm_amax, (_randn(2, 10, 4, seed=0),))
+
+
+def test_a_kernel_reading_a_compared_max_from_a_buffer_gives_up_fma():
+    """The kernel writing the layer norm's gradient compares each value with the max another kernel
+    wrote to a buffer: it too is compiled without FMA contraction (it had been only where it read the
+    max as a state of its own)."""
+    from neptune_eq.lower.exact import exact_kernels
+    from neptune_eq.runtime import compile_ir
+
+    back = backward_program(capture(variance_layer_norm_amax, _randn(2, 10, 4)).program, saved=True).program
+    plan = compile_ir(back).pin(0).plan
+    reads = [k.name for k in plan.kernels for e in k.exprs() for n in ir.walk(e)
+             if isinstance(n, ir.Load) and n.tensor == "buf_max_d"]
+    assert reads and set(reads) <= exact_kernels(plan)

@@ -9,7 +9,7 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-from neptune_eq.extract.sanity import differs, lost_axis
+from neptune_eq.extract.sanity import differs, lost_axis, unready_state
 
 from neptune_eq import ir, pipeline
 from neptune_eq.egg_write import write
@@ -49,6 +49,24 @@ def test_a_plan_that_lost_its_reduction_axis_is_caught():
                                            for ps in k.passes()))
     why = lost_axis(_corrupt(rolling, "d"), c.bindings)
     assert why is not None and "free of d" in why, why
+
+
+def test_a_plan_reading_a_final_value_before_it_is_computed_is_caught():
+    """Every plan offered reads a final value (fin:x) only after its kernel computed it; one whose pass
+    reads its own sum's final value (what session 75's merge slip made) is named."""
+    cap = capture(_cross_entropy, torch.randn(64, 24, dtype=torch.float64), torch.randint(0, 24, (64,)))
+    c = compile_program(cap.program, Options())
+    plans = [a.plan for a in c.alternatives]
+    assert plans and all(unready_state(p) is None for p in plans)
+    plan = next(p for p in plans if any(ps.comps for k in p.kernels for ps in k.passes()))
+    k, ps = next((k, ps) for k in plan.kernels for ps in k.passes() if ps.comps)
+    comp = ps.comps[-1]
+    late = dataclasses.replace(comp, core=ir.Call("add", (comp.core, comp.ref(ir.RefKind.FINAL))))
+    bad = dataclasses.replace(plan, kernels=[dataclasses.replace(
+        kk, phases=[dataclasses.replace(ph, comps=[*ph.comps[:-1], late]) if ph is ps else ph for ph in kk.phases])
+        if kk is k else kk for kk in plan.kernels])
+    why = unready_state(bad)
+    assert why is not None and comp.name in why and "before it is computed" in why, why
 
 
 def _exp_minus(a, m):

@@ -687,3 +687,29 @@ def test_a_map_that_transposes_takes_square_tiles():
     k = KernelPlan("k1", (), [], [StorePlan("o", (), ir.Load("a", (ir.Const(0.0), ir.Const(0.0))))])
     plan = Plan(kernels=[k], buffers={}, inline={}, groups=[], fused_kernels=True)
     assert default_schedule(k, prog, plan).tiles == {}
+
+
+def test_a_float32_dot_of_computed_operands_counts_their_staged_tiles():
+    """Linear attention's training computes Σⱼ φ(k)ⱼ,d · vⱼ,e in float32 (tf32x3): φ(k) is computed per
+    step and the 16-bit v widened beside it, and Triton stages both tiles in shared memory, as big and
+    small parts. Modelled as the 16-bit loads alone (131072 bytes at j 256), the kernel asked 262144 at
+    one stage on the H100 and failed to launch; the model counts them now, and the loop tile shrinks."""
+    from neptune_eq.frontend import capture
+    from neptune_eq.schedule import SHARED_BUDGET, shared_bytes
+    from neptune_eq.training import _derive
+
+    def linear_attention(q, k, v):
+        fq, fk = torch.nn.functional.elu(q.float()) + 1.0, torch.nn.functional.elu(k.float()) + 1.0
+        kv = torch.einsum("bhld,bhle->bhde", fk, v.float())
+        z = 1.0 / (torch.einsum("bhld,bhd->bhl", fq, fk.sum(2)) + 1e-6)
+        return (torch.einsum("bhld,bhde->bhle", fq, kv) * z[..., None]).to(q.dtype)
+
+    q, k, v = (torch.empty(1, 2, 4096, 64, dtype=torch.float16).normal_() for _ in range(3))
+    c = capture(linear_attention, q, k, v)
+    comp = compile_ir(_derive(c.program, list(c.program.inputs)).prologue[0].maps, Options(device=H100))
+    alt = comp.alternative
+    (kp, sched), = [(kp, s) for kp, s in zip(alt.plan.kernels, alt.schedules) if kp.passes()]
+    assert sched.input_precision == "tf32x3"
+    wide = sched.with_tiles(j=256)
+    assert shared_bytes(kp, comp.program, alt.plan, wide) >= 262144 > SHARED_BUDGET
+    assert shared_bytes(kp, comp.program, alt.plan, sched) <= SHARED_BUDGET

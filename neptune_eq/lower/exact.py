@@ -14,6 +14,7 @@ lower/kernel.py, which takes the reciprocal whatever the layout.
 from __future__ import annotations
 
 from .. import ir
+from ..extract.exact_tests import computed
 from ..ops import COMPARISONS
 from ..plan import Combine, KernelPlan, Plan
 
@@ -21,7 +22,10 @@ from ..plan import Combine, KernelPlan, Plan
 def exact_kernels(plan: Plan) -> set[str]:
     """The kernels of `plan` that compare a computed value with a state, or compute a state some kernel
     of the plan compares a computed value with."""
-    tested = {k.name: _tested(plan, k) for k in plan.kernels}
+    # (a later kernel reads a state as the buffer its kernel's epilogue wrote it to)
+    held = {st.target: st.expr.name for k in plan.kernels for st in k.epilogue
+            if isinstance(st.expr, ir.StateRef) and st.expr.kind is ir.RefKind.FINAL}
+    tested = {k.name: _tested(plan, k, held) for k in plan.kernels}
     states = set().union(*tested.values())
     out = {name for name, found in tested.items() if found}
     for k in plan.kernels:
@@ -33,20 +37,17 @@ def exact_kernels(plan: Plan) -> set[str]:
     return out
 
 
-def _tested(plan: Plan, k: KernelPlan) -> set[str]:
-    """The states that kernel `k` compares a computed value with."""
+def _tested(plan: Plan, k: KernelPlan, held: dict[str, str]) -> set[str]:
+    """The states that kernel `k` compares a computed value with (`held`: buffer → the state it holds)."""
     out = set()
     for n in _walk(plan, k.exprs()):
         if isinstance(n, ir.Call) and n.op in COMPARISONS:
             for a, b in (n.args, n.args[::-1]):
-                if isinstance(b, ir.StateRef) and _computed(a):
+                if isinstance(b, ir.StateRef) and computed(a):
                     out.add(b.name)
+                elif isinstance(b, ir.Load) and b.tensor in held and computed(a):
+                    out.add(held[b.tensor])
     return out
-
-
-def _computed(n: ir.Node) -> bool:
-    """Is `n` the result of arithmetic (not a load, an index or a constant)?"""
-    return any(isinstance(m, ir.Call | ir.Reduce) for m in ir.walk(n))
 
 
 def _walk(plan: Plan, exprs):
