@@ -354,7 +354,7 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
             elif sum(sched.tiles.get(a, 1) > 1 for a in ld.axes) >= 2:
                 held[key] = size(ld)
         if isinstance(ph, Pass):
-            total += _widened_operands(ph, program, plan, sched)
+            total += _widened_operands(k, ph, program, plan, sched)
         streamed.append(total)
     # the epilogue's tiles (a chunked sum's fp32 accumulator, read once after the loop) are live only
     # once the loops' pipeline buffers are not: Triton's allocator gives them the same shared memory
@@ -367,30 +367,30 @@ def shared_bytes(k: KernelPlan, program: ir.Program, plan: Plan, sched: KernelSc
     return sum(held.values()) + max(max(streamed), sum(after.values()))
 
 
-def _widened_operands(ps: Pass, program: ir.Program, plan: Plan, sched: KernelSchedule) -> int:
+def _widened_operands(k: KernelPlan, ps: Pass, program: ir.Program, plan: Plan, sched: KernelSchedule) -> int:
     """Shared memory the float32 tile dots of pass `ps` take for the operands they compute or widen per
     step (linear attention's elu'd keys, and its 16-bit values beside them): Triton stages each such
     tile in shared memory at 4 bytes, twice for tf32x3 (its big and small parts), once whatever the
     pipeline depth. (Not counted, the key-value pass of linear attention's training asked 262144 bytes
     at one stage where 131072 were modelled: a failed launch on the H100, session 75's code.) A loaded
-    float32 operand is the pipelined load shared_bytes counts already."""
-    tiles = lambda f: math.prod(sched.tiles.get(a, 1) for a in f.axes)  # noqa: E731
+    float32 operand is the pipelined load shared_bytes counts already; a dot on the 16-bit tensor
+    cores is as before (its computed side rounded to 16 bits, as attention's probabilities)."""
+    from .contraction import gemm_sides
+    from .lower.contract import float32_product
+
+    axes = {*k.grid, *(p.axis for p in k.passes()), *inner_axes(k, plan)}
     parts = 2 if sched.input_precision == "tf32x3" else 1
     out, seen = 0, set()
     for c in ps.comps:
-        if c.op != "sum" or not is_product(c.core):
+        if c.op != "sum" or not is_product(c.core) or not float32_product(c.core, ps.axis, axes, plan, program):
             continue
-        fs = [f for f in opened(c.core).factors if sum(sched.tiles.get(a, 1) > 1 for a in f.axes) == 2]
-        if len(fs) != 2:
-            continue
-        widths = [ir.DTYPE_BYTES.get(plan.loaded_dtype(program, f.tensor), 4) if isinstance(f, ir.Load)
-                  else _operand_bytes(f, program, plan) for f in fs]
-        if max(widths) < 4:
-            continue
-        for f, w in zip(fs, widths):
-            if f not in seen and not (isinstance(f, ir.Load) and w == 4):
-                seen.add(f)
-                out += 4 * tiles(f) * parts
+        sides = gemm_sides(c.core, ps.axis, axes, program.axes, conditions=True)
+        for side, tile in ((sides.left, (sides.m, ps.axis)), (sides.right, (ps.axis, sides.n))):
+            loaded = len(side) == 1 and isinstance(side[0], ir.Load)
+            if (loaded and ir.DTYPE_BYTES.get(plan.loaded_dtype(program, side[0].tensor), 4) == 4) or side in seen:
+                continue
+            seen.add(side)
+            out += 4 * math.prod(sched.tiles.get(a, 1) for a in tile) * parts
     return out
 
 
