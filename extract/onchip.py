@@ -20,7 +20,7 @@ from neptune_eq import ir
 from neptune_eq.contraction import is_product, opened
 from neptune_eq.lower.contract import float32_product
 from neptune_eq.plan import Combine, KernelPlan, Plan
-from neptune_eq.schedule import FMA_FRESH, FMA_HELD, FMA_K, KernelSchedule, inner_axes, kernel_exprs
+from neptune_eq.schedule import FMA_FRESH, FMA_HELD, FMA_K, FMA_K_LOADED, KernelSchedule, inner_axes, kernel_exprs
 from neptune_eq.space import gemm_axes
 
 REGISTERS_PER_SM = 65536
@@ -176,7 +176,7 @@ def fma_dots_fit(k: KernelPlan, sched: KernelSchedule, program: ir.Program, plan
                     and float32_product(c.core, ps.axis, axes, plan, program):
                 held += math.prod(tiles.get(a, 1) for a in c.free if a in blocked) / threads
                 computed = any(not isinstance(f, ir.Load | ir.Const) for f in opened(c.core).factors)
-                if computed and tiles.get(ps.axis, 1) > FMA_K:
+                if tiles.get(ps.axis, 1) > (FMA_K if computed else FMA_K_LOADED):
                     return False
     used = {n.name for e in kernel_exprs(k, plan) for n in e.refs if n.kind is ir.RefKind.INLINE}
     for name in used:

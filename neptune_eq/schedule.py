@@ -39,6 +39,11 @@ from .plan import Combine, KernelPlan, Pass, Plan
 FMA_FRESH = 8
 FMA_HELD = 72
 FMA_K = 32
+# Both operands loaded (a K-loop of data), the products unrolled over the tile's K still outgrow the
+# registers past 64: linear attention's training, Σᵢ φ(q)/z · dO per (batch, head), 64 × 64 tiles in
+# 4 warps, K 128 took ~1.2 ms and K 64 ~0.25 (H100, session 76, bench/probe_ieee_kloop.py; priced alike
+# at 174 µs before).
+FMA_K_LOADED = 64
 
 
 @dataclass(frozen=True)
@@ -490,8 +495,25 @@ def plan_schedules(plan: Plan, program: ir.Program) -> list[KernelSchedule]:
             prev = out[-1]
             s = replace(s.with_tiles(**{a: prev.tiles[a] for a in k.grid if a in prev.tiles}),
                         steps={a: v for a, v in prev.steps.items() if a in k.grid})
+            s = _combine_store_tiles(k, program, s, set(prev.tiles))
         out.append(s)
     return out
+
+
+def _combine_store_tiles(k: KernelPlan, program: ir.Program, s: KernelSchedule, partial: set[str]) -> KernelSchedule:
+    """A combine kernel storing over axes its partial states lack (linear attention's key gradient
+    [b, h, j, d] from states over [b, h, d]) tiles them too, innermost of the store first, up to
+    MAP_BLOCK values a program: one key a program had made 262144 programs of 64 values, 223.6 µs on the
+    H100 (session 76) for what one pass of 32 MiB moves; the chunks' states are folded again per program,
+    a few loads from L2."""
+    room = MAP_BLOCK // max(1, math.prod(s.tiles.get(a, 1) for a in k.grid))
+    grow = {}
+    for st in k.epilogue:
+        for a in reversed(st.axes):
+            if a in k.grid and a not in partial and a not in grow and s.tiles.get(a, 1) == 1 and room >= 2:
+                grow[a] = min(next_pow2(program.axes[a]), room)
+                room //= grow[a]
+    return s.with_tiles(**grow) if grow else s
 
 
 def grouped_pair(k: KernelPlan, sched: KernelSchedule, heavy: set[str] = frozenset()) -> tuple[str, str] | None:

@@ -713,3 +713,61 @@ def test_a_float32_dot_of_computed_operands_counts_their_staged_tiles():
     wide = sched.with_tiles(j=256)
     assert shared_bytes(kp, comp.program, alt.plan, wide) >= 262144 > SHARED_BUDGET
     assert shared_bytes(kp, comp.program, alt.plan, sched) <= SHARED_BUDGET
+
+
+def test_a_float32_k_loop_of_loaded_operands_steps_at_most_64():
+    """Σᵢ φ(q)ᵢ,d/zᵢ · dOᵢ,e (linear attention's training, both operands loaded: φ(q)/z written once)
+    multiplies float32 tiles on the FMA pipe: at K 128 a step it took ~1.2 ms on the H100, at K 64
+    ~0.25 (priced alike before, session 76). A K tile past FMA_K_LOADED is priced as spilling, and the
+    plan's kernel steps 64."""
+    from extract.onchip import fma_dots_fit
+    from neptune_eq import ir
+    from neptune_eq.contraction import opened
+    from neptune_eq.frontend import capture
+    from neptune_eq.lower.contract import float32_product
+    from neptune_eq.schedule import FMA_K_LOADED
+    from neptune_eq.training import _derive
+
+    def linear_attention(q, k, v):
+        fq, fk = torch.nn.functional.elu(q.float()) + 1.0, torch.nn.functional.elu(k.float()) + 1.0
+        kv = torch.einsum("bhld,bhle->bhde", fk, v.float())
+        z = 1.0 / (torch.einsum("bhld,bhd->bhl", fq, fk.sum(2)) + 1e-6)
+        return (torch.einsum("bhld,bhde->bhle", fq, kv) * z[..., None]).to(q.dtype)
+
+    xs = [torch.empty(4, 16, 4096, 64, dtype=torch.float16).normal_() for _ in range(3)]
+    c = capture(linear_attention, *xs)
+    comp = compile_ir(_derive(c.program, list(c.program.inputs)).saved.program, Options(device=H100))
+    plan, program = comp.alternative.plan, comp.program
+    loops = [(k, s, ps) for k, s in zip(plan.kernels, comp.alternative.schedules) for ps in k.passes()
+             if s.input_precision == "ieee" and not s.library and len(ps.comps) == 1 and ps.comps[0].op == "sum"
+             and all(isinstance(f, ir.Load) for f in opened(ps.comps[0].core).factors)
+             and float32_product(ps.comps[0].core, ps.axis, {*k.grid, ps.axis}, plan, program)]
+    assert loops
+    for k, s, ps in loops:
+        assert s.tiles[ps.axis] <= FMA_K_LOADED, s
+        assert not fma_dots_fit(k, s.with_tiles(**{ps.axis: 2 * FMA_K_LOADED}), program, plan)
+
+
+def test_a_combine_storing_over_axes_its_states_lack_tiles_them():
+    """Linear attention's key gradient [b, h, j, d] is stored by the kernel folding split-K states over
+    [b, h, d]: one key a program made 262144 programs of 64 values (223.6 µs on the H100, session 76).
+    The combine now tiles j as a map would, up to MAP_BLOCK values a program."""
+    from neptune_eq.frontend import capture
+    from neptune_eq.plan import Combine
+    from neptune_eq.schedule import MAP_BLOCK
+    from neptune_eq.training import _derive
+
+    def linear_attention(q, k, v):
+        fq, fk = torch.nn.functional.elu(q.float()) + 1.0, torch.nn.functional.elu(k.float()) + 1.0
+        kv = torch.einsum("bhld,bhle->bhde", fk, v.float())
+        z = 1.0 / (torch.einsum("bhld,bhd->bhl", fq, fk.sum(2)) + 1e-6)
+        return (torch.einsum("bhld,bhde->bhle", fq, kv) * z[..., None]).to(q.dtype)
+
+    xs = [torch.empty(4, 16, 4096, 64, dtype=torch.float16).normal_() for _ in range(3)]
+    c = capture(linear_attention, *xs)
+    alt = compile_ir(_derive(c.program, list(c.program.inputs)).saved.program, Options(device=H100)).alternative
+    combines = [(k, s) for k, s in zip(alt.plan.kernels, alt.schedules)
+                if any(isinstance(ph, Combine) for ph in k.phases) and "j" in k.grid]
+    assert combines
+    for k, s in combines:
+        assert s.tiles["j"] > 1 and math.prod(s.tiles.get(a, 1) for a in k.grid) <= MAP_BLOCK, s
