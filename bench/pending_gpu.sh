@@ -39,11 +39,12 @@
 #     bash bench/pending_gpu.sh q    # session 74: ties found against a min recomputed in other kernels (short
 #                                    # reductions written out, no FMA contraction) on CUDA; Chamfer's rows and
 #                                    # linear attention's training (float32 operands) re-measured
-#     bash bench/pending_gpu.sh r    # session 75, not run (no machine lent): a min recomputed in other kernels on
-#                                    # CUDA — the CUDA test, bench/probe_fma_exact.py with and without contraction —
-#                                    # then q's exactness probe and linear attention's training
-#     bash bench/pending_gpu.sh s    # session 76: compared maxes spelled alike, buffer-read mins exact, the probe's
-#                                    # bf16 ties against float32, linear attention's training (it had failed to launch)
+#     bash bench/pending_gpu.sh r    # session 75 (run in session 76: bench/results/h100_2026-12-07/s76/, its --contract
+#                                    # step timed out at 60 s): a min recomputed in other kernels on CUDA — the CUDA
+#                                    # test, bench/probe_fma_exact.py — then q's exactness probe and linear attention
+#     bash bench/pending_gpu.sh s    # session 76 ran it (bench/results/h100_2026-12-07/s76/): compared maxes spelled
+#                                    # alike, buffer-read mins exact, bf16 ties against float32, linear attention trains
+#     bash bench/pending_gpu.sh t    # session 76, not run: linear attention's training after its combine tiles j
 #     bash bench/pending_gpu.sh o    # session 72, not run: sweep 7 again with the scatter as a Triton kernel of
 #                                    # atomic adds (lower/scatter_rows.py: run in the interpreter only) and rows
 #                                    # read once per point sharing them (bag classifier 12.09 ms before), the
@@ -169,6 +170,13 @@ case "${1:-}" in
     step exact 120 python3 bench/probe_exact_recompute.py --ties-only
     step linattn 150 python3 bench/sweep_eighth.py --only linear_attention --out "$OUT/linattn/rows.json"
     ;;
+  t)
+    # session 76, not run (no device time left): linear attention's training after its key-gradient combine
+    # tiles j (one key a program before: 223.6 us), its kernels, and the K-loop probe with its finite check
+    step linattn 100 python3 bench/sweep_eighth.py --only linear_attention --out "$OUT/linattn/rows.json"
+    step linattn_kernels 120 python3 bench/probe_sweep_kernels.py "linear_attention fwd+bwd" --alternatives 0 --compile
+    step kloop 100 python3 bench/probe_ieee_kloop.py
+    ;;
   n)
     step cosface_kernels 120 python3 bench/probe_sweep_kernels.py "cosface fwd+bwd" --alternatives 0 --compile
     step swiglu_kernels 150 python3 bench/probe_sweep_kernels.py "swiglu_mlp fwd+bwd" --alternatives 0 --compile
@@ -189,7 +197,7 @@ case "${1:-}" in
     step fp32_rows 200 python3 bench/sweep_fifth.py --only clip cosine --out "$OUT/fp32_rows/rows.json"
     ;;
   *)
-    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r|s" >&2
+    echo "usage: bash bench/pending_gpu.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r|s|t" >&2
     exit 2
     ;;
 esac
