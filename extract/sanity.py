@@ -26,6 +26,7 @@ import numpy as np
 from neptune_eq import ir
 from neptune_eq.fusion.types import Binding
 from neptune_eq.plan import Combine, Plan
+from neptune_eq.schedule import with_inlined
 
 SAMPLES = 64
 
@@ -70,16 +71,7 @@ def unready_state(plan: Plan) -> str | None:
 
 def _finals(exprs, plan: Plan) -> set[str]:
     """The reductions whose final values `exprs` read, through the inline terms (val:x) too."""
-    out, stack, seen = set(), list(exprs), set()
-    while stack:
-        for n in ir.walk(stack.pop()):
-            if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.FINAL:
-                out.add(n.name)
-            elif isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in plan.inline \
-                    and n.name not in seen:
-                seen.add(n.name)
-                stack.append(plan.inline[n.name])
-    return out
+    return {n.name for e in with_inlined(list(exprs), plan) for n in e.refs if n.kind is ir.RefKind.FINAL}
 
 
 def differs(got: ir.Node, want: ir.Node, seed: int = 0) -> str | None:

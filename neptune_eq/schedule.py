@@ -287,12 +287,20 @@ def _map_schedule(k: KernelPlan, program: ir.Program) -> KernelSchedule:
         side = min(TRANSPOSE_TILE, next_pow2(program.axes[out[-1]]), next_pow2(program.axes[across]))
         tiles[out[-1]] = tiles[across] = side
         return KernelSchedule(tiles, num_warps=4, num_stages=1)
-    for a in reversed(out):
-        if a not in tiles or room < 2:
-            break
-        tiles[a] = min(next_pow2(program.axes[a]), room)
-        room //= tiles[a]
+    tiles.update(_grown(program, [a for a in reversed(out)], set(tiles), room))
     return KernelSchedule(tiles, num_warps=4, num_stages=1)
+
+
+def _grown(program: ir.Program, axes: list[str], allowed: set[str], room: int) -> dict[str, int]:
+    """Tiles for `axes` in order, each its extent (to a power of two) or what is left of `room` values a
+    program, stopping at the first axis not `allowed` or when fewer than two values are left."""
+    out = {}
+    for a in axes:
+        if a not in allowed or room < 2:
+            break
+        out[a] = min(next_pow2(program.axes[a]), room)
+        room //= out[a]
+    return out
 
 
 TRANSPOSE_TILE = 64  # 64 × 64 elements: MAP_BLOCK in a square
@@ -507,12 +515,9 @@ def _combine_store_tiles(k: KernelPlan, program: ir.Program, s: KernelSchedule, 
     H100 (session 76) for what one pass of 32 MiB moves; the chunks' states are folded again per program,
     a few loads from L2."""
     room = MAP_BLOCK // max(1, math.prod(s.tiles.get(a, 1) for a in k.grid))
-    grow = {}
-    for st in k.epilogue:
-        for a in reversed(st.axes):
-            if a in k.grid and a not in partial and a not in grow and s.tiles.get(a, 1) == 1 and room >= 2:
-                grow[a] = min(next_pow2(program.axes[a]), room)
-                room //= grow[a]
+    axes = list(dict.fromkeys(a for st in k.epilogue for a in reversed(st.axes)
+                              if a in k.grid and a not in partial and s.tiles.get(a, 1) == 1))
+    grow = _grown(program, axes, set(axes), room)
     return s.with_tiles(**grow) if grow else s
 
 

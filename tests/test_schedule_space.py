@@ -689,6 +689,14 @@ def test_a_map_that_transposes_takes_square_tiles():
     assert default_schedule(k, prog, plan).tiles == {}
 
 
+def _linear_attention(q, k, v):
+    """Linear attention with φ = elu + 1 over `.float()` operands (bench/sweep_eighth.py's row)."""
+    fq, fk = torch.nn.functional.elu(q.float()) + 1.0, torch.nn.functional.elu(k.float()) + 1.0
+    kv = torch.einsum("bhld,bhle->bhde", fk, v.float())
+    z = 1.0 / (torch.einsum("bhld,bhd->bhl", fq, fk.sum(2)) + 1e-6)
+    return (torch.einsum("bhld,bhde->bhle", fq, kv) * z[..., None]).to(q.dtype)
+
+
 def test_a_float32_dot_of_computed_operands_counts_their_staged_tiles():
     """Linear attention's training computes Σⱼ φ(k)ⱼ,d · vⱼ,e in float32 (tf32x3): φ(k) is computed per
     step and the 16-bit v widened beside it, and Triton stages both tiles in shared memory, as big and
@@ -698,14 +706,8 @@ def test_a_float32_dot_of_computed_operands_counts_their_staged_tiles():
     from neptune_eq.schedule import SHARED_BUDGET, shared_bytes
     from neptune_eq.training import _derive
 
-    def linear_attention(q, k, v):
-        fq, fk = torch.nn.functional.elu(q.float()) + 1.0, torch.nn.functional.elu(k.float()) + 1.0
-        kv = torch.einsum("bhld,bhle->bhde", fk, v.float())
-        z = 1.0 / (torch.einsum("bhld,bhd->bhl", fq, fk.sum(2)) + 1e-6)
-        return (torch.einsum("bhld,bhde->bhle", fq, kv) * z[..., None]).to(q.dtype)
-
     q, k, v = (torch.empty(1, 2, 4096, 64, dtype=torch.float16).normal_() for _ in range(3))
-    c = capture(linear_attention, q, k, v)
+    c = capture(_linear_attention, q, k, v)
     comp = compile_ir(_derive(c.program, list(c.program.inputs)).prologue[0].maps, Options(device=H100))
     alt = comp.alternative
     (kp, sched), = [(kp, s) for kp, s in zip(alt.plan.kernels, alt.schedules) if kp.passes()]
@@ -728,14 +730,8 @@ def test_a_float32_k_loop_of_loaded_operands_steps_at_most_64():
     from neptune_eq.schedule import FMA_K_LOADED
     from neptune_eq.training import _derive
 
-    def linear_attention(q, k, v):
-        fq, fk = torch.nn.functional.elu(q.float()) + 1.0, torch.nn.functional.elu(k.float()) + 1.0
-        kv = torch.einsum("bhld,bhle->bhde", fk, v.float())
-        z = 1.0 / (torch.einsum("bhld,bhd->bhl", fq, fk.sum(2)) + 1e-6)
-        return (torch.einsum("bhld,bhde->bhle", fq, kv) * z[..., None]).to(q.dtype)
-
     xs = [torch.empty(4, 16, 4096, 64, dtype=torch.float16).normal_() for _ in range(3)]
-    c = capture(linear_attention, *xs)
+    c = capture(_linear_attention, *xs)
     comp = compile_ir(_derive(c.program, list(c.program.inputs)).saved.program, Options(device=H100))
     plan, program = comp.alternative.plan, comp.program
     loops = [(k, s, ps) for k, s in zip(plan.kernels, comp.alternative.schedules) for ps in k.passes()
@@ -757,14 +753,8 @@ def test_a_combine_storing_over_axes_its_states_lack_tiles_them():
     from neptune_eq.schedule import MAP_BLOCK
     from neptune_eq.training import _derive
 
-    def linear_attention(q, k, v):
-        fq, fk = torch.nn.functional.elu(q.float()) + 1.0, torch.nn.functional.elu(k.float()) + 1.0
-        kv = torch.einsum("bhld,bhle->bhde", fk, v.float())
-        z = 1.0 / (torch.einsum("bhld,bhd->bhl", fq, fk.sum(2)) + 1e-6)
-        return (torch.einsum("bhld,bhde->bhle", fq, kv) * z[..., None]).to(q.dtype)
-
     xs = [torch.empty(4, 16, 4096, 64, dtype=torch.float16).normal_() for _ in range(3)]
-    c = capture(linear_attention, *xs)
+    c = capture(_linear_attention, *xs)
     alt = compile_ir(_derive(c.program, list(c.program.inputs)).saved.program, Options(device=H100)).alternative
     combines = [(k, s) for k, s in zip(alt.plan.kernels, alt.schedules)
                 if any(isinstance(ph, Combine) for ph in k.phases) and "j" in k.grid]

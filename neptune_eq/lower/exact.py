@@ -17,6 +17,7 @@ from .. import ir
 from ..extract.exact_tests import computed
 from ..ops import COMPARISONS
 from ..plan import Combine, KernelPlan, Plan
+from ..schedule import with_inlined
 
 
 def exact_kernels(plan: Plan) -> set[str]:
@@ -52,12 +53,5 @@ def _tested(plan: Plan, k: KernelPlan, held: dict[str, str]) -> set[str]:
 
 def _walk(plan: Plan, exprs):
     """The nodes of `exprs`, and of the inline terms (val:x, plan.inline) they read."""
-    stack, seen = list(exprs), set()
-    while stack:
-        e = stack.pop()
-        for n in ir.walk(e):
-            yield n
-            if isinstance(n, ir.StateRef) and n.kind is ir.RefKind.INLINE and n.name in plan.inline \
-                    and n.name not in seen:
-                seen.add(n.name)
-                stack.append(plan.inline[n.name])
+    for e in with_inlined(list(exprs), plan):
+        yield from ir.walk(e)
