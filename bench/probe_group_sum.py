@@ -19,11 +19,11 @@ import triton.testing
 import neptune_eq
 import neptune_eq.lower.launch as launch
 from neptune_eq import autograd
+from neptune_eq.kernel_terms import inner_axes
 from neptune_eq.lower.launch import Launcher, load_module
 from neptune_eq.lower.triton import write_module
 from neptune_eq.regroup import regroup
 from neptune_eq.runtime import compile_ir
-from neptune_eq.schedule import inner_axes
 
 
 def gqa(q, k, v):

@@ -3,7 +3,7 @@ forward (or saved backward) is compiled for sm_90 by the installed Triton with t
 specialisation (strides and lengths as the compile fixes them, pointers 16-byte aligned), and its PTX
 given to Triton's bundled ptxas with -v: registers, spills and the performance advisories (C7515:
 "wgmma.mma_async instructions are serialized due to ..."), with the shared memory the kernel asks for
-beside what the schedule rules estimate (schedule.shared_bytes). --tiles / --stages override the
+beside what the schedule rules estimate (shared_memory.shared_bytes). --tiles / --stages override the
 schedule of every kernel.
 
 With the GPU image's Triton (3.6, ptxas of CUDA 12.8) on PYTHONPATH it reproduces the device's verdict
@@ -167,7 +167,7 @@ def main():
 
     size = ("" if a.beyond or a.sweep else f" L={a.L}") + (" dynamic" if a.dynamic else "")
     print(f"{a.op}{size} {'backward' if a.backward else 'forward'}, Triton {triton.__version__}", flush=True)
-    from neptune_eq.schedule import shared_bytes
+    from neptune_eq.shared_memory import shared_bytes
 
     plan = comp.plan
     for ks, kp in zip(kernels, plan.kernels):
@@ -178,7 +178,7 @@ def main():
         model = shared_bytes(kp, comp.program, plan, ks.schedule)  # what the schedule rules price it at
         tiles = {x: t for x, t in ks.schedule.tiles.items() if t > 1}
         print(f"  {ks.name} {tiles} w{ks.schedule.num_warps} s{ks.schedule.num_stages}: {shared} bytes of shared "
-              f"memory (schedule.shared_bytes {model}); " + "; ".join(advisories(ck.asm["ptx"])), flush=True)
+              f"memory (shared_memory.shared_bytes {model}); " + "; ".join(advisories(ck.asm["ptx"])), flush=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import numpy as np
 from neptune_eq import ir
 from neptune_eq.contraction import gemm_sides, is_product, masked_body, opened, plain_input
 from neptune_eq.device import DeviceSpec
+from neptune_eq.kernel_terms import inner_axes
 from neptune_eq.lower.combine import combine_unroll, plain_states
 from neptune_eq.lower.contract import tensor_core_dot
 from neptune_eq.lower.eviction import reread
@@ -28,7 +29,7 @@ from neptune_eq.masks import affine_part
 from neptune_eq.numeric import compute_dtype
 from neptune_eq.ops import OPS
 from neptune_eq.plan import Combine, KernelPlan, Pass, Plan
-from neptune_eq.schedule import KernelSchedule, inner_axes
+from neptune_eq.schedule import KernelSchedule
 from neptune_eq.space import gemm_axes, ieee_tiled
 
 from .library_cost import library_cost
@@ -423,8 +424,8 @@ def _data_bounded_chain(k: KernelPlan, program: ir.Program, plan: Plan) -> tuple
     """(chain, own, per_call) of kernel `k`, whatever its schedule: the longest chain of dependent loads
     its loop tiles read (1: plain addresses; 2: an address read from a page table; 0 where no loop is
     bounded by data) and lower/databounds.kernel_data_bounds's two answers."""
+    from neptune_eq.kernel_terms import loop_loads
     from neptune_eq.lower.databounds import kernel_data_bounds
-    from neptune_eq.schedule import loop_loads
 
     own, per_call = kernel_data_bounds(k, plan, program)
     if not (own or per_call):

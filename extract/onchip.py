@@ -18,9 +18,10 @@ import math
 
 from neptune_eq import ir
 from neptune_eq.contraction import is_product, opened
+from neptune_eq.kernel_terms import inner_axes, kernel_exprs
 from neptune_eq.lower.contract import float32_product
 from neptune_eq.plan import Combine, KernelPlan, Plan
-from neptune_eq.schedule import FMA_FRESH, FMA_HELD, FMA_K, FMA_K_LOADED, KernelSchedule, inner_axes, kernel_exprs
+from neptune_eq.schedule import FMA_FRESH, FMA_HELD, FMA_K, FMA_K_LOADED, KernelSchedule
 from neptune_eq.space import gemm_axes
 
 REGISTERS_PER_SM = 65536

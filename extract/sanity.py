@@ -25,8 +25,8 @@ import numpy as np
 
 from neptune_eq import ir
 from neptune_eq.fusion.types import Binding
+from neptune_eq.kernel_terms import with_inlined
 from neptune_eq.plan import Combine, Plan
-from neptune_eq.schedule import with_inlined
 
 SAMPLES = 64
 

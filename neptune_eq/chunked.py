@@ -360,7 +360,7 @@ def aliasable(plan, program: ir.Program, out: str, acc: str) -> bool:
     """May the chunk plan write output `out` over its accumulator input `acc`? Yes where the one store of
     `out` is the only place `acc` is read, at the element it stores (acc[j, d] + Σ …): each element is
     then read before it is written, by the same program, and by nothing else."""
-    from .schedule import with_inlined
+    from .kernel_terms import with_inlined
 
     stores = [st for k in plan.kernels for ph in k.passes() for st in ph.stores if st.target == out]
     stores += [st for k in plan.kernels for st in k.epilogue if st.target == out]

@@ -30,21 +30,12 @@ from dataclasses import dataclass, replace
 
 from . import ir
 from .block_bounds import next_pow2
+from .kernel_terms import inner_axes, kernel_exprs, loop_loads
 from .lower.contract import float32_products
 from .lower.library import library_gemm
 from .plan import Combine, KernelPlan, Plan
-from .schedule import (
-    FMA_FRESH,
-    FMA_K,
-    SHARED_BUDGET,
-    KernelSchedule,
-    inner_axes,
-    kernel_exprs,
-    loop_loads,
-    row_axes,
-    shared_bytes,
-    sums_whole,
-)
+from .schedule import FMA_FRESH, FMA_K, KernelSchedule, row_axes, sums_whole
+from .shared_memory import SHARED_BUDGET, shared_bytes
 
 # the most elements of one loop tile a program keeps on chip: 64K 16-bit values are half the
 # registers of an SM (32 warps); whether a row of a given kernel fits is the cost model's

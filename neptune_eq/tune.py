@@ -22,7 +22,8 @@ from . import ir
 from .block_bounds import next_pow2
 from .cachedir import cache_dir as cache_dir_at
 from .cachedir import default_cache_dir
-from .schedule import KernelSchedule, inner_axes, kernel_exprs, loop_loads, row_axes
+from .kernel_terms import inner_axes, kernel_exprs, loop_loads
+from .schedule import KernelSchedule, row_axes
 from .space import GEMM_TILES, RESIDENT_MAX, Variant, fma_tiles, gemm_axes, gemm_tiles, ieee_tiled
 
 

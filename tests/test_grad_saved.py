@@ -15,9 +15,10 @@ from neptune_eq.frontend import capture
 from neptune_eq.grad import backward_program
 from neptune_eq.grad_saved import hoist
 from neptune_eq.ir import Index, Load, Reduce
+from neptune_eq.kernel_terms import loads_in
 from neptune_eq.reference import evaluate, random_inputs
 from neptune_eq.runtime import compile_ir
-from neptune_eq.schedule import SHARED_BUDGET, loads_in, shared_bytes
+from neptune_eq.shared_memory import SHARED_BUDGET, shared_bytes
 
 
 def _causal(q, k, v):
@@ -322,7 +323,7 @@ def test_a_group_sum_over_many_heads_steps_a_bounded_block_and_matches_float64()
     laid out [j, d] for the tensor cores, is updated by an elementwise sum laid out [d, j]: it is laid
     back out as the state (that update failed to broadcast before)."""
     from neptune_eq.block_bounds import BLOCK_VALUES
-    from neptune_eq.schedule import inner_axes
+    from neptune_eq.kernel_terms import inner_axes
 
     def gqa(q, k, v):
         k, v = k.repeat_interleave(8, dim=1), v.repeat_interleave(8, dim=1)

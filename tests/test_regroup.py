@@ -13,9 +13,9 @@ import neptune_eq
 from neptune_eq import ir
 from neptune_eq.frontend import capture
 from neptune_eq.grad import backward_program
+from neptune_eq.kernel_terms import inner_axes
 from neptune_eq.regroup import regroup
 from neptune_eq.runtime import compile_ir
-from neptune_eq.schedule import inner_axes
 
 
 def _gqa(q, k, v):

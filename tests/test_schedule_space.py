@@ -429,7 +429,7 @@ def test_an_epilogue_tile_shares_the_pipeline_buffers_shared_memory():
     """A GEMM that adds an fp32 accumulator tile in its epilogue (a chunked weight gradient) keeps
     three stages of 128 × 256 × 64 tiles (144 KiB): the epilogue's 128 KiB tile is live only after the
     loop, where Triton reuses the pipeline's shared memory."""
-    from neptune_eq.schedule import SHARED_BUDGET, shared_bytes
+    from neptune_eq.shared_memory import SHARED_BUDGET, shared_bytes
     from neptune_eq.space import kernel_variants
 
     P = ne.program("acc_gemm")
@@ -492,7 +492,7 @@ def test_a_contraction_held_on_the_alus_keeps_a_block_that_does_not_spill():
     from neptune_eq.contraction import is_product, opened
     from neptune_eq.frontend import capture
     from neptune_eq.grad import backward_program
-    from neptune_eq.schedule import kernel_exprs
+    from neptune_eq.kernel_terms import kernel_exprs
 
     def rel_bias(q, k, v, table):
         i = torch.arange(q.shape[2])
@@ -528,7 +528,7 @@ def test_a_kernel_without_dots_holds_its_loads_to_a_block_that_does_not_spill():
     import neptune_eq
     from neptune_eq import ir
     from neptune_eq.block_bounds import BLOCK_VALUES
-    from neptune_eq.schedule import kernel_exprs
+    from neptune_eq.kernel_terms import kernel_exprs
 
     x = torch.randn(16, 256, 64, 64, dtype=torch.bfloat16)
     w, b = torch.randn(256, dtype=torch.bfloat16), torch.randn(256, dtype=torch.bfloat16)
@@ -597,7 +597,7 @@ def test_a_default_schedule_holds_an_inline_summed_grid_axis_whole_and_fits_shar
     free tiles shrink until it fits."""
     from neptune_eq.frontend import capture
     from neptune_eq.grad import backward_program
-    from neptune_eq.schedule import SHARED_BUDGET, shared_bytes
+    from neptune_eq.shared_memory import SHARED_BUDGET, shared_bytes
 
     x, y = torch.randn(512, 384, dtype=torch.bfloat16), torch.randn(512, 384, dtype=torch.bfloat16)
     program = capture(_siglip, x, y, torch.tensor(2.3), torch.tensor(-10.0)).program
@@ -703,7 +703,7 @@ def test_a_float32_dot_of_computed_operands_counts_their_staged_tiles():
     small parts. Modelled as the 16-bit loads alone (131072 bytes at j 256), the kernel asked 262144 at
     one stage on the H100 and failed to launch; the model counts them now, and the loop tile shrinks."""
     from neptune_eq.frontend import capture
-    from neptune_eq.schedule import SHARED_BUDGET, shared_bytes
+    from neptune_eq.shared_memory import SHARED_BUDGET, shared_bytes
     from neptune_eq.training import _derive
 
     q, k, v = (torch.empty(1, 2, 4096, 64, dtype=torch.float16).normal_() for _ in range(3))

@@ -70,7 +70,7 @@ def test_packed_documents_at_head_dim_128_step_128_keys_and_match_float64():
     limit; bench/ptxas_check.py), which the schedule's estimate (exact for the dot tiles, a row of ids
     held before the loop in registers) now admits, as it does for causal attention's forward. Run in
     fp16 at a total that is not a tile multiple, against float64."""
-    from neptune_eq.schedule import SHARED_BUDGET, shared_bytes
+    from neptune_eq.shared_memory import SHARED_BUDGET, shared_bytes
 
     lengths = [70, 1, 0, 150, 79]
     q, k, v, doc = packed(lengths, heads=1, dim=128, seed=3)

@@ -15,8 +15,9 @@ same bytes 359), of 8192 × 32768 406.0 → 357.4 µs; in the tiles of 4096 lowe
 
 from __future__ import annotations
 
+from neptune_eq.kernel_terms import kernel_exprs
 from neptune_eq.plan import KernelPlan, Pass, Plan
-from neptune_eq.schedule import KernelSchedule, kernel_exprs
+from neptune_eq.schedule import KernelSchedule
 
 KEEP = "evict_last"
 DROP = "evict_first"

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from .. import ir
 from ..extract.exact_tests import computed
+from ..kernel_terms import with_inlined
 from ..ops import COMPARISONS
 from ..plan import Combine, KernelPlan, Plan
-from ..schedule import with_inlined
 
 
 def exact_kernels(plan: Plan) -> set[str]:

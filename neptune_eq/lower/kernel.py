@@ -7,10 +7,11 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .. import ir
+from ..kernel_terms import inner_axes
 from ..numeric import compute_dtype, index_range, reciprocal_exact, written_out
 from ..ops import MONOIDS, OPS
 from ..plan import KernelPlan, Plan
-from ..schedule import KernelSchedule, inner_axes
+from ..schedule import KernelSchedule
 from .contract import ContractOps
 from .databounds import INTEGER, DataBound, in_kernel, index_comparisons, loop_range
 from .memory import MemoryOps

@@ -320,7 +320,7 @@ class Launcher:
 
 def launch_fitting(fn, grid, args: list, kw: dict, name: str) -> tuple:
     """Triton's compiled kernel of `fn`, launched at `grid`, and the pipeline stages it took. The
-    schedule was fitted to shared memory by a model (schedule.shared_bytes, checked against what
+    schedule was fitted to shared memory by a model (shared_memory.shared_bytes, checked against what
     Triton requires); where Triton still finds more shared memory than the device has (a layout
     conversion the model does not count), the kernel is compiled again with one stage fewer, down
     to one, with a warning naming it: the same kernel, slower, rather than a failed call."""

@@ -1,4 +1,4 @@
-"""Shared memory: schedule.shared_bytes (the model) beside what Triton requires, for attention's forward
+"""Shared memory: shared_memory.shared_bytes (the model) beside what Triton requires, for attention's forward
 and its saved backward (causal, d 128) over row / key tiles of 64 and 128, 1-4 stages, 4 and 8 warps.
 A launch over the device's limit raises "out of resource: shared memory, Required: N"; one that fits
 runs. Run from the repository root on the GPU: python <this file> out.json"""
@@ -18,7 +18,7 @@ from neptune_eq.frontend import capture
 from neptune_eq.grad import backward_program
 from neptune_eq.pipeline import Options
 from neptune_eq.runtime import compile_ir
-from neptune_eq.schedule import shared_bytes
+from neptune_eq.shared_memory import shared_bytes
 
 
 def feed_of(prog) -> dict:
