@@ -169,13 +169,18 @@ def evaluate(program: ir.Program, inputs: dict[str, torch.Tensor], *, nodes: lis
         vals += [_Val(v.t.to(dtype), v.dims) for v in map(go, parts.conditions)]
         # an operand over a subset of another's axes is multiplied into it first, so that no pairwise
         # step of the einsum holds more than its largest operand
+        # (by position: a factor repeated, (x − μ)·r·(x − μ)·r for a squared norm, is one memoised value
+        # twice, and removing it by identity had dropped both copies — Σ_d of a layer norm's square
+        # evaluated as 0, fuzz seed 1651)
         merged = True
         while merged and len(vals) > 2:
             merged = False
-            for x in sorted(vals, key=lambda v: len(v.dims)):
-                into = next((y for y in vals if y is not x and set(x.dims) <= set(y.dims)), None)
-                if into is not None:
-                    vals = [v for v in vals if v is not x and v is not into]
+            for i in sorted(range(len(vals)), key=lambda k: len(vals[k].dims)):
+                x = vals[i]
+                j = next((k for k, y in enumerate(vals) if k != i and set(x.dims) <= set(y.dims)), None)
+                if j is not None:
+                    into = vals[j]
+                    vals = [v for k, v in enumerate(vals) if k not in (i, j)]
                     vals.append(_Val(into.t.to(dtype) * expand(_Val(x.t.to(dtype), x.dims), into.dims), into.dims))
                     merged = True
                     break

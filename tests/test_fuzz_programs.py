@@ -150,3 +150,22 @@ def test_a_matrix_beside_its_transpose_in_a_cat_keeps_both_axes():
     for seed in (1170, 1180):
         out = check(random_program(seed), grad=True)
         assert out.verdict == "ok", (seed, out, random_program(seed).source)
+
+
+def test_a_squared_product_of_repeated_factors_evaluates_in_float64():
+    """Fuzzer seed 1651: ‖layer_norm(min_i softmax(w))‖. The float64 evaluator (reference.evaluate) sums
+    Σ_d ((x − μ)·r)² as one einsum of its factors; the repeated factors are one memoised value twice, and
+    merging them by identity dropped both copies, so the sum read Σ_d (x − μ)·r = 0. The invariance test
+    that runs on that evaluator then found the output blind to the min (an output of 0 both ways), and
+    the training returned a detached result where torch's gradient is ~1e-3."""
+    from neptune_eq.frontend import capture
+    from neptune_eq.reference import evaluate
+
+    def fn(w):
+        return F.layer_norm(w.amin(0, keepdim=True), (3,)).norm(dim=-1)
+
+    w = torch.randn(4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    got = evaluate(capture(fn, w.float()).program, {"w": w})
+    assert torch.allclose(got["out0"].reshape(-1), fn(w).reshape(-1), rtol=1e-12)
+    out = check(random_program(1651), grad=True)
+    assert out.verdict == "ok", (out, random_program(1651).source)
