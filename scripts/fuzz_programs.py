@@ -91,8 +91,20 @@ def _name_of(extent: int) -> str:
     return next((k for k, v in _SIZES.items() if v == extent), "")
 
 
+# --extended: losses, comparisons and indexing as model code writes them (a draw of its own: the
+# default vocabulary's seeds keep their programs)
+_EXTRA_KINDS = ("compare", "normalize", "max_values", "clamp", "pow", "row_scale", "loss", "loss",
+                "gather", "logaddexp", "mean_two")
+_LOSSES = ("F.mse_loss({a}, {b})", "F.smooth_l1_loss({a}, {b}, beta=0.5)", "F.l1_loss({a}, {b})",
+           "F.kl_div(F.log_softmax({a}, -1), F.softmax({b}, -1), reduction='batchmean')",
+           "F.binary_cross_entropy_with_logits({a}, torch.sigmoid({b}))",
+           "F.cosine_similarity({a}, {b}, dim=-1)", "F.huber_loss({a}, {b}, delta=0.7)",
+           "F.soft_margin_loss({a}, torch.sign({b}).detach())")
+
+
 class _Builder:
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, extended: bool = False):
+        self.extended = extended
         self.rng = random.Random(seed)
         self.prog = Program(seed)
         self.values: list[_Value] = []
@@ -127,10 +139,13 @@ class _Builder:
         r = self.rng
         last = self.values[-1]
         a = last if r.random() < 0.6 and last.shape else self._pick(lambda v: len(v.shape) >= 1)
-        kind = r.choice(("unary", "binary", "reduce", "reduce", "softmax", "norm", "matmul", "mask",
-                         "slice", "transpose", "broadcast", "cat", "ce"))
+        kinds = ("unary", "binary", "reduce", "reduce", "softmax", "norm", "matmul", "mask",
+                 "slice", "transpose", "broadcast", "cat", "ce")
+        kind = r.choice(kinds + _EXTRA_KINDS if self.extended else kinds)
         two = len(a.shape) >= 2
-        if kind == "unary":
+        if kind in _EXTRA_KINDS:
+            self._extra(kind, a)
+        elif kind == "unary":
             self._emit(r.choice(_UNARY).format(a=a.name), a.shape)
         elif kind == "binary":
             b = self._pick(lambda v: v.shape == a.shape and v is not a)
@@ -188,6 +203,44 @@ class _Builder:
             shape = (math.prod(a.shape[:-1]),) if red == "none" else ()
             self._emit(f"F.cross_entropy({logits}, {labels}, reduction='{red}'{smooth})", shape, reduces=True)
 
+    def _extra(self, kind: str, a: _Value) -> None:
+        r = self.rng
+        dim = r.randrange(len(a.shape)) - len(a.shape)
+        if kind == "compare":
+            b = self._pick(lambda v: v.shape == a.shape and v is not a)
+            if b is not None:
+                self._emit(r.choice(("torch.where({a} > {b}, {a}, {b} * 0.5)", "({a} > {b}).float() * {a}",
+                                     "torch.where({a} >= 0, {a}, torch.exp({a}) - 1.0)")).format(a=a.name, b=b.name),
+                           a.shape)
+        elif kind == "normalize":
+            self._emit(f"F.normalize({a.name}, dim={dim})", a.shape, reduces=True)
+        elif kind == "max_values":
+            op = r.choice(("max", "min"))
+            shape = tuple(s for i, s in enumerate(a.shape) if i != dim + len(a.shape))
+            self._emit(f"{a.name}.{op}({dim}).values", shape, reduces=True)
+        elif kind == "clamp":
+            self._emit(r.choice(("{a}.clamp(-1.0, 1.0)", "torch.clamp({a}, max=0.5)", "{a}.clamp_min(0.1)")
+                                ).format(a=a.name), a.shape)
+        elif kind == "pow":
+            self._emit(r.choice(("{a}.abs().pow(1.5)", "{a}.pow(3)", "{a} ** 2")).format(a=a.name), a.shape)
+        elif kind == "row_scale":
+            self._emit(f"{a.name} / {a.name}.abs().sum({dim}, keepdim=True).clamp_min(1e-3)", a.shape, reduces=True)
+        elif kind == "loss" and len(a.shape) >= 2:
+            b = self._pick(lambda v: v.shape == a.shape and v is not a)
+            if b is not None:
+                form = r.choice(_LOSSES)
+                shape = a.shape[:-1] if "cosine" in form else ()
+                self._emit(form.format(a=a.name, b=b.name), shape, reduces=True)
+        elif kind == "gather" and self.labels is not None and a.shape[:-1] == self.labels.shape:
+            idx = f"({self.labels.name} % {a.shape[-1]}).unsqueeze(-1)"
+            self._emit(f"torch.gather({a.name}, -1, {idx})", (*a.shape[:-1], 1))
+        elif kind == "logaddexp":
+            b = self._pick(lambda v: v.shape == a.shape and v is not a)
+            if b is not None:
+                self._emit(f"torch.logaddexp({a.name}, {b.name})", a.shape)
+        elif kind == "mean_two" and len(a.shape) >= 2:
+            self._emit(f"{a.name}.mean((-2, -1), keepdim=True)", (*a.shape[:-2], 1, 1), reduces=True)
+
     def build(self, steps: int) -> Program:
         while len(self.prog.lines) < steps or not self.values[-1].reduced:
             self.step()
@@ -202,9 +255,9 @@ class _Builder:
         return self.prog
 
 
-def random_program(seed: int, steps: int | None = None) -> Program:
+def random_program(seed: int, steps: int | None = None, extended: bool = False) -> Program:
     r = random.Random(seed * 7919 + 1)
-    return _Builder(seed).build(steps or r.randint(3, 6))
+    return _Builder(seed, extended).build(steps or r.randint(3, 6))
 
 
 @dataclass
@@ -279,11 +332,13 @@ def main(argv=None) -> int:
     ap.add_argument("--grad", action="store_true", help="also check gradients against float64")
     ap.add_argument("--dynamic", action="store_true", help="compile dynamic and call at another length")
     ap.add_argument("--show", action="store_true", help="print every program, not only the failures")
+    ap.add_argument("--extended", action="store_true",
+                    help="also draw losses, comparisons, gathers and clamps (seeds draw other programs)")
     args = ap.parse_args(argv)
     lo, hi = (int(s) for s in args.seeds.split(":"))
     counts: dict[str, int] = {}
     for seed in range(lo, hi):
-        p = random_program(seed)
+        p = random_program(seed, extended=args.extended)
         out = check(p, grad=args.grad, dynamic=args.dynamic)
         counts[out.verdict] = counts.get(out.verdict, 0) + 1
         first = out.detail.splitlines()[0] if out.detail else ""

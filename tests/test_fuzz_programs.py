@@ -169,3 +169,33 @@ def test_a_squared_product_of_repeated_factors_evaluates_in_float64():
     assert torch.allclose(got["out0"].reshape(-1), fn(w).reshape(-1), rtol=1e-12)
     out = check(random_program(1651), grad=True)
     assert out.verdict == "ok", (out, random_program(1651).source)
+
+
+def test_a_repaired_state_kept_transposed_stays_transposed():
+    """Extended fuzz seed 20: the gradient of (w @ wᵀ).amin(-1). Its backward's rolling pass counts the
+    ties of each row's min and sums Σ_e2 hit·g/count·w[e2, d] into a [d, e] gradient, the state laid out
+    [e, d] for the tensor cores (lower/passes._computed_on_the_right); the repair (× old count / new) was
+    aligned canonically to [d, e], the dot accumulated into it, and the state then held its transpose —
+    with 16 × 16 tiles no shape error told, and the gradient was off by ~1 of ~3 (6 of its 196
+    alternatives). The first eight alternatives whose plan rolls a pass are checked against float64."""
+    from neptune_eq.frontend import capture
+    from neptune_eq.grad import backward_program
+    from neptune_eq.runtime import compile_ir
+
+    def fn(w):
+        return (w @ w.mT).amin(-1, keepdim=True)
+
+    w = torch.randn(4, 3, generator=torch.Generator().manual_seed(3))
+    back = compile_ir(backward_program(capture(fn, w).program).program)
+    rolling = [k for k, a in enumerate(back.alternatives) if "rolling" in a.plan.structure()]
+    assert len(rolling) >= 4
+    for k in rolling[:8]:
+        report = back.pin(k).verify(sets=("normal",))
+        assert "FAIL" not in str(report), (k, back.alternatives[k].plan.structure(), report)
+    a = w.clone().requires_grad_()
+    b = w.double().requires_grad_()
+    neptune_eq.compile(fn, w)(a).sum().backward()
+    fn(b).sum().backward()
+    assert torch.allclose(a.grad.double(), b.grad, atol=1e-5)
+    out = check(random_program(20, extended=True), grad=True)
+    assert out.verdict == "ok", (out, random_program(20, extended=True).source)

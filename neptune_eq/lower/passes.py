@@ -428,6 +428,13 @@ def _apply(w: KernelWriter, c: CompPlan, state: Val, h: Val) -> Val:
     monoid's integer identity where it is not."""
     codes, dims = w.align([state, h])
     if not c.integer:
-        return w.bind(OPS[c.dist].triton.format(*codes), dims, "f", "c")
-    neutral = "0.0" if c.dist == "add" else "1.0"
-    return w.bind(f"tl.where({codes[1]} == {neutral}, {codes[0]}, {_fmt_num(c.identity)})", dims, "i", "c")
+        code, kind = OPS[c.dist].triton.format(*codes), "f"
+    else:
+        neutral = "0.0" if c.dist == "add" else "1.0"
+        code, kind = f"tl.where({codes[1]} == {neutral}, {codes[0]}, {_fmt_num(c.identity)})", "i"
+    if dims != state.dims and set(dims) == set(state.dims):
+        # (align lays the product out canonically; a state kept transposed for the tensor cores stays so:
+        # repaired in [d, e] and accumulated by the dot, a [e, d] state had been stored transposed — with
+        # equal tiles no shape told, and the gradient of a Gram matrix's min was wrong, fuzz seed 20)
+        code, dims = w.arrange(Val(code, dims, kind), state.dims), state.dims
+    return w.bind(code, dims, kind, "c")
