@@ -45,6 +45,7 @@
 #     bash bench/pending_gpu.sh s    # session 76 ran it (bench/results/h100_2026-12-07/s76/): compared maxes spelled
 #                                    # alike, buffer-read mins exact, bf16 ties against float32, linear attention trains
 #     bash bench/pending_gpu.sh t    # session 76, not run: linear attention's training after its combine tiles j
+#     bash bench/pending_gpu.sh u    # session 77: t, then the gated attention's kernels beside torch.compile's
 #     bash bench/pending_gpu.sh o    # session 72, not run: sweep 7 again with the scatter as a Triton kernel of
 #                                    # atomic adds (lower/scatter_rows.py: run in the interpreter only) and rows
 #                                    # read once per point sharing them (bag classifier 12.09 ms before), the
@@ -176,6 +177,14 @@ case "${1:-}" in
     step linattn 100 python3 bench/sweep_eighth.py --only linear_attention --out "$OUT/linattn/rows.json"
     step linattn_kernels 120 python3 bench/probe_sweep_kernels.py "linear_attention fwd+bwd" --alternatives 0 --compile
     step kloop 100 python3 bench/probe_ieee_kloop.py
+    ;;
+  u)
+    # session 77: t (not run in session 76, and every start of session 77's first 25 minutes failed), then
+    # the gated attention's kernels beside torch.compile's (0.60x; session 72's n never ran)
+    step linattn 100 python3 bench/sweep_eighth.py --only linear_attention --out "$OUT/linattn/rows.json"
+    step linattn_kernels 120 python3 bench/probe_sweep_kernels.py "linear_attention fwd+bwd" --alternatives 0 --compile
+    step kloop 100 python3 bench/probe_ieee_kloop.py
+    step gated_kernels 150 python3 bench/probe_sweep_kernels.py "gated_sdpa fwd+bwd" --alternatives 0 --compile
     ;;
   n)
     step cosface_kernels 120 python3 bench/probe_sweep_kernels.py "cosface fwd+bwd" --alternatives 0 --compile
