@@ -122,6 +122,14 @@ class Rule:
         return pattern_of(self.rhs)
 
     @property
+    def rounds(self) -> bool:
+        """Does the right side compute a constant in float64 (c₁·c₂, 1/c)? Two orders of such folds round
+        the same real number two ways, and the e-graph then holds both numbers in one class."""
+        def walk(p: PNode) -> bool:
+            return (p.kind == "op" and p.name in _ROUNDING) or any(map(walk, p.args))
+        return walk(self.rhs_pattern)
+
+    @property
     def math(self) -> str:
         arrow = " ↔ " if self.bidirectional else " → "
         text = pretty(self.lhs_pattern) + arrow + pretty(self.rhs_pattern)
@@ -140,6 +148,9 @@ class Rule:
 
     def __str__(self) -> str:
         return f"{self.name}: {self.math}"
+
+
+_ROUNDING = frozenset({"f_add", "f_sub", "f_mul", "f_div"})  # f64 arithmetic a right side may compute (f_neg is exact)
 
 
 def rw(name: str, lhs: Term, rhs: Term, *conds: Cond) -> Rule:

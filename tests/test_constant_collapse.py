@@ -60,3 +60,17 @@ def test_a_zero_sum_beside_another_output_stays_zero_to_rounding():
     out = compile_ir(P.build()).run({"x": torch.randn(3, 5)})
     assert out["r"].abs().max().item() < 1e-6
     assert torch.allclose(out["s"], torch.full((3,), 5.0))
+
+
+def test_constants_rounded_two_ways_are_not_a_refusal():
+    """Extended fuzz seed 42: logaddexp(x / max(|x|, 1e-3), x). Folding 1/1e-3 and log2(e) into products
+    in two orders rounds one real number two ways; an ulp's difference times 1000⁶ (−2.3e14) was equated
+    with the 0 another path proved, with or without the refinements, and the program was refused. Saturated
+    again without the float64 folds it compiles, and matches torch."""
+    def fn(x):
+        return torch.logaddexp(x / x.abs().clamp_min(1e-3), x)
+
+    x = torch.randn(7, 4, generator=torch.Generator().manual_seed(0))
+    prog = neptune_eq.compile(fn, x)
+    assert torch.allclose(prog(x), fn(x), atol=1e-6)
+    assert "without folding constants" in prog.explain()
