@@ -333,7 +333,7 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
     spec, leaves = returned
     # (on contiguous copies: a view's strides — a KV cache k_cache[:, :, :S] — gave the symbolic trace
     # tests of strides against sizes that no length proof could hold, and its lengths stayed static)
-    sizes = trace_sizes(lambda: trace(traced, [t.contiguous() for t in tensors], mode="symbolic"), gm) \
+    sizes = trace_sizes(lambda: _unwarned(trace, traced, [t.contiguous() for t in tensors], mode="symbolic"), gm) \
         if symbolic_lengths else None
     mutations = find_mutations(gm, [params[k] for k in tensor_pos], tensor_pos, example_inputs)
     constants = _constants(gm, env.names, taken=set(params))
@@ -468,3 +468,11 @@ from .compiled import CompiledFunction  # noqa: E402  (it calls back into Captur
 
 __all__ = ["ArgBinding", "Captured", "CompiledFunction", "Mutation", "OutputStructure", "StaleCapture",
            "ZeroSizeCapture", "capture"]
+
+
+def _unwarned(f, *args, **kw):
+    """f(*args, **kw) with Python's warnings off: the symbolic trace runs the function a second time,
+    and what torch warns of there (sizes compared as symbols) the example's trace said already."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return f(*args, **kw)

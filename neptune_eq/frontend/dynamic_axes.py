@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import warnings
 from dataclasses import dataclass, replace
 
 import sympy
@@ -306,12 +307,16 @@ def _probe(c0: Captured, example, groups, maps, only: int | None = None, candida
 
 @contextlib.contextmanager
 def _quiet():
-    """A probe that fails to trace is an answer, not an error to log (fake tensors log their own)."""
+    """A probe that fails to trace is an answer, not an error to log (fake tensors log their own); what
+    torch warns of at the probe's lengths (mse_loss's "target size that is different to the input size",
+    where the probe moved one input's batch and not another's) is not the user's to read."""
     log = logging.getLogger("torch._subclasses.fake_tensor")
     level = log.level
     log.setLevel(logging.CRITICAL)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         log.setLevel(level)
 
@@ -382,8 +387,9 @@ def _output_dims(c0: Captured, example, groups, maps, candidates=(), offsets=())
     group's length: an axis of `offsets`), from one more capture with every group moved (checked to be
     the same program by resolve)."""
     moved = _moved(c0, groups)
-    c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name, merge=False,
-                 symbolic_lengths=True)
+    with _quiet():
+        c1 = capture(c0.fn, *_probe_args(c0, example, maps, moved), name=c0.program.name, merge=False,
+                     symbolic_lengths=True)
     c1 = pad(c1, _offsets(c1, maps, candidates))
     shorter = [{0} | {o.by for o in offsets if o.source in g} for g in groups]  # (an axis padded to the group's)
     out = []
