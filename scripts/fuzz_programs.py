@@ -91,10 +91,13 @@ def _name_of(extent: int) -> str:
     return next((k for k, v in _SIZES.items() if v == extent), "")
 
 
-# --extended: losses, comparisons and indexing as model code writes them (a draw of its own: the
-# default vocabulary's seeds keep their programs)
+# --extended 1: losses, comparisons and indexing as model code writes them; --extended 2 adds selections
+# by argmax, masked means, pairwise distances and data-scaled softmaxes (each level a draw of its own: the
+# lower levels' seeds keep their programs)
 _EXTRA_KINDS = ("compare", "normalize", "max_values", "clamp", "pow", "row_scale", "loss", "loss",
                 "gather", "logaddexp", "mean_two")
+_EXTRA_KINDS_2 = ("argmax_gather", "masked_mean", "pairwise", "temperature", "standardise", "one_hot",
+                  "logsigmoid")
 _LOSSES = ("F.mse_loss({a}, {b})", "F.smooth_l1_loss({a}, {b}, beta=0.5)", "F.l1_loss({a}, {b})",
            "F.kl_div(F.log_softmax({a}, -1), F.softmax({b}, -1), reduction='batchmean')",
            "F.binary_cross_entropy_with_logits({a}, torch.sigmoid({b}))",
@@ -103,7 +106,7 @@ _LOSSES = ("F.mse_loss({a}, {b})", "F.smooth_l1_loss({a}, {b}, beta=0.5)", "F.l1
 
 
 class _Builder:
-    def __init__(self, seed: int, extended: bool = False):
+    def __init__(self, seed: int, extended: int = 0):
         self.extended = extended
         self.rng = random.Random(seed)
         self.prog = Program(seed)
@@ -141,10 +144,13 @@ class _Builder:
         a = last if r.random() < 0.6 and last.shape else self._pick(lambda v: len(v.shape) >= 1)
         kinds = ("unary", "binary", "reduce", "reduce", "softmax", "norm", "matmul", "mask",
                  "slice", "transpose", "broadcast", "cat", "ce")
-        kind = r.choice(kinds + _EXTRA_KINDS if self.extended else kinds)
+        kinds += _EXTRA_KINDS if self.extended >= 1 else ()
+        kind = r.choice(kinds + _EXTRA_KINDS_2 if self.extended >= 2 else kinds)
         two = len(a.shape) >= 2
         if kind in _EXTRA_KINDS:
             self._extra(kind, a)
+        elif kind in _EXTRA_KINDS_2:
+            self._extra_2(kind, a)
         elif kind == "unary":
             self._emit(r.choice(_UNARY).format(a=a.name), a.shape)
         elif kind == "binary":
@@ -241,6 +247,34 @@ class _Builder:
         elif kind == "mean_two" and len(a.shape) >= 2:
             self._emit(f"{a.name}.mean((-2, -1), keepdim=True)", (*a.shape[:-2], 1, 1), reduces=True)
 
+    def _extra_2(self, kind: str, a: _Value) -> None:
+        r = self.rng
+        dim = r.randrange(len(a.shape)) - len(a.shape)
+        kept = tuple(1 if i == dim + len(a.shape) else n for i, n in enumerate(a.shape))
+        if kind == "argmax_gather":
+            self._emit(f"torch.gather({a.name}, {dim}, {a.name}.argmax({dim}, keepdim=True))", kept, reduces=True)
+        elif kind == "masked_mean":
+            b = self._pick(lambda v: v.shape == a.shape and v is not a)
+            if b is not None:
+                shape = tuple(n for i, n in enumerate(a.shape) if i != dim + len(a.shape))
+                self._emit(f"({a.name} * ({b.name} > 0)).sum({dim}) / ({b.name} > 0).sum({dim}).clamp_min(1)",
+                           shape, reduces=True)
+        elif kind == "pairwise" and len(a.shape) >= 2:
+            b = self._pick(lambda v: v.shape == a.shape)
+            if b is not None:
+                self._emit(f"(({a.name}[..., :, None, :] - {b.name}[..., None, :, :]) ** 2).sum(-1)",
+                           (*a.shape[:-1], a.shape[-2]), reduces=True)
+        elif kind == "temperature" and len(a.shape) >= 2:
+            self._emit(f"torch.softmax({a.name} / {a.name}.std(-1, keepdim=True).clamp_min(0.1), -1)", a.shape,
+                       reduces=True)
+        elif kind == "standardise":
+            self._emit(f"({a.name} - {a.name}.mean({dim}, keepdim=True)) / ({a.name}.std({dim}, keepdim=True) + 1e-5)",
+                       a.shape, reduces=True)
+        elif kind == "one_hot" and a.shape[-1] > 1:
+            self._emit(f"F.one_hot({a.name}.argmax(-1), {a.shape[-1]}).float() * {a.name}", a.shape, reduces=True)
+        elif kind == "logsigmoid":
+            self._emit(f"F.logsigmoid({a.name})", a.shape)
+
     def build(self, steps: int) -> Program:
         while len(self.prog.lines) < steps or not self.values[-1].reduced:
             self.step()
@@ -255,7 +289,7 @@ class _Builder:
         return self.prog
 
 
-def random_program(seed: int, steps: int | None = None, extended: bool = False) -> Program:
+def random_program(seed: int, steps: int | None = None, extended: int = 0) -> Program:
     r = random.Random(seed * 7919 + 1)
     return _Builder(seed, extended).build(steps or r.randint(3, 6))
 
@@ -332,8 +366,9 @@ def main(argv=None) -> int:
     ap.add_argument("--grad", action="store_true", help="also check gradients against float64")
     ap.add_argument("--dynamic", action="store_true", help="compile dynamic and call at another length")
     ap.add_argument("--show", action="store_true", help="print every program, not only the failures")
-    ap.add_argument("--extended", action="store_true",
-                    help="also draw losses, comparisons, gathers and clamps (seeds draw other programs)")
+    ap.add_argument("--extended", type=int, nargs="?", const=1, default=0,
+                    help="1: also draw losses, comparisons, gathers and clamps; 2: also argmax selections, "
+                         "masked means, pairwise distances (seeds draw other programs at each level)")
     args = ap.parse_args(argv)
     lo, hi = (int(s) for s in args.seeds.split(":"))
     counts: dict[str, int] = {}
