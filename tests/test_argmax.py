@@ -123,3 +123,47 @@ def test_attention_around_each_rows_top_key_compiles_and_matches_float64():
     q, k, v = torch.randn(9, 8, generator=g), torch.randn(13, 8, generator=g), torch.randn(13, 8, generator=g)
     out = neptune_eq.compile(local_top, q, k, v)(q, k, v)
     assert (out.double() - local_top(q.double(), k.double(), v.double())).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, y: torch.gather(x, -1, x.argmax(-1, keepdim=True)),
+    lambda x, y: torch.gather(y, 0, x.argmin(0, keepdim=True)),
+    lambda x, y: y[torch.arange(x.shape[0]), x.argmax(1)],
+    lambda x, y: torch.log_softmax(y, -1).gather(-1, x.max(-1).indices[:, None]).mean(),
+], ids=["gather_own_argmax", "gather_at_argmin", "advanced_index", "greedy_logprob"])
+def test_a_read_at_an_argmax_selects_its_first_index_with_torchs_gradient(fn):
+    """A tensor read at an argmax or argmin (the greedy token's log-probability) was refused as a gather
+    at an index computed by a reduction (extended fuzz level 2). The index is always in range, so the
+    read is a one-hot selection Σ_j [j = argmax]·y[j], the index computed in a pass before it: the first
+    tie, a NaN's position as torch's, and the gradient to that one element (amax would share it)."""
+    x = _edgy()
+    y = torch.randn(6, 9, generator=torch.Generator().manual_seed(1))
+    prog = neptune_eq.compile(fn, x, y)
+    a, b = (x.clone().requires_grad_(), y.clone().requires_grad_()), (x.double().requires_grad_(),
+                                                                        y.double().requires_grad_())
+    got, want = prog(*a), fn(*b)
+    assert torch.allclose(got.double(), want, atol=1e-6, equal_nan=True), (got, want)
+    g = torch.randn(want.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    got.backward(g.float())
+    want.backward(g)
+    for u, v in zip(a, b):
+        gu = u.grad if u.grad is not None else torch.zeros_like(u)
+        gv = v.grad if v.grad is not None else torch.zeros_like(v)
+        assert torch.allclose(gu.double(), gv, atol=1e-6, equal_nan=True), (gu, gv)
+
+
+def test_a_read_at_an_argmax_over_a_dynamic_length():
+    def greedy(x):
+        return torch.gather(x, -1, x.argmax(-1, keepdim=True)).squeeze(-1) - x.logsumexp(-1)
+    prog = neptune_eq.compile(greedy, torch.randn(3, 20), dynamic={0: [1]})  # (the vocabulary's length)
+    for n in (20, 29, 17):
+        x = torch.randn(3, n)
+        assert torch.allclose(prog(x), greedy(x), atol=1e-5)
+    assert prog.stats()["compiles"] + prog.stats()["cache_hits"] == 1
+
+
+def test_a_read_at_a_count_is_still_refused_by_name():
+    def last_token(h, m):
+        return h[torch.arange(h.shape[0]), m.sum(1) - 1]
+    with pytest.raises(neptune_eq.ir.NeptuneError, match="computed by a reduction"):
+        neptune_eq.compile(last_token, torch.randn(3, 5), torch.ones(3, 5, dtype=torch.long))

@@ -74,8 +74,9 @@ def test_an_index_reading_a_length_is_checked_at_capture():
 def test_the_probes_at_other_lengths_warn_nothing():
     """A dynamic compile captures the function again at lengths it picks, one input's batch moved and
     not another's (y's, which no output reads): F.l1_loss of the two then warned of "a target size that
-    is different to the input size" twice, about sizes the user never passed (extended fuzz seed 13). What torch warns of there is
-    not the user's to read; the example's own trace still warns as torch would."""
+    is different to the input size" twice, about sizes the user never passed (extended fuzz seed 13).
+    What torch warns of there is not the user's to read; the example's own trace still warns as torch
+    would."""
     import warnings
 
     def fn(x, y):

@@ -29,6 +29,7 @@ from .. import ir
 from ..ir import NeptuneError
 from ..numeric import bounds
 from ..reference import evaluate
+from .exprs import arg_extreme_axis
 from .source import CaptureError
 
 
@@ -117,9 +118,11 @@ def run_checks(checks: tuple[IndexCheck, ...], inputs: dict[str, torch.Tensor], 
 
 def refuse_reduced_index(op: str, index: ir.Node) -> None:
     """A gather's index computed by a reduction (h[arange(b), mask.sum(1) - 1], last-token pooling)
-    would read its tensor at a value the kernels cannot compute first: refused, naming the reduction."""
+    would read its tensor at a value the kernels cannot compute first: refused, naming the reduction —
+    unless it is an argmax or argmin, always in range, which the gather reads as a one-hot selection
+    (ops_index._substitute_axes)."""
     found = next((n for n in ir.walk(index) if isinstance(n, ir.Reduce)), None)
-    if found is not None:
+    if found is not None and arg_extreme_axis(index) is None:
         raise CaptureError(f"{op} at an index computed by a reduction ({ir.show(found)}) is not supported; "
                            "compute the index outside the compiled function and pass it in")
 

@@ -139,3 +139,21 @@ def select(cond: ir.Node, a: ir.Node, b: ir.Node, int_tensors: frozenset[str] | 
         if flipped is not None:
             return call("where", flipped, b, a)
     return call("where", cond, a, b)
+
+
+def arg_extreme_axis(n: ir.Node) -> str | None:
+    """The axis `n` is the argmax or argmin over, where n is _arg_extreme's form over one axis
+    (min_a where(x == ext_a x  or  x != x, a, n_a)): an index in [0, n_a), a selection along a."""
+    if not (isinstance(n, ir.Reduce) and n.op == "min" and isinstance(n.body, ir.Call) and n.body.op == "where"):
+        return None
+    hit, at, past = n.body.args
+    a = n.axis
+    if not (isinstance(at, ir.Index) and at.axis == a and isinstance(hit, ir.Call) and hit.op == "or"):
+        return None
+    eq, nan = hit.args
+    if not (isinstance(eq, ir.Call) and eq.op == "eq" and isinstance(eq.args[1], ir.Reduce)
+            and eq.args[1].op in ("max", "min") and eq.args[1].axis == a and eq.args[1].body == eq.args[0]
+            and nan == ir.Call("ne", (eq.args[0], eq.args[0]))):
+        return None
+    # (the element attaining the extreme, or a NaN, is always hit: `past`, the value for none, is never taken)
+    return a if isinstance(past, ir.Const | ir.Length) else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import ir
-from .exprs import add, call, const, mul
+from .exprs import add, arg_extreme_axis, call, const, mul
 from .operands import norm_dim
 from .source import CaptureError
 
@@ -27,15 +27,26 @@ def _substitute_axes(tx, expr, pairs):
     """expr with each (variable, index expression) substituted; variables of size-1 dims are skipped.
     An axis read at another, shorter axis (x[:3], a diagonal) is written `k + 0`: ir.Program
     takes a bare axis at a different extent for a shape mismatch, an expression for an index."""
-    mapping = {}
+    mapping, selections = {}, []
     for v, e in pairs:
         if v is None:
             continue
         name = tx.res.name(v)
         if isinstance(e, ir.Index) and tx.res.extents[e.axis] != tx.res.extents[name]:
             e = ir.Call("add", (e, ir.Const(0.0)))
+        if arg_extreme_axis(e) is not None:
+            # x read at an argmax (logits.gather(-1, logits.argmax(-1, keepdim=True))): Σ_d [d = argmax]·x[d],
+            # the kernels computing the index in a pass before the read; its gradient the one-hot, as torch's.
+            # (Summed over its own axis, which the read removes from the result: a fresh copy of it would have
+            # no length of an argument's, and kept a dynamic compile's length static. A later use of the axis
+            # beside the result is shadowed apart by ir.Program.unshadowed.)
+            selections.append((name, e))
+            continue
         mapping[name] = e
-    return tx.substitute(expr, mapping) if mapping else expr
+    out = tx.substitute(expr, mapping) if mapping else expr
+    for j, e in selections:
+        out = ir.Reduce("sum", j, tx.where(ir.Call("eq", (ir.Index(j), e)), out, const(0.0)))
+    return out
 
 
 class Select:

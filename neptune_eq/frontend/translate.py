@@ -26,7 +26,7 @@ from .. import dsl, ir
 from . import rounding
 from .axes import AxisTable, Dim, Resolution
 from .checks import IndexCheck, analyse, holds_at_every_length, index_program, refuse_reduced_index
-from .exprs import add, call, const, negate, select, substitute
+from .exprs import add, arg_extreme_axis, call, const, negate, select, substitute
 from .exprs import reduce as reduce_expr
 from .inplace import functional_twin
 from .lengths import LengthValues
@@ -325,6 +325,8 @@ class Translator(LengthValues):
         range [0, size) (or [-size, size) with `wraps`; `ignore` allowed too) a check runs on every
         call. Returns the index to read at: with `wraps`, negative values count from the end."""
         refuse_reduced_index(op, index)
+        if arg_extreme_axis(index) is not None:  # (in range by construction: read as a one-hot selection)
+            return index
         axes = self.res.axes(along) if along is not None else ()
         check = IndexCheck(op, location(c.node), index, size, wraps, ignore,
                            along=axes[0] if len(axes) == 1 else None)
