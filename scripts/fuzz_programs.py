@@ -296,7 +296,7 @@ def random_program(seed: int, steps: int | None = None, extended: int = 0) -> Pr
 
 @dataclass
 class Outcome:
-    verdict: str  # ok | refused | WRONG | CRASH
+    verdict: str  # ok | refused | noisy (torch's float32 misses float64 too) | WRONG | CRASH
     detail: str = ""
 
 
@@ -319,6 +319,19 @@ def _tuple(out) -> tuple[torch.Tensor, ...]:
     return tuple(out) if isinstance(out, tuple | list) else (out,)
 
 
+def _ill_conditioned(fn, fresh: list[torch.Tensor], ref: tuple[torch.Tensor, ...], tol: float) -> Outcome | None:
+    """An outcome "noisy" where torch's own float32 result is as far from float64's as the compiled one:
+    a program amplifying rounding (F.normalize of a mean that is 0 over the reals: ±1 from noise of 1e-8,
+    extended level-2 seed 28) has no float32 answer to match."""
+    with torch.no_grad():
+        eager = _tuple(fn(*(t.detach() for t in fresh)))
+    for k, (a, b) in enumerate(zip(eager, ref)):
+        ok, why = _close(a, b.detach(), tol)
+        if not ok:
+            return Outcome("noisy", f"torch in float32 misses float64 too (output {k}: {why})")
+    return None
+
+
 def check(p: Program, grad: bool = False, dynamic: bool = False, tol: float = 2e-4) -> Outcome:
     fn = p.function()
     try:
@@ -332,7 +345,7 @@ def check(p: Program, grad: bool = False, dynamic: bool = False, tol: float = 2e
         for k, (a, b) in enumerate(zip(got, ref, strict=True)):
             ok, why = _close(a, b, tol)
             if not ok:
-                return Outcome("WRONG", f"output {k}: {why}")
+                return _ill_conditioned(fn, fresh, ref, tol) or Outcome("WRONG", f"output {k}: {why}")
         if grad and any(t.requires_grad for t in ref):
             floats = [t for t in ref_in if t.requires_grad]
             for k, (a, b) in enumerate(zip(got, ref)):
