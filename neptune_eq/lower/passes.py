@@ -317,7 +317,10 @@ class _PassWriter:
             part = w.contract(c.op, self.axis, c.core, mask, acc=carried if combine == "add" else None,
                               integer=c.integer)
             if part.kind == "acc":  # the dot already added the carried state
-                new[c.name] = nv = Val(part.code, part.dims, "f")
+                nv = Val(part.code, part.dims, "f")
+                if part.dims != sdims and set(part.dims) == set(sdims):  # (kept in the state's layout, as _apply)
+                    nv = w.bind(w.arrange(nv, sdims), sdims, "f", "n")
+                new[c.name] = nv
                 sc.memo[c.ref(CURRENT)] = nv
                 continue
             codes, dims = w.align([carried, part])
