@@ -207,3 +207,10 @@ def test_a_program_amplifying_rounding_is_noisy_not_wrong():
     The fuzzer calls it noisy rather than wrong."""
     out = check(random_program(28, extended=2))
     assert out.verdict == "noisy", out
+
+
+def test_a_read_at_an_argmax_in_a_random_program_trains():
+    """Extended level-2 seed 31: y read at its argmax over the rows, then a product with w (refused as a
+    gather at an index computed by a reduction before session 77)."""
+    out = check(random_program(31, extended=2), grad=True)
+    assert out.verdict == "ok", (out, random_program(31, extended=2).source)
