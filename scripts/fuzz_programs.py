@@ -31,6 +31,10 @@ import neptune_eq
 from neptune_eq.ir import NeptuneError
 
 _SIZES = {"n": 7, "d": 4, "e": 3, "b": 2}  # distinct, so a shape names its axes (a slice makes n − 1 = 6)
+# --big: extents whose tiles differ (64, 32, 16): a value laid out transposed in a kernel then fails its
+# shapes where 16 × 16 tiles hide it (extended seed 20's gradient was such a case at 4 × 3; at 37 × 20
+# another plan is chosen), and plans chosen at larger sizes are drawn
+_BIG = {"n": 37, "d": 20, "e": 9, "b": 3}
 
 _UNARY = (
     "torch.exp({a})", "torch.tanh({a})", "torch.sigmoid({a})", "torch.relu({a})", "{a} * {a}",
@@ -62,6 +66,7 @@ class Program:
     seed: int
     lines: list[str] = field(default_factory=list)
     args: list[_Value] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=lambda: dict(_SIZES))
 
     @property
     def source(self) -> str:
@@ -79,7 +84,7 @@ class Program:
         g = torch.Generator().manual_seed(seed)
         out = []
         for a in self.args:
-            shape = tuple((sizes or {}).get(_name_of(s), s) for s in a.shape)
+            shape = tuple((sizes or {}).get(_name_of(s, self.sizes), s) for s in a.shape)
             if a.integer:
                 out.append(torch.randint(0, 1000, shape, generator=g))
             else:
@@ -87,8 +92,8 @@ class Program:
         return out
 
 
-def _name_of(extent: int) -> str:
-    return next((k for k, v in _SIZES.items() if v == extent), "")
+def _name_of(extent: int, sizes: dict[str, int]) -> str:
+    return next((k for k, v in sizes.items() if v == extent), "")
 
 
 # --extended 1: losses, comparisons and indexing as model code writes them; --extended 2 adds selections
@@ -106,12 +111,12 @@ _LOSSES = ("F.mse_loss({a}, {b})", "F.smooth_l1_loss({a}, {b}, beta=0.5)", "F.l1
 
 
 class _Builder:
-    def __init__(self, seed: int, extended: int = 0):
+    def __init__(self, seed: int, extended: int = 0, sizes: dict[str, int] | None = None):
         self.extended = extended
         self.rng = random.Random(seed)
-        self.prog = Program(seed)
+        self.prog = Program(seed, sizes=dict(sizes or _SIZES))
         self.values: list[_Value] = []
-        n, d, e, b = _SIZES["n"], _SIZES["d"], _SIZES["e"], _SIZES["b"]
+        n, d, e, b = (self.prog.sizes[k] for k in "ndeb")
         batch = (b,) if self.rng.random() < 0.3 else ()
         for name, shape in (("x", (*batch, n, d)), ("y", (*batch, n, d)), ("w", (d, e))):
             v = _Value(name, shape)
@@ -289,9 +294,9 @@ class _Builder:
         return self.prog
 
 
-def random_program(seed: int, steps: int | None = None, extended: int = 0) -> Program:
+def random_program(seed: int, steps: int | None = None, extended: int = 0, big: bool = False) -> Program:
     r = random.Random(seed * 7919 + 1)
-    return _Builder(seed, extended).build(steps or r.randint(3, 6))
+    return _Builder(seed, extended, _BIG if big else None).build(steps or r.randint(3, 6))
 
 
 @dataclass
@@ -351,7 +356,7 @@ def check(p: Program, grad: bool = False, dynamic: bool = False, tol: float = 2e
     try:
         prog = neptune_eq.compile(fn, *p.inputs(p.seed), dynamic=True if dynamic else None)
         # a dynamic compile is called at another length of n (the program may keep it static: a recompile)
-        fresh = p.inputs(p.seed + 10_000, sizes={"n": _SIZES["n"] + 3} if dynamic else None)
+        fresh = p.inputs(p.seed + 10_000, sizes={"n": p.sizes["n"] + 3} if dynamic else None)
         floating = [t.is_floating_point() and grad for t in fresh]
         leaves = [t.clone().requires_grad_(f) for t, f in zip(fresh, floating)]
         ref_in = [(t.double() if t.is_floating_point() else t).requires_grad_(f) for t, f in zip(fresh, floating)]
@@ -395,6 +400,7 @@ def main(argv=None) -> int:
     ap.add_argument("--grad", action="store_true", help="also check gradients against float64")
     ap.add_argument("--dynamic", action="store_true", help="compile dynamic and call at another length")
     ap.add_argument("--show", action="store_true", help="print every program, not only the failures")
+    ap.add_argument("--big", action="store_true", help="extents 37, 20, 9, 3 (tiles that differ) for 7, 4, 3, 2")
     ap.add_argument("--extended", type=int, nargs="?", const=1, default=0,
                     help="1: also draw losses, comparisons, gathers and clamps; 2: also argmax selections, "
                          "masked means, pairwise distances (seeds draw other programs at each level)")
@@ -402,7 +408,7 @@ def main(argv=None) -> int:
     lo, hi = (int(s) for s in args.seeds.split(":"))
     counts: dict[str, int] = {}
     for seed in range(lo, hi):
-        p = random_program(seed, extended=args.extended)
+        p = random_program(seed, extended=args.extended, big=args.big)
         out = check(p, grad=args.grad, dynamic=args.dynamic)
         counts[out.verdict] = counts.get(out.verdict, 0) + 1
         first = out.detail.splitlines()[0] if out.detail else ""
