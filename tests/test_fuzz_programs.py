@@ -214,3 +214,25 @@ def test_a_read_at_an_argmax_in_a_random_program_trains():
     gather at an index computed by a reduction before session 77)."""
     out = check(random_program(31, extended=2), grad=True)
     assert out.verdict == "ok", (out, random_program(31, extended=2).source)
+
+
+def test_a_sum_over_a_pass_axis_hoisted_before_the_pass_runs_its_own_loop():
+    """Fuzz --big seed 34: the backward of a layer norm over a cat of a row-normalised matrix with itself
+    (37 × 40 → 74). Its third kernel passes over j, and a value computed before that pass (hoisted: it does
+    not vary along the pass) sums over j too; the lowering took the pass's tile of j for it, whose offsets
+    are defined only inside the pass's loop — `offs_j` read before assignment (a crash in the interpreter,
+    a compile error on the GPU). Such a sum now runs as a loop of its own before the pass."""
+    def fn(x, y):
+        t1 = torch.cat([y, x], -1).mT
+        t2 = t1 / t1.abs().sum(-2, keepdim=True).clamp_min(1e-3)
+        return F.layer_norm(torch.cat([t2, t1], -1), (74,))
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(37, 20, generator=g), torch.randn(37, 20, generator=g)
+    a, b = x.clone().requires_grad_(), y.clone().requires_grad_()
+    a64, b64 = x.double().requires_grad_(), y.double().requires_grad_()
+    gout = torch.randn(40, 74, generator=g, dtype=torch.float64)
+    neptune_eq.compile(fn, x, y)(a, b).backward(gout.float())
+    fn(a64, b64).backward(gout)
+    assert torch.allclose(a.grad.double(), a64.grad, atol=1e-4)
+    assert torch.allclose(b.grad.double(), b64.grad, atol=1e-4)

@@ -31,7 +31,10 @@ class ContractOps:
         accumulate into acc in place, else the reduction alone: callers check `Val.kind == "acc"`.
         An integer body (or `integer`: the component is an integer reduction, numeric.integral)
         reduces exactly in int64."""
-        if axis in self.kloops and axis not in self.vector:
+        if axis in self.kloops and not any(sc.axis == axis for sc in self.scopes):
+            # (also where a pass over `axis` holds its tile but the value is computed before that pass,
+            # hoisted out of it: there its offsets do not exist yet — a layer norm's backward reading a
+            # sum over the pass's axis, fuzz --big seed 34, referenced offs_j before its loop)
             return self.contract_loop(op, axis, body, mask)
         ident = MONOIDS[op].identity
         scale = _positive_scale(body) if op in ("max", "min") and not integer else None
@@ -79,6 +82,7 @@ class ContractOps:
         acc = self.bind(f"tl.full({block_shape(dims)}, {_fmt_num(MONOIDS[op].identity)}, {self.fdt})", dims, "f",
                         "acc")
         outer_lines, outer_depth = self.lines, self.depth
+        outer = self.vector.get(axis), self.starts.get(axis), self.tail_masks.get(axis)
         body_lines: list[str] = []
         self.lines, self.depth = body_lines, outer_depth + 1
         self.scopes.append(_Scope(axis=axis, variant=set(), lines=body_lines, depth=outer_depth + 1))
@@ -101,6 +105,8 @@ class ContractOps:
         finally:
             self.scopes.pop()
             del self.vector[axis], self.starts[axis], self.tail_masks[axis]
+            if outer[0] is not None:  # (the pass over `axis` this loop ran before: its tile again)
+                self.vector[axis], self.starts[axis], self.tail_masks[axis] = outer
             self.lines, self.depth = outer_lines, outer_depth
         stages = f", num_stages={self.sched.num_stages}" if self.target == "cuda" else ""
         self.emit(f"for start_{a} in tl.range(0, {self.extent(axis)}, BLOCK_{a}{stages}):")
