@@ -236,3 +236,38 @@ def test_a_sum_over_a_pass_axis_hoisted_before_the_pass_runs_its_own_loop():
     fn(a64, b64).backward(gout)
     assert torch.allclose(a.grad.double(), a64.grad, atol=1e-4)
     assert torch.allclose(b.grad.double(), b64.grad, atol=1e-4)
+
+
+def test_a_running_max_of_normalised_values_starts_at_its_identity():
+    """Fuzz --big seed 73: log1p(|max_d normalize(w)|) at 20 × 9. The plan rolls the norm and the max of
+    w/‖w‖ together, repairing the max by ‖old‖/‖cur‖; on the first tile ‖old‖ = 0, and the running max's
+    identity −∞ times 0 made every row NaN (every alternative rolling them: 3 of 6 first). A max or min
+    still at its identity now stays there whatever the repair."""
+    def fn(w):
+        return torch.log1p(F.normalize(w, dim=-1).max(-1).values.abs())
+
+    w = torch.randn(20, 9, generator=torch.Generator().manual_seed(0))
+    prog = neptune_eq.compile(fn, w)
+    for k, alt in enumerate(prog.program.alternatives[:8]):
+        got = prog.program.pin(k).run({"w": w})["out0"]
+        assert torch.allclose(got, fn(w), atol=1e-6), (k, alt.plan.structure(), got)
+
+
+def test_a_clamped_min_keeps_its_gradient_where_some_rows_pass_the_clamp():
+    """Fuzz --big seed 60: min_d(w).clamp(min=-0.5)² normalised over the rows. The test of whether the
+    outputs see a shift of the min drew N(0, 1) twice; over 9 values every row's min was below −0.5 in
+    both draws, the clamp hid the shift, and the min's adjoint was dropped — a detached output. The draws
+    now vary in scale and offset, so the clamp is passed in some."""
+    def fn(w):
+        t = w.min(-1).values.clamp(min=-0.5) ** 2
+        return t / t.abs().sum(-1, keepdim=True).clamp_min(1e-3)
+
+    w = torch.randn(20, 9, generator=torch.Generator().manual_seed(0)) * 0.3
+    a, b = w.clone().requires_grad_(), w.double().requires_grad_()
+    got = neptune_eq.compile(fn, w)(a)
+    assert got.requires_grad
+    g = torch.randn(20, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    got.backward(g.float())
+    fn(b).backward(g)
+    assert b.grad.abs().max() > 0
+    assert torch.allclose(a.grad.double(), b.grad, atol=1e-5)

@@ -432,6 +432,10 @@ def _apply(w: KernelWriter, c: CompPlan, state: Val, h: Val) -> Val:
     codes, dims = w.align([state, h])
     if not c.integer:
         code, kind = OPS[c.dist].triton.format(*codes), "f"
+        if c.op in ("max", "min"):
+            # nothing accumulated yet: the identity (±∞) stays whatever h is — a running max of w/‖w‖ repaired
+            # by ‖old‖/‖cur‖ met h = 0 on its first tile, and −∞·0 made every row NaN (fuzz --big seed 73)
+            code = f"tl.where({codes[0]} == {_fmt_float(c.identity)}, {codes[0]}, {code})"
     else:
         neutral = "0.0" if c.dist == "add" else "1.0"
         code, kind = f"tl.where({codes[1]} == {neutral}, {codes[0]}, {_fmt_num(c.identity)})", "i"
