@@ -53,7 +53,7 @@ from .scan import scan
 from .sdpa import SdpaAsMath
 from .source import CaptureError, SourceLocator, capture_boundary, location
 from .symsizes import SizeTrace, trace_sizes
-from .tracing import RESTORED, ZeroSizeCapture, check_sizes, trace, untouched
+from .tracing import RESTORED, ZeroSizeCapture, check_sizes, no_warnings, trace, untouched
 from .translate import Translator
 
 HANDLERS = guard_narrow({**ops_shape.HANDLERS, **ops_math.HANDLERS, **ops_reduce.HANDLERS, **ops_index.HANDLERS,
@@ -333,8 +333,11 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, merge: bool 
     spec, leaves = returned
     # (on contiguous copies: a view's strides — a KV cache k_cache[:, :, :S] — gave the symbolic trace
     # tests of strides against sizes that no length proof could hold, and its lengths stayed static)
-    sizes = trace_sizes(lambda: _unwarned(trace, traced, [t.contiguous() for t in tensors], mode="symbolic"), gm) \
-        if symbolic_lengths else None
+    def symbolic():
+        with no_warnings():
+            return trace(traced, [t.contiguous() for t in tensors], mode="symbolic")
+
+    sizes = trace_sizes(symbolic, gm) if symbolic_lengths else None
     mutations = find_mutations(gm, [params[k] for k in tensor_pos], tensor_pos, example_inputs)
     constants = _constants(gm, env.names, taken=set(params))
     decls = [InputDecl(params[k], t.dtype) for k, t in zip(tensor_pos, tensors)]
@@ -468,11 +471,3 @@ from .compiled import CompiledFunction  # noqa: E402  (it calls back into Captur
 
 __all__ = ["ArgBinding", "Captured", "CompiledFunction", "Mutation", "OutputStructure", "StaleCapture",
            "ZeroSizeCapture", "capture"]
-
-
-def _unwarned(f, *args, **kw):
-    """f(*args, **kw) with Python's warnings off: the symbolic trace runs the function a second time,
-    and what torch warns of there (sizes compared as symbols) the example's trace said already."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return f(*args, **kw)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import warnings
 from dataclasses import dataclass, replace
 
 import sympy
@@ -34,6 +33,7 @@ from .capture import ArgBinding, Captured, capture
 from .checks import composed, length_bounds, length_symbol
 from .offsets import Offset, pad, shorter
 from .symsizes import proved, restricting, ties
+from .tracing import no_warnings
 
 
 class NotDynamic(NeptuneError):
@@ -314,8 +314,7 @@ def _quiet():
     level = log.level
     log.setLevel(logging.CRITICAL)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with no_warnings():
             yield
     finally:
         log.setLevel(level)

@@ -5,6 +5,9 @@ the function's Python wrote in place refused (and restored)."""
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import torch
 from torch._decomp import get_decompositions
 from torch.func import functionalize
@@ -29,6 +32,16 @@ _DECOMPOSITIONS = get_decompositions([
     _aten.native_batch_norm.default, _aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit.no_stats,
     _aten._native_batch_norm_legit_no_training.default,
 ])
+
+
+@contextlib.contextmanager
+def no_warnings():
+    """Python's warnings off: for traces at sizes the compiler chose (a dynamic compile's probes, the
+    symbolic trace), whose torch warnings are not the user's to read — the example's own trace says
+    what torch would."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 class ZeroSizeCapture(CaptureError):
